@@ -1,0 +1,26 @@
+//! Compiles `proto/` with protox (pure Rust: no system `protoc`) and writes the descriptor set
+//! to OUT_DIR for server reflection.
+
+use std::{env, fs, path::PathBuf};
+
+use protox::prost::Message as _;
+
+const PROTOS: &[&str] = &[
+    "proto/mayfly/v1/database.proto",
+    "proto/mayfly/v1/collection.proto",
+    "proto/mayfly/v1/document.proto",
+    "proto/mayfly/v1/service.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/mayfly");
+    let fds = protox::compile(PROTOS, ["proto"])?;
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    fs::write(out_dir.join("mayfly_descriptor.bin"), fds.encode_to_vec())?;
+    tonic_prost_build::configure()
+        // Bodies decode straight into JSON with Mayfly's own depth limit (prost's recursion
+        // limit of 100 would cap documents at ~33 levels; SPEC allows 128).
+        .extern_path(".google.protobuf.Struct", "crate::json::JsonObject")
+        .compile_fds(fds)?;
+    Ok(())
+}

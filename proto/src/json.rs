@@ -1,0 +1,494 @@
+//! `google.protobuf.Struct` on the wire, a JSON object in memory.
+//!
+//! Document bodies travel as `google.protobuf.Struct` so that grpcurl and every protobuf JSON
+//! mapping show them as plain JSON. This type decodes that wire format straight into a
+//! `serde_json` object instead of going through `prost_types::Struct`, for two reasons:
+//! - prost's recursion limit (100 message levels) is reached by a Struct nested ~33 JSON levels
+//!   deep, and its error becomes an INTERNAL status; Mayfly allows 128 levels and must report a
+//!   deeper document as bad input. Decoding here counts JSON levels, stops descending past
+//!   [`MAX_DEPTH`] and records a [`JsonDefect`] for the server to reject with a clear message.
+//! - reads return the stored object behind an `Arc` without copying it.
+//!
+//! Numbers are doubles on the wire (as in Cosmos DB). Integral values within ±2^53 decode as
+//! JSON integers so that typed clients can read them back into integer fields.
+
+use std::{fmt, sync::Arc};
+
+use prost::{
+    DecodeError,
+    bytes::{Buf, BufMut},
+    encoding::{
+        DecodeContext, WireType, check_wire_type, decode_key, decode_varint, encode_key,
+        encode_varint, encoded_len_varint, skip_field,
+    },
+};
+use serde_json::{Map, Number, Value};
+
+/// Deepest nesting accepted: the top-level object is level 1, each nested object or array
+/// adds one.
+pub const MAX_DEPTH: usize = 128;
+
+/// Largest integer a double represents exactly.
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+/// A JSON object carried as `google.protobuf.Struct`.
+#[derive(Clone, Default, PartialEq)]
+pub struct JsonObject {
+    map: Arc<Map<String, Value>>,
+    defect: Option<JsonDefect>,
+}
+
+/// Why a decoded object cannot be accepted as a document body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JsonDefect {
+    /// Nested deeper than [`MAX_DEPTH`] levels.
+    TooDeep,
+    /// A number was NaN or infinite, which JSON cannot represent.
+    NonFiniteNumber,
+    /// A string or property name was not valid UTF-8.
+    InvalidUtf8,
+}
+
+impl fmt::Display for JsonDefect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JsonDefect::TooDeep => write!(
+                f,
+                "the document is nested deeper than {MAX_DEPTH} levels; flatten it or move deep parts to another document"
+            ),
+            JsonDefect::NonFiniteNumber => {
+                f.write_str("the document contains NaN or an infinite number, which JSON cannot represent")
+            }
+            JsonDefect::InvalidUtf8 => f.write_str("the document contains a string that is not valid UTF-8"),
+        }
+    }
+}
+
+impl std::error::Error for JsonDefect {}
+
+impl JsonObject {
+    /// Wraps an object.
+    pub fn new(map: Map<String, Value>) -> Self {
+        Self::from_arc(Arc::new(map))
+    }
+
+    /// Wraps a shared object without copying it.
+    pub fn from_arc(map: Arc<Map<String, Value>>) -> Self {
+        JsonObject { map, defect: None }
+    }
+
+    /// The object's properties.
+    pub fn map(&self) -> &Map<String, Value> {
+        &self.map
+    }
+
+    /// The object, or why it was rejected while decoding.
+    pub fn into_checked(self) -> Result<Arc<Map<String, Value>>, JsonDefect> {
+        match self.defect {
+            Some(defect) => Err(defect),
+            None => Ok(self.map),
+        }
+    }
+
+    /// The object, copied out only if it is shared.
+    pub fn into_map(self) -> Map<String, Value> {
+        Arc::unwrap_or_clone(self.map)
+    }
+
+    fn note(&mut self, defect: JsonDefect) {
+        self.defect.get_or_insert(defect);
+    }
+}
+
+impl fmt::Debug for JsonObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.defect {
+            None => write!(f, "{}", Value::Object((*self.map).clone())),
+            Some(defect) => write!(f, "JsonObject(rejected: {defect})"),
+        }
+    }
+}
+
+impl From<Map<String, Value>> for JsonObject {
+    fn from(map: Map<String, Value>) -> Self {
+        JsonObject::new(map)
+    }
+}
+
+// Field numbers of google/protobuf/struct.proto.
+const STRUCT_FIELDS: u32 = 1;
+const ENTRY_KEY: u32 = 1;
+const ENTRY_VALUE: u32 = 2;
+const VALUE_NULL: u32 = 1;
+const VALUE_NUMBER: u32 = 2;
+const VALUE_STRING: u32 = 3;
+const VALUE_BOOL: u32 = 4;
+const VALUE_STRUCT: u32 = 5;
+const VALUE_LIST: u32 = 6;
+const LIST_VALUES: u32 = 1;
+
+impl prost::Message for JsonObject {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        encode_struct(&self.map, buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        if tag != STRUCT_FIELDS {
+            return skip_field(wire_type, tag, buf, ctx);
+        }
+        let bytes = take_delimited(wire_type, buf)?;
+        let mut defect = None;
+        let (key, value) = decode_entry(&bytes, 1, &mut defect)?;
+        if let Some(defect) = defect {
+            self.note(defect);
+        }
+        Arc::make_mut(&mut self.map).insert(key, value);
+        Ok(())
+    }
+
+    fn encoded_len(&self) -> usize {
+        struct_len(&self.map)
+    }
+
+    fn clear(&mut self) {
+        *self = JsonObject::default();
+    }
+}
+
+fn underflow() -> DecodeError {
+    // prost offers custom Message impls no other way to build this error.
+    #[allow(deprecated)]
+    DecodeError::new("google.protobuf.Struct: buffer underflow")
+}
+
+fn take_delimited(wire_type: WireType, buf: &mut impl Buf) -> Result<prost::bytes::Bytes, DecodeError> {
+    check_wire_type(WireType::LengthDelimited, wire_type)?;
+    let len = decode_varint(buf)?;
+    if len > buf.remaining() as u64 {
+        return Err(underflow());
+    }
+    // `len` fits in usize: it is at most `buf.remaining()`.
+    Ok(buf.copy_to_bytes(len as usize))
+}
+
+fn read_delimited<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Result<&'a [u8], DecodeError> {
+    check_wire_type(WireType::LengthDelimited, wire_type)?;
+    let len = decode_varint(buf)?;
+    if len > buf.len() as u64 {
+        return Err(underflow());
+    }
+    let (head, tail) = buf.split_at(len as usize);
+    *buf = tail;
+    Ok(head)
+}
+
+fn read_string(wire_type: WireType, buf: &mut &[u8], defect: &mut Option<JsonDefect>) -> Result<String, DecodeError> {
+    let bytes = read_delimited(wire_type, buf)?;
+    Ok(match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => {
+            defect.get_or_insert(JsonDefect::InvalidUtf8);
+            String::from_utf8_lossy(bytes).into_owned()
+        }
+    })
+}
+
+/// One `fields` map entry of a Struct that sits at nesting level `depth`.
+fn decode_entry(
+    mut buf: &[u8],
+    depth: usize,
+    defect: &mut Option<JsonDefect>,
+) -> Result<(String, Value), DecodeError> {
+    let mut key = String::new();
+    let mut value = Value::Null;
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        match tag {
+            ENTRY_KEY => key = read_string(wire_type, &mut buf, defect)?,
+            ENTRY_VALUE => value = decode_value(read_delimited(wire_type, &mut buf)?, depth, defect)?,
+            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
+        }
+    }
+    Ok((key, value))
+}
+
+/// A Value held by a container at nesting level `depth`.
+fn decode_value(mut buf: &[u8], depth: usize, defect: &mut Option<JsonDefect>) -> Result<Value, DecodeError> {
+    // A Value without any kind set is treated as null, as protobuf's JSON mapping does.
+    let mut value = Value::Null;
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        value = match tag {
+            VALUE_NULL => {
+                check_wire_type(WireType::Varint, wire_type)?;
+                decode_varint(&mut buf)?;
+                Value::Null
+            }
+            VALUE_NUMBER => {
+                check_wire_type(WireType::SixtyFourBit, wire_type)?;
+                if buf.len() < 8 {
+                    return Err(underflow());
+                }
+                number(buf.get_f64_le(), defect)
+            }
+            VALUE_STRING => Value::String(read_string(wire_type, &mut buf, defect)?),
+            VALUE_BOOL => {
+                check_wire_type(WireType::Varint, wire_type)?;
+                Value::Bool(decode_varint(&mut buf)? != 0)
+            }
+            VALUE_STRUCT | VALUE_LIST => {
+                let inner = read_delimited(wire_type, &mut buf)?;
+                if depth + 1 > MAX_DEPTH {
+                    // Not descending is what keeps hostile input from exhausting the stack.
+                    defect.get_or_insert(JsonDefect::TooDeep);
+                    Value::Null
+                } else if tag == VALUE_STRUCT {
+                    Value::Object(decode_struct(inner, depth + 1, defect)?)
+                } else {
+                    Value::Array(decode_list(inner, depth + 1, defect)?)
+                }
+            }
+            _ => {
+                skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+                continue;
+            }
+        };
+    }
+    Ok(value)
+}
+
+fn decode_struct(
+    mut buf: &[u8],
+    depth: usize,
+    defect: &mut Option<JsonDefect>,
+) -> Result<Map<String, Value>, DecodeError> {
+    let mut map = Map::new();
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        if tag == STRUCT_FIELDS {
+            let (key, value) = decode_entry(read_delimited(wire_type, &mut buf)?, depth, defect)?;
+            map.insert(key, value);
+        } else {
+            skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+        }
+    }
+    Ok(map)
+}
+
+fn decode_list(mut buf: &[u8], depth: usize, defect: &mut Option<JsonDefect>) -> Result<Vec<Value>, DecodeError> {
+    let mut values = Vec::new();
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        if tag == LIST_VALUES {
+            values.push(decode_value(read_delimited(wire_type, &mut buf)?, depth, defect)?);
+        } else {
+            skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+        }
+    }
+    Ok(values)
+}
+
+fn number(x: f64, defect: &mut Option<JsonDefect>) -> Value {
+    if !x.is_finite() {
+        defect.get_or_insert(JsonDefect::NonFiniteNumber);
+        return Value::Null;
+    }
+    if x.fract() == 0.0 && x.abs() <= MAX_SAFE_INTEGER {
+        // Exact: |x| <= 2^53 and integral.
+        Value::Number(Number::from(x as i64))
+    } else {
+        // Finite, so from_f64 succeeds; Null is unreachable.
+        Number::from_f64(x).map_or(Value::Null, Value::Number)
+    }
+}
+
+fn delimited_len(tag_len: usize, len: usize) -> usize {
+    tag_len + encoded_len_varint(len as u64) + len
+}
+
+fn struct_len(map: &Map<String, Value>) -> usize {
+    map.iter().map(|(k, v)| delimited_len(1, entry_len(k, v))).sum()
+}
+
+fn entry_len(key: &str, value: &Value) -> usize {
+    delimited_len(1, key.len()) + delimited_len(1, value_len(value))
+}
+
+fn list_len(values: &[Value]) -> usize {
+    values.iter().map(|v| delimited_len(1, value_len(v))).sum()
+}
+
+fn value_len(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) => 2,
+        Value::Number(_) => 9,
+        Value::String(s) => delimited_len(1, s.len()),
+        Value::Object(map) => delimited_len(1, struct_len(map)),
+        Value::Array(values) => delimited_len(1, list_len(values)),
+    }
+}
+
+fn encode_struct(map: &Map<String, Value>, buf: &mut impl BufMut) {
+    for (key, value) in map {
+        encode_key(STRUCT_FIELDS, WireType::LengthDelimited, buf);
+        encode_varint(entry_len(key, value) as u64, buf);
+        encode_key(ENTRY_KEY, WireType::LengthDelimited, buf);
+        encode_varint(key.len() as u64, buf);
+        buf.put_slice(key.as_bytes());
+        encode_key(ENTRY_VALUE, WireType::LengthDelimited, buf);
+        encode_varint(value_len(value) as u64, buf);
+        encode_value(value, buf);
+    }
+}
+
+fn encode_value(value: &Value, buf: &mut impl BufMut) {
+    match value {
+        Value::Null => {
+            encode_key(VALUE_NULL, WireType::Varint, buf);
+            encode_varint(0, buf);
+        }
+        Value::Bool(b) => {
+            encode_key(VALUE_BOOL, WireType::Varint, buf);
+            encode_varint(u64::from(*b), buf);
+        }
+        Value::Number(n) => {
+            encode_key(VALUE_NUMBER, WireType::SixtyFourBit, buf);
+            // Every serde_json number converts to f64 (large integers lose precision, as JSON
+            // numbers do in Cosmos DB).
+            buf.put_f64_le(n.as_f64().unwrap_or(0.0));
+        }
+        Value::String(s) => {
+            encode_key(VALUE_STRING, WireType::LengthDelimited, buf);
+            encode_varint(s.len() as u64, buf);
+            buf.put_slice(s.as_bytes());
+        }
+        Value::Object(map) => {
+            encode_key(VALUE_STRUCT, WireType::LengthDelimited, buf);
+            encode_varint(struct_len(map) as u64, buf);
+            encode_struct(map, buf);
+        }
+        Value::Array(values) => {
+            encode_key(VALUE_LIST, WireType::LengthDelimited, buf);
+            encode_varint(list_len(values) as u64, buf);
+            for v in values {
+                encode_key(LIST_VALUES, WireType::LengthDelimited, buf);
+                encode_varint(value_len(v) as u64, buf);
+                encode_value(v, buf);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn nested(depth: usize) -> Map<String, Value> {
+        // depth 1 is {"leaf": 1}; each extra level wraps it in {"a": ...}.
+        let mut v = json!({"leaf": 1});
+        for _ in 1..depth {
+            v = json!({ "a": v });
+        }
+        object(v)
+    }
+
+    #[test]
+    fn round_trips_through_prost_types_struct() {
+        let doc = object(json!({
+            "id": "a", "n": 3, "f": 1.5, "neg": -7, "t": true, "z": null,
+            "list": [1, "two", {"three": [3.25]}], "obj": {"k": "v"}
+        }));
+        let bytes = JsonObject::new(doc.clone()).encode_to_vec();
+        // The wire format is the real google.protobuf.Struct.
+        let st = prost_types::Struct::decode(bytes.as_slice()).expect("decodes as Struct");
+        assert_eq!(st.fields.len(), doc.len());
+        let back = JsonObject::decode(st.encode_to_vec().as_slice()).expect("decodes back");
+        assert_eq!(back.into_checked().expect("no defect").as_ref(), &doc);
+    }
+
+    #[test]
+    fn integral_doubles_decode_as_integers() {
+        let back = JsonObject::decode(JsonObject::new(object(json!({"ttl": 60}))).encode_to_vec().as_slice())
+            .expect("decodes");
+        assert_eq!(back.map()["ttl"], json!(60));
+        assert!(back.map()["ttl"].is_i64());
+    }
+
+    #[test]
+    fn accepts_exactly_max_depth_and_flags_one_more() {
+        let ok = JsonObject::decode(JsonObject::new(nested(MAX_DEPTH)).encode_to_vec().as_slice())
+            .expect("decodes");
+        assert_eq!(ok.clone().into_checked().expect("128 levels are fine").as_ref(), &nested(MAX_DEPTH));
+        let deep = JsonObject::decode(JsonObject::new(nested(MAX_DEPTH + 1)).encode_to_vec().as_slice())
+            .expect("decodes without error");
+        assert_eq!(deep.into_checked(), Err(JsonDefect::TooDeep));
+    }
+
+    #[test]
+    fn hostile_depth_does_not_exhaust_the_stack() {
+        // {"x": [[[[...]]]]} one million lists deep: far beyond what recursion on a thread
+        // stack survives. Lengths are computed inside out, bytes written outside in.
+        const LEVELS: usize = 1_000_000;
+        let mut value_lens = vec![0usize; LEVELS + 1]; // value_lens[0]: an empty (null) Value
+        let mut list_lens = vec![0usize; LEVELS + 1];
+        for i in 1..=LEVELS {
+            list_lens[i] = delimited_len(1, value_lens[i - 1]);
+            value_lens[i] = delimited_len(1, list_lens[i]);
+        }
+        let mut value = Vec::with_capacity(value_lens[LEVELS]);
+        for i in (1..=LEVELS).rev() {
+            encode_key(VALUE_LIST, WireType::LengthDelimited, &mut value);
+            encode_varint(list_lens[i] as u64, &mut value);
+            encode_key(LIST_VALUES, WireType::LengthDelimited, &mut value);
+            encode_varint(value_lens[i - 1] as u64, &mut value);
+        }
+        let mut entry = Vec::new();
+        encode_key(ENTRY_KEY, WireType::LengthDelimited, &mut entry);
+        encode_varint(1, &mut entry);
+        entry.push(b'x');
+        encode_key(ENTRY_VALUE, WireType::LengthDelimited, &mut entry);
+        encode_varint(value.len() as u64, &mut entry);
+        entry.extend_from_slice(&value);
+        let mut st = Vec::new();
+        encode_key(STRUCT_FIELDS, WireType::LengthDelimited, &mut st);
+        encode_varint(entry.len() as u64, &mut st);
+        st.extend_from_slice(&entry);
+        let decoded = JsonObject::decode(st.as_slice()).expect("decodes");
+        assert_eq!(decoded.into_checked(), Err(JsonDefect::TooDeep));
+    }
+
+    #[test]
+    fn non_finite_numbers_are_flagged() {
+        let st = prost_types::Struct {
+            fields: [(
+                "x".to_owned(),
+                prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(f64::NAN)) },
+            )]
+            .into(),
+        };
+        let decoded = JsonObject::decode(st.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!(decoded.into_checked(), Err(JsonDefect::NonFiniteNumber));
+    }
+
+    #[test]
+    fn truncated_input_is_a_decode_error() {
+        let bytes = JsonObject::new(object(json!({"id": "abc", "n": 1}))).encode_to_vec();
+        assert!(JsonObject::decode(&bytes[..bytes.len() - 3]).is_err());
+    }
+}

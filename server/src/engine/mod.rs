@@ -1,0 +1,433 @@
+//! The engine: databases, collections and documents with Cosmos DB's TTL rules, over sharded
+//! in-memory state and a pluggable storage backend. It knows nothing of gRPC.
+//!
+//! Every document request takes one clock reading and judges visibility by it, so an expired
+//! document is gone at its expiry instant whatever the background purge is doing.
+
+mod body;
+mod catalog;
+mod clock;
+mod document;
+mod error;
+mod expiry;
+mod feed;
+mod ids;
+mod metrics;
+mod partition_key;
+mod purge;
+mod shard;
+mod ttl;
+
+#[cfg(test)]
+mod tests;
+
+use std::{
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use parking_lot::{Mutex, RwLock};
+
+pub use body::{DocumentBody, MAX_DEPTH, MAX_DOCUMENT_BYTES};
+pub use catalog::{CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange};
+pub use clock::{Clock, ManualClock, Millis, SystemClock};
+pub use document::{DocumentView, Etag, UpsertOutcome};
+pub use error::{Error, InvalidInput};
+pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_SIZE, page_size};
+pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
+pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
+pub use partition_key::{PartitionKeyPath, PartitionKeyValue};
+pub use purge::PurgeGuard;
+pub use ttl::{DefaultTtl, DocumentTtl, MAX_TTL_SECONDS, TtlSeconds};
+
+use self::{
+    catalog::Catalog,
+    document::WriteMode,
+    feed::Cursor,
+    shard::Shard,
+};
+use crate::storage::{CatalogChange, DocKey, Storage};
+
+/// Slots a collection deletion frees per hold of a shard lock.
+const FREE_BATCH: usize = 4096;
+
+/// A collection's address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CollectionPath {
+    /// The database.
+    pub database: DatabaseId,
+    /// The collection within it.
+    pub collection: CollectionId,
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Number of shards (at least 1).
+    pub shards: usize,
+}
+
+/// The engine. Cheap to clone: clones share state.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    catalog: RwLock<Catalog>,
+    /// Serialises catalog changes (they may take a while); document operations never take it.
+    ddl: Mutex<()>,
+    shards: Box<[Arc<Shard>]>,
+    clock: Arc<dyn Clock>,
+    storage: Arc<dyn Storage>,
+    /// Next document version; etags are versions, unique across the engine.
+    versions: AtomicU64,
+    metrics: Arc<EngineMetrics>,
+}
+
+impl Engine {
+    /// An empty engine over `storage`, telling time by `clock`.
+    pub fn new(config: EngineConfig, storage: Arc<dyn Storage>, clock: Arc<dyn Clock>) -> Self {
+        let metrics = Arc::new(EngineMetrics::default());
+        let now = clock.now();
+        let shards = (0..config.shards.max(1))
+            .map(|i| Arc::new(Shard::new(storage.shard(i), metrics.clone(), now)))
+            .collect();
+        Engine {
+            inner: Arc::new(Inner {
+                catalog: RwLock::new(Catalog::default()),
+                ddl: Mutex::new(()),
+                shards,
+                clock,
+                storage,
+                versions: AtomicU64::new(1),
+                metrics,
+            }),
+        }
+    }
+
+    /// The engine's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Counters and histograms the engine updates.
+    pub fn metrics(&self) -> &Arc<EngineMetrics> {
+        &self.inner.metrics
+    }
+
+    /// Number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.inner.shards.len()
+    }
+
+    fn shards(&self) -> &[Arc<Shard>] {
+        &self.inner.shards
+    }
+
+    /// Starts the background purge, one task per shard, on the current tokio runtime.
+    pub fn spawn_purge(&self) -> PurgeGuard {
+        PurgeGuard::spawn(self.shards(), &self.inner.clock)
+    }
+
+    /// Purges everything due now, synchronously, and returns how many documents it removed.
+    /// For tests and tools; servers run [`Engine::spawn_purge`].
+    pub fn purge_now(&self) -> usize {
+        let mut purged = 0;
+        for shard in self.shards() {
+            loop {
+                let now = self.inner.clock.now();
+                let report = shard.purge_batch(now, purge::PURGE_BATCH);
+                purged += report.purged;
+                if report.failed || report.next_due.is_none_or(|d| d > now) {
+                    break;
+                }
+            }
+        }
+        purged
+    }
+
+    fn next_version(&self) -> u64 {
+        self.inner.versions.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn shard_index(&self, uid: CollectionUid, partition_key: &PartitionKeyValue) -> usize {
+        // SipHash with fixed keys: the same partition always lands on the same shard.
+        let mut hasher = DefaultHasher::new();
+        uid.hash(&mut hasher);
+        partition_key.hash(&mut hasher);
+        (hasher.finish() % self.inner.shards.len() as u64) as usize
+    }
+
+    fn shard_for(&self, uid: CollectionUid, partition_key: &PartitionKeyValue) -> &Shard {
+        &self.inner.shards[self.shard_index(uid, partition_key)]
+    }
+
+    // ---- databases ----
+
+    /// Creates a database.
+    pub fn create_database(&self, id: DatabaseId) -> Result<(), Error> {
+        let _ddl = self.inner.ddl.lock();
+        if self.inner.catalog.read().has_database(&id) {
+            return Err(Error::DatabaseExists { database: id.to_string() });
+        }
+        self.inner.storage.write_catalog(CatalogChange::PutDatabase(&id))?;
+        self.inner.catalog.write().add_database(id);
+        Ok(())
+    }
+
+    /// Checks that a database exists.
+    pub fn get_database(&self, id: &DatabaseId) -> Result<(), Error> {
+        if self.inner.catalog.read().has_database(id) {
+            Ok(())
+        } else {
+            Err(Error::DatabaseNotFound { database: id.to_string() })
+        }
+    }
+
+    /// Every database, ordered by id.
+    pub fn list_databases(&self) -> Vec<DatabaseId> {
+        self.inner.catalog.read().databases().cloned().collect()
+    }
+
+    /// Deletes a database with its collections and their documents.
+    pub fn delete_database(&self, id: &DatabaseId) -> Result<(), Error> {
+        let _ddl = self.inner.ddl.lock();
+        let collections: Vec<Arc<CollectionInfo>> = self.inner.catalog.read().collections(id)?.cloned().collect();
+        for info in collections {
+            self.drop_collection(&info)?;
+        }
+        self.inner.storage.write_catalog(CatalogChange::DeleteDatabase(id))?;
+        self.inner.catalog.write().remove_database(id);
+        Ok(())
+    }
+
+    // ---- collections ----
+
+    /// Creates a collection.
+    pub fn create_collection(
+        &self,
+        database: &DatabaseId,
+        id: CollectionId,
+        partition_key_path: PartitionKeyPath,
+        settings: CollectionSettings,
+    ) -> Result<Arc<CollectionInfo>, Error> {
+        let _ddl = self.inner.ddl.lock();
+        let uid = {
+            let mut catalog = self.inner.catalog.write();
+            match catalog.collection(database, &id) {
+                Ok(_) => {
+                    return Err(Error::CollectionExists { database: database.to_string(), collection: id.to_string() });
+                }
+                Err(Error::CollectionNotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            catalog.next_uid()
+        };
+        let info = Arc::new(CollectionInfo { database: database.clone(), id, uid, partition_key_path, settings });
+        self.inner.storage.write_catalog(CatalogChange::PutCollection(&info))?;
+        for shard in self.shards() {
+            shard.add_collection(uid, settings.default_ttl());
+        }
+        self.inner.catalog.write().put_collection(info.clone());
+        Ok(info)
+    }
+
+    /// Reads a collection.
+    pub fn get_collection(&self, path: &CollectionPath) -> Result<Arc<CollectionInfo>, Error> {
+        self.inner.catalog.read().collection(&path.database, &path.collection)
+    }
+
+    /// The collections of a database, ordered by id.
+    pub fn list_collections(&self, database: &DatabaseId) -> Result<Vec<Arc<CollectionInfo>>, Error> {
+        Ok(self.inner.catalog.read().collections(database)?.cloned().collect())
+    }
+
+    /// Replaces a collection's settings. The new default TTL applies at once to every document
+    /// that inherits it; documents already expired stay expired.
+    pub fn replace_collection(&self, path: &CollectionPath, change: SettingsChange) -> Result<Arc<CollectionInfo>, Error> {
+        let _ddl = self.inner.ddl.lock();
+        let current = self.get_collection(path)?;
+        let mode = change.indexing_mode.unwrap_or(current.settings.indexing_mode());
+        let settings = CollectionSettings::new(change.default_ttl, mode)?;
+        let info = Arc::new(CollectionInfo { settings, ..(*current).clone() });
+        self.inner.storage.write_catalog(CatalogChange::PutCollection(&info))?;
+        for shard in self.shards() {
+            // Each shard reads the clock under its own lock, so nothing expires between the
+            // reading and the switch.
+            shard.set_default_ttl(info.uid, settings.default_ttl(), &*self.inner.clock);
+        }
+        self.inner.catalog.write().put_collection(info.clone());
+        Ok(info)
+    }
+
+    /// Deletes a collection with its documents.
+    pub fn delete_collection(&self, path: &CollectionPath) -> Result<(), Error> {
+        let _ddl = self.inner.ddl.lock();
+        let info = self.get_collection(path)?;
+        self.drop_collection(&info)
+    }
+
+    fn drop_collection(&self, info: &CollectionInfo) -> Result<(), Error> {
+        self.inner.storage.write_catalog(CatalogChange::DeleteCollection(info))?;
+        self.inner.catalog.write().remove_collection(&info.database, &info.id);
+        for shard in self.shards() {
+            if let Some(part) = shard.detach_collection(info.uid) {
+                let mut slots = part.index.into_iter();
+                while !shard.free_detached(&mut slots, FREE_BATCH) {}
+            }
+            if let Err(e) = shard.store.drop_collection(info.uid) {
+                // The catalog no longer names it; what is left is unreachable garbage.
+                tracing::warn!(error = %e, collection = %info.id, "could not free a deleted collection's storage");
+            }
+        }
+        Ok(())
+    }
+
+    // ---- documents ----
+
+    fn key_for(
+        info: &CollectionInfo,
+        body: &DocumentBody,
+        requested: Option<PartitionKeyValue>,
+    ) -> Result<DocKey, InvalidInput> {
+        let partition_key = info.partition_key_path.extract(body.map())?;
+        if let Some(requested) = requested
+            && requested != partition_key
+        {
+            return Err(InvalidInput::PartitionKeyMismatch {
+                request: requested,
+                body: partition_key,
+                path: info.partition_key_path.to_string(),
+            });
+        }
+        Ok(DocKey { partition_key, id: body.id().clone() })
+    }
+
+    /// Creates a document; `DocumentExists` if a live one has its id in its partition. The
+    /// partition key comes from the body; `partition_key`, if given, must agree with it.
+    pub fn create_document(
+        &self,
+        path: &CollectionPath,
+        body: DocumentBody,
+        partition_key: Option<PartitionKeyValue>,
+    ) -> Result<DocumentView, Error> {
+        let info = self.get_collection(path)?;
+        let key = Self::key_for(&info, &body, partition_key)?;
+        self.put(&info, key, body, WriteMode::Create, None).map(|(view, _)| view)
+    }
+
+    /// Creates or replaces a document.
+    pub fn upsert_document(
+        &self,
+        path: &CollectionPath,
+        body: DocumentBody,
+        partition_key: Option<PartitionKeyValue>,
+        if_match: Option<&str>,
+    ) -> Result<(UpsertOutcome, DocumentView), Error> {
+        let info = self.get_collection(path)?;
+        let key = Self::key_for(&info, &body, partition_key)?;
+        let (view, created) = self.put(&info, key, body, WriteMode::Upsert, if_match)?;
+        Ok((if created { UpsertOutcome::Created } else { UpsertOutcome::Replaced }, view))
+    }
+
+    /// Replaces a live document; its id and partition key must match the body's.
+    pub fn replace_document(
+        &self,
+        path: &CollectionPath,
+        key: DocKey,
+        body: DocumentBody,
+        if_match: Option<&str>,
+    ) -> Result<DocumentView, Error> {
+        let info = self.get_collection(path)?;
+        if body.id() != &key.id {
+            return Err(InvalidInput::IdMismatch { request: key.id.to_string(), body: body.id().to_string() }.into());
+        }
+        let body_key = Self::key_for(&info, &body, Some(key.partition_key))?;
+        self.put(&info, body_key, body, WriteMode::Replace, if_match).map(|(view, _)| view)
+    }
+
+    fn put(
+        &self,
+        info: &CollectionInfo,
+        key: DocKey,
+        body: DocumentBody,
+        mode: WriteMode,
+        if_match: Option<&str>,
+    ) -> Result<(DocumentView, bool), Error> {
+        let (map, _, ttl) = body.into_parts();
+        let shard = self.shard_for(info.uid, &key.partition_key);
+        let now = self.inner.clock.now();
+        shard.put(info, key, map, ttl, mode, if_match, self.next_version(), now)
+    }
+
+    /// Reads a live document.
+    pub fn read_document(&self, path: &CollectionPath, key: &DocKey) -> Result<DocumentView, Error> {
+        let info = self.get_collection(path)?;
+        let now = self.inner.clock.now();
+        self.shard_for(info.uid, &key.partition_key).read(&info, key, now)
+    }
+
+    /// Deletes a live document.
+    pub fn delete_document(&self, path: &CollectionPath, key: &DocKey, if_match: Option<&str>) -> Result<(), Error> {
+        let info = self.get_collection(path)?;
+        let now = self.inner.clock.now();
+        self.shard_for(info.uid, &key.partition_key).delete(&info, key, if_match, now)
+    }
+
+    /// Restarts a live document's TTL clock: a write with its current body (new `_ts`, new etag).
+    pub fn touch_document(&self, path: &CollectionPath, key: &DocKey, if_match: Option<&str>) -> Result<DocumentView, Error> {
+        let info = self.get_collection(path)?;
+        let now = self.inner.clock.now();
+        self.shard_for(info.uid, &key.partition_key).touch(&info, key, if_match, self.next_version(), now)
+    }
+
+    /// One page of a read feed. `page_size` comes from [`page_size`].
+    pub fn read_feed_page(
+        &self,
+        path: &CollectionPath,
+        scope: &FeedScope,
+        page_size: usize,
+        continuation: Option<&str>,
+    ) -> Result<FeedPage, Error> {
+        let info = self.get_collection(path)?;
+        let shards = self.shard_count();
+        let (first, last) = match scope {
+            FeedScope::Collection => (0, shards - 1),
+            FeedScope::Partition(pk) => {
+                let i = self.shard_index(info.uid, pk);
+                (i, i)
+            }
+        };
+        let mut cursor = match continuation {
+            Some(token) => feed::decode_token(token, info.uid, scope, shards)?,
+            None => Cursor { shard: first, after: None },
+        };
+        if cursor.shard < first || cursor.shard > last {
+            return Err(InvalidInput::Continuation { reason: "it does not belong to this feed" }.into());
+        }
+        let now = self.inner.clock.now();
+        let mut documents = Vec::new();
+        loop {
+            let want = page_size - documents.len();
+            let page = self.inner.shards[cursor.shard].scan_page(&info, scope, cursor.after.as_ref(), want, now)?;
+            documents.extend(page.documents);
+            if !page.exhausted {
+                cursor.after = page.last;
+                break;
+            }
+            if cursor.shard == last {
+                return Ok(FeedPage { documents, continuation: None });
+            }
+            cursor = Cursor { shard: cursor.shard + 1, after: None };
+            if documents.len() == page_size {
+                break;
+            }
+        }
+        Ok(FeedPage { documents, continuation: Some(feed::encode_token(info.uid, scope, &cursor)) })
+    }
+}

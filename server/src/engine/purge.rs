@@ -1,0 +1,290 @@
+//! Physical deletion of expired documents, and the rule changes it must respect.
+//!
+//! Visibility never waits for the purge: reads compare against the clock. The purge only frees
+//! storage, in batches of bounded size, each under one short hold of the shard lock and in one
+//! storage write. Its lag (expiry instant to storage freed) is recorded per document.
+
+use std::{
+    collections::hash_map,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use tokio::task::JoinHandle;
+
+use super::{
+    catalog::CollectionUid,
+    clock::{Clock, Millis},
+    shard::{Change, CollectionShard, RemoveCause, Shard, ShardState, Tracking},
+    ttl::{DefaultTtl, DocumentTtl},
+};
+use crate::storage::DocKey;
+
+/// Documents removed per batch: bounds how long the purge holds a shard lock.
+pub(crate) const PURGE_BATCH: usize = 512;
+/// How long the purge waits before retrying after a storage failure.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
+
+/// What one purge batch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PurgeReport {
+    /// Documents removed.
+    pub(crate) purged: usize,
+    /// The earliest instant more work is due (`<= now`: call again at once).
+    pub(crate) next_due: Option<Millis>,
+    /// The storage write failed; the documents stay dead and pending.
+    pub(crate) failed: bool,
+}
+
+impl Shard {
+    /// Removes up to `budget` expired documents: first those already marked dead, then due
+    /// timers, then the due heads of inherit queues.
+    pub(crate) fn purge_batch(&self, now: Millis, budget: usize) -> PurgeReport {
+        let mut state = self.lock();
+        let st = &mut *state;
+        let mut candidates: Vec<(u32, Millis)> = Vec::new();
+
+        while candidates.len() < budget {
+            let Some((r, expired_at)) = st.pending.pop_front() else { break };
+            if st.docs.is_current(r) && st.docs.get(r.slot).dead {
+                candidates.push((r.slot, expired_at));
+            }
+        }
+
+        let mut fired = Vec::new();
+        st.wheel.poll(now, budget - candidates.len(), &mut fired);
+        for f in fired {
+            if let Some(expired_at) = on_timer_fired(st, f.payload, now) {
+                candidates.push((f.payload, expired_at));
+            }
+        }
+
+        for cs in st.collections.values_mut() {
+            let DefaultTtl::After(n) = cs.default_ttl else { continue };
+            let n = Millis::from(n.get()) * 1_000;
+            while candidates.len() < budget {
+                let Some((written, r)) = cs.inherit.front() else { break };
+                let queued = st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
+                if !queued {
+                    cs.inherit.pop_front(false);
+                    continue;
+                }
+                if written + n > now {
+                    break;
+                }
+                cs.inherit.pop_front(true);
+                let meta = st.docs.get_mut(r.slot);
+                meta.tracking = Tracking::None;
+                meta.dead = true;
+                candidates.push((r.slot, written + n));
+            }
+        }
+
+        let changes: Vec<Change> =
+            candidates.iter().map(|&(slot, _)| Change::Remove { slot, cause: RemoveCause::Expired }).collect();
+        let failed = match st.commit(&*self.store, &changes, &self.metrics) {
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, documents = candidates.len(), "purge could not delete expired documents; will retry");
+                for &(slot, expired_at) in &candidates {
+                    // Marked dead above: they stay invisible until a retry succeeds.
+                    st.pending.push_back((st.docs.current_ref(slot), expired_at));
+                }
+                true
+            }
+        };
+
+        let next_due = next_due(st, now);
+        let backlog = backlog(st, now);
+        drop(state);
+
+        self.backlog.store(backlog as u64, Ordering::Relaxed);
+        if !failed {
+            for &(_, expired_at) in &candidates {
+                self.metrics.purge_lag.observe(now.saturating_sub(expired_at) as f64 / 1_000.0);
+            }
+        }
+        PurgeReport { purged: if failed { 0 } else { candidates.len() }, next_due, failed }
+    }
+
+    /// Installs a collection's new default TTL in this shard. Documents that expired under the
+    /// old rules by `now` are marked dead first, so no rule change brings them back (SPEC §4,
+    /// "expired is final"); documents that inherit are re-timed by the queue without being
+    /// touched; own-ttl documents get timers if TTL is being turned on.
+    pub(crate) fn set_default_ttl(&self, uid: CollectionUid, new: DefaultTtl, clock: &dyn Clock) {
+        {
+            let mut state = self.lock();
+            let st = &mut *state;
+            let now = clock.now();
+            let Some(old) = st.collections.get(&uid).map(|c| c.default_ttl) else { return };
+            if old == new {
+                return;
+            }
+            // Due timers (of any collection) are expired: mark them dead like the purge would.
+            let mut fired = Vec::new();
+            loop {
+                fired.clear();
+                st.wheel.poll(now, 4096, &mut fired);
+                for f in &fired {
+                    if let Some(expired_at) = on_timer_fired(st, f.payload, now) {
+                        st.pending.push_back((st.docs.current_ref(f.payload), expired_at));
+                    }
+                }
+                if st.wheel.next_due().is_none_or(|d| d > now) {
+                    break;
+                }
+            }
+            let cs = st.collections.get_mut(&uid).expect("checked above");
+            if let DefaultTtl::After(n) = old {
+                let n = Millis::from(n.get()) * 1_000;
+                while let Some((written, r)) = cs.inherit.front() {
+                    let queued = st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
+                    if !queued {
+                        cs.inherit.pop_front(false);
+                        continue;
+                    }
+                    if written + n > now {
+                        break;
+                    }
+                    cs.inherit.pop_front(true);
+                    let meta = st.docs.get_mut(r.slot);
+                    meta.tracking = Tracking::None;
+                    meta.dead = true;
+                    st.pending.push_back((r, written + n));
+                }
+            }
+            cs.default_ttl = new;
+            if !old.is_on() && new.is_on() {
+                // Own-ttl documents are not timed while TTL is off (no background work for it).
+                for &slot in cs.index.values() {
+                    let meta = st.docs.get_mut(slot);
+                    if matches!(meta.ttl, Some(DocumentTtl::After(_))) && meta.tracking == Tracking::None && !meta.dead {
+                        let deadline = meta.expires_at(new).expect("an own ttl applies while TTL is on");
+                        meta.tracking = Tracking::Timer(st.wheel.schedule(deadline, slot));
+                    }
+                }
+            }
+        }
+        // Anything may be due now: dead documents, or inheritors under a lower default.
+        self.purge_wake.notify_one();
+    }
+
+    /// Detaches a collection's part of this shard: from now on lookups in it fail. Its
+    /// documents still occupy slots until [`Shard::free_detached`] releases them.
+    pub(crate) fn detach_collection(&self, uid: CollectionUid) -> Option<CollectionShard> {
+        self.lock().collections.remove(&uid)
+    }
+
+    /// Releases up to `budget` slots of a detached collection; true when none are left.
+    pub(crate) fn free_detached(&self, docs: &mut hash_map::IntoIter<DocKey, u32>, budget: usize) -> bool {
+        let mut state = self.lock();
+        let st = &mut *state;
+        for (_, slot) in docs.by_ref().take(budget) {
+            if let Tracking::Timer(handle) = st.docs.get(slot).tracking {
+                st.wheel.cancel(handle);
+            }
+            st.docs.remove(slot);
+        }
+        docs.len() == 0
+    }
+}
+
+/// Handles a fired timer: marks the document dead and returns its expiry instant if it is
+/// expired under the current rules; otherwise leaves it untimed (TTL off) or re-times it.
+fn on_timer_fired(st: &mut ShardState, slot: u32, now: Millis) -> Option<Millis> {
+    let meta = st.docs.get_mut(slot);
+    meta.tracking = Tracking::None;
+    // A collection being deleted: its cleanup frees the document.
+    let cs = st.collections.get(&meta.collection)?;
+    match meta.expires_at(cs.default_ttl) {
+        // TTL was turned off: untimed until it is turned on again.
+        None => None,
+        Some(expired_at) if expired_at <= now => {
+            meta.dead = true;
+            Some(expired_at)
+        }
+        Some(later) => {
+            meta.tracking = Tracking::Timer(st.wheel.schedule(later, slot));
+            None
+        }
+    }
+}
+
+fn next_due(st: &mut ShardState, now: Millis) -> Option<Millis> {
+    if !st.pending.is_empty() {
+        return Some(now);
+    }
+    let mut due = st.wheel.next_due();
+    for cs in st.collections.values() {
+        if let (DefaultTtl::After(n), Some((written, _))) = (cs.default_ttl, cs.inherit.front()) {
+            let at = written + Millis::from(n.get()) * 1_000;
+            due = Some(due.map_or(at, |d| d.min(at)));
+        }
+    }
+    due
+}
+
+/// Entries known to be due and not yet processed: dead documents, ready timers and due queue
+/// entries (stale queue entries included: each still costs the purge a step).
+fn backlog(st: &ShardState, now: Millis) -> usize {
+    let queued: usize = st
+        .collections
+        .values()
+        .filter_map(|cs| match cs.default_ttl {
+            DefaultTtl::After(n) => {
+                Some(cs.inherit.count_written_by(now.saturating_sub(Millis::from(n.get()) * 1_000)))
+            }
+            _ => None,
+        })
+        .sum();
+    st.pending.len() + st.wheel.ready_len() + queued
+}
+
+/// Background purge tasks, one per shard; dropping the guard stops them.
+#[derive(Debug)]
+pub struct PurgeGuard {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl PurgeGuard {
+    pub(crate) fn spawn(shards: &[Arc<Shard>], clock: &Arc<dyn Clock>) -> Self {
+        let tasks = shards.iter().map(|shard| tokio::spawn(run(shard.clone(), clock.clone()))).collect();
+        PurgeGuard { tasks }
+    }
+}
+
+impl Drop for PurgeGuard {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// One shard's purge loop: a batch, then a yield while more is due, else sleep until the
+/// earliest deadline or until a write schedules an earlier one.
+async fn run(shard: Arc<Shard>, clock: Arc<dyn Clock>) {
+    loop {
+        // While awake, every new deadline notifies (it is earlier than u64::MAX), so a deadline
+        // scheduled after the batch computed `next_due` leaves a wake-up permit behind.
+        shard.purge_sleeps_until.store(u64::MAX, Ordering::Release);
+        let now = clock.now();
+        let report = shard.purge_batch(now, PURGE_BATCH);
+        if report.failed {
+            tokio::time::sleep(RETRY_AFTER_FAILURE).await;
+            continue;
+        }
+        match report.next_due {
+            Some(due) if due <= now => tokio::task::yield_now().await,
+            Some(due) => {
+                shard.purge_sleeps_until.store(due, Ordering::Release);
+                let wait = Duration::from_millis(due.saturating_sub(clock.now()));
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = shard.purge_wake.notified() => {}
+                }
+            }
+            None => shard.purge_wake.notified().await,
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! One shard of the engine: the documents of the partitions that hash to it, their expiry
+//! bookkeeping and the single path through which every change to them is made.
+//!
+//! A shard's lock makes check-and-write atomic (existence, etag, expiry). Shards never take
+//! each other's locks. The storage backend is called under the lock, which is what makes its
+//! per-shard store need no locking of its own.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    mem,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use parking_lot::{Mutex, MutexGuard};
+use serde_json::{Map, Value};
+use tokio::sync::Notify;
+
+use super::{
+    catalog::{CollectionInfo, CollectionUid},
+    clock::Millis,
+    document::{DocumentView, Etag, WriteMode},
+    error::Error,
+    expiry::{
+        inherit_queue::{InheritQueue, SlotRef},
+        wheel::{TimerHandle, TimerWheel},
+    },
+    metrics::EngineMetrics,
+    ttl::{self, DefaultTtl, DocumentTtl},
+};
+use crate::storage::{DocKey, DocumentWrite, ShardStore, StorageError, StoredDocument};
+
+/// A shard: state behind a lock, and the signal its purge task sleeps on.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub(super) state: Mutex<ShardState>,
+    pub(super) store: Arc<dyn ShardStore>,
+    pub(super) metrics: Arc<EngineMetrics>,
+    /// Wakes the purge task when an earlier deadline appears.
+    pub(super) purge_wake: Notify,
+    /// The instant the purge task sleeps until (`u64::MAX`: no deadline).
+    pub(super) purge_sleeps_until: AtomicU64,
+    /// Due entries the last purge pass left behind.
+    pub(super) backlog: AtomicU64,
+}
+
+#[derive(Debug)]
+pub(crate) struct ShardState {
+    pub(super) collections: HashMap<CollectionUid, CollectionShard>,
+    pub(super) docs: DocSlab,
+    pub(super) wheel: TimerWheel,
+    /// Documents known to be expired (marked dead) and waiting to be purged, with their expiry
+    /// instants. Entries go stale when the document is written again.
+    pub(super) pending: VecDeque<(SlotRef, Millis)>,
+    /// Last write stamp: stamps never go backwards within a shard, which keeps inherit queues
+    /// in write order even if the wall clock steps back.
+    last_stamp: Millis,
+}
+
+/// A collection's part of one shard.
+#[derive(Debug)]
+pub(crate) struct CollectionShard {
+    /// This shard's copy of the collection's default TTL; reads judge visibility by it, so it
+    /// changes under the shard lock together with the dead marks that keep "expired is final".
+    pub(super) default_ttl: DefaultTtl,
+    pub(super) index: HashMap<DocKey, u32>,
+    pub(super) inherit: InheritQueue,
+}
+
+/// What keeps track of a document's expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tracking {
+    /// Nothing: it never expires, its TTL is ignored (collection TTL off), or it is pending purge.
+    None,
+    /// A live entry in its collection's inherit queue.
+    Queue,
+    /// A timer-wheel entry (a document with its own ttl).
+    Timer(TimerHandle),
+}
+
+/// What the engine keeps in memory per document.
+#[derive(Debug)]
+pub(super) struct DocMeta {
+    pub(super) collection: CollectionUid,
+    pub(super) key: DocKey,
+    pub(super) last_write: Millis,
+    pub(super) version: u64,
+    pub(super) ttl: Option<DocumentTtl>,
+    pub(super) tracking: Tracking,
+    /// Expired and final: a later settings change must not bring it back.
+    pub(super) dead: bool,
+}
+
+impl DocMeta {
+    pub(super) fn expires_at(&self, default_ttl: DefaultTtl) -> Option<Millis> {
+        ttl::expires_at(self.last_write, self.ttl, default_ttl)
+    }
+
+    pub(super) fn is_visible(&self, default_ttl: DefaultTtl, now: Millis) -> bool {
+        !self.dead && ttl::is_visible(self.expires_at(default_ttl), now)
+    }
+}
+
+/// Slots for document metadata, addressed by index. Every write and every free bumps a slot's
+/// generation, so a `SlotRef` taken earlier can tell that its document changed.
+#[derive(Debug, Default)]
+pub(super) struct DocSlab {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    generation: u32,
+    doc: Option<DocMeta>,
+}
+
+impl DocSlab {
+    fn insert(&mut self, doc: DocMeta) -> SlotRef {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(Slot { generation: 0, doc: None });
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 documents per shard")
+            }
+        };
+        let s = &mut self.slots[slot as usize];
+        s.generation = s.generation.wrapping_add(1);
+        s.doc = Some(doc);
+        SlotRef { slot, generation: s.generation }
+    }
+
+    /// Marks the document in `slot` as rewritten.
+    fn bump(&mut self, slot: u32) -> SlotRef {
+        let s = &mut self.slots[slot as usize];
+        s.generation = s.generation.wrapping_add(1);
+        SlotRef { slot, generation: s.generation }
+    }
+
+    pub(super) fn remove(&mut self, slot: u32) -> Option<DocMeta> {
+        let s = &mut self.slots[slot as usize];
+        s.generation = s.generation.wrapping_add(1);
+        let doc = s.doc.take();
+        self.free.push(slot);
+        doc
+    }
+
+    pub(super) fn get(&self, slot: u32) -> &DocMeta {
+        self.slots[slot as usize].doc.as_ref().expect("indexed slots hold a document")
+    }
+
+    pub(super) fn get_mut(&mut self, slot: u32) -> &mut DocMeta {
+        self.slots[slot as usize].doc.as_mut().expect("indexed slots hold a document")
+    }
+
+    /// A reference to the current version of the document in `slot`.
+    pub(super) fn current_ref(&self, slot: u32) -> SlotRef {
+        SlotRef { slot, generation: self.slots[slot as usize].generation }
+    }
+
+    /// Whether `r` still names the document version it was taken for.
+    pub(super) fn is_current(&self, r: SlotRef) -> bool {
+        self.slots.get(r.slot as usize).is_some_and(|s| s.generation == r.generation && s.doc.is_some())
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+}
+
+/// A change to one document, as the commit path sees it.
+#[derive(Debug)]
+pub(super) enum Change {
+    /// Store this version; `slot` is the slot of the previous version, live or expired.
+    Put { slot: Option<u32>, record: Arc<StoredDocument> },
+    /// Remove the document in `slot`.
+    Remove { slot: u32, cause: RemoveCause },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RemoveCause {
+    /// A client deleted it.
+    Deleted,
+    /// The purge removed it after it expired.
+    Expired,
+}
+
+impl ShardState {
+    fn new(now: Millis) -> Self {
+        ShardState {
+            collections: HashMap::new(),
+            docs: DocSlab::default(),
+            wheel: TimerWheel::new(now),
+            pending: VecDeque::new(),
+            last_stamp: 0,
+        }
+    }
+
+    /// A write stamp at or after `now` and every earlier stamp.
+    fn stamp(&mut self, now: Millis) -> Millis {
+        self.last_stamp = self.last_stamp.max(now);
+        self.last_stamp
+    }
+
+    /// The one path every document change takes, client writes and purge alike: storage first
+    /// (one batch), then the index and expiry bookkeeping, so a storage failure changes nothing.
+    /// Change events and request charges belong here when they arrive. Returns the earliest new
+    /// expiry deadline, for waking the purge.
+    pub(super) fn commit(
+        &mut self,
+        store: &dyn ShardStore,
+        changes: &[Change],
+        metrics: &EngineMetrics,
+    ) -> Result<Option<Millis>, StorageError> {
+        let writes: Vec<DocumentWrite> = changes
+            .iter()
+            .map(|change| match change {
+                Change::Put { record, .. } => DocumentWrite::Put(record.clone()),
+                Change::Remove { slot, .. } => {
+                    let meta = self.docs.get(*slot);
+                    DocumentWrite::Delete { collection: meta.collection, key: meta.key.clone() }
+                }
+            })
+            .collect();
+        store.write(&writes)?;
+
+        let mut earliest: Option<Millis> = None;
+        for change in changes {
+            match change {
+                Change::Put { slot, record } => {
+                    let cs = self.collections.get_mut(&record.collection).expect("callers hold a collection shard");
+                    let doc = match *slot {
+                        Some(slot) => {
+                            let old = self.docs.get(slot);
+                            if old.dead || !ttl::is_visible(old.expires_at(cs.default_ttl), record.last_write) {
+                                // Overwriting an expired document that the purge had not reached.
+                                metrics.expired.inc();
+                            }
+                            detach(&mut self.docs, &mut self.wheel, cs, slot);
+                            let r = self.docs.bump(slot);
+                            let meta = self.docs.get_mut(slot);
+                            meta.last_write = record.last_write;
+                            meta.version = record.version;
+                            meta.ttl = record.ttl;
+                            meta.dead = false;
+                            r
+                        }
+                        None => {
+                            let r = self.docs.insert(DocMeta {
+                                collection: record.collection,
+                                key: record.key.clone(),
+                                last_write: record.last_write,
+                                version: record.version,
+                                ttl: record.ttl,
+                                tracking: Tracking::None,
+                                dead: false,
+                            });
+                            cs.index.insert(record.key.clone(), r.slot);
+                            r
+                        }
+                    };
+                    if let Some(deadline) = attach(&mut self.docs, &mut self.wheel, cs, doc) {
+                        earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
+                    }
+                }
+                Change::Remove { slot, cause } => {
+                    let collection = self.docs.get(*slot).collection;
+                    // Documents of a collection being deleted belong to its cleanup, which
+                    // frees their slots; nothing else removes them.
+                    let cs = self.collections.get_mut(&collection).expect("removals name live collections");
+                    detach(&mut self.docs, &mut self.wheel, cs, *slot);
+                    cs.index.remove(&self.docs.get(*slot).key);
+                    self.docs.remove(*slot);
+                    if *cause == RemoveCause::Expired {
+                        metrics.purged.inc();
+                        metrics.expired.inc();
+                    }
+                }
+            }
+        }
+        Ok(earliest)
+    }
+
+    /// Bytes of expiry bookkeeping: wheel nodes, inherit-queue entries and the timer handles
+    /// documents hold, counting spare capacity.
+    pub(super) fn bookkeeping_bytes(&self) -> usize {
+        let queues: usize = self.collections.values().map(|c| c.inherit.allocated_bytes()).sum();
+        self.wheel.allocated_bytes() + queues + self.wheel.len() * mem::size_of::<TimerHandle>()
+    }
+
+    /// Documents whose expiry is tracked (timer or inherit queue).
+    pub(super) fn tracked_documents(&self) -> usize {
+        self.wheel.len() + self.collections.values().map(|c| c.inherit.live()).sum::<usize>()
+    }
+}
+
+/// Starts tracking a document's expiry according to its collection's current rules. Documents
+/// that inherit always join the queue (even while TTL is off or -1) so that any later default
+/// applies to them in write order; own-ttl documents get a timer only while TTL is on.
+pub(super) fn attach(docs: &mut DocSlab, wheel: &mut TimerWheel, cs: &mut CollectionShard, r: SlotRef) -> Option<Millis> {
+    let meta = docs.get_mut(r.slot);
+    debug_assert_eq!(meta.tracking, Tracking::None);
+    match meta.ttl {
+        None => {
+            cs.inherit.push(meta.last_write, r);
+            meta.tracking = Tracking::Queue;
+            meta.expires_at(cs.default_ttl)
+        }
+        Some(DocumentTtl::Never) => None,
+        Some(DocumentTtl::After(_)) => {
+            let deadline = meta.expires_at(cs.default_ttl)?;
+            meta.tracking = Tracking::Timer(wheel.schedule(deadline, r.slot));
+            Some(deadline)
+        }
+    }
+}
+
+/// Stops tracking a document's expiry.
+pub(super) fn detach(docs: &mut DocSlab, wheel: &mut TimerWheel, cs: &mut CollectionShard, slot: u32) {
+    let meta = docs.get_mut(slot);
+    match mem::replace(&mut meta.tracking, Tracking::None) {
+        Tracking::None => {}
+        Tracking::Timer(handle) => {
+            wheel.cancel(handle);
+        }
+        Tracking::Queue => {
+            let docs = &*docs;
+            cs.inherit.forget_one(|r| docs.is_current(r) && docs.get(r.slot).tracking == Tracking::Queue);
+        }
+    }
+}
+
+impl Shard {
+    pub(crate) fn new(store: Arc<dyn ShardStore>, metrics: Arc<EngineMetrics>, now: Millis) -> Self {
+        Shard {
+            state: Mutex::new(ShardState::new(now)),
+            store,
+            metrics,
+            purge_wake: Notify::new(),
+            purge_sleeps_until: AtomicU64::new(u64::MAX),
+            backlog: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, ShardState> {
+        self.state.lock()
+    }
+
+    /// Wakes the purge task if `deadline` is earlier than what it sleeps until. Called after
+    /// the shard lock is released, so the woken task does not wait for it.
+    pub(super) fn wake_purge_for(&self, deadline: Option<Millis>) {
+        if deadline.is_some_and(|d| d < self.purge_sleeps_until.load(Ordering::Acquire)) {
+            self.purge_wake.notify_one();
+        }
+    }
+
+    pub(crate) fn add_collection(&self, uid: CollectionUid, default_ttl: DefaultTtl) {
+        self.lock()
+            .collections
+            .insert(uid, CollectionShard { default_ttl, index: HashMap::new(), inherit: InheritQueue::default() });
+    }
+
+    /// Creates, upserts or replaces a document.
+    #[allow(clippy::too_many_arguments, reason = "one argument per part of a write request")]
+    pub(crate) fn put(
+        &self,
+        info: &CollectionInfo,
+        key: DocKey,
+        body: Arc<Map<String, Value>>,
+        ttl: Option<DocumentTtl>,
+        mode: WriteMode,
+        if_match: Option<&str>,
+        version: u64,
+        now: Millis,
+    ) -> Result<(DocumentView, bool), Error> {
+        let mut state = self.lock();
+        let st = &mut *state;
+        let cs = st.collections.get(&info.uid).ok_or_else(|| collection_gone(info))?;
+        let slot = cs.index.get(&key).copied();
+        let live = slot.filter(|&s| st.docs.get(s).is_visible(cs.default_ttl, now));
+        match (mode, live) {
+            (WriteMode::Create, Some(_)) => {
+                return Err(Error::DocumentExists { id: key.id.to_string(), partition_key: key.partition_key });
+            }
+            (WriteMode::Replace, None) => {
+                return Err(Error::DocumentNotFound { id: key.id.to_string(), partition_key: key.partition_key });
+            }
+            _ => {}
+        }
+        check_if_match(if_match, live.map(|s| st.docs.get(s)), &key)?;
+        let created = live.is_none();
+        let stamp = st.stamp(now);
+        let record =
+            Arc::new(StoredDocument { collection: info.uid, key, body, last_write: stamp, version, ttl });
+        let deadline = st.commit(&*self.store, &[Change::Put { slot, record: record.clone() }], &self.metrics)?;
+        let view = view(&record, st.collections[&info.uid].default_ttl, now);
+        drop(state);
+        self.wake_purge_for(deadline);
+        Ok((view, created))
+    }
+
+    /// Rewrites a live document with its current body: a write that restarts its TTL clock.
+    pub(crate) fn touch(
+        &self,
+        info: &CollectionInfo,
+        key: &DocKey,
+        if_match: Option<&str>,
+        version: u64,
+        now: Millis,
+    ) -> Result<DocumentView, Error> {
+        let mut state = self.lock();
+        let st = &mut *state;
+        let slot = live_slot(st, info, key, now)?;
+        check_if_match(if_match, Some(st.docs.get(slot)), key)?;
+        let current = self.store.get(info.uid, key)?.ok_or_else(|| missing_record(key))?;
+        let stamp = st.stamp(now);
+        let record = Arc::new(StoredDocument { last_write: stamp, version, ..(*current).clone() });
+        let deadline =
+            st.commit(&*self.store, &[Change::Put { slot: Some(slot), record: record.clone() }], &self.metrics)?;
+        let view = view(&record, st.collections[&info.uid].default_ttl, now);
+        drop(state);
+        self.wake_purge_for(deadline);
+        Ok(view)
+    }
+
+    /// Deletes a live document.
+    pub(crate) fn delete(&self, info: &CollectionInfo, key: &DocKey, if_match: Option<&str>, now: Millis) -> Result<(), Error> {
+        let mut state = self.lock();
+        let st = &mut *state;
+        let slot = live_slot(st, info, key, now)?;
+        check_if_match(if_match, Some(st.docs.get(slot)), key)?;
+        st.commit(&*self.store, &[Change::Remove { slot, cause: RemoveCause::Deleted }], &self.metrics)?;
+        Ok(())
+    }
+
+    /// Reads a live document.
+    pub(crate) fn read(&self, info: &CollectionInfo, key: &DocKey, now: Millis) -> Result<DocumentView, Error> {
+        let state = self.lock();
+        let slot = live_slot(&state, info, key, now)?;
+        let record = self.store.get(info.uid, key)?.ok_or_else(|| missing_record(key))?;
+        debug_assert_eq!(record.version, state.docs.get(slot).version);
+        Ok(view(&record, state.collections[&info.uid].default_ttl, now))
+    }
+}
+
+/// The slot of the live document at `key`, or NOT_FOUND.
+pub(super) fn live_slot(st: &ShardState, info: &CollectionInfo, key: &DocKey, now: Millis) -> Result<u32, Error> {
+    let cs = st.collections.get(&info.uid).ok_or_else(|| collection_gone(info))?;
+    cs.index
+        .get(key)
+        .copied()
+        .filter(|&s| st.docs.get(s).is_visible(cs.default_ttl, now))
+        .ok_or_else(|| Error::DocumentNotFound { id: key.id.to_string(), partition_key: key.partition_key.clone() })
+}
+
+fn check_if_match(if_match: Option<&str>, live: Option<&DocMeta>, key: &DocKey) -> Result<(), Error> {
+    match if_match {
+        None => Ok(()),
+        Some(etag) if live.is_some_and(|m| Etag(m.version).matches(etag)) => Ok(()),
+        Some(etag) => Err(Error::PreconditionFailed { id: key.id.to_string(), if_match: etag.to_owned() }),
+    }
+}
+
+/// The collection was deleted between the catalog lookup and taking the shard lock.
+pub(super) fn collection_gone(info: &CollectionInfo) -> Error {
+    Error::CollectionNotFound { database: info.database.to_string(), collection: info.id.to_string() }
+}
+
+fn missing_record(key: &DocKey) -> Error {
+    Error::Storage(StorageError::new(format!(
+        "the index has document '{}' in partition {} but storage does not",
+        key.id, key.partition_key
+    )))
+}
+
+pub(super) fn view(record: &StoredDocument, default_ttl: DefaultTtl, now: Millis) -> DocumentView {
+    DocumentView {
+        key: record.key.clone(),
+        body: record.body.clone(),
+        last_write: record.last_write,
+        etag: Etag(record.version),
+        ttl: record.ttl,
+        expires_at: ttl::expires_at(record.last_write, record.ttl, default_ttl),
+        read_at: now,
+    }
+}

@@ -1,0 +1,610 @@
+//! The TTL contract (SPEC §1-5) exercised through the engine with a manual clock.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::storage::{
+    CatalogChange, DocumentWrite, MemoryStorage, ScanRange, ShardStore, StorageError, StoredDocument,
+};
+
+const T0: Millis = 1_790_000_000_000;
+const SEC: Millis = 1_000;
+
+struct Fixture {
+    engine: Engine,
+    clock: Arc<ManualClock>,
+    path: CollectionPath,
+}
+
+fn id(s: &str) -> ResourceId {
+    ResourceId::parse(IdKind::Document, s).expect("valid id")
+}
+
+fn pk(s: &str) -> PartitionKeyValue {
+    PartitionKeyValue::String(s.into())
+}
+
+fn key(partition: &str, doc: &str) -> DocKey {
+    DocKey { partition_key: pk(partition), id: id(doc) }
+}
+
+fn body(v: Value) -> DocumentBody {
+    match v {
+        Value::Object(m) => DocumentBody::parse(Arc::new(m), None).expect("valid body"),
+        _ => panic!("object expected"),
+    }
+}
+
+/// A document in partition "p" with an optional own ttl.
+fn doc(doc_id: &str, ttl: Option<i64>) -> DocumentBody {
+    match ttl {
+        Some(t) => body(json!({"id": doc_id, "pk": "p", "ttl": t})),
+        None => body(json!({"id": doc_id, "pk": "p"})),
+    }
+}
+
+fn default_ttl(raw: Option<i64>) -> DefaultTtl {
+    DefaultTtl::from_raw(raw).expect("valid default")
+}
+
+impl Fixture {
+    fn new(default: Option<i64>) -> Self {
+        Self::with_storage(default, Arc::new(MemoryStorage::new()))
+    }
+
+    fn with_storage(default: Option<i64>, storage: Arc<dyn Storage>) -> Self {
+        let clock = Arc::new(ManualClock::new(T0));
+        let engine = Engine::new(EngineConfig { shards: 4 }, storage, clock.clone());
+        let db = id("db");
+        engine.create_database(db.clone()).expect("database");
+        let settings = CollectionSettings::new(default_ttl(default), IndexingMode::Consistent).expect("settings");
+        engine
+            .create_collection(&db, id("c"), PartitionKeyPath::parse("/pk").expect("path"), settings)
+            .expect("collection");
+        Fixture { engine, clock, path: CollectionPath { database: db, collection: id("c") } }
+    }
+
+    fn create(&self, doc_id: &str, ttl: Option<i64>) -> DocumentView {
+        self.engine.create_document(&self.path, doc(doc_id, ttl), None).expect("create")
+    }
+
+    fn read(&self, doc_id: &str) -> Result<DocumentView, Error> {
+        self.engine.read_document(&self.path, &key("p", doc_id))
+    }
+
+    fn visible(&self, doc_id: &str) -> bool {
+        match self.read(doc_id) {
+            Ok(_) => true,
+            Err(Error::DocumentNotFound { .. }) => false,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+
+    fn advance(&self, ms: Millis) {
+        self.clock.advance(ms);
+    }
+
+    fn set_default(&self, raw: Option<i64>) {
+        self.engine
+            .replace_collection(&self.path, SettingsChange { default_ttl: default_ttl(raw), indexing_mode: None })
+            .expect("replace settings");
+    }
+}
+
+// ---- SPEC §3: the matrix, row by row ----
+
+#[test]
+fn matrix_document_without_ttl() {
+    // collection Off: never expires
+    let f = Fixture::new(None);
+    f.create("a", None);
+    f.advance(10 * 365 * 86_400 * SEC);
+    assert!(f.visible("a"));
+    // collection -1: never expires
+    let f = Fixture::new(Some(-1));
+    f.create("a", None);
+    f.advance(10 * 365 * 86_400 * SEC);
+    assert!(f.visible("a"));
+    // collection n: expires n s after last write
+    let f = Fixture::new(Some(10));
+    f.create("a", None);
+    f.advance(10 * SEC - 1);
+    assert!(f.visible("a"));
+    f.advance(1);
+    assert!(!f.visible("a"));
+}
+
+#[test]
+fn matrix_document_ttl_minus_one_never_expires() {
+    for default in [None, Some(-1), Some(10)] {
+        let f = Fixture::new(default);
+        f.create("a", Some(-1));
+        f.advance(10 * 365 * 86_400 * SEC);
+        assert!(f.visible("a"), "default {default:?}");
+    }
+}
+
+#[test]
+fn matrix_document_ttl_m() {
+    // collection Off: kept but ignored
+    let f = Fixture::new(None);
+    let created = f.create("a", Some(5));
+    assert_eq!(created.ttl, Some(DocumentTtl::After(TtlSeconds::new(5).expect("valid"))));
+    assert_eq!(created.expires_at, None);
+    f.advance(3600 * SEC);
+    assert!(f.visible("a"));
+    assert_eq!(f.read("a").expect("visible").body["ttl"], json!(5), "the stored value is kept");
+    // collection -1 and collection n (longer or shorter than m): expires m s after last write
+    for default in [Some(-1), Some(10), Some(2)] {
+        let f = Fixture::new(default);
+        f.create("a", Some(5));
+        f.advance(5 * SEC - 1);
+        assert!(f.visible("a"), "default {default:?}");
+        f.advance(1);
+        assert!(!f.visible("a"), "default {default:?}");
+    }
+}
+
+// ---- SPEC §4: instants and boundaries ----
+
+#[test]
+fn visible_for_its_full_ttl_to_the_millisecond() {
+    let f = Fixture::new(Some(-1));
+    f.advance(999); // a write late in a second: Cosmos's whole-second compare would cut it short
+    let created = f.create("a", Some(1));
+    assert_eq!(created.expires_at, Some(T0 + 999 + SEC));
+    f.advance(SEC - 1);
+    let read = f.read("a").expect("visible at last_write + ttl - 1 ms");
+    assert_eq!(read.expires_at, Some(T0 + 999 + SEC));
+    f.advance(1);
+    assert!(!f.visible("a"), "gone at last_write + ttl");
+}
+
+#[test]
+fn an_expired_document_does_not_exist_for_any_operation() {
+    let f = Fixture::new(Some(-1));
+    let old = f.create("a", Some(1));
+    f.advance(SEC);
+    let k = key("p", "a");
+    let old_etag = old.etag.to_string();
+    assert!(matches!(f.read("a"), Err(Error::DocumentNotFound { .. })));
+    assert!(matches!(
+        f.engine.replace_document(&f.path, k.clone(), doc("a", None), None),
+        Err(Error::DocumentNotFound { .. })
+    ));
+    assert!(matches!(f.engine.delete_document(&f.path, &k, None), Err(Error::DocumentNotFound { .. })));
+    assert!(matches!(f.engine.touch_document(&f.path, &k, None), Err(Error::DocumentNotFound { .. })));
+    assert!(matches!(
+        f.engine.upsert_document(&f.path, doc("a", None), None, Some(&old_etag)),
+        Err(Error::PreconditionFailed { .. })
+    ));
+    let page = f.engine.read_feed_page(&f.path, &FeedScope::Collection, 100, None).expect("feed");
+    assert!(page.documents.is_empty(), "feeds omit expired documents");
+    // Upsert creates, and create of the same id makes a brand new document.
+    let (outcome, _) = f.engine.upsert_document(&f.path, doc("a", Some(1)), None, None).expect("upsert");
+    assert_eq!(outcome, UpsertOutcome::Created);
+    f.advance(SEC);
+    let new = f.create("a", None);
+    assert_ne!(new.etag, old.etag);
+    assert_eq!(new.ttl, None);
+    assert!(f.visible("a"));
+}
+
+#[test]
+fn every_write_resets_the_clock() {
+    let f = Fixture::new(Some(10));
+    let k = key("p", "a");
+    f.create("a", None);
+    f.advance(9 * SEC);
+    let replaced = f.engine.replace_document(&f.path, k.clone(), doc("a", None), None).expect("replace");
+    assert_eq!(replaced.last_write, T0 + 9 * SEC);
+    f.advance(9 * SEC);
+    let (outcome, upserted) = f.engine.upsert_document(&f.path, doc("a", None), None, None).expect("upsert");
+    assert_eq!(outcome, UpsertOutcome::Replaced);
+    assert_eq!(upserted.last_write, T0 + 18 * SEC);
+    f.advance(9 * SEC);
+    let touched = f.engine.touch_document(&f.path, &k, None).expect("touch");
+    assert_eq!(touched.last_write, T0 + 27 * SEC);
+    assert_eq!(touched.body, upserted.body, "touch keeps the body");
+    assert_ne!(touched.etag, upserted.etag, "touch is a write: new etag");
+    assert_eq!(touched.expires_at, Some(T0 + 37 * SEC));
+    f.advance(10 * SEC - 1);
+    assert!(f.visible("a"), "27 s after create, still alive thanks to the writes");
+    f.advance(1);
+    assert!(!f.visible("a"));
+}
+
+#[test]
+fn touch_restarts_an_own_ttl_too() {
+    let f = Fixture::new(Some(-1));
+    f.create("a", Some(2));
+    f.advance(2 * SEC - 1);
+    f.engine.touch_document(&f.path, &key("p", "a"), None).expect("touch");
+    f.advance(2 * SEC - 1);
+    assert!(f.visible("a"));
+    f.advance(1);
+    assert!(!f.visible("a"));
+}
+
+#[test]
+fn a_rejected_write_changes_nothing() {
+    let f = Fixture::new(Some(10));
+    let created = f.create("a", None);
+    f.advance(5 * SEC);
+    let k = key("p", "a");
+    let stale = Etag(created.etag.0 + 1_000).to_string();
+    assert!(matches!(
+        f.engine.replace_document(&f.path, k.clone(), doc("a", Some(100)), Some(&stale)),
+        Err(Error::PreconditionFailed { .. })
+    ));
+    assert!(matches!(f.engine.touch_document(&f.path, &k, Some(&stale)), Err(Error::PreconditionFailed { .. })));
+    assert!(matches!(f.engine.delete_document(&f.path, &k, Some(&stale)), Err(Error::PreconditionFailed { .. })));
+    assert!(matches!(f.engine.create_document(&f.path, doc("a", Some(100)), None), Err(Error::DocumentExists { .. })));
+    let read = f.read("a").expect("still there");
+    assert_eq!(read.last_write, created.last_write, "_ts unchanged");
+    assert_eq!(read.etag, created.etag);
+    assert_eq!(read.body, created.body);
+    f.advance(5 * SEC);
+    assert!(!f.visible("a"), "its clock was not reset by the rejected writes");
+}
+
+#[test]
+fn removing_ttl_inherits_again_and_minus_one_never_expires() {
+    let f = Fixture::new(Some(10));
+    let k = key("p", "a");
+    f.create("a", Some(2));
+    f.advance(SEC);
+    f.engine.replace_document(&f.path, k.clone(), doc("a", None), None).expect("replace without ttl");
+    f.advance(5 * SEC);
+    assert!(f.visible("a"), "inherits 10 s now, not 2 s");
+    f.engine.replace_document(&f.path, k, doc("a", Some(-1)), None).expect("replace with -1");
+    f.advance(3600 * SEC);
+    assert!(f.visible("a"));
+}
+
+// ---- Changing the collection default ----
+
+#[test]
+fn lowering_the_default_expires_older_inheritors_at_once() {
+    let f = Fixture::new(Some(7200));
+    f.create("old", None);
+    f.advance(3600 * SEC + SEC);
+    f.create("young", None);
+    f.create("own", Some(7200));
+    f.set_default(Some(3600));
+    assert!(!f.visible("old"), "2 h 1 s... 1 h 1 s old: gone as soon as the default drops to 1 h");
+    assert!(f.visible("young"));
+    assert!(f.visible("own"), "an own ttl does not follow the default");
+    f.advance(3600 * SEC - 1);
+    assert!(f.visible("young"));
+    f.advance(1);
+    assert!(!f.visible("young"));
+}
+
+#[test]
+fn raising_the_default_extends_inheritors_that_have_not_expired() {
+    let f = Fixture::new(Some(10));
+    f.create("a", None);
+    f.advance(9 * SEC);
+    f.set_default(Some(20));
+    f.advance(10 * SEC);
+    assert!(f.visible("a"), "19 s old under a 20 s default");
+    f.advance(SEC);
+    assert!(!f.visible("a"));
+}
+
+#[test]
+fn turning_ttl_off_and_on() {
+    let f = Fixture::new(Some(10));
+    f.create("inherits", None);
+    f.create("own", Some(5));
+    f.advance(4 * SEC);
+    f.set_default(None);
+    f.advance(3600 * SEC);
+    assert!(f.visible("inherits"), "off: nothing expires");
+    assert!(f.visible("own"), "off: not even documents with their own ttl");
+    f.set_default(Some(-1));
+    assert!(f.visible("inherits"), "-1: inheritors never expire");
+    assert!(!f.visible("own"), "-1: the own ttl is honoured again, and it is long past");
+    f.set_default(Some(100_000));
+    assert!(f.visible("inherits"));
+}
+
+#[test]
+fn expired_is_final_whatever_the_settings_do_next() {
+    let f = Fixture::new(Some(10));
+    f.create("inherits", None);
+    f.create("own", Some(5));
+    f.advance(11 * SEC);
+    assert!(!f.visible("inherits"));
+    assert!(!f.visible("own"));
+    // Cosmos users report such documents coming back when TTL is switched off before the
+    // purge ran. Here they do not, under any later setting.
+    for raw in [None, Some(-1), Some(100_000), None] {
+        f.set_default(raw);
+        assert!(!f.visible("inherits"), "after setting {raw:?}");
+        assert!(!f.visible("own"), "after setting {raw:?}");
+    }
+    assert!(f.engine.read_feed_page(&f.path, &FeedScope::Collection, 10, None).expect("feed").documents.is_empty());
+    assert_eq!(f.engine.purge_now(), 2);
+}
+
+#[test]
+fn a_lowered_default_then_raised_back_does_not_revive() {
+    let f = Fixture::new(Some(7200));
+    f.create("a", None);
+    f.advance(3600 * SEC);
+    f.set_default(Some(60));
+    assert!(!f.visible("a"));
+    f.set_default(Some(7200));
+    assert!(!f.visible("a"), "it expired under the 60 s default; raising it again must not revive it");
+}
+
+// ---- SPEC §5 and resource rules ----
+
+#[test]
+fn ttl_and_indexing_none_are_rejected_both_ways() {
+    let f = Fixture::new(None);
+    let db = f.path.database.clone();
+    let path = PartitionKeyPath::parse("/pk").expect("path");
+    assert_eq!(
+        CollectionSettings::new(default_ttl(Some(-1)), IndexingMode::None),
+        Err(InvalidInput::TtlWithoutIndex)
+    );
+    let none = CollectionSettings::new(DefaultTtl::Off, IndexingMode::None).expect("no ttl, no index");
+    f.engine.create_collection(&db, id("plain"), path, none).expect("create");
+    let plain = CollectionPath { database: db, collection: id("plain") };
+    // Turning TTL on for an unindexed collection:
+    let err = f
+        .engine
+        .replace_collection(&plain, SettingsChange { default_ttl: default_ttl(Some(60)), indexing_mode: None })
+        .expect_err("rejected");
+    assert_eq!(err, Error::Invalid(InvalidInput::TtlWithoutIndex));
+    // Switching a TTL collection to none:
+    f.set_default(Some(60));
+    let err = f
+        .engine
+        .replace_collection(
+            &f.path,
+            SettingsChange { default_ttl: default_ttl(Some(60)), indexing_mode: Some(IndexingMode::None) },
+        )
+        .expect_err("rejected");
+    assert_eq!(err, Error::Invalid(InvalidInput::TtlWithoutIndex));
+    assert_eq!(f.engine.get_collection(&f.path).expect("exists").settings.indexing_mode(), IndexingMode::Consistent);
+}
+
+#[test]
+fn uniqueness_is_per_partition_key_and_id() {
+    let f = Fixture::new(None);
+    f.engine.create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None).expect("in x");
+    f.engine.create_document(&f.path, body(json!({"id": "same", "pk": "y"})), None).expect("same id in y");
+    f.engine.create_document(&f.path, body(json!({"id": "same"})), None).expect("same id, undefined partition");
+    let err = f.engine.create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None).expect_err("dup");
+    assert!(matches!(err, Error::DocumentExists { .. }));
+    let undefined = DocKey { partition_key: PartitionKeyValue::Undefined, id: id("same") };
+    assert!(f.engine.read_document(&f.path, &undefined).is_ok());
+    f.engine.delete_document(&f.path, &key("x", "same"), None).expect("delete in x");
+    assert!(f.engine.read_document(&f.path, &key("y", "same")).is_ok(), "y untouched");
+}
+
+#[test]
+fn partition_key_in_the_request_must_match_the_body() {
+    let f = Fixture::new(None);
+    let err = f.engine.create_document(&f.path, doc("a", None), Some(pk("other"))).expect_err("mismatch");
+    assert!(matches!(err, Error::Invalid(InvalidInput::PartitionKeyMismatch { .. })), "{err}");
+    f.create("a", None);
+    let err = f
+        .engine
+        .replace_document(&f.path, key("p", "a"), body(json!({"id": "a", "pk": "q"})), None)
+        .expect_err("replace moving partitions");
+    assert!(matches!(err, Error::Invalid(InvalidInput::PartitionKeyMismatch { .. })), "{err}");
+    let err = f.engine.replace_document(&f.path, key("p", "a"), doc("b", None), None).expect_err("id");
+    assert!(matches!(err, Error::Invalid(InvalidInput::IdMismatch { .. })), "{err}");
+}
+
+#[test]
+fn etags_guard_writes() {
+    let f = Fixture::new(None);
+    let k = key("p", "a");
+    let v1 = f.create("a", None);
+    let v2 = f
+        .engine
+        .replace_document(&f.path, k.clone(), doc("a", None), Some(&v1.etag.to_string()))
+        .expect("matching etag");
+    assert!(matches!(
+        f.engine.replace_document(&f.path, k.clone(), doc("a", None), Some(&v1.etag.to_string())),
+        Err(Error::PreconditionFailed { .. })
+    ));
+    f.engine.delete_document(&f.path, &k, Some(&v2.etag.to_string())).expect("delete with etag");
+    assert!(matches!(
+        f.engine.upsert_document(&f.path, doc("a", None), None, Some(&v2.etag.to_string())),
+        Err(Error::PreconditionFailed { .. })
+    ));
+}
+
+// ---- Purge ----
+
+#[test]
+fn purge_frees_due_documents_and_nothing_early() {
+    let f = Fixture::new(Some(10));
+    for i in 0..100 {
+        f.create(&format!("inherit-{i}"), None);
+        f.create(&format!("own-{i}"), Some(5));
+        f.create(&format!("never-{i}"), Some(-1));
+    }
+    assert_eq!(f.engine.expiry_stats().tracked_documents, 200);
+    f.advance(5 * SEC - 1);
+    assert_eq!(f.engine.purge_now(), 0);
+    f.advance(1);
+    assert_eq!(f.engine.purge_now(), 100);
+    f.advance(5 * SEC);
+    assert_eq!(f.engine.purge_now(), 100);
+    let stats = f.engine.expiry_stats();
+    assert_eq!(stats.documents, 100);
+    assert_eq!(stats.tracked_documents, 0);
+    assert_eq!(f.engine.metrics().purged.get(), 200);
+}
+
+#[test]
+fn purge_respects_rewrites_and_settings() {
+    let f = Fixture::new(Some(10));
+    f.create("rewritten", None);
+    f.create("off-later", Some(9));
+    f.advance(8 * SEC);
+    f.engine.touch_document(&f.path, &key("p", "rewritten"), None).expect("touch");
+    f.set_default(None);
+    f.advance(100 * SEC);
+    assert_eq!(f.engine.purge_now(), 0, "TTL off: nothing is purged");
+    assert!(f.visible("rewritten") && f.visible("off-later"));
+    f.set_default(Some(10));
+    assert_eq!(f.engine.purge_now(), 2, "on again: both long past their TTL");
+}
+
+#[test]
+fn bookkeeping_stays_bounded_under_rewrites() {
+    let f = Fixture::new(Some(3600));
+    for round in 0..50 {
+        for i in 0..200 {
+            let ttl = if round % 2 == 0 { None } else { Some(600) };
+            f.engine.upsert_document(&f.path, doc(&format!("d{i}"), ttl), None, None).expect("upsert");
+        }
+        f.advance(SEC);
+    }
+    let stats = f.engine.expiry_stats();
+    assert_eq!(stats.documents, 200);
+    assert_eq!(stats.tracked_documents, 200);
+}
+
+/// Fails every document write while `failing` is set.
+#[derive(Debug)]
+struct FlakyStorage {
+    inner: MemoryStorage,
+    failing: Arc<AtomicBool>,
+}
+
+#[derive(Debug)]
+struct FlakyShard {
+    inner: Arc<dyn ShardStore>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Storage for FlakyStorage {
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
+        Arc::new(FlakyShard { inner: self.inner.shard(index), failing: self.failing.clone() })
+    }
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
+        self.inner.write_catalog(change)
+    }
+}
+
+impl ShardStore for FlakyShard {
+    fn write(&self, batch: &[DocumentWrite]) -> Result<(), StorageError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StorageError::new("injected failure"));
+        }
+        self.inner.write(batch)
+    }
+    fn get(&self, collection: CollectionUid, key: &DocKey) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        self.inner.get(collection, key)
+    }
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        self.inner.scan(collection, range, limit)
+    }
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
+        self.inner.drop_collection(collection)
+    }
+}
+
+#[test]
+fn a_storage_failure_changes_nothing_and_the_purge_retries() {
+    let failing = Arc::new(AtomicBool::new(false));
+    let f = Fixture::with_storage(Some(10), Arc::new(FlakyStorage { inner: MemoryStorage::new(), failing: failing.clone() }));
+    let v1 = f.create("a", None);
+    failing.store(true, Ordering::SeqCst);
+    f.advance(SEC);
+    let err = f.engine.upsert_document(&f.path, doc("a", Some(100)), None, None).expect_err("storage down");
+    assert!(matches!(err, Error::Storage(_)));
+    let err = f.engine.create_document(&f.path, doc("b", None), None).expect_err("storage down");
+    assert!(matches!(err, Error::Storage(_)));
+    assert_eq!(f.read("a").expect("unchanged"), DocumentView { read_at: T0 + SEC, ..v1.clone() });
+    assert!(!f.visible("b"));
+    f.advance(9 * SEC);
+    assert_eq!(f.engine.purge_now(), 0, "delete failed");
+    assert!(!f.visible("a"), "still invisible: it expired");
+    failing.store(false, Ordering::SeqCst);
+    f.set_default(None);
+    assert!(!f.visible("a"), "and final, even with TTL turned off before the retry");
+    assert_eq!(f.engine.purge_now(), 1, "the retry purges it");
+}
+
+// ---- Feed and collections ----
+
+#[test]
+fn read_feed_pages_through_every_live_document_once() {
+    let f = Fixture::new(Some(-1));
+    for i in 0..250 {
+        let ttl = if i % 5 == 0 { Some(1) } else { None };
+        f.engine
+            .create_document(&f.path, body(json!({"id": format!("d{i:03}"), "pk": format!("p{}", i % 7), "ttl": ttl.unwrap_or(-1)})), None)
+            .expect("create");
+    }
+    f.advance(SEC);
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = f.engine.read_feed_page(&f.path, &FeedScope::Collection, 30, token.as_deref()).expect("page");
+        assert!(page.documents.len() <= 30);
+        seen.extend(page.documents.iter().map(|d| d.key.id.to_string()));
+        match page.continuation {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    seen.sort();
+    let expected: Vec<String> = (0..250).filter(|i| i % 5 != 0).map(|i| format!("d{i:03}")).collect();
+    assert_eq!(seen, expected);
+
+    let partition = FeedScope::Partition(pk("p3"));
+    let page = f.engine.read_feed_page(&f.path, &partition, 1000, None).expect("partition page");
+    assert!(page.continuation.is_none());
+    assert!(page.documents.iter().all(|d| d.key.partition_key == pk("p3")));
+    assert_eq!(page.documents.len(), (0..250).filter(|i| i % 7 == 3 && i % 5 != 0).count());
+}
+
+#[test]
+fn a_recreated_collection_starts_empty() {
+    let f = Fixture::new(Some(60));
+    for i in 0..10 {
+        f.create(&format!("d{i}"), Some(30));
+    }
+    f.engine.delete_collection(&f.path).expect("delete");
+    assert!(matches!(f.read("d0"), Err(Error::CollectionNotFound { .. })));
+    let settings = CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent).expect("settings");
+    f.engine
+        .create_collection(&f.path.database, id("c"), PartitionKeyPath::parse("/pk").expect("path"), settings)
+        .expect("recreate");
+    assert!(!f.visible("d0"));
+    assert_eq!(f.engine.expiry_stats().documents, 0);
+    f.advance(60 * SEC);
+    assert_eq!(f.engine.purge_now(), 0, "timers of the deleted collection were cancelled");
+}
+
+#[test]
+fn deleting_a_database_deletes_its_collections() {
+    let f = Fixture::new(None);
+    f.create("a", None);
+    f.engine.delete_database(&f.path.database).expect("delete");
+    assert!(matches!(f.read("a"), Err(Error::DatabaseNotFound { .. })));
+    assert!(f.engine.list_databases().is_empty());
+    assert_eq!(f.engine.expiry_stats().documents, 0);
+}

@@ -1,0 +1,111 @@
+//! The in-memory backend: nothing survives a restart. For caches and tests.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    ops::Bound,
+    sync::Arc,
+};
+
+use parking_lot::Mutex;
+
+use super::{CatalogChange, DocKey, DocumentWrite, ShardStore, Storage, StorageError, StoredDocument};
+use crate::engine::{CollectionUid, DocumentId, PartitionKeyValue};
+
+/// Keeps every document in ordered maps, one set per engine shard.
+#[derive(Debug, Default)]
+pub struct MemoryStorage {
+    shards: Mutex<HashMap<usize, Arc<MemoryShard>>>,
+}
+
+impl MemoryStorage {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Storage for MemoryStorage {
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
+        self.shards.lock().entry(index).or_default().clone()
+    }
+
+    fn write_catalog(&self, _change: CatalogChange<'_>) -> Result<(), StorageError> {
+        // The engine's catalog is the only copy in memory mode: there is nothing to recover.
+        Ok(())
+    }
+}
+
+type Collection = BTreeMap<DocKey, Arc<StoredDocument>>;
+
+/// The documents of one engine shard. Its lock is only ever taken under that shard's engine
+/// lock, so it is never contended.
+#[derive(Debug, Default)]
+struct MemoryShard {
+    collections: Mutex<HashMap<CollectionUid, Collection>>,
+}
+
+impl ShardStore for MemoryShard {
+    fn write(&self, batch: &[DocumentWrite]) -> Result<(), StorageError> {
+        let mut collections = self.collections.lock();
+        for write in batch {
+            match write {
+                DocumentWrite::Put(doc) => {
+                    collections.entry(doc.collection).or_default().insert(doc.key.clone(), doc.clone());
+                }
+                DocumentWrite::Delete { collection, key } => {
+                    if let Some(docs) = collections.get_mut(collection) {
+                        docs.remove(key);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, collection: CollectionUid, key: &DocKey) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        Ok(self.collections.lock().get(&collection).and_then(|docs| docs.get(key)).cloned())
+    }
+
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: super::ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        let collections = self.collections.lock();
+        let Some(docs) = collections.get(&collection) else {
+            return Ok(Vec::new());
+        };
+        Ok(match range {
+            super::ScanRange::Collection { after } => {
+                let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+                docs.range((start, Bound::Unbounded)).take(limit).map(|(_, d)| d.clone()).collect()
+            }
+            super::ScanRange::Partition { partition_key, after } => {
+                let start = partition_start(partition_key, after);
+                docs.range((start, Bound::Unbounded))
+                    .take_while(|(k, _)| k.partition_key == *partition_key)
+                    .take(limit)
+                    .map(|(_, d)| d.clone())
+                    .collect()
+            }
+        })
+    }
+
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
+        let dropped = self.collections.lock().remove(&collection);
+        // Free the documents after releasing the lock.
+        drop(dropped);
+        Ok(())
+    }
+}
+
+fn partition_start(partition_key: &PartitionKeyValue, after: Option<&DocumentId>) -> Bound<DocKey> {
+    match after {
+        Some(id) => Bound::Excluded(DocKey { partition_key: partition_key.clone(), id: id.clone() }),
+        None => Bound::Included(DocKey {
+            partition_key: partition_key.clone(),
+            id: DocumentId::min_value(),
+        }),
+    }
+}

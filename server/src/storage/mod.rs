@@ -1,0 +1,124 @@
+//! Where records live. The engine keeps its own in-memory index and expiry bookkeeping and
+//! hands every durable change to a backend through these traits: the in-memory backend today,
+//! a durable or distributed one later.
+
+mod memory;
+
+use std::{fmt, sync::Arc};
+
+use serde_json::{Map, Value};
+
+pub use memory::MemoryStorage;
+
+use crate::engine::{
+    CollectionInfo, CollectionUid, DatabaseId, DocumentId, DocumentTtl, Millis, PartitionKeyValue,
+};
+
+/// A document's address within its collection.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DocKey {
+    /// The partition key value.
+    pub partition_key: PartitionKeyValue,
+    /// The id, unique within the partition.
+    pub id: DocumentId,
+}
+
+/// Everything stored for one document version: enough to rebuild the engine's index and
+/// expiry state from storage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredDocument {
+    /// Collection the document belongs to.
+    pub collection: CollectionUid,
+    /// Its address.
+    pub key: DocKey,
+    /// The body as stored.
+    pub body: Arc<Map<String, Value>>,
+    /// Last write, Unix epoch ms.
+    pub last_write: Millis,
+    /// Version, unique per write; the etag is derived from it.
+    pub version: u64,
+    /// The document's own TTL (`None` = inherits).
+    pub ttl: Option<DocumentTtl>,
+}
+
+/// One change to a shard's documents.
+#[derive(Debug, Clone)]
+pub enum DocumentWrite {
+    /// Insert or overwrite.
+    Put(Arc<StoredDocument>),
+    /// Remove (absent is not an error).
+    Delete { collection: CollectionUid, key: DocKey },
+}
+
+/// Which documents a scan visits, in key order.
+#[derive(Debug, Clone, Copy)]
+pub enum ScanRange<'a> {
+    /// A whole collection, after `after` if given.
+    Collection { after: Option<&'a DocKey> },
+    /// One partition, after id `after` if given.
+    Partition { partition_key: &'a PartitionKeyValue, after: Option<&'a DocumentId> },
+}
+
+/// A change to databases and collections.
+#[derive(Debug, Clone, Copy)]
+pub enum CatalogChange<'a> {
+    /// A database was created.
+    PutDatabase(&'a DatabaseId),
+    /// A database was deleted (its collections are deleted first, one by one).
+    DeleteDatabase(&'a DatabaseId),
+    /// A collection was created or its settings replaced.
+    PutCollection(&'a CollectionInfo),
+    /// A collection was deleted.
+    DeleteCollection(&'a CollectionInfo),
+}
+
+/// A backend failure. The change it was asked for did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageError {
+    message: String,
+}
+
+impl StorageError {
+    /// An error with a message for the operator.
+    pub fn new(message: impl Into<String>) -> Self {
+        StorageError { message: message.into() }
+    }
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StorageError {}
+
+/// A storage backend.
+pub trait Storage: Send + Sync + fmt::Debug {
+    /// The document store for engine shard `index`. The engine calls it while holding that
+    /// shard's lock, so a backend needs no locking of its own for documents of one shard.
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore>;
+
+    /// Records a catalog change; called before the change becomes visible.
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError>;
+}
+
+/// The documents of one engine shard.
+pub trait ShardStore: Send + Sync + fmt::Debug {
+    /// Applies a batch atomically: all of it or, on error, none of it.
+    fn write(&self, batch: &[DocumentWrite]) -> Result<(), StorageError>;
+
+    /// The stored version of a document, if any (expired or not: the engine decides).
+    fn get(&self, collection: CollectionUid, key: &DocKey) -> Result<Option<Arc<StoredDocument>>, StorageError>;
+
+    /// Up to `limit` documents of `range`, in key order.
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError>;
+
+    /// Removes every document of a collection.
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError>;
+}
