@@ -2,6 +2,12 @@
 //!
 //! Layers, top to bottom: [`grpc`] (validation, proto ↔ domain conversion, error → status) →
 //! [`engine`] (shards, TTL rules, expiry, feed) → [`storage`] (where records live).
+//! [`RunningServer`] assembles them; the `mayfly` binary only parses flags and calls it.
 
 pub mod engine;
+pub mod grpc;
+mod metrics_http;
+mod server;
 pub mod storage;
+
+pub use server::{Config, MAX_MESSAGE_BYTES, RunningServer, ServeError, default_shards, serve};

@@ -1,1 +1,70 @@
-fn main() {}
+//! `mayfly`: parses flags, starts the server, stops it on SIGINT or SIGTERM.
+
+use std::{net::SocketAddr, process::ExitCode};
+
+use clap::Parser;
+use mayfly_server::{Config, RunningServer, default_shards};
+use tracing_subscriber::EnvFilter;
+
+/// Mayfly: a document database served over gRPC that expires data by Cosmos DB's TTL rules.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Address for gRPC (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Engine shards (default: one per core).
+    #[arg(long, default_value_t = default_shards().clamp(1, 1024) as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    shards: u16,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off by default).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    let args = Args::parse();
+    let config = Config { listen: args.listen, shards: usize::from(args.shards), metrics_listen: args.metrics_listen };
+    let server = match RunningServer::start(config).await {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("mayfly: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The address goes to stdout so that scripts (and tests) can read the port picked for :0.
+    println!("mayfly listening on {}", server.local_addr());
+    tracing::info!(
+        listen = %server.local_addr(),
+        shards = server.engine().shard_count(),
+        metrics = ?server.metrics_addr(),
+        "serving (memory storage: data does not survive a restart)"
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    match server.shutdown().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mayfly: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; stop with SIGINT");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

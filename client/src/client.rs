@@ -1,0 +1,321 @@
+//! The connection and database handles.
+
+use mayfly_proto::v1::{
+    CreateCollectionRequest as CreateCollectionProto, CreateDatabaseRequest, DeleteDatabaseRequest,
+    GetDatabaseRequest, ListCollectionsRequest, ListDatabasesRequest,
+    client::{CollectionsClient, DatabasesClient, DocumentsClient},
+};
+use std::{future::IntoFuture, pin::Pin};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{
+    collection::{Collection, CollectionInfo, IndexingMode},
+    error::Error,
+    ttl::DefaultTtl,
+};
+
+/// Largest message accepted from the server: a 2 MiB JSON document takes several times that
+/// as a protobuf Struct.
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A connection to a Mayfly server. Cheap to clone; clones share the connection.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub(crate) databases: DatabasesClient<Channel>,
+    pub(crate) collections: CollectionsClient<Channel>,
+    pub(crate) documents: DocumentsClient<Channel>,
+}
+
+impl Client {
+    /// Connects to a server: `"127.0.0.1:7070"` or `"http://127.0.0.1:7070"`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// let client = mayfly_client::Client::connect(address).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(address: impl AsRef<str>) -> Result<Self, Error> {
+        let address = address.as_ref();
+        let uri = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| Error::InvalidArgument(format!("bad server address {address:?}: {e}")))?
+            .tcp_nodelay(true);
+        Ok(Self::from_channel(endpoint.connect().await?))
+    }
+
+    /// Uses an existing tonic channel (for TLS, timeouts, load balancing, ...).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = format!("http://{}", server.local_addr());
+    /// let channel = tonic::transport::Endpoint::from_shared(address)?
+    ///     .timeout(std::time::Duration::from_secs(5))
+    ///     .connect()
+    ///     .await?;
+    /// let client = mayfly_client::Client::from_channel(channel);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_channel(channel: Channel) -> Self {
+        Client {
+            databases: DatabasesClient::new(channel.clone()),
+            collections: CollectionsClient::new(channel.clone()),
+            documents: DocumentsClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        }
+    }
+
+    /// Creates a database.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let db = client.create_database("salesdb").await?;
+    /// assert_eq!(db.id(), "salesdb");
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_database(&self, id: &str) -> Result<Database, Error> {
+        self.databases.clone().create_database(CreateDatabaseRequest { id: id.to_owned() }).await?;
+        Ok(self.database(id))
+    }
+
+    /// A handle on a database (no request is made).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let db = client.database("salesdb");
+    /// assert!(!db.exists().await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn database(&self, id: &str) -> Database {
+        Database { client: self.clone(), id: id.to_owned() }
+    }
+
+    /// Ids of every database.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// client.create_database("a").await?;
+    /// client.create_database("b").await?;
+    /// assert_eq!(client.list_databases().await?, ["a", "b"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn list_databases(&self) -> Result<Vec<String>, Error> {
+        let response = self.databases.clone().list_databases(ListDatabasesRequest {}).await?;
+        Ok(response.into_inner().databases.into_iter().map(|d| d.id).collect())
+    }
+}
+
+/// A database handle.
+#[derive(Clone, Debug)]
+pub struct Database {
+    client: Client,
+    id: String,
+}
+
+impl Database {
+    /// The database id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// assert_eq!(client.database("salesdb").id(), "salesdb");
+    /// # Ok(()) }
+    /// ```
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether the database exists.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let db = client.create_database("salesdb").await?;
+    /// assert!(db.exists().await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn exists(&self) -> Result<bool, Error> {
+        match self.client.databases.clone().get_database(GetDatabaseRequest { id: self.id.clone() }).await {
+            Ok(_) => Ok(true),
+            Err(status) => match Error::from(status) {
+                Error::DatabaseNotFound(_) => Ok(false),
+                e => Err(e),
+            },
+        }
+    }
+
+    /// Deletes the database with all its collections and documents.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let db = client.create_database("scratch").await?;
+    /// db.delete().await?;
+    /// assert!(!db.exists().await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn delete(&self) -> Result<(), Error> {
+        self.client.databases.clone().delete_database(DeleteDatabaseRequest { id: self.id.clone() }).await?;
+        Ok(())
+    }
+
+    /// Starts creating a collection partitioned by `partition_key_path` (e.g. `"/customerId"`).
+    /// TTL is off unless [`CreateCollection::default_ttl`] says otherwise.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::DefaultTtl;
+    ///
+    /// let db = client.create_database("salesdb").await?;
+    /// let orders = db
+    ///     .create_collection("orders", "/customerId")
+    ///     .default_ttl(DefaultTtl::After(Duration::from_secs(3600)))
+    ///     .await?;
+    /// assert_eq!(orders.info().await?.default_ttl, DefaultTtl::After(Duration::from_secs(3600)));
+    /// # Ok(()) }
+    /// ```
+    pub fn create_collection(&self, id: &str, partition_key_path: &str) -> CreateCollection<'_> {
+        CreateCollection {
+            database: self,
+            id: id.to_owned(),
+            partition_key_path: partition_key_path.to_owned(),
+            default_ttl: DefaultTtl::Off,
+            indexing_mode: IndexingMode::Consistent,
+        }
+    }
+
+    /// A handle on a collection (no request is made).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # client.create_database("salesdb").await?.create_collection("orders", "/customerId").await?;
+    /// let orders = client.database("salesdb").collection("orders");
+    /// assert_eq!(orders.info().await?.partition_key_path, "/customerId");
+    /// # Ok(()) }
+    /// ```
+    pub fn collection(&self, id: &str) -> Collection {
+        Collection::new(self.client.clone(), self.id.clone(), id.to_owned())
+    }
+
+    /// Every collection of the database.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let db = client.create_database("salesdb").await?;
+    /// db.create_collection("orders", "/customerId").await?;
+    /// let ids: Vec<String> = db.list_collections().await?.into_iter().map(|c| c.id).collect();
+    /// assert_eq!(ids, ["orders"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn list_collections(&self) -> Result<Vec<CollectionInfo>, Error> {
+        let response =
+            self.client.collections.clone().list_collections(ListCollectionsRequest { database: self.id.clone() }).await?;
+        Ok(response.into_inner().collections.into_iter().map(CollectionInfo::from).collect())
+    }
+}
+
+/// A collection being created; `.await` it to send.
+#[derive(Debug)]
+#[must_use = "nothing is created until the request is awaited"]
+pub struct CreateCollection<'a> {
+    database: &'a Database,
+    id: String,
+    partition_key_path: String,
+    default_ttl: DefaultTtl,
+    indexing_mode: IndexingMode,
+}
+
+impl CreateCollection<'_> {
+    /// The collection's default TTL (off if not called).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::DefaultTtl;
+    /// // Only documents that carry their own TTL expire:
+    /// let events = db.create_collection("events", "/source").default_ttl(DefaultTtl::NoDefault).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn default_ttl(mut self, ttl: DefaultTtl) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// The indexing mode (consistent if not called).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::{DefaultTtl, Error, IndexingMode};
+    /// let err = db
+    ///     .create_collection("blobs", "/owner")
+    ///     .indexing_mode(IndexingMode::None)
+    ///     .default_ttl(DefaultTtl::NoDefault)
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(matches!(err, Error::InvalidArgument(_)), "TTL needs an index");
+    /// # Ok(()) }
+    /// ```
+    pub fn indexing_mode(mut self, mode: IndexingMode) -> Self {
+        self.indexing_mode = mode;
+        self
+    }
+}
+
+impl<'a> IntoFuture for CreateCollection<'a> {
+    type Output = Result<Collection, Error>;
+    type IntoFuture = BoxFuture<'a, Self::Output>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let CreateCollection { database, id, partition_key_path, default_ttl, indexing_mode } = self;
+            let request = CreateCollectionProto {
+                database: database.id.clone(),
+                id: id.clone(),
+                partition_key_path,
+                default_ttl: default_ttl.to_wire(),
+                indexing_mode: indexing_mode.to_wire(),
+            };
+            database.client.collections.clone().create_collection(request).await?;
+            Ok(database.collection(&id))
+        })
+    }
+}

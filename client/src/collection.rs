@@ -1,0 +1,423 @@
+//! Collection handles: settings and the entry points for document requests.
+
+use mayfly_proto::v1::{
+    self, DeleteCollectionRequest, GetCollectionRequest, ReadDocumentRequest, ReplaceCollectionRequest,
+    oneofs::DefaultTtlState,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::{Map, Value};
+
+use crate::{
+    client::Client,
+    document::{Document, PartitionKey},
+    error::Error,
+    feed::ReadFeed,
+    requests::{CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument},
+    ttl::{DefaultTtl, wire_seconds},
+};
+
+/// How a collection indexes its documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IndexingMode {
+    /// Index updated with every write.
+    #[default]
+    Consistent,
+    /// Index updated in the background.
+    Lazy,
+    /// No index (not allowed together with TTL).
+    None,
+}
+
+impl IndexingMode {
+    pub(crate) fn to_wire(self) -> i32 {
+        let mode = match self {
+            IndexingMode::Consistent => v1::IndexingMode::Consistent,
+            IndexingMode::Lazy => v1::IndexingMode::Lazy,
+            IndexingMode::None => v1::IndexingMode::None,
+        };
+        mode as i32
+    }
+}
+
+/// A collection's description.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollectionInfo {
+    /// Database id.
+    pub database: String,
+    /// Collection id.
+    pub id: String,
+    /// Partition key path, e.g. `/customerId`.
+    pub partition_key_path: String,
+    /// Default TTL.
+    pub default_ttl: DefaultTtl,
+    /// Indexing mode.
+    pub indexing_mode: IndexingMode,
+}
+
+impl From<v1::Collection> for CollectionInfo {
+    fn from(c: v1::Collection) -> Self {
+        let v1::Collection { database, id, partition_key_path, default_ttl, indexing_mode } = c;
+        CollectionInfo {
+            database,
+            id,
+            partition_key_path,
+            default_ttl: DefaultTtl::from_wire(default_ttl),
+            indexing_mode: match v1::IndexingMode::try_from(indexing_mode) {
+                Ok(v1::IndexingMode::Lazy) => IndexingMode::Lazy,
+                Ok(v1::IndexingMode::None) => IndexingMode::None,
+                _ => IndexingMode::Consistent,
+            },
+        }
+    }
+}
+
+/// New settings for [`Collection::replace_settings`]. The default TTL is a required argument:
+/// as in Cosmos DB, replacing settings decides the TTL state, and forgetting it must not turn
+/// TTL off silently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollectionSettings {
+    default_ttl: DefaultTtl,
+    indexing_mode: Option<IndexingMode>,
+}
+
+impl CollectionSettings {
+    /// Settings with this default TTL, keeping the current indexing mode.
+    ///
+    /// ```
+    /// use mayfly_client::{CollectionSettings, DefaultTtl};
+    /// let settings = CollectionSettings::new(DefaultTtl::Off);
+    /// ```
+    pub fn new(default_ttl: DefaultTtl) -> Self {
+        CollectionSettings { default_ttl, indexing_mode: None }
+    }
+
+    /// Also changes the indexing mode.
+    ///
+    /// ```
+    /// use mayfly_client::{CollectionSettings, DefaultTtl, IndexingMode};
+    /// let settings = CollectionSettings::new(DefaultTtl::Off).indexing_mode(IndexingMode::None);
+    /// ```
+    pub fn indexing_mode(mut self, mode: IndexingMode) -> Self {
+        self.indexing_mode = Some(mode);
+        self
+    }
+}
+
+/// A collection handle: settings, and documents.
+#[derive(Clone, Debug)]
+pub struct Collection {
+    pub(crate) client: Client,
+    pub(crate) database: String,
+    pub(crate) id: String,
+}
+
+/// Serializes a document; it must be a JSON object.
+pub(crate) fn to_object<T: Serialize + ?Sized>(doc: &T) -> Result<Map<String, Value>, Error> {
+    match serde_json::to_value(doc)? {
+        Value::Object(map) => Ok(map),
+        other => Err(Error::Serialization(format!(
+            "a document must serialize to a JSON object, not {}",
+            match other {
+                Value::Null => "null",
+                Value::Bool(_) => "a bool",
+                Value::Number(_) => "a number",
+                Value::String(_) => "a string",
+                Value::Array(_) => "an array",
+                Value::Object(_) => "an object",
+            }
+        ))),
+    }
+}
+
+impl Collection {
+    pub(crate) fn new(client: Client, database: String, id: String) -> Self {
+        Collection { client, database, id }
+    }
+
+    /// The collection id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// assert_eq!(client.database("salesdb").collection("orders").id(), "orders");
+    /// # Ok(()) }
+    /// ```
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Reads the collection's description.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// let orders = db.create_collection("orders", "/customerId").await?;
+    /// let info = orders.info().await?;
+    /// assert_eq!(info.default_ttl, mayfly_client::DefaultTtl::Off);
+    /// # Ok(()) }
+    /// ```
+    pub async fn info(&self) -> Result<CollectionInfo, Error> {
+        let request = GetCollectionRequest { database: self.database.clone(), id: self.id.clone() };
+        Ok(self.client.collections.clone().get_collection(request).await?.into_inner().into())
+    }
+
+    /// Changes the default TTL; it applies at once to every document that inherits it.
+    /// Documents already expired stay expired.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::DefaultTtl;
+    /// let orders = db.create_collection("orders", "/customerId").await?;
+    /// let info = orders.set_default_ttl(DefaultTtl::After(Duration::from_secs(60))).await?;
+    /// assert_eq!(info.default_ttl, DefaultTtl::After(Duration::from_secs(60)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_default_ttl(&self, ttl: DefaultTtl) -> Result<CollectionInfo, Error> {
+        self.replace_settings(CollectionSettings::new(ttl)).await
+    }
+
+    /// Replaces the collection's settings.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// use mayfly_client::{CollectionSettings, DefaultTtl, IndexingMode};
+    /// let orders = db.create_collection("orders", "/customerId").await?;
+    /// let info = orders
+    ///     .replace_settings(CollectionSettings::new(DefaultTtl::Off).indexing_mode(IndexingMode::Lazy))
+    ///     .await?;
+    /// assert_eq!(info.indexing_mode, IndexingMode::Lazy);
+    /// # Ok(()) }
+    /// ```
+    pub async fn replace_settings(&self, settings: CollectionSettings) -> Result<CollectionInfo, Error> {
+        let CollectionSettings { default_ttl, indexing_mode } = settings;
+        let state = match default_ttl {
+            DefaultTtl::Off => DefaultTtlState::Off(()),
+            DefaultTtl::NoDefault => DefaultTtlState::Seconds(wire_seconds(None)),
+            DefaultTtl::After(d) => DefaultTtlState::Seconds(wire_seconds(Some(d))),
+        };
+        let request = ReplaceCollectionRequest {
+            database: self.database.clone(),
+            id: self.id.clone(),
+            default_ttl: Some(v1::DefaultTtl { state: Some(state) }),
+            indexing_mode: indexing_mode.map_or(v1::IndexingMode::Unspecified as i32, IndexingMode::to_wire),
+        };
+        Ok(self.client.collections.clone().replace_collection(request).await?.into_inner().into())
+    }
+
+    /// Deletes the collection and its documents.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// let scratch = db.create_collection("scratch", "/k").await?;
+    /// scratch.delete().await?;
+    /// assert!(db.list_collections().await?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub async fn delete(&self) -> Result<(), Error> {
+        let request = DeleteCollectionRequest { database: self.database.clone(), id: self.id.clone() };
+        self.client.collections.clone().delete_collection(request).await?;
+        Ok(())
+    }
+
+    /// Creates a document from any value that serializes to a JSON object with a string `id`
+    /// (a typed struct, or `serde_json::json!({...})`). Fails with [`Error::Conflict`] if a
+    /// live document has the id in the same partition.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::DocumentTtl;
+    /// let doc = orders
+    ///     .create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "total": 42.5}))
+    ///     .ttl(DocumentTtl::After(Duration::from_secs(60)))
+    ///     .await?;
+    /// assert_eq!(doc.body()["ttl"], 60);
+    /// assert!(doc.remaining().unwrap() <= Duration::from_secs(60));
+    /// # Ok(()) }
+    /// ```
+    pub fn create<T: Serialize + ?Sized>(&self, document: &T) -> CreateDocument<'_> {
+        CreateDocument::new(self, to_object(document))
+    }
+
+    /// Creates or replaces a document; the outcome says which.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// use mayfly_client::UpsertOutcome;
+    /// let doc = serde_json::json!({"id": "SO05", "customerId": "CO1"});
+    /// assert!(matches!(orders.upsert(&doc).await?, UpsertOutcome::Created(_)));
+    /// assert!(matches!(orders.upsert(&doc).await?, UpsertOutcome::Replaced(_)));
+    /// # Ok(()) }
+    /// ```
+    pub fn upsert<T: Serialize + ?Sized>(&self, document: &T) -> UpsertDocument<'_> {
+        UpsertDocument::new(self, to_object(document))
+    }
+
+    /// Replaces a live document. Without a `ttl` (in the body or via `.ttl(...)`) it inherits
+    /// the collection default again.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// let v1 = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "n": 1})).await?;
+    /// let v2 = orders
+    ///     .replace("SO05", "CO1", &serde_json::json!({"id": "SO05", "customerId": "CO1", "n": 2}))
+    ///     .if_match(v1.etag())
+    ///     .await?;
+    /// assert_eq!(v2.body()["n"], 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn replace<T: Serialize + ?Sized>(
+        &self,
+        id: &str,
+        partition_key: impl Into<PartitionKey>,
+        document: &T,
+    ) -> ReplaceDocument<'_> {
+        ReplaceDocument::new(self, id, partition_key.into(), to_object(document))
+    }
+
+    /// Reads a live document; `None` if it does not exist or has expired.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// let doc = orders.read("SO05", "CO1").await?.expect("just written");
+    /// assert_eq!(doc.id(), "SO05");
+    /// assert!(orders.read("SO06", "CO1").await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn read(&self, id: &str, partition_key: impl Into<PartitionKey>) -> Result<Option<Document>, Error> {
+        let request = ReadDocumentRequest {
+            database: self.database.clone(),
+            collection: self.id.clone(),
+            id: id.to_owned(),
+            partition_key: Some(partition_key.into().into()),
+        };
+        match self.client.documents.clone().read_document(request).await {
+            Ok(response) => Ok(Some(response.into_inner().into())),
+            Err(status) => match Error::from(status) {
+                Error::NotFound(_) => Ok(None),
+                e => Err(e),
+            },
+        }
+    }
+
+    /// Reads a live document into a typed value; `None` if it does not exist or has expired.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    /// #[serde(rename_all = "camelCase")]
+    /// struct Order { id: String, customer_id: String, total: f64 }
+    ///
+    /// let order = Order { id: "SO05".into(), customer_id: "CO1".into(), total: 42.5 };
+    /// orders.create(&order).await?;
+    /// assert_eq!(orders.get::<Order>("SO05", "CO1").await?, Some(order));
+    /// # Ok(()) }
+    /// ```
+    pub async fn get<T: DeserializeOwned>(&self, id: &str, partition_key: impl Into<PartitionKey>) -> Result<Option<T>, Error> {
+        self.read(id, partition_key).await?.map(|d| d.deserialize()).transpose()
+    }
+
+    /// Restarts a document's TTL clock without resending its body.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::{DefaultTtl, TouchOutcome};
+    /// let sessions = db.create_collection("sessions", "/user")
+    ///     .default_ttl(DefaultTtl::After(Duration::from_secs(1800))).await?;
+    /// sessions.create(&serde_json::json!({"id": "s1", "user": "ann"})).await?;
+    /// assert!(matches!(sessions.touch("s1", "ann").await?, TouchOutcome::Touched(_)));
+    /// assert_eq!(sessions.touch("gone", "ann").await?, TouchOutcome::Missing);
+    /// # Ok(()) }
+    /// ```
+    pub fn touch(&self, id: &str, partition_key: impl Into<PartitionKey>) -> TouchDocument<'_> {
+        TouchDocument::new(self, id, partition_key.into())
+    }
+
+    /// Deletes a live document.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// use mayfly_client::DeleteOutcome;
+    /// orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// assert_eq!(orders.delete_document("SO05", "CO1").await?, DeleteOutcome::Deleted);
+    /// assert_eq!(orders.delete_document("SO05", "CO1").await?, DeleteOutcome::Missing);
+    /// # Ok(()) }
+    /// ```
+    pub fn delete_document(&self, id: &str, partition_key: impl Into<PartitionKey>) -> DeleteDocument<'_> {
+        DeleteDocument::new(self, id, partition_key.into())
+    }
+
+    /// Streams the collection's live documents page by page.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// for i in 0..5 {
+    ///     orders.create(&serde_json::json!({"id": format!("SO{i}"), "customerId": "CO1"})).await?;
+    /// }
+    /// let all = orders.read_feed().page_size(2).await?.collect_all().await?;
+    /// assert_eq!(all.len(), 5);
+    /// # Ok(()) }
+    /// ```
+    pub fn read_feed(&self) -> ReadFeed<'_> {
+        ReadFeed::new(self)
+    }
+}

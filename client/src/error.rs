@@ -1,0 +1,103 @@
+//! Errors, converted from gRPC statuses in one place.
+
+use std::fmt;
+
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+
+/// What can go wrong talking to Mayfly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The document does not exist: never written, deleted, or expired.
+    NotFound(String),
+    /// The database does not exist.
+    DatabaseNotFound(String),
+    /// The collection does not exist.
+    CollectionNotFound(String),
+    /// The database, collection or document already exists.
+    Conflict(String),
+    /// An `if_match` etag no longer matches.
+    PreconditionFailed(String),
+    /// The request was rejected as malformed; the message says what to fix.
+    InvalidArgument(String),
+    /// The server could not be reached or is shutting down; the request may be retried.
+    Unavailable(String),
+    /// A document body could not be converted to or from JSON.
+    Serialization(String),
+    /// Any other gRPC failure.
+    Other {
+        /// The gRPC status code.
+        code: Code,
+        /// The server's message.
+        message: String,
+    },
+}
+
+impl Error {
+    /// The message, without the kind.
+    pub fn message(&self) -> &str {
+        match self {
+            Error::NotFound(m)
+            | Error::DatabaseNotFound(m)
+            | Error::CollectionNotFound(m)
+            | Error::Conflict(m)
+            | Error::PreconditionFailed(m)
+            | Error::InvalidArgument(m)
+            | Error::Unavailable(m)
+            | Error::Serialization(m)
+            | Error::Other { message: m, .. } => m,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self {
+            Error::NotFound(_) => "document not found",
+            Error::DatabaseNotFound(_) => "database not found",
+            Error::CollectionNotFound(_) => "collection not found",
+            Error::Conflict(_) => "already exists",
+            Error::PreconditionFailed(_) => "precondition failed",
+            Error::InvalidArgument(_) => "invalid argument",
+            Error::Unavailable(_) => "unavailable",
+            Error::Serialization(_) => "serialization",
+            Error::Other { .. } => "error",
+        };
+        write!(f, "{kind}: {}", self.message())
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Status> for Error {
+    fn from(status: Status) -> Self {
+        // The server names the cause in a google.rpc.ErrorInfo (domain "mayfly.v1").
+        let details = status.get_error_details();
+        let reason = details.error_info().map(|info| info.reason.as_str());
+        let message = status.message().to_owned();
+        match status.code() {
+            Code::NotFound => match reason {
+                Some("DATABASE_NOT_FOUND") => Error::DatabaseNotFound(message),
+                Some("COLLECTION_NOT_FOUND") => Error::CollectionNotFound(message),
+                _ => Error::NotFound(message),
+            },
+            Code::AlreadyExists => Error::Conflict(message),
+            Code::FailedPrecondition => Error::PreconditionFailed(message),
+            Code::InvalidArgument => Error::InvalidArgument(message),
+            Code::Unavailable => Error::Unavailable(message),
+            code => Error::Other { code, message },
+        }
+    }
+}
+
+impl From<tonic::transport::Error> for Error {
+    fn from(e: tonic::transport::Error) -> Self {
+        Error::Unavailable(format!("cannot connect: {e}"))
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::Serialization(e.to_string())
+    }
+}

@@ -1,0 +1,106 @@
+//! TTL as types instead of magic integers.
+
+use std::time::Duration;
+
+/// A document's own TTL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DocumentTtl {
+    /// No own TTL: the collection's default applies (the `ttl` property is removed).
+    Inherit,
+    /// Never expires, whatever the collection's default (`ttl: -1`).
+    Never,
+    /// Expires this long after the last write (whole seconds, rounded up), if the collection has
+    /// TTL on.
+    After(Duration),
+}
+
+/// A collection's default TTL (Cosmos DB's `defaultTtl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DefaultTtl {
+    /// TTL off: nothing in the collection expires, not even documents with their own TTL.
+    Off,
+    /// TTL on without a default (`-1`): only documents with their own TTL expire.
+    NoDefault,
+    /// Documents expire this long after their last write (whole seconds, rounded up) unless
+    /// they override it.
+    After(Duration),
+}
+
+/// The one place TTLs become wire integers: seconds rounded up (a document never lives shorter
+/// than asked), -1 for never. Values the server rejects (0, above 2,147,483,647 s) are sent as
+/// they are, so the error comes from the server's single set of rules.
+pub(crate) fn wire_seconds(ttl: Option<Duration>) -> i64 {
+    match ttl {
+        None => -1,
+        Some(d) => {
+            let whole = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+            i64::try_from(whole).unwrap_or(i64::MAX)
+        }
+    }
+}
+
+impl DocumentTtl {
+    /// The `ttl` value to send, or `None` to inherit.
+    pub(crate) fn to_wire(self) -> Option<i64> {
+        match self {
+            DocumentTtl::Inherit => None,
+            DocumentTtl::Never => Some(wire_seconds(None)),
+            DocumentTtl::After(d) => Some(wire_seconds(Some(d))),
+        }
+    }
+
+    pub(crate) fn from_wire(raw: Option<i32>) -> Self {
+        match raw {
+            None => DocumentTtl::Inherit,
+            Some(-1) => DocumentTtl::Never,
+            Some(s) => DocumentTtl::After(Duration::from_secs(u64::try_from(s).unwrap_or(0))),
+        }
+    }
+}
+
+impl DefaultTtl {
+    /// The `defaultTtl` value to send: `None` is off.
+    pub(crate) fn to_wire(self) -> Option<i64> {
+        match self {
+            DefaultTtl::Off => None,
+            DefaultTtl::NoDefault => Some(wire_seconds(None)),
+            DefaultTtl::After(d) => Some(wire_seconds(Some(d))),
+        }
+    }
+
+    pub(crate) fn from_wire(raw: Option<i32>) -> Self {
+        match raw {
+            None => DefaultTtl::Off,
+            Some(-1) => DefaultTtl::NoDefault,
+            Some(s) => DefaultTtl::After(Duration::from_secs(u64::try_from(s).unwrap_or(0))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_up_to_whole_seconds() {
+        assert_eq!(DocumentTtl::After(Duration::from_millis(1500)).to_wire(), Some(2));
+        assert_eq!(DocumentTtl::After(Duration::from_secs(60)).to_wire(), Some(60));
+        assert_eq!(DocumentTtl::After(Duration::ZERO).to_wire(), Some(0), "sent as is: the server rejects it");
+        assert_eq!(DocumentTtl::Never.to_wire(), Some(-1));
+        assert_eq!(DocumentTtl::Inherit.to_wire(), None);
+        assert_eq!(DefaultTtl::Off.to_wire(), None);
+        assert_eq!(DefaultTtl::NoDefault.to_wire(), Some(-1));
+    }
+
+    #[test]
+    fn wire_values_read_back() {
+        for ttl in [DocumentTtl::Inherit, DocumentTtl::Never, DocumentTtl::After(Duration::from_secs(9))] {
+            let raw = ttl.to_wire().map(|s| i32::try_from(s).expect("small"));
+            assert_eq!(DocumentTtl::from_wire(raw), ttl);
+        }
+        for ttl in [DefaultTtl::Off, DefaultTtl::NoDefault, DefaultTtl::After(Duration::from_secs(9))] {
+            let raw = ttl.to_wire().map(|s| i32::try_from(s).expect("small"));
+            assert_eq!(DefaultTtl::from_wire(raw), ttl);
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! `mayfly.v1.Databases`.
+
+use mayfly_proto::v1::{
+    CreateDatabaseRequest, Database, DeleteDatabaseRequest, DeleteDatabaseResponse, GetDatabaseRequest,
+    ListDatabasesRequest, ListDatabasesResponse, server,
+};
+use tonic::{Request, Response, Status};
+
+use super::{blocking, convert};
+use crate::engine::Engine;
+
+/// Serves databases from the engine.
+#[derive(Debug, Clone)]
+pub struct DatabasesService {
+    engine: Engine,
+}
+
+impl DatabasesService {
+    /// A service over `engine`.
+    pub fn new(engine: Engine) -> Self {
+        DatabasesService { engine }
+    }
+}
+
+#[tonic::async_trait]
+impl server::Databases for DatabasesService {
+    async fn create_database(&self, request: Request<CreateDatabaseRequest>) -> Result<Response<Database>, Status> {
+        let CreateDatabaseRequest { id } = request.into_inner();
+        let database = convert::database_id(&id)?;
+        self.engine.create_database(database)?;
+        Ok(Response::new(Database { id }))
+    }
+
+    async fn get_database(&self, request: Request<GetDatabaseRequest>) -> Result<Response<Database>, Status> {
+        let GetDatabaseRequest { id } = request.into_inner();
+        self.engine.get_database(&convert::database_id(&id)?)?;
+        Ok(Response::new(Database { id }))
+    }
+
+    async fn list_databases(
+        &self,
+        request: Request<ListDatabasesRequest>,
+    ) -> Result<Response<ListDatabasesResponse>, Status> {
+        let ListDatabasesRequest {} = request.into_inner();
+        let databases = self.engine.list_databases().into_iter().map(|id| Database { id: id.to_string() }).collect();
+        Ok(Response::new(ListDatabasesResponse { databases }))
+    }
+
+    async fn delete_database(
+        &self,
+        request: Request<DeleteDatabaseRequest>,
+    ) -> Result<Response<DeleteDatabaseResponse>, Status> {
+        let DeleteDatabaseRequest { id } = request.into_inner();
+        let database = convert::database_id(&id)?;
+        let engine = self.engine.clone();
+        blocking(move || engine.delete_database(&database)).await?;
+        Ok(Response::new(DeleteDatabaseResponse {}))
+    }
+}

@@ -1,0 +1,113 @@
+//! The one mapping from engine errors to gRPC statuses. Each status carries a
+//! `google.rpc.ErrorInfo` whose `reason` lets clients tell, say, a missing document from a
+//! missing collection without parsing messages.
+
+use std::collections::HashMap;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::engine::{Error, InvalidInput};
+
+/// `ErrorInfo.domain` of every Mayfly error.
+pub(crate) const ERROR_DOMAIN: &str = "mayfly.v1";
+
+fn code_and_reason(error: &Error) -> (Code, &'static str) {
+    match error {
+        Error::Invalid(invalid) => (Code::InvalidArgument, invalid_reason(invalid)),
+        Error::DatabaseNotFound { .. } => (Code::NotFound, "DATABASE_NOT_FOUND"),
+        Error::CollectionNotFound { .. } => (Code::NotFound, "COLLECTION_NOT_FOUND"),
+        Error::DocumentNotFound { .. } => (Code::NotFound, "DOCUMENT_NOT_FOUND"),
+        Error::DatabaseExists { .. } => (Code::AlreadyExists, "DATABASE_EXISTS"),
+        Error::CollectionExists { .. } => (Code::AlreadyExists, "COLLECTION_EXISTS"),
+        Error::DocumentExists { .. } => (Code::AlreadyExists, "DOCUMENT_EXISTS"),
+        Error::PreconditionFailed { .. } => (Code::FailedPrecondition, "ETAG_MISMATCH"),
+        Error::Storage(_) => (Code::Internal, "STORAGE_FAILURE"),
+    }
+}
+
+fn invalid_reason(invalid: &InvalidInput) -> &'static str {
+    match invalid {
+        InvalidInput::DefaultTtl { .. } => "INVALID_DEFAULT_TTL",
+        InvalidInput::DocumentTtl { .. } => "INVALID_TTL",
+        InvalidInput::TtlWithoutIndex => "TTL_WITHOUT_INDEX",
+        InvalidInput::Id { .. } => "INVALID_ID",
+        InvalidInput::PartitionKeyPath { .. } => "INVALID_PARTITION_KEY_PATH",
+        InvalidInput::PartitionKeyValueType { .. } => "INVALID_PARTITION_KEY",
+        InvalidInput::PartitionKeyMismatch { .. } => "PARTITION_KEY_MISMATCH",
+        InvalidInput::IdMismatch { .. } => "ID_MISMATCH",
+        InvalidInput::MissingId { .. } => "MISSING_ID",
+        InvalidInput::ConflictingTtl { .. } => "CONFLICTING_TTL",
+        InvalidInput::DocumentTooLarge { .. } => "DOCUMENT_TOO_LARGE",
+        InvalidInput::DocumentTooDeep { .. } => "DOCUMENT_TOO_DEEP",
+        InvalidInput::BadJson { .. } => "INVALID_JSON",
+        InvalidInput::MissingField { .. } => "MISSING_FIELD",
+        InvalidInput::UnknownEnumValue { .. } => "UNKNOWN_ENUM_VALUE",
+        InvalidInput::PageSize { .. } => "INVALID_PAGE_SIZE",
+        InvalidInput::Continuation { .. } => "INVALID_CONTINUATION",
+    }
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        let (code, reason) = code_and_reason(&error);
+        let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
+        Status::with_error_details(code, error.to_string(), details)
+    }
+}
+
+impl From<InvalidInput> for Status {
+    fn from(error: InvalidInput) -> Self {
+        Error::Invalid(error).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{engine::PartitionKeyValue, storage::StorageError};
+
+    #[test]
+    fn every_error_kind_has_its_code_and_reason() {
+        let cases = [
+            (Error::Invalid(InvalidInput::TtlWithoutIndex), Code::InvalidArgument, "TTL_WITHOUT_INDEX"),
+            (Error::DatabaseNotFound { database: "d".into() }, Code::NotFound, "DATABASE_NOT_FOUND"),
+            (
+                Error::CollectionNotFound { database: "d".into(), collection: "c".into() },
+                Code::NotFound,
+                "COLLECTION_NOT_FOUND",
+            ),
+            (
+                Error::DocumentNotFound { id: "x".into(), partition_key: PartitionKeyValue::Null },
+                Code::NotFound,
+                "DOCUMENT_NOT_FOUND",
+            ),
+            (Error::DatabaseExists { database: "d".into() }, Code::AlreadyExists, "DATABASE_EXISTS"),
+            (
+                Error::CollectionExists { database: "d".into(), collection: "c".into() },
+                Code::AlreadyExists,
+                "COLLECTION_EXISTS",
+            ),
+            (
+                Error::DocumentExists { id: "x".into(), partition_key: PartitionKeyValue::Null },
+                Code::AlreadyExists,
+                "DOCUMENT_EXISTS",
+            ),
+            (
+                Error::PreconditionFailed { id: "x".into(), if_match: "e".into() },
+                Code::FailedPrecondition,
+                "ETAG_MISMATCH",
+            ),
+            (Error::Storage(StorageError::new("disk")), Code::Internal, "STORAGE_FAILURE"),
+        ];
+        for (error, code, reason) in cases {
+            let message = error.to_string();
+            let status = Status::from(error);
+            assert_eq!(status.code(), code);
+            assert_eq!(status.message(), message);
+            let details = status.get_error_details();
+            let info = details.error_info().expect("error info attached");
+            assert_eq!((info.reason.as_str(), info.domain.as_str()), (reason, ERROR_DOMAIN));
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! `GET /metrics` in Prometheus (OpenMetrics) text, on its own listener.
+
+use std::{future::Future, sync::Arc};
+
+use axum::{Router, http::header, routing::get};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric, text::encode},
+    metrics::gauge::ConstGauge,
+    registry::Registry,
+};
+use tokio::net::TcpListener;
+
+use crate::engine::{Engine, register_metrics};
+
+/// The registry served: the engine's metrics and the process's resident memory.
+pub(crate) fn registry(engine: &Engine) -> Registry {
+    let mut registry = Registry::default();
+    register_metrics(engine, &mut registry);
+    registry.register_collector(Box::new(ResidentMemory));
+    registry
+}
+
+/// Serves the registry until `shutdown` completes.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    registry: Registry,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let registry = Arc::new(registry);
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut body = String::new();
+                // Writing to a String cannot fail.
+                let _ = encode(&mut body, &registry);
+                ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+            }
+        }),
+    );
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+/// `mayfly_process_resident_memory_bytes`, from /proc/self/statm (Linux; absent elsewhere).
+#[derive(Debug)]
+struct ResidentMemory;
+
+impl Collector for ResidentMemory {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(bytes) = resident_bytes() else { return Ok(()) };
+        let gauge = ConstGauge::new(bytes as i64);
+        let metric = encoder.encode_descriptor(
+            "mayfly_process_resident_memory_bytes",
+            "Resident set size of the server process",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)
+    }
+}
+
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // 4 KiB pages: the page size of the Linux targets Mayfly runs on.
+    Some(pages * 4096)
+}

@@ -1,0 +1,201 @@
+//! Assembles the gRPC server: the engine and its purge, the three Mayfly services, health,
+//! reflection (v1 and v1alpha, for grpcurl 1.8) and the optional metrics endpoint.
+
+use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc};
+
+use mayfly_proto::v1::server::{CollectionsServer, DatabasesServer, DocumentsServer};
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tonic::transport::{Server, server::TcpIncoming};
+
+use crate::{
+    engine::{Engine, EngineConfig, SystemClock},
+    grpc::{CollectionsService, DatabasesService, DocumentsService},
+    metrics_http,
+    storage::MemoryStorage,
+};
+
+/// Largest request or response message: a 2 MiB JSON document can take several times that
+/// as a protobuf Struct (every array element carries tags), and must reach the size check.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How to run a server.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// gRPC address (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Engine shards.
+    pub shards: usize,
+    /// Address for `GET /metrics`; `None` serves no metrics.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl Default for Config {
+    /// Loopback on a free port, one shard per core, no metrics: what tests and examples want.
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            shards: default_shards(),
+            metrics_listen: None,
+        }
+    }
+}
+
+/// One shard per available core.
+pub fn default_shards() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Why a server could not start or stopped with an error.
+#[derive(Debug)]
+pub enum ServeError {
+    /// Binding or serving a socket failed.
+    Io(io::Error),
+    /// The gRPC transport failed.
+    Transport(tonic::transport::Error),
+    /// The reflection service could not load the descriptors.
+    Reflection(tonic_reflection::server::Error),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::Io(e) => write!(f, "{e}"),
+            ServeError::Transport(e) => write!(f, "gRPC transport: {e}"),
+            ServeError::Reflection(e) => write!(f, "reflection descriptors: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+impl From<io::Error> for ServeError {
+    fn from(e: io::Error) -> Self {
+        ServeError::Io(e)
+    }
+}
+
+/// A server running in the background of the current tokio runtime.
+#[derive(Debug)]
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    engine: Engine,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl RunningServer {
+    /// Binds the listeners, then serves in a background task. Clients may connect as soon as
+    /// this returns.
+    pub async fn start(config: Config) -> Result<Self, ServeError> {
+        let listener = TcpListener::bind(config.listen).await?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
+        let engine = Engine::new(
+            EngineConfig { shards: config.shards },
+            Arc::new(MemoryStorage::new()),
+            Arc::new(SystemClock),
+        );
+        let local_addr = listener.local_addr()?;
+        let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr).transpose()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, metrics_listener, engine.clone(), async {
+            // A dropped sender stops the server too.
+            let _ = stopped.await;
+        }));
+        Ok(RunningServer { local_addr, metrics_addr, engine, stop: Some(stop), task })
+    }
+
+    /// The gRPC address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The metrics address, if metrics are served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The engine behind the server.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Stops accepting requests, lets in-flight ones finish, and waits for the server to end.
+    pub async fn shutdown(mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(e) => Err(ServeError::Io(io::Error::other(e))),
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Serves `engine` on `listener` until `shutdown` completes, then drains in-flight requests.
+pub async fn serve(
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let _purge = engine.spawn_purge();
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<DatabasesServer<DatabasesService>>().await;
+    health.set_serving::<CollectionsServer<CollectionsService>>().await;
+    health.set_serving::<DocumentsServer<DocumentsService>>().await;
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(mayfly_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().map_err(ServeError::Reflection)?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(ServeError::Reflection)?;
+
+    // Both listeners stop on the same signal.
+    let (stop_metrics, metrics_stopped) = oneshot::channel::<()>();
+    let metrics_task = metrics_listener.map(|listener| {
+        tokio::spawn(metrics_http::serve(listener, metrics_http::registry(&engine), async {
+            let _ = metrics_stopped.await;
+        }))
+    });
+
+    let result = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(DatabasesServer::new(DatabasesService::new(engine.clone())))
+        .add_service(CollectionsServer::new(CollectionsService::new(engine.clone())))
+        .add_service(
+            DocumentsServer::new(DocumentsService::new(engine.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        // Small request/response exchanges must not wait on Nagle's algorithm.
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
+        .await
+        .map_err(ServeError::Transport);
+
+    let _ = stop_metrics.send(());
+    if let Some(task) = metrics_task {
+        match task.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "metrics endpoint failed"),
+            Err(e) => tracing::warn!(error = %e, "metrics endpoint task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    result
+}
