@@ -1,1 +1,453 @@
-fn main() {}
+//! `mayfly-bench`: load generator for a running Mayfly server.
+//!
+//! Workloads `write` (create with a ttl), `read` (point reads of preloaded documents) and
+//! `mixed` run `--concurrency` requests at a time for `--duration` seconds and print throughput
+//! and latency percentiles. `expiry` loads `--documents` documents whose expiry instants fall in
+//! one window, then reads from the server's metrics how fast the purge removed them and with
+//! what lag. Every run prints the command that reproduces it.
+//!
+//! It drives the generated gRPC client with prebuilt bodies (not the higher-level `mayfly-client`
+//! wrapper) so that, sharing a machine with the server, it spends as little CPU as it can.
+
+mod metrics;
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use mayfly_proto::{
+    json::JsonObject,
+    v1::{
+        self, CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
+        DeleteDatabaseRequest, ReadDocumentRequest,
+        client::{CollectionsClient, DatabasesClient, DocumentsClient},
+        oneofs::PartitionKeyKind,
+    },
+};
+use serde_json::{Map, Value, json};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Workload {
+    /// Create documents, each with its own ttl.
+    Write,
+    /// Point-read preloaded documents.
+    Read,
+    /// Reads and writes-with-ttl mixed by --read-percent.
+    Mixed,
+    /// Load --documents expiring within --window-secs, then measure the purge.
+    Expiry,
+}
+
+/// Load generator for Mayfly.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// What to run.
+    #[arg(value_enum)]
+    workload: Workload,
+    /// Server gRPC address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    addr: SocketAddr,
+    /// Server metrics address (needed by `expiry`).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// HTTP/2 connections the requests are spread over.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Seconds each timed workload runs.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Approximate JSON size of each document, in bytes.
+    #[arg(long, default_value_t = 1024)]
+    doc_bytes: usize,
+    /// TTL in seconds of documents written by write and mixed.
+    #[arg(long, default_value_t = 3600)]
+    ttl: i64,
+    /// Documents preloaded for read and mixed.
+    #[arg(long, default_value_t = 100_000)]
+    preload: u64,
+    /// Percentage of reads in mixed.
+    #[arg(long, default_value_t = 80)]
+    read_percent: u8,
+    /// Documents loaded by expiry.
+    #[arg(long, default_value_t = 500_000)]
+    documents: u64,
+    /// Expiry spreads the documents' expiry instants over this many seconds.
+    #[arg(long, default_value_t = 1)]
+    window_secs: u64,
+    /// Seconds from the start of loading to the first expiry: must exceed the load time.
+    #[arg(long, default_value_t = 45)]
+    lead_secs: u64,
+}
+
+const DATABASE: &str = "bench";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    println!("# {}", std::env::args().collect::<Vec<_>>().join(" "));
+    println!(
+        "# {} cores, concurrency {}, connections {}, ~{} B documents",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        args.concurrency,
+        args.connections,
+        args.doc_bytes
+    );
+    let channels = connect(&args).await?;
+    let collection = setup(&channels[0], &args).await?;
+    let bench = Arc::new(Bench {
+        channels,
+        collection,
+        payload: "x".repeat(args.doc_bytes.saturating_sub(80)),
+        args,
+    });
+    match bench.args.workload {
+        Workload::Write => bench.timed(0).await?,
+        Workload::Read => {
+            bench.preload().await?;
+            bench.timed(100).await?
+        }
+        Workload::Mixed => {
+            bench.preload().await?;
+            bench.timed(bench.args.read_percent).await?
+        }
+        Workload::Expiry => bench.expiry().await?,
+    }
+    // Leave the server as it was.
+    DatabasesClient::new(bench.channels[0].clone())
+        .delete_database(DeleteDatabaseRequest {
+            id: DATABASE.into(),
+        })
+        .await?;
+    Ok(())
+}
+
+async fn connect(args: &Args) -> Result<Vec<Channel>, tonic::transport::Error> {
+    let mut channels = Vec::new();
+    for _ in 0..args.connections.max(1) {
+        channels.push(
+            Endpoint::from_shared(format!("http://{}", args.addr))?
+                .tcp_nodelay(true)
+                .connect()
+                .await?,
+        );
+    }
+    Ok(channels)
+}
+
+/// A fresh database with one collection whose TTL is on (-1): documents expire by their own ttl.
+async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> {
+    let mut databases = DatabasesClient::new(channel.clone());
+    let _ = databases
+        .delete_database(DeleteDatabaseRequest {
+            id: DATABASE.into(),
+        })
+        .await;
+    databases
+        .create_database(CreateDatabaseRequest {
+            id: DATABASE.into(),
+        })
+        .await?;
+    let collection = format!("{:?}", args.workload).to_lowercase();
+    CollectionsClient::new(channel.clone())
+        .create_collection(CreateCollectionRequest {
+            database: DATABASE.into(),
+            id: collection.clone(),
+            partition_key_path: "/pk".into(),
+            default_ttl: Some(-1),
+            indexing_mode: 0,
+        })
+        .await?;
+    Ok(collection)
+}
+
+struct Bench {
+    channels: Vec<Channel>,
+    collection: String,
+    payload: String,
+    args: Args,
+}
+
+fn partition(n: u64) -> String {
+    format!("p{}", n % 1024)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Splits 0..n into `parts` contiguous ranges.
+fn split(n: u64, parts: usize) -> impl Iterator<Item = (usize, std::ops::Range<u64>)> {
+    let parts = parts.max(1) as u64;
+    (0..parts).map(move |p| (p as usize, n * p / parts..n * (p + 1) / parts))
+}
+
+impl Bench {
+    fn documents(&self, worker: usize) -> DocumentsClient<Channel> {
+        DocumentsClient::new(self.channels[worker % self.channels.len()].clone())
+    }
+
+    fn create_request(&self, n: u64, ttl: i64) -> CreateDocumentRequest {
+        let mut body = Map::new();
+        body.insert("id".into(), Value::String(format!("d{n}")));
+        body.insert("pk".into(), Value::String(partition(n)));
+        body.insert("payload".into(), Value::String(self.payload.clone()));
+        body.insert("n".into(), json!(n));
+        CreateDocumentRequest {
+            database: DATABASE.into(),
+            collection: self.collection.clone(),
+            body: Some(JsonObject::new(body)),
+            partition_key: None,
+            ttl: Some(ttl),
+        }
+    }
+
+    fn read_request(&self, n: u64) -> ReadDocumentRequest {
+        ReadDocumentRequest {
+            database: DATABASE.into(),
+            collection: self.collection.clone(),
+            id: format!("d{n}"),
+            partition_key: Some(v1::PartitionKey {
+                kind: Some(PartitionKeyKind::Value(prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StringValue(partition(n))),
+                })),
+            }),
+        }
+    }
+
+    /// Writes documents 0..preload with a long ttl, `concurrency` at a time.
+    async fn preload(self: &Arc<Self>) -> Result<(), Box<dyn std::error::Error>> {
+        let started = Instant::now();
+        self.load(self.args.preload, Arc::new(|_| 86_400)).await?;
+        println!(
+            "# preloaded {} documents in {:.1} s",
+            self.args.preload,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// Creates documents 0..count, `concurrency` at a time; `ttl_of(n)` gives each one's ttl.
+    async fn load(
+        self: &Arc<Self>,
+        count: u64,
+        ttl_of: Arc<dyn Fn(u64) -> i64 + Send + Sync>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tasks: Vec<_> = split(count, self.args.concurrency)
+            .map(|(worker, range)| {
+                let (bench, ttl_of) = (self.clone(), ttl_of.clone());
+                tokio::spawn(async move {
+                    let mut client = bench.documents(worker);
+                    for n in range {
+                        client
+                            .create_document(bench.create_request(n, ttl_of(n)))
+                            .await?;
+                    }
+                    Ok::<_, tonic::Status>(())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await??;
+        }
+        Ok(())
+    }
+
+    /// Runs reads (`read_percent` of requests) and writes-with-ttl for the configured duration.
+    async fn timed(self: &Arc<Self>, read_percent: u8) -> Result<(), Box<dyn std::error::Error>> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let next_write = Arc::new(AtomicU64::new(self.args.preload));
+        let errors = Arc::new(AtomicU64::new(0));
+        let deadline = Instant::now() + Duration::from_secs(self.args.duration);
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..self.args.concurrency)
+            .map(|worker| {
+                let (bench, stop, next_write, errors) = (
+                    self.clone(),
+                    stop.clone(),
+                    next_write.clone(),
+                    errors.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut client = bench.documents(worker);
+                    let mut reads = Histogram::<u64>::new(3).expect("valid histogram");
+                    let mut writes = Histogram::<u64>::new(3).expect("valid histogram");
+                    let mut rng = (worker as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    while !stop.load(Ordering::Relaxed) {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let read = (rng % 100) < u64::from(read_percent);
+                        let started = Instant::now();
+                        let ok = if read {
+                            client
+                                .read_document(bench.read_request(rng % bench.args.preload.max(1)))
+                                .await
+                                .is_ok()
+                        } else {
+                            let n = next_write.fetch_add(1, Ordering::Relaxed);
+                            client
+                                .create_document(bench.create_request(n, bench.args.ttl))
+                                .await
+                                .is_ok()
+                        };
+                        let micros = started.elapsed().as_micros() as u64;
+                        if !ok {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let _ = if read {
+                            reads.record(micros)
+                        } else {
+                            writes.record(micros)
+                        };
+                        if Instant::now() >= deadline {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    (reads, writes)
+                })
+            })
+            .collect();
+        let mut reads = Histogram::<u64>::new(3)?;
+        let mut writes = Histogram::<u64>::new(3)?;
+        for task in tasks {
+            let (r, w) = task.await?;
+            reads.add(r)?;
+            writes.add(w)?;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        report("read", &reads, elapsed);
+        report("write-with-ttl", &writes, elapsed);
+        println!("errors: {}", errors.load(Ordering::Relaxed));
+        Ok(())
+    }
+
+    /// Loads documents whose expiry instants fall in [first, first + window), then follows the
+    /// purge through the server's metrics.
+    async fn expiry(self: &Arc<Self>) -> Result<(), Box<dyn std::error::Error>> {
+        let metrics_addr = self
+            .args
+            .metrics
+            .ok_or("expiry needs --metrics (the server's --metrics-listen)")?;
+        let k = self.args.documents;
+        let window_ms = self.args.window_secs.max(1) * 1_000;
+        let before_load = metrics::scrape(metrics_addr).await?;
+        let first_expiry = now_ms() + self.args.lead_secs * 1_000;
+        let started = Instant::now();
+        // Document n targets second (n mod window) of the window. A ttl is whole seconds, so
+        // expiry = write instant + ttl lands in [target, target + 1 s) at a sub-second offset set
+        // by when the write happened: over many documents, an even spread across the window.
+        let window_secs = self.args.window_secs.max(1);
+        self.load(
+            k,
+            Arc::new(move |n| {
+                let target = first_expiry + (n % window_secs) * 1_000;
+                target.saturating_sub(now_ms()).div_ceil(1_000).max(1) as i64
+            }),
+        )
+        .await?;
+        let load_secs = started.elapsed().as_secs_f64();
+        println!(
+            "# loaded {k} documents in {load_secs:.1} s ({:.0} writes/s)",
+            k as f64 / load_secs
+        );
+        if now_ms() >= first_expiry {
+            return Err(format!(
+                "loading took longer than --lead-secs {}: expiries overlapped the load; rerun with a larger lead",
+                self.args.lead_secs
+            )
+            .into());
+        }
+        let loaded = metrics::scrape(metrics_addr).await?;
+        let tracked = loaded.value("mayfly_expiry_tracked_documents")
+            - before_load.value("mayfly_expiry_tracked_documents");
+        let bookkeeping = loaded.value("mayfly_expiry_bookkeeping_bytes")
+            - before_load.value("mayfly_expiry_bookkeeping_bytes");
+        let rss = loaded.value("mayfly_process_resident_memory_bytes")
+            - before_load.value("mayfly_process_resident_memory_bytes");
+        println!(
+            "expiry bookkeeping: {:.1} bytes/document ({bookkeeping:.0} B allocated for {tracked:.0} timed documents); \
+             whole process RSS grew {:.0} B/document",
+            bookkeeping / tracked.max(1.0),
+            rss / k as f64
+        );
+
+        // Follow the purge from the first expiry until all k are gone.
+        let baseline = metrics::scrape(metrics_addr).await?;
+        tokio::time::sleep(Duration::from_millis(first_expiry.saturating_sub(now_ms()))).await;
+        let give_up = Instant::now() + Duration::from_millis(window_ms) + Duration::from_secs(120);
+        let mut last = baseline.clone();
+        let mut done_at = None;
+        while Instant::now() < give_up {
+            last = metrics::scrape(metrics_addr).await?;
+            if last.value("mayfly_documents_purged_total")
+                - baseline.value("mayfly_documents_purged_total")
+                >= k as f64
+            {
+                done_at = Some(now_ms());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let purged = last.value("mayfly_documents_purged_total")
+            - baseline.value("mayfly_documents_purged_total");
+        let Some(done_at) = done_at else {
+            return Err(
+                format!("only {purged} of {k} documents purged within the window + 120 s").into(),
+            );
+        };
+        let busy_secs = (done_at - first_expiry) as f64 / 1_000.0;
+        println!(
+            "expiry rate offered: {:.0} documents/s ({k} expiring over {window_secs} s)",
+            k as f64 / window_secs as f64
+        );
+        println!(
+            "purge: {purged:.0} documents in {busy_secs:.2} s after the first expiry = {:.0} documents/s",
+            purged / busy_secs
+        );
+        let lag = last.histogram_delta("mayfly_purge_lag_seconds", &baseline);
+        for q in [0.5, 0.99, 0.999] {
+            let (estimate, bound) = metrics::quantile(&lag, q);
+            println!(
+                "purge lag p{}: {:.1} ms (interpolated; bucket bound {:.0} ms)",
+                q * 100.0,
+                estimate * 1_000.0,
+                bound * 1_000.0
+            );
+        }
+        println!(
+            "expiry run took {:.1} s in all",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}
+
+fn report(name: &str, h: &Histogram<u64>, elapsed: f64) {
+    if h.is_empty() {
+        return;
+    }
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1_000.0;
+    println!(
+        "{name}: {:.0} ops/s ({} in {elapsed:.1} s), latency p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
+        h.len() as f64 / elapsed,
+        h.len(),
+        ms(0.5),
+        ms(0.99),
+        ms(0.999),
+        h.max() as f64 / 1_000.0
+    );
+}

@@ -41,7 +41,11 @@ impl Client {
     /// ```
     pub async fn connect(address: impl AsRef<str>) -> Result<Self, Error> {
         let address = address.as_ref();
-        let uri = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
+        let uri = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("http://{address}")
+        };
         let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| Error::InvalidArgument(format!("bad server address {address:?}: {e}")))?
             .tcp_nodelay(true);
@@ -84,7 +88,10 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn create_database(&self, id: &str) -> Result<Database, Error> {
-        self.databases.clone().create_database(CreateDatabaseRequest { id: id.to_owned() }).await?;
+        self.databases
+            .clone()
+            .create_database(CreateDatabaseRequest { id: id.to_owned() })
+            .await?;
         Ok(self.database(id))
     }
 
@@ -100,7 +107,10 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn database(&self, id: &str) -> Database {
-        Database { client: self.clone(), id: id.to_owned() }
+        Database {
+            client: self.clone(),
+            id: id.to_owned(),
+        }
     }
 
     /// Ids of every database.
@@ -116,8 +126,17 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn list_databases(&self) -> Result<Vec<String>, Error> {
-        let response = self.databases.clone().list_databases(ListDatabasesRequest {}).await?;
-        Ok(response.into_inner().databases.into_iter().map(|d| d.id).collect())
+        let response = self
+            .databases
+            .clone()
+            .list_databases(ListDatabasesRequest {})
+            .await?;
+        Ok(response
+            .into_inner()
+            .databases
+            .into_iter()
+            .map(|d| d.id)
+            .collect())
     }
 }
 
@@ -155,7 +174,15 @@ impl Database {
     /// # Ok(()) }
     /// ```
     pub async fn exists(&self) -> Result<bool, Error> {
-        match self.client.databases.clone().get_database(GetDatabaseRequest { id: self.id.clone() }).await {
+        match self
+            .client
+            .databases
+            .clone()
+            .get_database(GetDatabaseRequest {
+                id: self.id.clone(),
+            })
+            .await
+        {
             Ok(_) => Ok(true),
             Err(status) => match Error::from(status) {
                 Error::DatabaseNotFound(_) => Ok(false),
@@ -177,7 +204,13 @@ impl Database {
     /// # Ok(()) }
     /// ```
     pub async fn delete(&self) -> Result<(), Error> {
-        self.client.databases.clone().delete_database(DeleteDatabaseRequest { id: self.id.clone() }).await?;
+        self.client
+            .databases
+            .clone()
+            .delete_database(DeleteDatabaseRequest {
+                id: self.id.clone(),
+            })
+            .await?;
         Ok(())
     }
 
@@ -240,9 +273,20 @@ impl Database {
     /// # Ok(()) }
     /// ```
     pub async fn list_collections(&self) -> Result<Vec<CollectionInfo>, Error> {
-        let response =
-            self.client.collections.clone().list_collections(ListCollectionsRequest { database: self.id.clone() }).await?;
-        Ok(response.into_inner().collections.into_iter().map(CollectionInfo::from).collect())
+        let response = self
+            .client
+            .collections
+            .clone()
+            .list_collections(ListCollectionsRequest {
+                database: self.id.clone(),
+            })
+            .await?;
+        Ok(response
+            .into_inner()
+            .collections
+            .into_iter()
+            .map(CollectionInfo::from)
+            .collect())
     }
 }
 
@@ -306,7 +350,13 @@ impl<'a> IntoFuture for CreateCollection<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let CreateCollection { database, id, partition_key_path, default_ttl, indexing_mode } = self;
+            let CreateCollection {
+                database,
+                id,
+                partition_key_path,
+                default_ttl,
+                indexing_mode,
+            } = self;
             let request = CreateCollectionProto {
                 database: database.id.clone(),
                 id: id.clone(),
@@ -314,7 +364,12 @@ impl<'a> IntoFuture for CreateCollection<'a> {
                 default_ttl: default_ttl.to_wire(),
                 indexing_mode: indexing_mode.to_wire(),
             };
-            database.client.collections.clone().create_collection(request).await?;
+            database
+                .client
+                .collections
+                .clone()
+                .create_collection(request)
+                .await?;
             Ok(database.collection(&id))
         })
     }

@@ -1,8 +1,8 @@
 //! Collection handles: settings and the entry points for document requests.
 
 use mayfly_proto::v1::{
-    self, DeleteCollectionRequest, GetCollectionRequest, ReadDocumentRequest, ReplaceCollectionRequest,
-    oneofs::DefaultTtlState,
+    self, DeleteCollectionRequest, GetCollectionRequest, ReadDocumentRequest,
+    ReplaceCollectionRequest, oneofs::DefaultTtlState,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
@@ -56,7 +56,13 @@ pub struct CollectionInfo {
 
 impl From<v1::Collection> for CollectionInfo {
     fn from(c: v1::Collection) -> Self {
-        let v1::Collection { database, id, partition_key_path, default_ttl, indexing_mode } = c;
+        let v1::Collection {
+            database,
+            id,
+            partition_key_path,
+            default_ttl,
+            indexing_mode,
+        } = c;
         CollectionInfo {
             database,
             id,
@@ -88,7 +94,10 @@ impl CollectionSettings {
     /// let settings = CollectionSettings::new(DefaultTtl::Off);
     /// ```
     pub fn new(default_ttl: DefaultTtl) -> Self {
-        CollectionSettings { default_ttl, indexing_mode: None }
+        CollectionSettings {
+            default_ttl,
+            indexing_mode: None,
+        }
     }
 
     /// Also changes the indexing mode.
@@ -131,7 +140,11 @@ pub(crate) fn to_object<T: Serialize + ?Sized>(doc: &T) -> Result<Map<String, Va
 
 impl Collection {
     pub(crate) fn new(client: Client, database: String, id: String) -> Self {
-        Collection { client, database, id }
+        Collection {
+            client,
+            database,
+            id,
+        }
     }
 
     /// The collection id.
@@ -162,8 +175,18 @@ impl Collection {
     /// # Ok(()) }
     /// ```
     pub async fn info(&self) -> Result<CollectionInfo, Error> {
-        let request = GetCollectionRequest { database: self.database.clone(), id: self.id.clone() };
-        Ok(self.client.collections.clone().get_collection(request).await?.into_inner().into())
+        let request = GetCollectionRequest {
+            database: self.database.clone(),
+            id: self.id.clone(),
+        };
+        Ok(self
+            .client
+            .collections
+            .clone()
+            .get_collection(request)
+            .await?
+            .into_inner()
+            .into())
     }
 
     /// Changes the default TTL; it applies at once to every document that inherits it.
@@ -202,8 +225,14 @@ impl Collection {
     /// assert_eq!(info.indexing_mode, IndexingMode::Lazy);
     /// # Ok(()) }
     /// ```
-    pub async fn replace_settings(&self, settings: CollectionSettings) -> Result<CollectionInfo, Error> {
-        let CollectionSettings { default_ttl, indexing_mode } = settings;
+    pub async fn replace_settings(
+        &self,
+        settings: CollectionSettings,
+    ) -> Result<CollectionInfo, Error> {
+        let CollectionSettings {
+            default_ttl,
+            indexing_mode,
+        } = settings;
         let state = match default_ttl {
             DefaultTtl::Off => DefaultTtlState::Off(()),
             DefaultTtl::NoDefault => DefaultTtlState::Seconds(wire_seconds(None)),
@@ -213,9 +242,17 @@ impl Collection {
             database: self.database.clone(),
             id: self.id.clone(),
             default_ttl: Some(v1::DefaultTtl { state: Some(state) }),
-            indexing_mode: indexing_mode.map_or(v1::IndexingMode::Unspecified as i32, IndexingMode::to_wire),
+            indexing_mode: indexing_mode
+                .map_or(v1::IndexingMode::Unspecified as i32, IndexingMode::to_wire),
         };
-        Ok(self.client.collections.clone().replace_collection(request).await?.into_inner().into())
+        Ok(self
+            .client
+            .collections
+            .clone()
+            .replace_collection(request)
+            .await?
+            .into_inner()
+            .into())
     }
 
     /// Deletes the collection and its documents.
@@ -232,8 +269,15 @@ impl Collection {
     /// # Ok(()) }
     /// ```
     pub async fn delete(&self) -> Result<(), Error> {
-        let request = DeleteCollectionRequest { database: self.database.clone(), id: self.id.clone() };
-        self.client.collections.clone().delete_collection(request).await?;
+        let request = DeleteCollectionRequest {
+            database: self.database.clone(),
+            id: self.id.clone(),
+        };
+        self.client
+            .collections
+            .clone()
+            .delete_collection(request)
+            .await?;
         Ok(())
     }
 
@@ -323,7 +367,11 @@ impl Collection {
     /// assert!(orders.read("SO06", "CO1").await?.is_none());
     /// # Ok(()) }
     /// ```
-    pub async fn read(&self, id: &str, partition_key: impl Into<PartitionKey>) -> Result<Option<Document>, Error> {
+    pub async fn read(
+        &self,
+        id: &str,
+        partition_key: impl Into<PartitionKey>,
+    ) -> Result<Option<Document>, Error> {
         let request = ReadDocumentRequest {
             database: self.database.clone(),
             collection: self.id.clone(),
@@ -357,8 +405,15 @@ impl Collection {
     /// assert_eq!(orders.get::<Order>("SO05", "CO1").await?, Some(order));
     /// # Ok(()) }
     /// ```
-    pub async fn get<T: DeserializeOwned>(&self, id: &str, partition_key: impl Into<PartitionKey>) -> Result<Option<T>, Error> {
-        self.read(id, partition_key).await?.map(|d| d.deserialize()).transpose()
+    pub async fn get<T: DeserializeOwned>(
+        &self,
+        id: &str,
+        partition_key: impl Into<PartitionKey>,
+    ) -> Result<Option<T>, Error> {
+        self.read(id, partition_key)
+            .await?
+            .map(|d| d.deserialize())
+            .transpose()
     }
 
     /// Restarts a document's TTL clock without resending its body.
@@ -397,7 +452,11 @@ impl Collection {
     /// assert_eq!(orders.delete_document("SO05", "CO1").await?, DeleteOutcome::Missing);
     /// # Ok(()) }
     /// ```
-    pub fn delete_document(&self, id: &str, partition_key: impl Into<PartitionKey>) -> DeleteDocument<'_> {
+    pub fn delete_document(
+        &self,
+        id: &str,
+        partition_key: impl Into<PartitionKey>,
+    ) -> DeleteDocument<'_> {
         DeleteDocument::new(self, id, partition_key.into())
     }
 

@@ -110,7 +110,17 @@ fn system_time(ts: prost_types::Timestamp) -> SystemTime {
 
 impl From<v1::Document> for Document {
     fn from(doc: v1::Document) -> Self {
-        let v1::Document { id, partition_key, body, ts, etag, ttl, expires_at, expires_in, modified_at } = doc;
+        let v1::Document {
+            id,
+            partition_key,
+            body,
+            ts,
+            etag,
+            ttl,
+            expires_at,
+            expires_in,
+            modified_at,
+        } = doc;
         Document {
             id,
             partition_key: PartitionKey::from_proto(partition_key),

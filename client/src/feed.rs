@@ -24,7 +24,12 @@ pub struct ReadFeed<'a> {
 
 impl<'a> ReadFeed<'a> {
     pub(crate) fn new(collection: &'a Collection) -> Self {
-        ReadFeed { collection, partition_key: None, page_size: 0, continuation: None }
+        ReadFeed {
+            collection,
+            partition_key: None,
+            page_size: 0,
+            continuation: None,
+        }
     }
 
     /// Reads one partition only.
@@ -95,7 +100,12 @@ impl<'a> IntoFuture for ReadFeed<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let ReadFeed { collection, partition_key, page_size, continuation } = self;
+            let ReadFeed {
+                collection,
+                partition_key,
+                page_size,
+                continuation,
+            } = self;
             let request = ReadFeedRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
@@ -103,7 +113,13 @@ impl<'a> IntoFuture for ReadFeed<'a> {
                 page_size,
                 continuation: continuation.unwrap_or_default(),
             };
-            let stream = collection.client.documents.clone().read_feed(request).await?.into_inner();
+            let stream = collection
+                .client
+                .documents
+                .clone()
+                .read_feed(request)
+                .await?
+                .into_inner();
             Ok(Feed { stream })
         })
     }
@@ -145,7 +161,10 @@ impl Feed {
     /// ```
     pub async fn next_page(&mut self) -> Result<Option<FeedPage>, Error> {
         Ok(self.stream.message().await?.map(|page| {
-            let v1::ReadFeedPage { documents, continuation } = page;
+            let v1::ReadFeedPage {
+                documents,
+                continuation,
+            } = page;
             FeedPage {
                 documents: documents.into_iter().map(Document::from).collect(),
                 continuation: (!continuation.is_empty()).then_some(continuation),

@@ -41,5 +41,7 @@ pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMod
 pub use document::{DeleteOutcome, Document, PartitionKey, TouchOutcome, UpsertOutcome};
 pub use error::Error;
 pub use feed::{Feed, FeedPage, ReadFeed};
-pub use requests::{CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument};
+pub use requests::{
+    CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
+};
 pub use ttl::{DefaultTtl, DocumentTtl};

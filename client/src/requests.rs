@@ -4,7 +4,10 @@ use std::future::IntoFuture;
 
 use mayfly_proto::{
     json::JsonObject,
-    v1::{self, CreateDocumentRequest, DeleteDocumentRequest, ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest},
+    v1::{
+        self, CreateDocumentRequest, DeleteDocumentRequest, ReplaceDocumentRequest,
+        TouchDocumentRequest, UpsertDocumentRequest,
+    },
 };
 use serde_json::{Map, Value};
 
@@ -18,7 +21,10 @@ use crate::{
 
 /// The one place a document's TTL choice meets its body: an explicit choice replaces any
 /// `ttl` property in the body and travels as the request's `ttl` field.
-fn body_and_ttl(body: Result<Map<String, Value>, Error>, ttl: Option<DocumentTtl>) -> Result<(JsonObject, Option<i64>), Error> {
+fn body_and_ttl(
+    body: Result<Map<String, Value>, Error>,
+    ttl: Option<DocumentTtl>,
+) -> Result<(JsonObject, Option<i64>), Error> {
     let mut body = body?;
     let field = match ttl {
         None => None,
@@ -50,7 +56,12 @@ pub struct CreateDocument<'a> {
 
 impl<'a> CreateDocument<'a> {
     pub(crate) fn new(collection: &'a Collection, body: Result<Map<String, Value>, Error>) -> Self {
-        CreateDocument { collection, body, ttl: None, partition_key: None }
+        CreateDocument {
+            collection,
+            body,
+            ttl: None,
+            partition_key: None,
+        }
     }
 
     /// Sets the document's own TTL (overriding any `ttl` in the body).
@@ -98,7 +109,12 @@ impl<'a> IntoFuture for CreateDocument<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let CreateDocument { collection, body, ttl, partition_key } = self;
+            let CreateDocument {
+                collection,
+                body,
+                ttl,
+                partition_key,
+            } = self;
             let (body, ttl) = body_and_ttl(body, ttl)?;
             let request = CreateDocumentRequest {
                 database: collection.database.clone(),
@@ -107,7 +123,14 @@ impl<'a> IntoFuture for CreateDocument<'a> {
                 partition_key: partition_key.map(v1::PartitionKey::from),
                 ttl,
             };
-            Ok(collection.client.documents.clone().create_document(request).await?.into_inner().into())
+            Ok(collection
+                .client
+                .documents
+                .clone()
+                .create_document(request)
+                .await?
+                .into_inner()
+                .into())
         })
     }
 }
@@ -125,7 +148,13 @@ pub struct UpsertDocument<'a> {
 
 impl<'a> UpsertDocument<'a> {
     pub(crate) fn new(collection: &'a Collection, body: Result<Map<String, Value>, Error>) -> Self {
-        UpsertDocument { collection, body, ttl: None, partition_key: None, if_match: None }
+        UpsertDocument {
+            collection,
+            body,
+            ttl: None,
+            partition_key: None,
+            if_match: None,
+        }
     }
 
     /// Sets the document's own TTL (overriding any `ttl` in the body).
@@ -194,7 +223,13 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let UpsertDocument { collection, body, ttl, partition_key, if_match } = self;
+            let UpsertDocument {
+                collection,
+                body,
+                ttl,
+                partition_key,
+                if_match,
+            } = self;
             let (body, ttl) = body_and_ttl(body, ttl)?;
             let request = UpsertDocumentRequest {
                 database: collection.database.clone(),
@@ -204,10 +239,18 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
                 ttl,
                 if_match: if_match.unwrap_or_default(),
             };
-            let v1::UpsertDocumentResponse { document, outcome } =
-                collection.client.documents.clone().upsert_document(request).await?.into_inner();
+            let v1::UpsertDocumentResponse { document, outcome } = collection
+                .client
+                .documents
+                .clone()
+                .upsert_document(request)
+                .await?
+                .into_inner();
             let document: Document = document
-                .ok_or_else(|| Error::Other { code: tonic::Code::Internal, message: "upsert returned no document".into() })?
+                .ok_or_else(|| Error::Other {
+                    code: tonic::Code::Internal,
+                    message: "upsert returned no document".into(),
+                })?
                 .into();
             Ok(match v1::UpsertOutcome::try_from(outcome) {
                 Ok(v1::UpsertOutcome::Created) => UpsertOutcome::Created(document),
@@ -236,7 +279,14 @@ impl<'a> ReplaceDocument<'a> {
         partition_key: PartitionKey,
         body: Result<Map<String, Value>, Error>,
     ) -> Self {
-        ReplaceDocument { collection, id: id.to_owned(), partition_key, body, ttl: None, if_match: None }
+        ReplaceDocument {
+            collection,
+            id: id.to_owned(),
+            partition_key,
+            body,
+            ttl: None,
+            if_match: None,
+        }
     }
 
     /// Sets the document's own TTL (overriding any `ttl` in the body); `Inherit` removes it.
@@ -286,7 +336,14 @@ impl<'a> IntoFuture for ReplaceDocument<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let ReplaceDocument { collection, id, partition_key, body, ttl, if_match } = self;
+            let ReplaceDocument {
+                collection,
+                id,
+                partition_key,
+                body,
+                ttl,
+                if_match,
+            } = self;
             let (body, ttl) = body_and_ttl(body, ttl)?;
             let request = ReplaceDocumentRequest {
                 database: collection.database.clone(),
@@ -297,7 +354,14 @@ impl<'a> IntoFuture for ReplaceDocument<'a> {
                 ttl,
                 if_match: if_match.unwrap_or_default(),
             };
-            Ok(collection.client.documents.clone().replace_document(request).await?.into_inner().into())
+            Ok(collection
+                .client
+                .documents
+                .clone()
+                .replace_document(request)
+                .await?
+                .into_inner()
+                .into())
         })
     }
 }
@@ -314,7 +378,12 @@ pub struct TouchDocument<'a> {
 
 impl<'a> TouchDocument<'a> {
     pub(crate) fn new(collection: &'a Collection, id: &str, partition_key: PartitionKey) -> Self {
-        TouchDocument { collection, id: id.to_owned(), partition_key, if_match: None }
+        TouchDocument {
+            collection,
+            id: id.to_owned(),
+            partition_key,
+            if_match: None,
+        }
     }
 
     /// Touches only if the live document still has this etag.
@@ -343,7 +412,12 @@ impl<'a> IntoFuture for TouchDocument<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let TouchDocument { collection, id, partition_key, if_match } = self;
+            let TouchDocument {
+                collection,
+                id,
+                partition_key,
+                if_match,
+            } = self;
             let request = TouchDocumentRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
@@ -351,7 +425,13 @@ impl<'a> IntoFuture for TouchDocument<'a> {
                 partition_key: Some(partition_key.into()),
                 if_match: if_match.unwrap_or_default(),
             };
-            match collection.client.documents.clone().touch_document(request).await {
+            match collection
+                .client
+                .documents
+                .clone()
+                .touch_document(request)
+                .await
+            {
                 Ok(response) => Ok(TouchOutcome::Touched(response.into_inner().into())),
                 Err(status) => missing_or(status, TouchOutcome::Missing),
             }
@@ -371,7 +451,12 @@ pub struct DeleteDocument<'a> {
 
 impl<'a> DeleteDocument<'a> {
     pub(crate) fn new(collection: &'a Collection, id: &str, partition_key: PartitionKey) -> Self {
-        DeleteDocument { collection, id: id.to_owned(), partition_key, if_match: None }
+        DeleteDocument {
+            collection,
+            id: id.to_owned(),
+            partition_key,
+            if_match: None,
+        }
     }
 
     /// Deletes only if the live document still has this etag.
@@ -399,7 +484,12 @@ impl<'a> IntoFuture for DeleteDocument<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let DeleteDocument { collection, id, partition_key, if_match } = self;
+            let DeleteDocument {
+                collection,
+                id,
+                partition_key,
+                if_match,
+            } = self;
             let request = DeleteDocumentRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
@@ -407,7 +497,13 @@ impl<'a> IntoFuture for DeleteDocument<'a> {
                 partition_key: Some(partition_key.into()),
                 if_match: if_match.unwrap_or_default(),
             };
-            match collection.client.documents.clone().delete_document(request).await {
+            match collection
+                .client
+                .documents
+                .clone()
+                .delete_document(request)
+                .await
+            {
                 Ok(_) => Ok(DeleteOutcome::Deleted),
                 Err(status) => missing_or(status, DeleteOutcome::Missing),
             }

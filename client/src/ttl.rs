@@ -83,9 +83,19 @@ mod tests {
 
     #[test]
     fn durations_round_up_to_whole_seconds() {
-        assert_eq!(DocumentTtl::After(Duration::from_millis(1500)).to_wire(), Some(2));
-        assert_eq!(DocumentTtl::After(Duration::from_secs(60)).to_wire(), Some(60));
-        assert_eq!(DocumentTtl::After(Duration::ZERO).to_wire(), Some(0), "sent as is: the server rejects it");
+        assert_eq!(
+            DocumentTtl::After(Duration::from_millis(1500)).to_wire(),
+            Some(2)
+        );
+        assert_eq!(
+            DocumentTtl::After(Duration::from_secs(60)).to_wire(),
+            Some(60)
+        );
+        assert_eq!(
+            DocumentTtl::After(Duration::ZERO).to_wire(),
+            Some(0),
+            "sent as is: the server rejects it"
+        );
         assert_eq!(DocumentTtl::Never.to_wire(), Some(-1));
         assert_eq!(DocumentTtl::Inherit.to_wire(), None);
         assert_eq!(DefaultTtl::Off.to_wire(), None);
@@ -94,11 +104,19 @@ mod tests {
 
     #[test]
     fn wire_values_read_back() {
-        for ttl in [DocumentTtl::Inherit, DocumentTtl::Never, DocumentTtl::After(Duration::from_secs(9))] {
+        for ttl in [
+            DocumentTtl::Inherit,
+            DocumentTtl::Never,
+            DocumentTtl::After(Duration::from_secs(9)),
+        ] {
             let raw = ttl.to_wire().map(|s| i32::try_from(s).expect("small"));
             assert_eq!(DocumentTtl::from_wire(raw), ttl);
         }
-        for ttl in [DefaultTtl::Off, DefaultTtl::NoDefault, DefaultTtl::After(Duration::from_secs(9))] {
+        for ttl in [
+            DefaultTtl::Off,
+            DefaultTtl::NoDefault,
+            DefaultTtl::After(Duration::from_secs(9)),
+        ] {
             let raw = ttl.to_wire().map(|s| i32::try_from(s).expect("small"));
             assert_eq!(DefaultTtl::from_wire(raw), ttl);
         }

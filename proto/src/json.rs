@@ -7,7 +7,8 @@
 //!   deep, and its error becomes an INTERNAL status; Mayfly allows 128 levels and must report a
 //!   deeper document as bad input. Decoding here counts JSON levels, stops descending past
 //!   [`MAX_DEPTH`] and records a [`JsonDefect`] for the server to reject with a clear message.
-//! - reads return the stored object behind an `Arc` without copying it.
+//! - a server can keep a document as its encoded bytes ([`JsonObject::from_encoded`]) and send
+//!   them as they are, without rebuilding a JSON tree for every read.
 //!
 //! Numbers are doubles on the wire (as in Cosmos DB). Integral values within ±2^53 decode as
 //! JSON integers so that typed clients can read them back into integer fields.
@@ -15,8 +16,8 @@
 use std::{fmt, sync::Arc};
 
 use prost::{
-    DecodeError,
-    bytes::{Buf, BufMut},
+    DecodeError, Message as _,
+    bytes::{Buf, BufMut, Bytes},
     encoding::{
         DecodeContext, WireType, check_wire_type, decode_key, decode_varint, encode_key,
         encode_varint, encoded_len_varint, skip_field,
@@ -34,8 +35,22 @@ const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
 /// A JSON object carried as `google.protobuf.Struct`.
 #[derive(Clone, Default, PartialEq)]
 pub struct JsonObject {
-    map: Arc<Map<String, Value>>,
+    repr: Repr,
     defect: Option<JsonDefect>,
+}
+
+#[derive(Clone, PartialEq)]
+enum Repr {
+    /// Decoded: what a received message holds.
+    Map(Arc<Map<String, Value>>),
+    /// Already encoded as a Struct: what a server sends from storage.
+    Encoded(Bytes),
+}
+
+impl Default for Repr {
+    fn default() -> Self {
+        Repr::Map(Arc::default())
+    }
 }
 
 /// Why a decoded object cannot be accepted as a document body.
@@ -56,10 +71,12 @@ impl fmt::Display for JsonDefect {
                 f,
                 "the document is nested deeper than {MAX_DEPTH} levels; flatten it or move deep parts to another document"
             ),
-            JsonDefect::NonFiniteNumber => {
-                f.write_str("the document contains NaN or an infinite number, which JSON cannot represent")
+            JsonDefect::NonFiniteNumber => f.write_str(
+                "the document contains NaN or an infinite number, which JSON cannot represent",
+            ),
+            JsonDefect::InvalidUtf8 => {
+                f.write_str("the document contains a string that is not valid UTF-8")
             }
-            JsonDefect::InvalidUtf8 => f.write_str("the document contains a string that is not valid UTF-8"),
         }
     }
 }
@@ -74,25 +91,48 @@ impl JsonObject {
 
     /// Wraps a shared object without copying it.
     pub fn from_arc(map: Arc<Map<String, Value>>) -> Self {
-        JsonObject { map, defect: None }
+        JsonObject {
+            repr: Repr::Map(map),
+            defect: None,
+        }
     }
 
-    /// The object's properties.
-    pub fn map(&self) -> &Map<String, Value> {
-        &self.map
+    /// Wraps bytes made by [`encode`]; they are sent as they are.
+    pub fn from_encoded(bytes: Bytes) -> Self {
+        JsonObject {
+            repr: Repr::Encoded(bytes),
+            defect: None,
+        }
     }
 
     /// The object, or why it was rejected while decoding.
     pub fn into_checked(self) -> Result<Arc<Map<String, Value>>, JsonDefect> {
         match self.defect {
             Some(defect) => Err(defect),
-            None => Ok(self.map),
+            None => Ok(self.into_arc()),
         }
     }
 
     /// The object, copied out only if it is shared.
     pub fn into_map(self) -> Map<String, Value> {
-        Arc::unwrap_or_clone(self.map)
+        Arc::unwrap_or_clone(self.into_arc())
+    }
+
+    fn into_arc(self) -> Arc<Map<String, Value>> {
+        match self.repr {
+            Repr::Map(map) => map,
+            Repr::Encoded(bytes) => Arc::new(decode(&bytes)),
+        }
+    }
+
+    fn map_mut(&mut self) -> &mut Map<String, Value> {
+        if let Repr::Encoded(bytes) = &self.repr {
+            self.repr = Repr::Map(Arc::new(decode(bytes)));
+        }
+        match &mut self.repr {
+            Repr::Map(map) => Arc::make_mut(map),
+            Repr::Encoded(_) => unreachable!("decoded just above"),
+        }
     }
 
     fn note(&mut self, defect: JsonDefect) {
@@ -100,11 +140,30 @@ impl JsonObject {
     }
 }
 
+/// The `google.protobuf.Struct` encoding of an object.
+pub fn encode(map: &Map<String, Value>) -> Bytes {
+    let mut buf = Vec::with_capacity(struct_len(map));
+    encode_struct(map, &mut buf);
+    Bytes::from(buf)
+}
+
+/// Decodes bytes made by [`encode`]. Bytes that are not a valid encoding (never produced by
+/// `encode`) decode to whatever part of them is readable.
+pub fn decode(bytes: &[u8]) -> Map<String, Value> {
+    let mut object = JsonObject::default();
+    let _ = object.merge(bytes);
+    match object.repr {
+        Repr::Map(map) => Arc::unwrap_or_clone(map),
+        Repr::Encoded(_) => Map::new(),
+    }
+}
+
 impl fmt::Debug for JsonObject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.defect {
-            None => write!(f, "{}", Value::Object((*self.map).clone())),
-            Some(defect) => write!(f, "JsonObject(rejected: {defect})"),
+        match (&self.defect, &self.repr) {
+            (Some(defect), _) => write!(f, "JsonObject(rejected: {defect})"),
+            (None, Repr::Map(map)) => write!(f, "{}", Value::Object((**map).clone())),
+            (None, Repr::Encoded(bytes)) => write!(f, "{}", Value::Object(decode(bytes))),
         }
     }
 }
@@ -129,7 +188,10 @@ const LIST_VALUES: u32 = 1;
 
 impl prost::Message for JsonObject {
     fn encode_raw(&self, buf: &mut impl BufMut) {
-        encode_struct(&self.map, buf);
+        match &self.repr {
+            Repr::Map(map) => encode_struct(map, buf),
+            Repr::Encoded(bytes) => buf.put_slice(bytes),
+        }
     }
 
     fn merge_field(
@@ -148,12 +210,15 @@ impl prost::Message for JsonObject {
         if let Some(defect) = defect {
             self.note(defect);
         }
-        Arc::make_mut(&mut self.map).insert(key, value);
+        self.map_mut().insert(key, value);
         Ok(())
     }
 
     fn encoded_len(&self) -> usize {
-        struct_len(&self.map)
+        match &self.repr {
+            Repr::Map(map) => struct_len(map),
+            Repr::Encoded(bytes) => bytes.len(),
+        }
     }
 
     fn clear(&mut self) {
@@ -167,7 +232,10 @@ fn underflow() -> DecodeError {
     DecodeError::new("google.protobuf.Struct: buffer underflow")
 }
 
-fn take_delimited(wire_type: WireType, buf: &mut impl Buf) -> Result<prost::bytes::Bytes, DecodeError> {
+fn take_delimited(
+    wire_type: WireType,
+    buf: &mut impl Buf,
+) -> Result<prost::bytes::Bytes, DecodeError> {
     check_wire_type(WireType::LengthDelimited, wire_type)?;
     let len = decode_varint(buf)?;
     if len > buf.remaining() as u64 {
@@ -188,7 +256,11 @@ fn read_delimited<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Result<&'a [u8
     Ok(head)
 }
 
-fn read_string(wire_type: WireType, buf: &mut &[u8], defect: &mut Option<JsonDefect>) -> Result<String, DecodeError> {
+fn read_string(
+    wire_type: WireType,
+    buf: &mut &[u8],
+    defect: &mut Option<JsonDefect>,
+) -> Result<String, DecodeError> {
     let bytes = read_delimited(wire_type, buf)?;
     Ok(match std::str::from_utf8(bytes) {
         Ok(s) => s.to_owned(),
@@ -211,7 +283,9 @@ fn decode_entry(
         let (tag, wire_type) = decode_key(&mut buf)?;
         match tag {
             ENTRY_KEY => key = read_string(wire_type, &mut buf, defect)?,
-            ENTRY_VALUE => value = decode_value(read_delimited(wire_type, &mut buf)?, depth, defect)?,
+            ENTRY_VALUE => {
+                value = decode_value(read_delimited(wire_type, &mut buf)?, depth, defect)?
+            }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
         }
     }
@@ -219,7 +293,11 @@ fn decode_entry(
 }
 
 /// A Value held by a container at nesting level `depth`.
-fn decode_value(mut buf: &[u8], depth: usize, defect: &mut Option<JsonDefect>) -> Result<Value, DecodeError> {
+fn decode_value(
+    mut buf: &[u8],
+    depth: usize,
+    defect: &mut Option<JsonDefect>,
+) -> Result<Value, DecodeError> {
     // A Value without any kind set is treated as null, as protobuf's JSON mapping does.
     let mut value = Value::Null;
     while !buf.is_empty() {
@@ -281,12 +359,20 @@ fn decode_struct(
     Ok(map)
 }
 
-fn decode_list(mut buf: &[u8], depth: usize, defect: &mut Option<JsonDefect>) -> Result<Vec<Value>, DecodeError> {
+fn decode_list(
+    mut buf: &[u8],
+    depth: usize,
+    defect: &mut Option<JsonDefect>,
+) -> Result<Vec<Value>, DecodeError> {
     let mut values = Vec::new();
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf)?;
         if tag == LIST_VALUES {
-            values.push(decode_value(read_delimited(wire_type, &mut buf)?, depth, defect)?);
+            values.push(decode_value(
+                read_delimited(wire_type, &mut buf)?,
+                depth,
+                defect,
+            )?);
         } else {
             skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
         }
@@ -313,7 +399,9 @@ fn delimited_len(tag_len: usize, len: usize) -> usize {
 }
 
 fn struct_len(map: &Map<String, Value>) -> usize {
-    map.iter().map(|(k, v)| delimited_len(1, entry_len(k, v))).sum()
+    map.iter()
+        .map(|(k, v)| delimited_len(1, entry_len(k, v)))
+        .sum()
 }
 
 fn entry_len(key: &str, value: &Value) -> usize {
@@ -424,19 +512,38 @@ mod tests {
 
     #[test]
     fn integral_doubles_decode_as_integers() {
-        let back = JsonObject::decode(JsonObject::new(object(json!({"ttl": 60}))).encode_to_vec().as_slice())
-            .expect("decodes");
-        assert_eq!(back.map()["ttl"], json!(60));
-        assert!(back.map()["ttl"].is_i64());
+        let back = JsonObject::decode(
+            JsonObject::new(object(json!({"ttl": 60})))
+                .encode_to_vec()
+                .as_slice(),
+        )
+        .expect("decodes");
+        let map = back.into_map();
+        assert_eq!(map["ttl"], json!(60));
+        assert!(map["ttl"].is_i64());
     }
 
     #[test]
     fn accepts_exactly_max_depth_and_flags_one_more() {
-        let ok = JsonObject::decode(JsonObject::new(nested(MAX_DEPTH)).encode_to_vec().as_slice())
-            .expect("decodes");
-        assert_eq!(ok.clone().into_checked().expect("128 levels are fine").as_ref(), &nested(MAX_DEPTH));
-        let deep = JsonObject::decode(JsonObject::new(nested(MAX_DEPTH + 1)).encode_to_vec().as_slice())
-            .expect("decodes without error");
+        let ok = JsonObject::decode(
+            JsonObject::new(nested(MAX_DEPTH))
+                .encode_to_vec()
+                .as_slice(),
+        )
+        .expect("decodes");
+        assert_eq!(
+            ok.clone()
+                .into_checked()
+                .expect("128 levels are fine")
+                .as_ref(),
+            &nested(MAX_DEPTH)
+        );
+        let deep = JsonObject::decode(
+            JsonObject::new(nested(MAX_DEPTH + 1))
+                .encode_to_vec()
+                .as_slice(),
+        )
+        .expect("decodes without error");
         assert_eq!(deep.into_checked(), Err(JsonDefect::TooDeep));
     }
 
@@ -478,12 +585,28 @@ mod tests {
         let st = prost_types::Struct {
             fields: [(
                 "x".to_owned(),
-                prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(f64::NAN)) },
+                prost_types::Value {
+                    kind: Some(prost_types::value::Kind::NumberValue(f64::NAN)),
+                },
             )]
             .into(),
         };
         let decoded = JsonObject::decode(st.encode_to_vec().as_slice()).expect("decodes");
         assert_eq!(decoded.into_checked(), Err(JsonDefect::NonFiniteNumber));
+    }
+
+    #[test]
+    fn encoded_bodies_are_sent_byte_for_byte() {
+        let doc = object(json!({"id": "a", "nested": {"list": [1, "x", null]}}));
+        let bytes = encode(&doc);
+        let pre = JsonObject::from_encoded(bytes.clone());
+        assert_eq!(pre.encoded_len(), bytes.len());
+        assert_eq!(
+            pre.encode_to_vec(),
+            JsonObject::new(doc.clone()).encode_to_vec()
+        );
+        assert_eq!(decode(&bytes), doc);
+        assert_eq!(pre.into_map(), doc);
     }
 
     #[test]

@@ -23,8 +23,8 @@ pub mod v1 {
         Collection, CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
         Database, DefaultTtl, DeleteCollectionRequest, DeleteCollectionResponse,
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
-        DeleteDocumentResponse, Document, GetCollectionRequest, GetDatabaseRequest,
-        IndexingMode, ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
+        DeleteDocumentResponse, Document, GetCollectionRequest, GetDatabaseRequest, IndexingMode,
+        ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
         ListDatabasesResponse, PartitionKey, ReadDocumentRequest, ReadFeedPage, ReadFeedRequest,
         ReplaceCollectionRequest, ReplaceDocumentRequest, TouchDocumentRequest,
         UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
@@ -71,6 +71,10 @@ mod tests {
             .collect();
         assert_eq!(services, ["Databases", "Collections", "Documents"]);
         // Reflection clients need the well-known types the API imports.
-        assert!(fds.file.iter().any(|f| f.name() == "google/protobuf/struct.proto"));
+        assert!(
+            fds.file
+                .iter()
+                .any(|f| f.name() == "google/protobuf/struct.proto")
+        );
     }
 }

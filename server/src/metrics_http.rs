@@ -36,11 +36,19 @@ pub(crate) async fn serve(
                 let mut body = String::new();
                 // Writing to a String cannot fail.
                 let _ = encode(&mut body, &registry);
-                ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                )
             }
         }),
     );
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// `mayfly_process_resident_memory_bytes`, from /proc/self/statm (Linux; absent elsewhere).
@@ -49,7 +57,9 @@ struct ResidentMemory;
 
 impl Collector for ResidentMemory {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let Some(bytes) = resident_bytes() else { return Ok(()) };
+        let Some(bytes) = resident_bytes() else {
+            return Ok(());
+        };
         let gauge = ConstGauge::new(bytes as i64);
         let metric = encoder.encode_descriptor(
             "mayfly_process_resident_memory_bytes",

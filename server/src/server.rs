@@ -94,18 +94,29 @@ impl RunningServer {
             None => None,
         };
         let engine = Engine::new(
-            EngineConfig { shards: config.shards },
+            EngineConfig {
+                shards: config.shards,
+            },
             Arc::new(MemoryStorage::new()),
             Arc::new(SystemClock),
         );
         let local_addr = listener.local_addr()?;
-        let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr).transpose()?;
+        let metrics_addr = metrics_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, metrics_listener, engine.clone(), async {
             // A dropped sender stops the server too.
             let _ = stopped.await;
         }));
-        Ok(RunningServer { local_addr, metrics_addr, engine, stop: Some(stop), task })
+        Ok(RunningServer {
+            local_addr,
+            metrics_addr,
+            engine,
+            stop: Some(stop),
+            task,
+        })
     }
 
     /// The gRPC address.
@@ -153,9 +164,15 @@ pub async fn serve(
     let _purge = engine.spawn_purge();
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<DatabasesServer<DatabasesService>>().await;
-    health.set_serving::<CollectionsServer<CollectionsService>>().await;
-    health.set_serving::<DocumentsServer<DocumentsService>>().await;
+    health
+        .set_serving::<DatabasesServer<DatabasesService>>()
+        .await;
+    health
+        .set_serving::<CollectionsServer<CollectionsService>>()
+        .await;
+    health
+        .set_serving::<DocumentsServer<DocumentsService>>()
+        .await;
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -163,14 +180,20 @@ pub async fn serve(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = reflection().build_v1().map_err(ServeError::Reflection)?;
-    let reflection_v1alpha = reflection().build_v1alpha().map_err(ServeError::Reflection)?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(ServeError::Reflection)?;
 
     // Both listeners stop on the same signal.
     let (stop_metrics, metrics_stopped) = oneshot::channel::<()>();
     let metrics_task = metrics_listener.map(|listener| {
-        tokio::spawn(metrics_http::serve(listener, metrics_http::registry(&engine), async {
-            let _ = metrics_stopped.await;
-        }))
+        tokio::spawn(metrics_http::serve(
+            listener,
+            metrics_http::registry(&engine),
+            async {
+                let _ = metrics_stopped.await;
+            },
+        ))
     });
 
     let result = Server::builder()
@@ -178,14 +201,19 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(DatabasesServer::new(DatabasesService::new(engine.clone())))
-        .add_service(CollectionsServer::new(CollectionsService::new(engine.clone())))
+        .add_service(CollectionsServer::new(CollectionsService::new(
+            engine.clone(),
+        )))
         .add_service(
             DocumentsServer::new(DocumentsService::new(engine.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
         // Small request/response exchanges must not wait on Nagle's algorithm.
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await
         .map_err(ServeError::Transport);
 

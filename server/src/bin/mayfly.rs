@@ -6,6 +6,11 @@ use clap::Parser;
 use mayfly_server::{Config, RunningServer, default_shards};
 use tracing_subscriber::EnvFilter;
 
+// Documents are allocated by request threads and freed by purge threads; glibc's allocator
+// spent close to half of the purge's time on that pattern (measured with perf), mimalloc does not.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Mayfly: a document database served over gRPC that expires data by Cosmos DB's TTL rules.
 #[derive(Debug, Parser)]
 #[command(version)]
@@ -24,10 +29,16 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .init();
     let args = Args::parse();
-    let config = Config { listen: args.listen, shards: usize::from(args.shards), metrics_listen: args.metrics_listen };
+    let config = Config {
+        listen: args.listen,
+        shards: usize::from(args.shards),
+        metrics_listen: args.metrics_listen,
+    };
     let server = match RunningServer::start(config).await {
         Ok(server) => server,
         Err(e) => {

@@ -39,7 +39,10 @@ impl CollectionSettings {
         if default_ttl.is_on() && indexing_mode == IndexingMode::None {
             return Err(InvalidInput::TtlWithoutIndex);
         }
-        Ok(CollectionSettings { default_ttl, indexing_mode })
+        Ok(CollectionSettings {
+            default_ttl,
+            indexing_mode,
+        })
     }
 
     /// The default TTL.
@@ -93,22 +96,36 @@ impl Catalog {
         self.databases.keys()
     }
 
-    pub(crate) fn collections(&self, database: &DatabaseId) -> Result<impl Iterator<Item = &Arc<CollectionInfo>>, Error> {
+    pub(crate) fn collections(
+        &self,
+        database: &DatabaseId,
+    ) -> Result<impl Iterator<Item = &Arc<CollectionInfo>>, Error> {
         self.databases
             .get(database)
             .map(|c| c.values())
-            .ok_or_else(|| Error::DatabaseNotFound { database: database.to_string() })
+            .ok_or_else(|| Error::DatabaseNotFound {
+                database: database.to_string(),
+            })
     }
 
-    pub(crate) fn collection(&self, database: &DatabaseId, id: &CollectionId) -> Result<Arc<CollectionInfo>, Error> {
+    pub(crate) fn collection(
+        &self,
+        database: &DatabaseId,
+        id: &CollectionId,
+    ) -> Result<Arc<CollectionInfo>, Error> {
         let collections = self
             .databases
             .get(database)
-            .ok_or_else(|| Error::DatabaseNotFound { database: database.to_string() })?;
-        collections.get(id).cloned().ok_or_else(|| Error::CollectionNotFound {
-            database: database.to_string(),
-            collection: id.to_string(),
-        })
+            .ok_or_else(|| Error::DatabaseNotFound {
+                database: database.to_string(),
+            })?;
+        collections
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::CollectionNotFound {
+                database: database.to_string(),
+                collection: id.to_string(),
+            })
     }
 
     pub(crate) fn add_database(&mut self, database: DatabaseId) {

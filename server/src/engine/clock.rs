@@ -23,7 +23,9 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Millis {
         // A clock before 1970 would be a broken machine; treat it as the epoch.
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as Millis)
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as Millis)
     }
 }
 

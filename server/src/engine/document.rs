@@ -1,7 +1,8 @@
 //! What the engine returns for documents, and the small types write requests carry.
 
-use std::{fmt, sync::Arc};
+use std::fmt;
 
+use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::{clock::Millis, ttl::DocumentTtl};
@@ -12,8 +13,8 @@ use crate::storage::DocKey;
 pub struct DocumentView {
     /// Partition key value and id.
     pub key: DocKey,
-    /// The stored body.
-    pub body: Arc<Map<String, Value>>,
+    /// The stored body, as the `google.protobuf.Struct` encoding of the JSON object.
+    pub body: Bytes,
     /// Last write, Unix epoch ms (`_ts` is this in seconds).
     pub last_write: Millis,
     /// Version tag.
@@ -24,6 +25,13 @@ pub struct DocumentView {
     pub expires_at: Option<Millis>,
     /// The clock reading the request was judged by.
     pub read_at: Millis,
+}
+
+impl DocumentView {
+    /// The body as a JSON object.
+    pub fn body_map(&self) -> Map<String, Value> {
+        mayfly_proto::json::decode(&self.body)
+    }
 }
 
 /// `_etag`: a document version, unique per write across the engine.

@@ -16,13 +16,25 @@ pub enum Error {
     /// A database with that id exists.
     DatabaseExists { database: String },
     /// No collection with that id in the database.
-    CollectionNotFound { database: String, collection: String },
+    CollectionNotFound {
+        database: String,
+        collection: String,
+    },
     /// A collection with that id exists in the database.
-    CollectionExists { database: String, collection: String },
+    CollectionExists {
+        database: String,
+        collection: String,
+    },
     /// No live document with that id in that partition (absent, deleted or expired).
-    DocumentNotFound { id: String, partition_key: PartitionKeyValue },
+    DocumentNotFound {
+        id: String,
+        partition_key: PartitionKeyValue,
+    },
     /// A live document with that id exists in that partition.
-    DocumentExists { id: String, partition_key: PartitionKeyValue },
+    DocumentExists {
+        id: String,
+        partition_key: PartitionKeyValue,
+    },
     /// `if_match` named an etag the live document no longer has (or it is gone).
     PreconditionFailed { id: String, if_match: String },
     /// The storage backend failed; the write was not applied.
@@ -33,13 +45,27 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Invalid(e) => e.fmt(f),
-            Error::DatabaseNotFound { database } => write!(f, "database '{database}' does not exist"),
-            Error::DatabaseExists { database } => write!(f, "database '{database}' already exists"),
-            Error::CollectionNotFound { database, collection } => {
-                write!(f, "collection '{collection}' does not exist in database '{database}'")
+            Error::DatabaseNotFound { database } => {
+                write!(f, "database '{database}' does not exist")
             }
-            Error::CollectionExists { database, collection } => {
-                write!(f, "collection '{collection}' already exists in database '{database}'")
+            Error::DatabaseExists { database } => write!(f, "database '{database}' already exists"),
+            Error::CollectionNotFound {
+                database,
+                collection,
+            } => {
+                write!(
+                    f,
+                    "collection '{collection}' does not exist in database '{database}'"
+                )
+            }
+            Error::CollectionExists {
+                database,
+                collection,
+            } => {
+                write!(
+                    f,
+                    "collection '{collection}' already exists in database '{database}'"
+                )
             }
             Error::DocumentNotFound { id, partition_key } => write!(
                 f,
@@ -82,13 +108,22 @@ pub enum InvalidInput {
     /// A default TTL on a collection that does not index (Cosmos DB's message).
     TtlWithoutIndex,
     /// An id breaking the id rules.
-    Id { kind: IdKind, value: String, chars: usize, bad_char: Option<char> },
+    Id {
+        kind: IdKind,
+        value: String,
+        chars: usize,
+        bad_char: Option<char>,
+    },
     /// A partition key path that cannot be used.
     PartitionKeyPath { path: String, reason: String },
     /// The partition key property holds an object or array.
     PartitionKeyValueType { path: String, found: &'static str },
     /// The request's partition key differs from the body's.
-    PartitionKeyMismatch { request: PartitionKeyValue, body: PartitionKeyValue, path: String },
+    PartitionKeyMismatch {
+        request: PartitionKeyValue,
+        body: PartitionKeyValue,
+        path: String,
+    },
     /// The request's id differs from the body's.
     IdMismatch { request: String, body: String },
     /// The body has no string `id`.
@@ -102,7 +137,10 @@ pub enum InvalidInput {
     /// The body is not representable as JSON (NaN, invalid UTF-8, ...).
     BadJson { reason: String },
     /// A required field is missing from the request.
-    MissingField { field: &'static str, hint: &'static str },
+    MissingField {
+        field: &'static str,
+        hint: &'static str,
+    },
     /// An enum field holds a value this server does not know.
     UnknownEnumValue { field: &'static str, value: i32 },
     /// A read-feed page size out of range.

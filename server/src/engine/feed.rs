@@ -51,7 +51,10 @@ pub fn page_size(requested: u32) -> Result<usize, InvalidInput> {
     match requested {
         0 => Ok(DEFAULT_PAGE_SIZE as usize),
         n if n <= MAX_PAGE_SIZE => Ok(n as usize),
-        n => Err(InvalidInput::PageSize { value: n, max: MAX_PAGE_SIZE }),
+        n => Err(InvalidInput::PageSize {
+            value: n,
+            max: MAX_PAGE_SIZE,
+        }),
     }
 }
 
@@ -83,16 +86,26 @@ impl Shard {
         now: Millis,
     ) -> Result<ShardPage, Error> {
         let state = self.lock();
-        let cs = state.collections.get(&info.uid).ok_or_else(|| collection_gone(info))?;
-        let mut page = ShardPage { documents: Vec::new(), last: after.cloned(), exhausted: false };
+        let cs = state
+            .collections
+            .get(&info.uid)
+            .ok_or_else(|| collection_gone(info))?;
+        let mut page = ShardPage {
+            documents: Vec::new(),
+            last: after.cloned(),
+            exhausted: false,
+        };
         let mut scanned = 0;
         while page.documents.len() < want && scanned < want * SCAN_FACTOR {
             let limit = want - page.documents.len();
             let range = match scope {
-                FeedScope::Collection => ScanRange::Collection { after: page.last.as_ref() },
-                FeedScope::Partition(pk) => {
-                    ScanRange::Partition { partition_key: pk, after: page.last.as_ref().map(|k| &k.id) }
-                }
+                FeedScope::Collection => ScanRange::Collection {
+                    after: page.last.as_ref(),
+                },
+                FeedScope::Partition(pk) => ScanRange::Partition {
+                    partition_key: pk,
+                    after: page.last.as_ref().map(|k| &k.id),
+                },
             };
             let batch = self.store.scan(info.uid, range, limit)?;
             scanned += batch.len();
@@ -141,9 +154,16 @@ pub(crate) fn encode_token(uid: CollectionUid, scope: &FeedScope, cursor: &Curso
 }
 
 /// Decodes a token made by [`encode_token`] for the same collection and scope.
-pub(crate) fn decode_token(token: &str, uid: CollectionUid, scope: &FeedScope, shards: usize) -> Result<Cursor, InvalidInput> {
+pub(crate) fn decode_token(
+    token: &str,
+    uid: CollectionUid,
+    scope: &FeedScope,
+    shards: usize,
+) -> Result<Cursor, InvalidInput> {
     let bad = |reason| InvalidInput::Continuation { reason };
-    let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad("it is not a token this server issued"))?;
+    let bytes = URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad("it is not a token this server issued"))?;
     let mut r = Reader(&bytes);
     if r.u8()? != TOKEN_VERSION {
         return Err(bad("it was issued by an incompatible server version"));
@@ -157,17 +177,22 @@ pub(crate) fn decode_token(token: &str, uid: CollectionUid, scope: &FeedScope, s
         _ => return Err(bad("it is not a token this server issued")),
     };
     if token_scope != *scope {
-        return Err(bad("it belongs to a feed of another partition; resend the partition_key it was issued for"));
+        return Err(bad(
+            "it belongs to a feed of another partition; resend the partition_key it was issued for",
+        ));
     }
     let shard = r.u32()? as usize;
     if shard >= shards {
-        return Err(bad("it was issued by a server with a different number of shards; restart the feed"));
+        return Err(bad(
+            "it was issued by a server with a different number of shards; restart the feed",
+        ));
     }
     let after = match r.u8()? {
         0 => None,
         1 => {
             let partition_key = r.partition_key()?;
-            let id = ResourceId::parse(IdKind::Document, r.str()?).map_err(|_| bad("it is corrupt"))?;
+            let id =
+                ResourceId::parse(IdKind::Document, r.str()?).map_err(|_| bad("it is corrupt"))?;
             Some(DocKey { partition_key, id })
         }
         _ => return Err(bad("it is corrupt")),
@@ -204,7 +229,9 @@ struct Reader<'a>(&'a [u8]);
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], InvalidInput> {
         if self.0.len() < n {
-            return Err(InvalidInput::Continuation { reason: "it is truncated" });
+            return Err(InvalidInput::Continuation {
+                reason: "it is truncated",
+            });
         }
         let (head, tail) = self.0.split_at(n);
         self.0 = tail;
@@ -216,16 +243,22 @@ impl<'a> Reader<'a> {
     }
 
     fn u32(&mut self) -> Result<u32, InvalidInput> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
 
     fn u64(&mut self) -> Result<u64, InvalidInput> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
 
     fn str(&mut self) -> Result<&'a str, InvalidInput> {
         let len = self.u32()? as usize;
-        std::str::from_utf8(self.take(len)?).map_err(|_| InvalidInput::Continuation { reason: "it is corrupt" })
+        std::str::from_utf8(self.take(len)?).map_err(|_| InvalidInput::Continuation {
+            reason: "it is corrupt",
+        })
     }
 
     fn partition_key(&mut self) -> Result<PartitionKeyValue, InvalidInput> {
@@ -236,12 +269,18 @@ impl<'a> Reader<'a> {
             3 => {
                 let x = f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"));
                 if !x.is_finite() {
-                    return Err(InvalidInput::Continuation { reason: "it is corrupt" });
+                    return Err(InvalidInput::Continuation {
+                        reason: "it is corrupt",
+                    });
                 }
                 PartitionKeyValue::number(x)
             }
             4 => PartitionKeyValue::String(self.str()?.into()),
-            _ => return Err(InvalidInput::Continuation { reason: "it is corrupt" }),
+            _ => {
+                return Err(InvalidInput::Continuation {
+                    reason: "it is corrupt",
+                });
+            }
         })
     }
 }
@@ -251,7 +290,10 @@ mod tests {
     use super::*;
 
     fn key(pk: PartitionKeyValue, id: &str) -> DocKey {
-        DocKey { partition_key: pk, id: ResourceId::parse(IdKind::Document, id).expect("valid") }
+        DocKey {
+            partition_key: pk,
+            id: ResourceId::parse(IdKind::Document, id).expect("valid"),
+        }
     }
 
     #[test]
@@ -264,7 +306,10 @@ mod tests {
             PartitionKeyValue::number(-2.5),
             PartitionKeyValue::String("ü/x".into()),
         ] {
-            let cursor = Cursor { shard: 1, after: Some(key(pk.clone(), "doc-1")) };
+            let cursor = Cursor {
+                shard: 1,
+                after: Some(key(pk.clone(), "doc-1")),
+            };
             let scope = FeedScope::Partition(pk);
             let token = encode_token(uid, &scope, &cursor);
             assert_eq!(decode_token(&token, uid, &scope, 2), Ok(cursor.clone()));
@@ -273,12 +318,23 @@ mod tests {
 
     #[test]
     fn tokens_are_bound_to_their_feed() {
-        let cursor = Cursor { shard: 0, after: None };
+        let cursor = Cursor {
+            shard: 0,
+            after: None,
+        };
         let token = encode_token(CollectionUid(1), &FeedScope::Collection, &cursor);
         assert!(decode_token(&token, CollectionUid(2), &FeedScope::Collection, 2).is_err());
         let other = FeedScope::Partition(PartitionKeyValue::Null);
         assert!(decode_token(&token, CollectionUid(1), &other, 2).is_err());
         assert!(decode_token("not a token!", CollectionUid(1), &FeedScope::Collection, 2).is_err());
-        assert!(decode_token(&token[..token.len() - 2], CollectionUid(1), &FeedScope::Collection, 2).is_err());
+        assert!(
+            decode_token(
+                &token[..token.len() - 2],
+                CollectionUid(1),
+                &FeedScope::Collection,
+                2
+            )
+            .is_err()
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Ids of databases, collections and documents.
 
-use std::{borrow::Borrow, fmt};
+use std::{borrow::Borrow, fmt, sync::Arc};
 
 use super::error::InvalidInput;
 
@@ -29,9 +29,9 @@ impl fmt::Display for IdKind {
 }
 
 /// A validated id: 1-255 characters, none of `/ \ ? #` (characters that would make a
-/// resource address ambiguous).
+/// resource address ambiguous). Shared: the index, the metadata and storage hold one copy.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ResourceId(Box<str>);
+pub struct ResourceId(Arc<str>);
 
 impl ResourceId {
     /// Validates `raw` as an id of the given kind.
@@ -39,7 +39,12 @@ impl ResourceId {
         let chars = raw.chars().count();
         let bad_char = raw.chars().find(|c| matches!(c, '/' | '\\' | '?' | '#'));
         if chars == 0 || chars > MAX_ID_CHARS || bad_char.is_some() {
-            return Err(InvalidInput::Id { kind, value: raw.to_owned(), chars, bad_char });
+            return Err(InvalidInput::Id {
+                kind,
+                value: raw.to_owned(),
+                chars,
+                bad_char,
+            });
         }
         Ok(ResourceId(raw.into()))
     }
@@ -87,7 +92,10 @@ mod tests {
     #[test]
     fn accepts_1_to_255_characters_without_separators() {
         assert!(ResourceId::parse(IdKind::Document, "a").is_ok());
-        assert!(ResourceId::parse(IdKind::Document, &"é".repeat(255)).is_ok(), "characters, not bytes");
+        assert!(
+            ResourceId::parse(IdKind::Document, &"é".repeat(255)).is_ok(),
+            "characters, not bytes"
+        );
         assert!(ResourceId::parse(IdKind::Document, "SO05 spaces-and_ünïcode.ok").is_ok());
     }
 

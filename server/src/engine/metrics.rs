@@ -14,7 +14,8 @@ use super::Engine;
 
 /// Purge lag buckets in seconds: fine below 100 ms, where the purge is meant to stay.
 const LAG_BUCKETS: [f64; 20] = [
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0,
+    5.0, 10.0, 30.0, 60.0,
 ];
 
 /// Counters and histograms the engine updates as it works.
@@ -57,7 +58,9 @@ pub fn register(engine: &Engine, registry: &mut Registry) {
         Unit::Seconds,
         metrics.purge_lag.clone(),
     );
-    registry.register_collector(Box::new(ExpiryGauges { engine: engine.clone() }));
+    registry.register_collector(Box::new(ExpiryGauges {
+        engine: engine.clone(),
+    }));
 }
 
 /// Gauges computed from the shards at scrape time.
@@ -75,7 +78,11 @@ impl Collector for ExpiryGauges {
                 "Expired entries not yet processed by the purge, as of its last pass (lower bound)",
                 stats.purge_backlog,
             ),
-            ("mayfly_documents", "Documents held, including expired ones not yet purged", stats.documents),
+            (
+                "mayfly_documents",
+                "Documents held, including expired ones not yet purged",
+                stats.documents,
+            ),
             (
                 "mayfly_expiry_tracked_documents",
                 "Documents whose expiry is tracked by a timer or an inherit queue",
@@ -89,7 +96,8 @@ impl Collector for ExpiryGauges {
         ];
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(value as i64);
-            let metric_encoder = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            let metric_encoder =
+                encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
             gauge.encode(metric_encoder)?;
         }
         Ok(())

@@ -32,7 +32,9 @@ use std::{
 use parking_lot::{Mutex, RwLock};
 
 pub use body::{DocumentBody, MAX_DEPTH, MAX_DOCUMENT_BYTES};
-pub use catalog::{CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange};
+pub use catalog::{
+    CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange,
+};
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use document::{DocumentView, Etag, UpsertOutcome};
 pub use error::{Error, InvalidInput};
@@ -43,12 +45,7 @@ pub use partition_key::{PartitionKeyPath, PartitionKeyValue};
 pub use purge::PurgeGuard;
 pub use ttl::{DefaultTtl, DocumentTtl, MAX_TTL_SECONDS, TtlSeconds};
 
-use self::{
-    catalog::Catalog,
-    document::WriteMode,
-    feed::Cursor,
-    shard::Shard,
-};
+use self::{catalog::Catalog, document::WriteMode, feed::Cursor, shard::Shard};
 use crate::storage::{CatalogChange, DocKey, Storage};
 
 /// Slots a collection deletion frees per hold of a shard lock.
@@ -173,9 +170,13 @@ impl Engine {
     pub fn create_database(&self, id: DatabaseId) -> Result<(), Error> {
         let _ddl = self.inner.ddl.lock();
         if self.inner.catalog.read().has_database(&id) {
-            return Err(Error::DatabaseExists { database: id.to_string() });
+            return Err(Error::DatabaseExists {
+                database: id.to_string(),
+            });
         }
-        self.inner.storage.write_catalog(CatalogChange::PutDatabase(&id))?;
+        self.inner
+            .storage
+            .write_catalog(CatalogChange::PutDatabase(&id))?;
         self.inner.catalog.write().add_database(id);
         Ok(())
     }
@@ -185,7 +186,9 @@ impl Engine {
         if self.inner.catalog.read().has_database(id) {
             Ok(())
         } else {
-            Err(Error::DatabaseNotFound { database: id.to_string() })
+            Err(Error::DatabaseNotFound {
+                database: id.to_string(),
+            })
         }
     }
 
@@ -197,11 +200,19 @@ impl Engine {
     /// Deletes a database with its collections and their documents.
     pub fn delete_database(&self, id: &DatabaseId) -> Result<(), Error> {
         let _ddl = self.inner.ddl.lock();
-        let collections: Vec<Arc<CollectionInfo>> = self.inner.catalog.read().collections(id)?.cloned().collect();
+        let collections: Vec<Arc<CollectionInfo>> = self
+            .inner
+            .catalog
+            .read()
+            .collections(id)?
+            .cloned()
+            .collect();
         for info in collections {
             self.drop_collection(&info)?;
         }
-        self.inner.storage.write_catalog(CatalogChange::DeleteDatabase(id))?;
+        self.inner
+            .storage
+            .write_catalog(CatalogChange::DeleteDatabase(id))?;
         self.inner.catalog.write().remove_database(id);
         Ok(())
     }
@@ -221,15 +232,26 @@ impl Engine {
             let mut catalog = self.inner.catalog.write();
             match catalog.collection(database, &id) {
                 Ok(_) => {
-                    return Err(Error::CollectionExists { database: database.to_string(), collection: id.to_string() });
+                    return Err(Error::CollectionExists {
+                        database: database.to_string(),
+                        collection: id.to_string(),
+                    });
                 }
                 Err(Error::CollectionNotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
             catalog.next_uid()
         };
-        let info = Arc::new(CollectionInfo { database: database.clone(), id, uid, partition_key_path, settings });
-        self.inner.storage.write_catalog(CatalogChange::PutCollection(&info))?;
+        let info = Arc::new(CollectionInfo {
+            database: database.clone(),
+            id,
+            uid,
+            partition_key_path,
+            settings,
+        });
+        self.inner
+            .storage
+            .write_catalog(CatalogChange::PutCollection(&info))?;
         for shard in self.shards() {
             shard.add_collection(uid, settings.default_ttl());
         }
@@ -239,23 +261,46 @@ impl Engine {
 
     /// Reads a collection.
     pub fn get_collection(&self, path: &CollectionPath) -> Result<Arc<CollectionInfo>, Error> {
-        self.inner.catalog.read().collection(&path.database, &path.collection)
+        self.inner
+            .catalog
+            .read()
+            .collection(&path.database, &path.collection)
     }
 
     /// The collections of a database, ordered by id.
-    pub fn list_collections(&self, database: &DatabaseId) -> Result<Vec<Arc<CollectionInfo>>, Error> {
-        Ok(self.inner.catalog.read().collections(database)?.cloned().collect())
+    pub fn list_collections(
+        &self,
+        database: &DatabaseId,
+    ) -> Result<Vec<Arc<CollectionInfo>>, Error> {
+        Ok(self
+            .inner
+            .catalog
+            .read()
+            .collections(database)?
+            .cloned()
+            .collect())
     }
 
     /// Replaces a collection's settings. The new default TTL applies at once to every document
     /// that inherits it; documents already expired stay expired.
-    pub fn replace_collection(&self, path: &CollectionPath, change: SettingsChange) -> Result<Arc<CollectionInfo>, Error> {
+    pub fn replace_collection(
+        &self,
+        path: &CollectionPath,
+        change: SettingsChange,
+    ) -> Result<Arc<CollectionInfo>, Error> {
         let _ddl = self.inner.ddl.lock();
         let current = self.get_collection(path)?;
-        let mode = change.indexing_mode.unwrap_or(current.settings.indexing_mode());
+        let mode = change
+            .indexing_mode
+            .unwrap_or(current.settings.indexing_mode());
         let settings = CollectionSettings::new(change.default_ttl, mode)?;
-        let info = Arc::new(CollectionInfo { settings, ..(*current).clone() });
-        self.inner.storage.write_catalog(CatalogChange::PutCollection(&info))?;
+        let info = Arc::new(CollectionInfo {
+            settings,
+            ..(*current).clone()
+        });
+        self.inner
+            .storage
+            .write_catalog(CatalogChange::PutCollection(&info))?;
         for shard in self.shards() {
             // Each shard reads the clock under its own lock, so nothing expires between the
             // reading and the switch.
@@ -273,8 +318,13 @@ impl Engine {
     }
 
     fn drop_collection(&self, info: &CollectionInfo) -> Result<(), Error> {
-        self.inner.storage.write_catalog(CatalogChange::DeleteCollection(info))?;
-        self.inner.catalog.write().remove_collection(&info.database, &info.id);
+        self.inner
+            .storage
+            .write_catalog(CatalogChange::DeleteCollection(info))?;
+        self.inner
+            .catalog
+            .write()
+            .remove_collection(&info.database, &info.id);
         for shard in self.shards() {
             if let Some(part) = shard.detach_collection(info.uid) {
                 let mut slots = part.index.into_iter();
@@ -305,7 +355,10 @@ impl Engine {
                 path: info.partition_key_path.to_string(),
             });
         }
-        Ok(DocKey { partition_key, id: body.id().clone() })
+        Ok(DocKey {
+            partition_key,
+            id: body.id().clone(),
+        })
     }
 
     /// Creates a document; `DocumentExists` if a live one has its id in its partition. The
@@ -318,7 +371,8 @@ impl Engine {
     ) -> Result<DocumentView, Error> {
         let info = self.get_collection(path)?;
         let key = Self::key_for(&info, &body, partition_key)?;
-        self.put(&info, key, body, WriteMode::Create, None).map(|(view, _)| view)
+        self.put(&info, key, body, WriteMode::Create, None)
+            .map(|(view, _)| view)
     }
 
     /// Creates or replaces a document.
@@ -332,7 +386,14 @@ impl Engine {
         let info = self.get_collection(path)?;
         let key = Self::key_for(&info, &body, partition_key)?;
         let (view, created) = self.put(&info, key, body, WriteMode::Upsert, if_match)?;
-        Ok((if created { UpsertOutcome::Created } else { UpsertOutcome::Replaced }, view))
+        Ok((
+            if created {
+                UpsertOutcome::Created
+            } else {
+                UpsertOutcome::Replaced
+            },
+            view,
+        ))
     }
 
     /// Replaces a live document; its id and partition key must match the body's.
@@ -345,10 +406,15 @@ impl Engine {
     ) -> Result<DocumentView, Error> {
         let info = self.get_collection(path)?;
         if body.id() != &key.id {
-            return Err(InvalidInput::IdMismatch { request: key.id.to_string(), body: body.id().to_string() }.into());
+            return Err(InvalidInput::IdMismatch {
+                request: key.id.to_string(),
+                body: body.id().to_string(),
+            }
+            .into());
         }
         let body_key = Self::key_for(&info, &body, Some(key.partition_key))?;
-        self.put(&info, body_key, body, WriteMode::Replace, if_match).map(|(view, _)| view)
+        self.put(&info, body_key, body, WriteMode::Replace, if_match)
+            .map(|(view, _)| view)
     }
 
     fn put(
@@ -362,28 +428,59 @@ impl Engine {
         let (map, _, ttl) = body.into_parts();
         let shard = self.shard_for(info.uid, &key.partition_key);
         let now = self.inner.clock.now();
-        shard.put(info, key, map, ttl, mode, if_match, self.next_version(), now)
+        shard.put(
+            info,
+            key,
+            map,
+            ttl,
+            mode,
+            if_match,
+            self.next_version(),
+            now,
+        )
     }
 
     /// Reads a live document.
-    pub fn read_document(&self, path: &CollectionPath, key: &DocKey) -> Result<DocumentView, Error> {
+    pub fn read_document(
+        &self,
+        path: &CollectionPath,
+        key: &DocKey,
+    ) -> Result<DocumentView, Error> {
         let info = self.get_collection(path)?;
         let now = self.inner.clock.now();
-        self.shard_for(info.uid, &key.partition_key).read(&info, key, now)
+        self.shard_for(info.uid, &key.partition_key)
+            .read(&info, key, now)
     }
 
     /// Deletes a live document.
-    pub fn delete_document(&self, path: &CollectionPath, key: &DocKey, if_match: Option<&str>) -> Result<(), Error> {
+    pub fn delete_document(
+        &self,
+        path: &CollectionPath,
+        key: &DocKey,
+        if_match: Option<&str>,
+    ) -> Result<(), Error> {
         let info = self.get_collection(path)?;
         let now = self.inner.clock.now();
-        self.shard_for(info.uid, &key.partition_key).delete(&info, key, if_match, now)
+        self.shard_for(info.uid, &key.partition_key)
+            .delete(&info, key, if_match, now)
     }
 
     /// Restarts a live document's TTL clock: a write with its current body (new `_ts`, new etag).
-    pub fn touch_document(&self, path: &CollectionPath, key: &DocKey, if_match: Option<&str>) -> Result<DocumentView, Error> {
+    pub fn touch_document(
+        &self,
+        path: &CollectionPath,
+        key: &DocKey,
+        if_match: Option<&str>,
+    ) -> Result<DocumentView, Error> {
         let info = self.get_collection(path)?;
         let now = self.inner.clock.now();
-        self.shard_for(info.uid, &key.partition_key).touch(&info, key, if_match, self.next_version(), now)
+        self.shard_for(info.uid, &key.partition_key).touch(
+            &info,
+            key,
+            if_match,
+            self.next_version(),
+            now,
+        )
     }
 
     /// One page of a read feed. `page_size` comes from [`page_size`].
@@ -405,29 +502,50 @@ impl Engine {
         };
         let mut cursor = match continuation {
             Some(token) => feed::decode_token(token, info.uid, scope, shards)?,
-            None => Cursor { shard: first, after: None },
+            None => Cursor {
+                shard: first,
+                after: None,
+            },
         };
         if cursor.shard < first || cursor.shard > last {
-            return Err(InvalidInput::Continuation { reason: "it does not belong to this feed" }.into());
+            return Err(InvalidInput::Continuation {
+                reason: "it does not belong to this feed",
+            }
+            .into());
         }
         let now = self.inner.clock.now();
         let mut documents = Vec::new();
         loop {
             let want = page_size - documents.len();
-            let page = self.inner.shards[cursor.shard].scan_page(&info, scope, cursor.after.as_ref(), want, now)?;
+            let page = self.inner.shards[cursor.shard].scan_page(
+                &info,
+                scope,
+                cursor.after.as_ref(),
+                want,
+                now,
+            )?;
             documents.extend(page.documents);
             if !page.exhausted {
                 cursor.after = page.last;
                 break;
             }
             if cursor.shard == last {
-                return Ok(FeedPage { documents, continuation: None });
+                return Ok(FeedPage {
+                    documents,
+                    continuation: None,
+                });
             }
-            cursor = Cursor { shard: cursor.shard + 1, after: None };
+            cursor = Cursor {
+                shard: cursor.shard + 1,
+                after: None,
+            };
             if documents.len() == page_size {
                 break;
             }
         }
-        Ok(FeedPage { documents, continuation: Some(feed::encode_token(info.uid, scope, &cursor)) })
+        Ok(FeedPage {
+            documents,
+            continuation: Some(feed::encode_token(info.uid, scope, &cursor)),
+        })
     }
 }

@@ -1,6 +1,6 @@
 //! Partition key paths (`/customerId`, `/address/zip`) and the values found at them.
 
-use std::{cmp::Ordering, fmt, hash::Hash};
+use std::{cmp::Ordering, fmt, hash::Hash, sync::Arc};
 
 use serde_json::{Map, Value};
 
@@ -21,7 +21,10 @@ pub struct PartitionKeyPath {
 impl PartitionKeyPath {
     /// Parses `/a` or `/a/b/...`: segments are non-empty property names without `/`, `\` or `"`.
     pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
-        let invalid = |reason: &str| InvalidInput::PartitionKeyPath { path: raw.to_owned(), reason: reason.to_owned() };
+        let invalid = |reason: &str| InvalidInput::PartitionKeyPath {
+            path: raw.to_owned(),
+            reason: reason.to_owned(),
+        };
         let Some(rest) = raw.strip_prefix('/') else {
             return Err(invalid("it must start with '/', e.g. \"/customerId\""));
         };
@@ -30,18 +33,27 @@ impl PartitionKeyPath {
             return Err(invalid("property names between '/' must not be empty"));
         }
         if segments.len() > MAX_PATH_SEGMENTS {
-            return Err(invalid(&format!("it has more than {MAX_PATH_SEGMENTS} levels")));
+            return Err(invalid(&format!(
+                "it has more than {MAX_PATH_SEGMENTS} levels"
+            )));
         }
         if segments.iter().any(|s| s.contains(['"', '\\'])) {
-            return Err(invalid("quoted or escaped property names are not supported"));
+            return Err(invalid(
+                "quoted or escaped property names are not supported",
+            ));
         }
         if segments.iter().any(|s| s.chars().count() > 255) {
             return Err(invalid("a property name is longer than 255 characters"));
         }
         if SYSTEM_PROPERTIES.contains(&&*segments[0]) {
-            return Err(invalid("it names a system property, which the server sets itself"));
+            return Err(invalid(
+                "it names a system property, which the server sets itself",
+            ));
         }
-        Ok(PartitionKeyPath { raw: raw.into(), segments: segments.into() })
+        Ok(PartitionKeyPath {
+            raw: raw.into(),
+            segments: segments.into(),
+        })
     }
 
     /// The path as given.
@@ -52,7 +64,10 @@ impl PartitionKeyPath {
     /// The value at this path in `body`: undefined if any level is missing or not an object.
     pub fn extract(&self, body: &Map<String, Value>) -> Result<PartitionKeyValue, InvalidInput> {
         let mut map = body;
-        let (last, parents) = self.segments.split_last().expect("parse guarantees one segment");
+        let (last, parents) = self
+            .segments
+            .split_last()
+            .expect("parse guarantees one segment");
         for segment in parents {
             match map.get(&**segment) {
                 Some(Value::Object(inner)) => map = inner,
@@ -61,9 +76,11 @@ impl PartitionKeyPath {
         }
         match map.get(&**last) {
             None => Ok(PartitionKeyValue::Undefined),
-            Some(value) => PartitionKeyValue::from_json(value).map_err(|_| InvalidInput::PartitionKeyValueType {
-                path: self.raw.to_string(),
-                found: json_type(value),
+            Some(value) => PartitionKeyValue::from_json(value).map_err(|_| {
+                InvalidInput::PartitionKeyValueType {
+                    path: self.raw.to_string(),
+                    found: json_type(value),
+                }
             }),
         }
     }
@@ -92,8 +109,8 @@ pub enum PartitionKeyValue {
     Bool(bool),
     /// A JSON number (a double, as in Cosmos DB; -0 is stored as 0).
     Number(f64),
-    /// A JSON string.
-    String(Box<str>),
+    /// A JSON string (shared, like ids, between index, metadata and storage).
+    String(Arc<str>),
 }
 
 impl PartitionKeyValue {
@@ -106,7 +123,10 @@ impl PartitionKeyValue {
             Value::Number(n) => PartitionKeyValue::number(n.as_f64().unwrap_or(0.0)),
             Value::String(s) => PartitionKeyValue::String(s.as_str().into()),
             Value::Object(_) | Value::Array(_) => {
-                return Err(InvalidInput::PartitionKeyValueType { path: String::new(), found: json_type(value) });
+                return Err(InvalidInput::PartitionKeyValueType {
+                    path: String::new(),
+                    found: json_type(value),
+                });
             }
         })
     }
@@ -122,7 +142,9 @@ impl PartitionKeyValue {
             PartitionKeyValue::Undefined => return None,
             PartitionKeyValue::Null => Value::Null,
             PartitionKeyValue::Bool(b) => Value::Bool(*b),
-            PartitionKeyValue::Number(x) => serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number),
+            PartitionKeyValue::Number(x) => {
+                serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number)
+            }
             PartitionKeyValue::String(s) => Value::String(s.to_string()),
         })
     }
@@ -215,24 +237,50 @@ mod tests {
         let top = PartitionKeyPath::parse("/customerId").expect("valid");
         let nested = PartitionKeyPath::parse("/address/zip").expect("valid");
         let doc = body(json!({"customerId": "c1", "address": {"zip": 98052}}));
-        assert_eq!(top.extract(&doc).expect("scalar"), PartitionKeyValue::String("c1".into()));
-        assert_eq!(nested.extract(&doc).expect("scalar"), PartitionKeyValue::number(98052.0));
-        assert_eq!(nested.extract(&body(json!({"address": "x"}))).expect("ok"), PartitionKeyValue::Undefined);
-        assert_eq!(top.extract(&body(json!({}))).expect("ok"), PartitionKeyValue::Undefined);
-        assert_eq!(top.extract(&body(json!({"customerId": null}))).expect("ok"), PartitionKeyValue::Null);
+        assert_eq!(
+            top.extract(&doc).expect("scalar"),
+            PartitionKeyValue::String("c1".into())
+        );
+        assert_eq!(
+            nested.extract(&doc).expect("scalar"),
+            PartitionKeyValue::number(98052.0)
+        );
+        assert_eq!(
+            nested.extract(&body(json!({"address": "x"}))).expect("ok"),
+            PartitionKeyValue::Undefined
+        );
+        assert_eq!(
+            top.extract(&body(json!({}))).expect("ok"),
+            PartitionKeyValue::Undefined
+        );
+        assert_eq!(
+            top.extract(&body(json!({"customerId": null}))).expect("ok"),
+            PartitionKeyValue::Null
+        );
     }
 
     #[test]
     fn rejects_object_and_array_values() {
         let path = PartitionKeyPath::parse("/k").expect("valid");
-        let err = path.extract(&body(json!({"k": {"a": 1}}))).expect_err("object");
+        let err = path
+            .extract(&body(json!({"k": {"a": 1}})))
+            .expect_err("object");
         assert!(err.to_string().contains("an object"), "{err}");
         assert!(path.extract(&body(json!({"k": [1]}))).is_err());
     }
 
     #[test]
     fn rejects_bad_paths() {
-        for bad in ["", "customerId", "/", "/a//b", "/a/", "/\"a b\"", "/_ts", "/_etag"] {
+        for bad in [
+            "",
+            "customerId",
+            "/",
+            "/a//b",
+            "/a/",
+            "/\"a b\"",
+            "/_ts",
+            "/_etag",
+        ] {
             assert!(PartitionKeyPath::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(PartitionKeyPath::parse(&"/a".repeat(MAX_PATH_SEGMENTS + 1)).is_err());
@@ -252,6 +300,9 @@ mod tests {
                 assert_eq!(a == b, i == j);
             }
         }
-        assert_eq!(PartitionKeyValue::number(-0.0), PartitionKeyValue::number(0.0));
+        assert_eq!(
+            PartitionKeyValue::number(-0.0),
+            PartitionKeyValue::number(0.0)
+        );
     }
 }

@@ -45,26 +45,37 @@ impl Shard {
         let mut candidates: Vec<(u32, Millis)> = Vec::new();
 
         while candidates.len() < budget {
-            let Some((r, expired_at)) = st.pending.pop_front() else { break };
+            let Some((r, expired_at)) = st.pending.pop_front() else {
+                break;
+            };
             if st.docs.is_current(r) && st.docs.get(r.slot).dead {
                 candidates.push((r.slot, expired_at));
             }
         }
 
         let mut fired = Vec::new();
-        st.wheel.poll(now, budget - candidates.len(), &mut fired);
-        for f in fired {
-            if let Some(expired_at) = on_timer_fired(st, f.payload, now) {
-                candidates.push((f.payload, expired_at));
+        let docs = &st.docs;
+        st.wheel
+            .poll(now, budget - candidates.len(), &mut fired, |slot| {
+                docs.get(slot).timer_deadline()
+            });
+        for slot in fired {
+            if let Some(expired_at) = on_timer_fired(st, slot, now) {
+                candidates.push((slot, expired_at));
             }
         }
 
         for cs in st.collections.values_mut() {
-            let DefaultTtl::After(n) = cs.default_ttl else { continue };
+            let DefaultTtl::After(n) = cs.default_ttl else {
+                continue;
+            };
             let n = Millis::from(n.get()) * 1_000;
             while candidates.len() < budget {
-                let Some((written, r)) = cs.inherit.front() else { break };
-                let queued = st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
+                let Some((written, r)) = cs.inherit.front() else {
+                    break;
+                };
+                let queued =
+                    st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
                 if !queued {
                     cs.inherit.pop_front(false);
                     continue;
@@ -80,15 +91,21 @@ impl Shard {
             }
         }
 
-        let changes: Vec<Change> =
-            candidates.iter().map(|&(slot, _)| Change::Remove { slot, cause: RemoveCause::Expired }).collect();
+        let changes: Vec<Change> = candidates
+            .iter()
+            .map(|&(slot, _)| Change::Remove {
+                slot,
+                cause: RemoveCause::Expired,
+            })
+            .collect();
         let failed = match st.commit(&*self.store, &changes, &self.metrics) {
             Ok(_) => false,
             Err(e) => {
                 tracing::warn!(error = %e, documents = candidates.len(), "purge could not delete expired documents; will retry");
                 for &(slot, expired_at) in &candidates {
                     // Marked dead above: they stay invisible until a retry succeeds.
-                    st.pending.push_back((st.docs.current_ref(slot), expired_at));
+                    st.pending
+                        .push_back((st.docs.current_ref(slot), expired_at));
                 }
                 true
             }
@@ -101,10 +118,16 @@ impl Shard {
         self.backlog.store(backlog as u64, Ordering::Relaxed);
         if !failed {
             for &(_, expired_at) in &candidates {
-                self.metrics.purge_lag.observe(now.saturating_sub(expired_at) as f64 / 1_000.0);
+                self.metrics
+                    .purge_lag
+                    .observe(now.saturating_sub(expired_at) as f64 / 1_000.0);
             }
         }
-        PurgeReport { purged: if failed { 0 } else { candidates.len() }, next_due, failed }
+        PurgeReport {
+            purged: if failed { 0 } else { candidates.len() },
+            next_due,
+            failed,
+        }
     }
 
     /// Installs a collection's new default TTL in this shard. Documents that expired under the
@@ -116,7 +139,9 @@ impl Shard {
             let mut state = self.lock();
             let st = &mut *state;
             let now = clock.now();
-            let Some(old) = st.collections.get(&uid).map(|c| c.default_ttl) else { return };
+            let Some(old) = st.collections.get(&uid).map(|c| c.default_ttl) else {
+                return;
+            };
             if old == new {
                 return;
             }
@@ -124,10 +149,14 @@ impl Shard {
             let mut fired = Vec::new();
             loop {
                 fired.clear();
-                st.wheel.poll(now, 4096, &mut fired);
-                for f in &fired {
-                    if let Some(expired_at) = on_timer_fired(st, f.payload, now) {
-                        st.pending.push_back((st.docs.current_ref(f.payload), expired_at));
+                let docs = &st.docs;
+                st.wheel.poll(now, 4096, &mut fired, |slot| {
+                    docs.get(slot).timer_deadline()
+                });
+                for &slot in &fired {
+                    if let Some(expired_at) = on_timer_fired(st, slot, now) {
+                        st.pending
+                            .push_back((st.docs.current_ref(slot), expired_at));
                     }
                 }
                 if st.wheel.next_due().is_none_or(|d| d > now) {
@@ -138,7 +167,8 @@ impl Shard {
             if let DefaultTtl::After(n) = old {
                 let n = Millis::from(n.get()) * 1_000;
                 while let Some((written, r)) = cs.inherit.front() {
-                    let queued = st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
+                    let queued =
+                        st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
                     if !queued {
                         cs.inherit.pop_front(false);
                         continue;
@@ -158,8 +188,13 @@ impl Shard {
                 // Own-ttl documents are not timed while TTL is off (no background work for it).
                 for &slot in cs.index.values() {
                     let meta = st.docs.get_mut(slot);
-                    if matches!(meta.ttl, Some(DocumentTtl::After(_))) && meta.tracking == Tracking::None && !meta.dead {
-                        let deadline = meta.expires_at(new).expect("an own ttl applies while TTL is on");
+                    if matches!(meta.ttl, Some(DocumentTtl::After(_)))
+                        && meta.tracking == Tracking::None
+                        && !meta.dead
+                    {
+                        let deadline = meta
+                            .expires_at(new)
+                            .expect("an own ttl applies while TTL is on");
                         meta.tracking = Tracking::Timer(st.wheel.schedule(deadline, slot));
                     }
                 }
@@ -176,7 +211,11 @@ impl Shard {
     }
 
     /// Releases up to `budget` slots of a detached collection; true when none are left.
-    pub(crate) fn free_detached(&self, docs: &mut hash_map::IntoIter<DocKey, u32>, budget: usize) -> bool {
+    pub(crate) fn free_detached(
+        &self,
+        docs: &mut hash_map::IntoIter<DocKey, u32>,
+        budget: usize,
+    ) -> bool {
         let mut state = self.lock();
         let st = &mut *state;
         for (_, slot) in docs.by_ref().take(budget) {
@@ -231,9 +270,10 @@ fn backlog(st: &ShardState, now: Millis) -> usize {
         .collections
         .values()
         .filter_map(|cs| match cs.default_ttl {
-            DefaultTtl::After(n) => {
-                Some(cs.inherit.count_written_by(now.saturating_sub(Millis::from(n.get()) * 1_000)))
-            }
+            DefaultTtl::After(n) => Some(
+                cs.inherit
+                    .count_written_by(now.saturating_sub(Millis::from(n.get()) * 1_000)),
+            ),
             _ => None,
         })
         .sum();
@@ -248,7 +288,10 @@ pub struct PurgeGuard {
 
 impl PurgeGuard {
     pub(crate) fn spawn(shards: &[Arc<Shard>], clock: &Arc<dyn Clock>) -> Self {
-        let tasks = shards.iter().map(|shard| tokio::spawn(run(shard.clone(), clock.clone()))).collect();
+        let tasks = shards
+            .iter()
+            .map(|shard| tokio::spawn(run(shard.clone(), clock.clone())))
+            .collect();
         PurgeGuard { tasks }
     }
 }

@@ -14,8 +14,8 @@ use std::{
     },
 };
 
+use bytes::Bytes;
 use parking_lot::{Mutex, MutexGuard};
-use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
 use super::{
@@ -25,7 +25,7 @@ use super::{
     error::Error,
     expiry::{
         inherit_queue::{InheritQueue, SlotRef},
-        wheel::{TimerHandle, TimerWheel},
+        wheel::{MAX_PAYLOAD, TimerHandle, TimerWheel},
     },
     metrics::EngineMetrics,
     ttl::{self, DefaultTtl, DocumentTtl},
@@ -98,6 +98,13 @@ impl DocMeta {
         ttl::expires_at(self.last_write, self.ttl, default_ttl)
     }
 
+    /// The deadline of this document's timer: its own ttl after its last write. Stable while
+    /// the timer is scheduled (any write cancels the timer first).
+    pub(super) fn timer_deadline(&self) -> Millis {
+        ttl::expires_at(self.last_write, self.ttl, DefaultTtl::NoDefault)
+            .expect("only own-ttl documents are timed")
+    }
+
     pub(super) fn is_visible(&self, default_ttl: DefaultTtl, now: Millis) -> bool {
         !self.dead && ttl::is_visible(self.expires_at(default_ttl), now)
     }
@@ -122,21 +129,33 @@ impl DocSlab {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
-                self.slots.push(Slot { generation: 0, doc: None });
-                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 documents per shard")
+                self.slots.push(Slot {
+                    generation: 0,
+                    doc: None,
+                });
+                let slot = u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX);
+                // Slots are timer payloads, which have 31 bits.
+                assert!(slot <= MAX_PAYLOAD, "fewer than 2^31 documents per shard");
+                slot
             }
         };
         let s = &mut self.slots[slot as usize];
         s.generation = s.generation.wrapping_add(1);
         s.doc = Some(doc);
-        SlotRef { slot, generation: s.generation }
+        SlotRef {
+            slot,
+            generation: s.generation,
+        }
     }
 
     /// Marks the document in `slot` as rewritten.
     fn bump(&mut self, slot: u32) -> SlotRef {
         let s = &mut self.slots[slot as usize];
         s.generation = s.generation.wrapping_add(1);
-        SlotRef { slot, generation: s.generation }
+        SlotRef {
+            slot,
+            generation: s.generation,
+        }
     }
 
     pub(super) fn remove(&mut self, slot: u32) -> Option<DocMeta> {
@@ -148,21 +167,32 @@ impl DocSlab {
     }
 
     pub(super) fn get(&self, slot: u32) -> &DocMeta {
-        self.slots[slot as usize].doc.as_ref().expect("indexed slots hold a document")
+        self.slots[slot as usize]
+            .doc
+            .as_ref()
+            .expect("indexed slots hold a document")
     }
 
     pub(super) fn get_mut(&mut self, slot: u32) -> &mut DocMeta {
-        self.slots[slot as usize].doc.as_mut().expect("indexed slots hold a document")
+        self.slots[slot as usize]
+            .doc
+            .as_mut()
+            .expect("indexed slots hold a document")
     }
 
     /// A reference to the current version of the document in `slot`.
     pub(super) fn current_ref(&self, slot: u32) -> SlotRef {
-        SlotRef { slot, generation: self.slots[slot as usize].generation }
+        SlotRef {
+            slot,
+            generation: self.slots[slot as usize].generation,
+        }
     }
 
     /// Whether `r` still names the document version it was taken for.
     pub(super) fn is_current(&self, r: SlotRef) -> bool {
-        self.slots.get(r.slot as usize).is_some_and(|s| s.generation == r.generation && s.doc.is_some())
+        self.slots
+            .get(r.slot as usize)
+            .is_some_and(|s| s.generation == r.generation && s.doc.is_some())
     }
 
     pub(super) fn len(&self) -> usize {
@@ -174,7 +204,10 @@ impl DocSlab {
 #[derive(Debug)]
 pub(super) enum Change {
     /// Store this version; `slot` is the slot of the previous version, live or expired.
-    Put { slot: Option<u32>, record: Arc<StoredDocument> },
+    Put {
+        slot: Option<u32>,
+        record: Arc<StoredDocument>,
+    },
     /// Remove the document in `slot`.
     Remove { slot: u32, cause: RemoveCause },
 }
@@ -214,27 +247,39 @@ impl ShardState {
         changes: &[Change],
         metrics: &EngineMetrics,
     ) -> Result<Option<Millis>, StorageError> {
-        let writes: Vec<DocumentWrite> = changes
+        let writes: Vec<DocumentWrite<'_>> = changes
             .iter()
             .map(|change| match change {
-                Change::Put { record, .. } => DocumentWrite::Put(record.clone()),
+                Change::Put { record, .. } => DocumentWrite::Put(record),
                 Change::Remove { slot, .. } => {
                     let meta = self.docs.get(*slot);
-                    DocumentWrite::Delete { collection: meta.collection, key: meta.key.clone() }
+                    DocumentWrite::Delete {
+                        collection: meta.collection,
+                        key: &meta.key,
+                    }
                 }
             })
             .collect();
         store.write(&writes)?;
+        drop(writes);
 
         let mut earliest: Option<Millis> = None;
         for change in changes {
             match change {
                 Change::Put { slot, record } => {
-                    let cs = self.collections.get_mut(&record.collection).expect("callers hold a collection shard");
+                    let cs = self
+                        .collections
+                        .get_mut(&record.collection)
+                        .expect("callers hold a collection shard");
                     let doc = match *slot {
                         Some(slot) => {
                             let old = self.docs.get(slot);
-                            if old.dead || !ttl::is_visible(old.expires_at(cs.default_ttl), record.last_write) {
+                            if old.dead
+                                || !ttl::is_visible(
+                                    old.expires_at(cs.default_ttl),
+                                    record.last_write,
+                                )
+                            {
                                 // Overwriting an expired document that the purge had not reached.
                                 metrics.expired.inc();
                             }
@@ -269,7 +314,10 @@ impl ShardState {
                     let collection = self.docs.get(*slot).collection;
                     // Documents of a collection being deleted belong to its cleanup, which
                     // frees their slots; nothing else removes them.
-                    let cs = self.collections.get_mut(&collection).expect("removals name live collections");
+                    let cs = self
+                        .collections
+                        .get_mut(&collection)
+                        .expect("removals name live collections");
                     detach(&mut self.docs, &mut self.wheel, cs, *slot);
                     cs.index.remove(&self.docs.get(*slot).key);
                     self.docs.remove(*slot);
@@ -286,20 +334,34 @@ impl ShardState {
     /// Bytes of expiry bookkeeping: wheel nodes, inherit-queue entries and the timer handles
     /// documents hold, counting spare capacity.
     pub(super) fn bookkeeping_bytes(&self) -> usize {
-        let queues: usize = self.collections.values().map(|c| c.inherit.allocated_bytes()).sum();
+        let queues: usize = self
+            .collections
+            .values()
+            .map(|c| c.inherit.allocated_bytes())
+            .sum();
         self.wheel.allocated_bytes() + queues + self.wheel.len() * mem::size_of::<TimerHandle>()
     }
 
     /// Documents whose expiry is tracked (timer or inherit queue).
     pub(super) fn tracked_documents(&self) -> usize {
-        self.wheel.len() + self.collections.values().map(|c| c.inherit.live()).sum::<usize>()
+        self.wheel.len()
+            + self
+                .collections
+                .values()
+                .map(|c| c.inherit.live())
+                .sum::<usize>()
     }
 }
 
 /// Starts tracking a document's expiry according to its collection's current rules. Documents
 /// that inherit always join the queue (even while TTL is off or -1) so that any later default
 /// applies to them in write order; own-ttl documents get a timer only while TTL is on.
-pub(super) fn attach(docs: &mut DocSlab, wheel: &mut TimerWheel, cs: &mut CollectionShard, r: SlotRef) -> Option<Millis> {
+pub(super) fn attach(
+    docs: &mut DocSlab,
+    wheel: &mut TimerWheel,
+    cs: &mut CollectionShard,
+    r: SlotRef,
+) -> Option<Millis> {
     let meta = docs.get_mut(r.slot);
     debug_assert_eq!(meta.tracking, Tracking::None);
     match meta.ttl {
@@ -318,7 +380,12 @@ pub(super) fn attach(docs: &mut DocSlab, wheel: &mut TimerWheel, cs: &mut Collec
 }
 
 /// Stops tracking a document's expiry.
-pub(super) fn detach(docs: &mut DocSlab, wheel: &mut TimerWheel, cs: &mut CollectionShard, slot: u32) {
+pub(super) fn detach(
+    docs: &mut DocSlab,
+    wheel: &mut TimerWheel,
+    cs: &mut CollectionShard,
+    slot: u32,
+) {
     let meta = docs.get_mut(slot);
     match mem::replace(&mut meta.tracking, Tracking::None) {
         Tracking::None => {}
@@ -327,13 +394,18 @@ pub(super) fn detach(docs: &mut DocSlab, wheel: &mut TimerWheel, cs: &mut Collec
         }
         Tracking::Queue => {
             let docs = &*docs;
-            cs.inherit.forget_one(|r| docs.is_current(r) && docs.get(r.slot).tracking == Tracking::Queue);
+            cs.inherit
+                .forget_one(|r| docs.is_current(r) && docs.get(r.slot).tracking == Tracking::Queue);
         }
     }
 }
 
 impl Shard {
-    pub(crate) fn new(store: Arc<dyn ShardStore>, metrics: Arc<EngineMetrics>, now: Millis) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn ShardStore>,
+        metrics: Arc<EngineMetrics>,
+        now: Millis,
+    ) -> Self {
         Shard {
             state: Mutex::new(ShardState::new(now)),
             store,
@@ -357,18 +429,26 @@ impl Shard {
     }
 
     pub(crate) fn add_collection(&self, uid: CollectionUid, default_ttl: DefaultTtl) {
-        self.lock()
-            .collections
-            .insert(uid, CollectionShard { default_ttl, index: HashMap::new(), inherit: InheritQueue::default() });
+        self.lock().collections.insert(
+            uid,
+            CollectionShard {
+                default_ttl,
+                index: HashMap::new(),
+                inherit: InheritQueue::default(),
+            },
+        );
     }
 
     /// Creates, upserts or replaces a document.
-    #[allow(clippy::too_many_arguments, reason = "one argument per part of a write request")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one argument per part of a write request"
+    )]
     pub(crate) fn put(
         &self,
         info: &CollectionInfo,
         key: DocKey,
-        body: Arc<Map<String, Value>>,
+        body: Bytes,
         ttl: Option<DocumentTtl>,
         mode: WriteMode,
         if_match: Option<&str>,
@@ -377,24 +457,46 @@ impl Shard {
     ) -> Result<(DocumentView, bool), Error> {
         let mut state = self.lock();
         let st = &mut *state;
-        let cs = st.collections.get(&info.uid).ok_or_else(|| collection_gone(info))?;
+        let cs = st
+            .collections
+            .get(&info.uid)
+            .ok_or_else(|| collection_gone(info))?;
         let slot = cs.index.get(&key).copied();
         let live = slot.filter(|&s| st.docs.get(s).is_visible(cs.default_ttl, now));
         match (mode, live) {
             (WriteMode::Create, Some(_)) => {
-                return Err(Error::DocumentExists { id: key.id.to_string(), partition_key: key.partition_key });
+                return Err(Error::DocumentExists {
+                    id: key.id.to_string(),
+                    partition_key: key.partition_key,
+                });
             }
             (WriteMode::Replace, None) => {
-                return Err(Error::DocumentNotFound { id: key.id.to_string(), partition_key: key.partition_key });
+                return Err(Error::DocumentNotFound {
+                    id: key.id.to_string(),
+                    partition_key: key.partition_key,
+                });
             }
             _ => {}
         }
         check_if_match(if_match, live.map(|s| st.docs.get(s)), &key)?;
         let created = live.is_none();
         let stamp = st.stamp(now);
-        let record =
-            Arc::new(StoredDocument { collection: info.uid, key, body, last_write: stamp, version, ttl });
-        let deadline = st.commit(&*self.store, &[Change::Put { slot, record: record.clone() }], &self.metrics)?;
+        let record = Arc::new(StoredDocument {
+            collection: info.uid,
+            key,
+            body,
+            last_write: stamp,
+            version,
+            ttl,
+        });
+        let deadline = st.commit(
+            &*self.store,
+            &[Change::Put {
+                slot,
+                record: record.clone(),
+            }],
+            &self.metrics,
+        )?;
         let view = view(&record, st.collections[&info.uid].default_ttl, now);
         drop(state);
         self.wake_purge_for(deadline);
@@ -414,11 +516,24 @@ impl Shard {
         let st = &mut *state;
         let slot = live_slot(st, info, key, now)?;
         check_if_match(if_match, Some(st.docs.get(slot)), key)?;
-        let current = self.store.get(info.uid, key)?.ok_or_else(|| missing_record(key))?;
+        let current = self
+            .store
+            .get(info.uid, key)?
+            .ok_or_else(|| missing_record(key))?;
         let stamp = st.stamp(now);
-        let record = Arc::new(StoredDocument { last_write: stamp, version, ..(*current).clone() });
-        let deadline =
-            st.commit(&*self.store, &[Change::Put { slot: Some(slot), record: record.clone() }], &self.metrics)?;
+        let record = Arc::new(StoredDocument {
+            last_write: stamp,
+            version,
+            ..(*current).clone()
+        });
+        let deadline = st.commit(
+            &*self.store,
+            &[Change::Put {
+                slot: Some(slot),
+                record: record.clone(),
+            }],
+            &self.metrics,
+        )?;
         let view = view(&record, st.collections[&info.uid].default_ttl, now);
         drop(state);
         self.wake_purge_for(deadline);
@@ -426,46 +541,88 @@ impl Shard {
     }
 
     /// Deletes a live document.
-    pub(crate) fn delete(&self, info: &CollectionInfo, key: &DocKey, if_match: Option<&str>, now: Millis) -> Result<(), Error> {
+    pub(crate) fn delete(
+        &self,
+        info: &CollectionInfo,
+        key: &DocKey,
+        if_match: Option<&str>,
+        now: Millis,
+    ) -> Result<(), Error> {
         let mut state = self.lock();
         let st = &mut *state;
         let slot = live_slot(st, info, key, now)?;
         check_if_match(if_match, Some(st.docs.get(slot)), key)?;
-        st.commit(&*self.store, &[Change::Remove { slot, cause: RemoveCause::Deleted }], &self.metrics)?;
+        st.commit(
+            &*self.store,
+            &[Change::Remove {
+                slot,
+                cause: RemoveCause::Deleted,
+            }],
+            &self.metrics,
+        )?;
         Ok(())
     }
 
     /// Reads a live document.
-    pub(crate) fn read(&self, info: &CollectionInfo, key: &DocKey, now: Millis) -> Result<DocumentView, Error> {
+    pub(crate) fn read(
+        &self,
+        info: &CollectionInfo,
+        key: &DocKey,
+        now: Millis,
+    ) -> Result<DocumentView, Error> {
         let state = self.lock();
         let slot = live_slot(&state, info, key, now)?;
-        let record = self.store.get(info.uid, key)?.ok_or_else(|| missing_record(key))?;
+        let record = self
+            .store
+            .get(info.uid, key)?
+            .ok_or_else(|| missing_record(key))?;
         debug_assert_eq!(record.version, state.docs.get(slot).version);
         Ok(view(&record, state.collections[&info.uid].default_ttl, now))
     }
 }
 
 /// The slot of the live document at `key`, or NOT_FOUND.
-pub(super) fn live_slot(st: &ShardState, info: &CollectionInfo, key: &DocKey, now: Millis) -> Result<u32, Error> {
-    let cs = st.collections.get(&info.uid).ok_or_else(|| collection_gone(info))?;
+pub(super) fn live_slot(
+    st: &ShardState,
+    info: &CollectionInfo,
+    key: &DocKey,
+    now: Millis,
+) -> Result<u32, Error> {
+    let cs = st
+        .collections
+        .get(&info.uid)
+        .ok_or_else(|| collection_gone(info))?;
     cs.index
         .get(key)
         .copied()
         .filter(|&s| st.docs.get(s).is_visible(cs.default_ttl, now))
-        .ok_or_else(|| Error::DocumentNotFound { id: key.id.to_string(), partition_key: key.partition_key.clone() })
+        .ok_or_else(|| Error::DocumentNotFound {
+            id: key.id.to_string(),
+            partition_key: key.partition_key.clone(),
+        })
 }
 
-fn check_if_match(if_match: Option<&str>, live: Option<&DocMeta>, key: &DocKey) -> Result<(), Error> {
+fn check_if_match(
+    if_match: Option<&str>,
+    live: Option<&DocMeta>,
+    key: &DocKey,
+) -> Result<(), Error> {
     match if_match {
         None => Ok(()),
         Some(etag) if live.is_some_and(|m| Etag(m.version).matches(etag)) => Ok(()),
-        Some(etag) => Err(Error::PreconditionFailed { id: key.id.to_string(), if_match: etag.to_owned() }),
+        Some(etag) => Err(Error::PreconditionFailed {
+            id: key.id.to_string(),
+            if_match: etag.to_owned(),
+        }),
     }
 }
 
 /// The collection was deleted between the catalog lookup and taking the shard lock.
 pub(super) fn collection_gone(info: &CollectionInfo) -> Error {
-    Error::CollectionNotFound { database: info.database.to_string(), collection: info.id.to_string() }
+    Error::CollectionNotFound {
+        database: info.database.to_string(),
+        collection: info.id.to_string(),
+    }
 }
 
 fn missing_record(key: &DocKey) -> Error {

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::storage::{
-    CatalogChange, DocumentWrite, MemoryStorage, ScanRange, ShardStore, StorageError, StoredDocument,
+    CatalogChange, DocumentWrite, MemoryStorage, ScanRange, ShardStore, StorageError,
+    StoredDocument,
 };
 
 const T0: Millis = 1_790_000_000_000;
@@ -30,7 +31,10 @@ fn pk(s: &str) -> PartitionKeyValue {
 }
 
 fn key(partition: &str, doc: &str) -> DocKey {
-    DocKey { partition_key: pk(partition), id: id(doc) }
+    DocKey {
+        partition_key: pk(partition),
+        id: id(doc),
+    }
 }
 
 fn body(v: Value) -> DocumentBody {
@@ -62,15 +66,30 @@ impl Fixture {
         let engine = Engine::new(EngineConfig { shards: 4 }, storage, clock.clone());
         let db = id("db");
         engine.create_database(db.clone()).expect("database");
-        let settings = CollectionSettings::new(default_ttl(default), IndexingMode::Consistent).expect("settings");
+        let settings = CollectionSettings::new(default_ttl(default), IndexingMode::Consistent)
+            .expect("settings");
         engine
-            .create_collection(&db, id("c"), PartitionKeyPath::parse("/pk").expect("path"), settings)
+            .create_collection(
+                &db,
+                id("c"),
+                PartitionKeyPath::parse("/pk").expect("path"),
+                settings,
+            )
             .expect("collection");
-        Fixture { engine, clock, path: CollectionPath { database: db, collection: id("c") } }
+        Fixture {
+            engine,
+            clock,
+            path: CollectionPath {
+                database: db,
+                collection: id("c"),
+            },
+        }
     }
 
     fn create(&self, doc_id: &str, ttl: Option<i64>) -> DocumentView {
-        self.engine.create_document(&self.path, doc(doc_id, ttl), None).expect("create")
+        self.engine
+            .create_document(&self.path, doc(doc_id, ttl), None)
+            .expect("create")
     }
 
     fn read(&self, doc_id: &str) -> Result<DocumentView, Error> {
@@ -91,7 +110,13 @@ impl Fixture {
 
     fn set_default(&self, raw: Option<i64>) {
         self.engine
-            .replace_collection(&self.path, SettingsChange { default_ttl: default_ttl(raw), indexing_mode: None })
+            .replace_collection(
+                &self.path,
+                SettingsChange {
+                    default_ttl: default_ttl(raw),
+                    indexing_mode: None,
+                },
+            )
             .expect("replace settings");
     }
 }
@@ -134,11 +159,18 @@ fn matrix_document_ttl_m() {
     // collection Off: kept but ignored
     let f = Fixture::new(None);
     let created = f.create("a", Some(5));
-    assert_eq!(created.ttl, Some(DocumentTtl::After(TtlSeconds::new(5).expect("valid"))));
+    assert_eq!(
+        created.ttl,
+        Some(DocumentTtl::After(TtlSeconds::new(5).expect("valid")))
+    );
     assert_eq!(created.expires_at, None);
     f.advance(3600 * SEC);
     assert!(f.visible("a"));
-    assert_eq!(f.read("a").expect("visible").body["ttl"], json!(5), "the stored value is kept");
+    assert_eq!(
+        f.read("a").expect("visible").body_map()["ttl"],
+        json!(5),
+        "the stored value is kept"
+    );
     // collection -1 and collection n (longer or shorter than m): expires m s after last write
     for default in [Some(-1), Some(10), Some(2)] {
         let f = Fixture::new(default);
@@ -174,19 +206,33 @@ fn an_expired_document_does_not_exist_for_any_operation() {
     let old_etag = old.etag.to_string();
     assert!(matches!(f.read("a"), Err(Error::DocumentNotFound { .. })));
     assert!(matches!(
-        f.engine.replace_document(&f.path, k.clone(), doc("a", None), None),
+        f.engine
+            .replace_document(&f.path, k.clone(), doc("a", None), None),
         Err(Error::DocumentNotFound { .. })
     ));
-    assert!(matches!(f.engine.delete_document(&f.path, &k, None), Err(Error::DocumentNotFound { .. })));
-    assert!(matches!(f.engine.touch_document(&f.path, &k, None), Err(Error::DocumentNotFound { .. })));
     assert!(matches!(
-        f.engine.upsert_document(&f.path, doc("a", None), None, Some(&old_etag)),
+        f.engine.delete_document(&f.path, &k, None),
+        Err(Error::DocumentNotFound { .. })
+    ));
+    assert!(matches!(
+        f.engine.touch_document(&f.path, &k, None),
+        Err(Error::DocumentNotFound { .. })
+    ));
+    assert!(matches!(
+        f.engine
+            .upsert_document(&f.path, doc("a", None), None, Some(&old_etag)),
         Err(Error::PreconditionFailed { .. })
     ));
-    let page = f.engine.read_feed_page(&f.path, &FeedScope::Collection, 100, None).expect("feed");
+    let page = f
+        .engine
+        .read_feed_page(&f.path, &FeedScope::Collection, 100, None)
+        .expect("feed");
     assert!(page.documents.is_empty(), "feeds omit expired documents");
     // Upsert creates, and create of the same id makes a brand new document.
-    let (outcome, _) = f.engine.upsert_document(&f.path, doc("a", Some(1)), None, None).expect("upsert");
+    let (outcome, _) = f
+        .engine
+        .upsert_document(&f.path, doc("a", Some(1)), None, None)
+        .expect("upsert");
     assert_eq!(outcome, UpsertOutcome::Created);
     f.advance(SEC);
     let new = f.create("a", None);
@@ -201,10 +247,16 @@ fn every_write_resets_the_clock() {
     let k = key("p", "a");
     f.create("a", None);
     f.advance(9 * SEC);
-    let replaced = f.engine.replace_document(&f.path, k.clone(), doc("a", None), None).expect("replace");
+    let replaced = f
+        .engine
+        .replace_document(&f.path, k.clone(), doc("a", None), None)
+        .expect("replace");
     assert_eq!(replaced.last_write, T0 + 9 * SEC);
     f.advance(9 * SEC);
-    let (outcome, upserted) = f.engine.upsert_document(&f.path, doc("a", None), None, None).expect("upsert");
+    let (outcome, upserted) = f
+        .engine
+        .upsert_document(&f.path, doc("a", None), None, None)
+        .expect("upsert");
     assert_eq!(outcome, UpsertOutcome::Replaced);
     assert_eq!(upserted.last_write, T0 + 18 * SEC);
     f.advance(9 * SEC);
@@ -214,7 +266,10 @@ fn every_write_resets_the_clock() {
     assert_ne!(touched.etag, upserted.etag, "touch is a write: new etag");
     assert_eq!(touched.expires_at, Some(T0 + 37 * SEC));
     f.advance(10 * SEC - 1);
-    assert!(f.visible("a"), "27 s after create, still alive thanks to the writes");
+    assert!(
+        f.visible("a"),
+        "27 s after create, still alive thanks to the writes"
+    );
     f.advance(1);
     assert!(!f.visible("a"));
 }
@@ -224,7 +279,9 @@ fn touch_restarts_an_own_ttl_too() {
     let f = Fixture::new(Some(-1));
     f.create("a", Some(2));
     f.advance(2 * SEC - 1);
-    f.engine.touch_document(&f.path, &key("p", "a"), None).expect("touch");
+    f.engine
+        .touch_document(&f.path, &key("p", "a"), None)
+        .expect("touch");
     f.advance(2 * SEC - 1);
     assert!(f.visible("a"));
     f.advance(1);
@@ -239,18 +296,31 @@ fn a_rejected_write_changes_nothing() {
     let k = key("p", "a");
     let stale = Etag(created.etag.0 + 1_000).to_string();
     assert!(matches!(
-        f.engine.replace_document(&f.path, k.clone(), doc("a", Some(100)), Some(&stale)),
+        f.engine
+            .replace_document(&f.path, k.clone(), doc("a", Some(100)), Some(&stale)),
         Err(Error::PreconditionFailed { .. })
     ));
-    assert!(matches!(f.engine.touch_document(&f.path, &k, Some(&stale)), Err(Error::PreconditionFailed { .. })));
-    assert!(matches!(f.engine.delete_document(&f.path, &k, Some(&stale)), Err(Error::PreconditionFailed { .. })));
-    assert!(matches!(f.engine.create_document(&f.path, doc("a", Some(100)), None), Err(Error::DocumentExists { .. })));
+    assert!(matches!(
+        f.engine.touch_document(&f.path, &k, Some(&stale)),
+        Err(Error::PreconditionFailed { .. })
+    ));
+    assert!(matches!(
+        f.engine.delete_document(&f.path, &k, Some(&stale)),
+        Err(Error::PreconditionFailed { .. })
+    ));
+    assert!(matches!(
+        f.engine.create_document(&f.path, doc("a", Some(100)), None),
+        Err(Error::DocumentExists { .. })
+    ));
     let read = f.read("a").expect("still there");
     assert_eq!(read.last_write, created.last_write, "_ts unchanged");
     assert_eq!(read.etag, created.etag);
     assert_eq!(read.body, created.body);
     f.advance(5 * SEC);
-    assert!(!f.visible("a"), "its clock was not reset by the rejected writes");
+    assert!(
+        !f.visible("a"),
+        "its clock was not reset by the rejected writes"
+    );
 }
 
 #[test]
@@ -259,10 +329,14 @@ fn removing_ttl_inherits_again_and_minus_one_never_expires() {
     let k = key("p", "a");
     f.create("a", Some(2));
     f.advance(SEC);
-    f.engine.replace_document(&f.path, k.clone(), doc("a", None), None).expect("replace without ttl");
+    f.engine
+        .replace_document(&f.path, k.clone(), doc("a", None), None)
+        .expect("replace without ttl");
     f.advance(5 * SEC);
     assert!(f.visible("a"), "inherits 10 s now, not 2 s");
-    f.engine.replace_document(&f.path, k, doc("a", Some(-1)), None).expect("replace with -1");
+    f.engine
+        .replace_document(&f.path, k, doc("a", Some(-1)), None)
+        .expect("replace with -1");
     f.advance(3600 * SEC);
     assert!(f.visible("a"));
 }
@@ -277,7 +351,10 @@ fn lowering_the_default_expires_older_inheritors_at_once() {
     f.create("young", None);
     f.create("own", Some(7200));
     f.set_default(Some(3600));
-    assert!(!f.visible("old"), "2 h 1 s... 1 h 1 s old: gone as soon as the default drops to 1 h");
+    assert!(
+        !f.visible("old"),
+        "2 h 1 s... 1 h 1 s old: gone as soon as the default drops to 1 h"
+    );
     assert!(f.visible("young"));
     assert!(f.visible("own"), "an own ttl does not follow the default");
     f.advance(3600 * SEC - 1);
@@ -307,10 +384,16 @@ fn turning_ttl_off_and_on() {
     f.set_default(None);
     f.advance(3600 * SEC);
     assert!(f.visible("inherits"), "off: nothing expires");
-    assert!(f.visible("own"), "off: not even documents with their own ttl");
+    assert!(
+        f.visible("own"),
+        "off: not even documents with their own ttl"
+    );
     f.set_default(Some(-1));
     assert!(f.visible("inherits"), "-1: inheritors never expire");
-    assert!(!f.visible("own"), "-1: the own ttl is honoured again, and it is long past");
+    assert!(
+        !f.visible("own"),
+        "-1: the own ttl is honoured again, and it is long past"
+    );
     f.set_default(Some(100_000));
     assert!(f.visible("inherits"));
 }
@@ -330,7 +413,13 @@ fn expired_is_final_whatever_the_settings_do_next() {
         assert!(!f.visible("inherits"), "after setting {raw:?}");
         assert!(!f.visible("own"), "after setting {raw:?}");
     }
-    assert!(f.engine.read_feed_page(&f.path, &FeedScope::Collection, 10, None).expect("feed").documents.is_empty());
+    assert!(
+        f.engine
+            .read_feed_page(&f.path, &FeedScope::Collection, 10, None)
+            .expect("feed")
+            .documents
+            .is_empty()
+    );
     assert_eq!(f.engine.purge_now(), 2);
 }
 
@@ -342,7 +431,10 @@ fn a_lowered_default_then_raised_back_does_not_revive() {
     f.set_default(Some(60));
     assert!(!f.visible("a"));
     f.set_default(Some(7200));
-    assert!(!f.visible("a"), "it expired under the 60 s default; raising it again must not revive it");
+    assert!(
+        !f.visible("a"),
+        "it expired under the 60 s default; raising it again must not revive it"
+    );
 }
 
 // ---- SPEC §5 and resource rules ----
@@ -356,13 +448,25 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
         CollectionSettings::new(default_ttl(Some(-1)), IndexingMode::None),
         Err(InvalidInput::TtlWithoutIndex)
     );
-    let none = CollectionSettings::new(DefaultTtl::Off, IndexingMode::None).expect("no ttl, no index");
-    f.engine.create_collection(&db, id("plain"), path, none).expect("create");
-    let plain = CollectionPath { database: db, collection: id("plain") };
+    let none =
+        CollectionSettings::new(DefaultTtl::Off, IndexingMode::None).expect("no ttl, no index");
+    f.engine
+        .create_collection(&db, id("plain"), path, none)
+        .expect("create");
+    let plain = CollectionPath {
+        database: db,
+        collection: id("plain"),
+    };
     // Turning TTL on for an unindexed collection:
     let err = f
         .engine
-        .replace_collection(&plain, SettingsChange { default_ttl: default_ttl(Some(60)), indexing_mode: None })
+        .replace_collection(
+            &plain,
+            SettingsChange {
+                default_ttl: default_ttl(Some(60)),
+                indexing_mode: None,
+            },
+        )
         .expect_err("rejected");
     assert_eq!(err, Error::Invalid(InvalidInput::TtlWithoutIndex));
     // Switching a TTL collection to none:
@@ -371,40 +475,93 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
         .engine
         .replace_collection(
             &f.path,
-            SettingsChange { default_ttl: default_ttl(Some(60)), indexing_mode: Some(IndexingMode::None) },
+            SettingsChange {
+                default_ttl: default_ttl(Some(60)),
+                indexing_mode: Some(IndexingMode::None),
+            },
         )
         .expect_err("rejected");
     assert_eq!(err, Error::Invalid(InvalidInput::TtlWithoutIndex));
-    assert_eq!(f.engine.get_collection(&f.path).expect("exists").settings.indexing_mode(), IndexingMode::Consistent);
+    assert_eq!(
+        f.engine
+            .get_collection(&f.path)
+            .expect("exists")
+            .settings
+            .indexing_mode(),
+        IndexingMode::Consistent
+    );
 }
 
 #[test]
 fn uniqueness_is_per_partition_key_and_id() {
     let f = Fixture::new(None);
-    f.engine.create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None).expect("in x");
-    f.engine.create_document(&f.path, body(json!({"id": "same", "pk": "y"})), None).expect("same id in y");
-    f.engine.create_document(&f.path, body(json!({"id": "same"})), None).expect("same id, undefined partition");
-    let err = f.engine.create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None).expect_err("dup");
+    f.engine
+        .create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None)
+        .expect("in x");
+    f.engine
+        .create_document(&f.path, body(json!({"id": "same", "pk": "y"})), None)
+        .expect("same id in y");
+    f.engine
+        .create_document(&f.path, body(json!({"id": "same"})), None)
+        .expect("same id, undefined partition");
+    let err = f
+        .engine
+        .create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None)
+        .expect_err("dup");
     assert!(matches!(err, Error::DocumentExists { .. }));
-    let undefined = DocKey { partition_key: PartitionKeyValue::Undefined, id: id("same") };
+    let undefined = DocKey {
+        partition_key: PartitionKeyValue::Undefined,
+        id: id("same"),
+    };
     assert!(f.engine.read_document(&f.path, &undefined).is_ok());
-    f.engine.delete_document(&f.path, &key("x", "same"), None).expect("delete in x");
-    assert!(f.engine.read_document(&f.path, &key("y", "same")).is_ok(), "y untouched");
+    f.engine
+        .delete_document(&f.path, &key("x", "same"), None)
+        .expect("delete in x");
+    assert!(
+        f.engine.read_document(&f.path, &key("y", "same")).is_ok(),
+        "y untouched"
+    );
 }
 
 #[test]
 fn partition_key_in_the_request_must_match_the_body() {
     let f = Fixture::new(None);
-    let err = f.engine.create_document(&f.path, doc("a", None), Some(pk("other"))).expect_err("mismatch");
-    assert!(matches!(err, Error::Invalid(InvalidInput::PartitionKeyMismatch { .. })), "{err}");
+    let err = f
+        .engine
+        .create_document(&f.path, doc("a", None), Some(pk("other")))
+        .expect_err("mismatch");
+    assert!(
+        matches!(
+            err,
+            Error::Invalid(InvalidInput::PartitionKeyMismatch { .. })
+        ),
+        "{err}"
+    );
     f.create("a", None);
     let err = f
         .engine
-        .replace_document(&f.path, key("p", "a"), body(json!({"id": "a", "pk": "q"})), None)
+        .replace_document(
+            &f.path,
+            key("p", "a"),
+            body(json!({"id": "a", "pk": "q"})),
+            None,
+        )
         .expect_err("replace moving partitions");
-    assert!(matches!(err, Error::Invalid(InvalidInput::PartitionKeyMismatch { .. })), "{err}");
-    let err = f.engine.replace_document(&f.path, key("p", "a"), doc("b", None), None).expect_err("id");
-    assert!(matches!(err, Error::Invalid(InvalidInput::IdMismatch { .. })), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Invalid(InvalidInput::PartitionKeyMismatch { .. })
+        ),
+        "{err}"
+    );
+    let err = f
+        .engine
+        .replace_document(&f.path, key("p", "a"), doc("b", None), None)
+        .expect_err("id");
+    assert!(
+        matches!(err, Error::Invalid(InvalidInput::IdMismatch { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -414,15 +571,28 @@ fn etags_guard_writes() {
     let v1 = f.create("a", None);
     let v2 = f
         .engine
-        .replace_document(&f.path, k.clone(), doc("a", None), Some(&v1.etag.to_string()))
+        .replace_document(
+            &f.path,
+            k.clone(),
+            doc("a", None),
+            Some(&v1.etag.to_string()),
+        )
         .expect("matching etag");
     assert!(matches!(
-        f.engine.replace_document(&f.path, k.clone(), doc("a", None), Some(&v1.etag.to_string())),
+        f.engine.replace_document(
+            &f.path,
+            k.clone(),
+            doc("a", None),
+            Some(&v1.etag.to_string())
+        ),
         Err(Error::PreconditionFailed { .. })
     ));
-    f.engine.delete_document(&f.path, &k, Some(&v2.etag.to_string())).expect("delete with etag");
+    f.engine
+        .delete_document(&f.path, &k, Some(&v2.etag.to_string()))
+        .expect("delete with etag");
     assert!(matches!(
-        f.engine.upsert_document(&f.path, doc("a", None), None, Some(&v2.etag.to_string())),
+        f.engine
+            .upsert_document(&f.path, doc("a", None), None, Some(&v2.etag.to_string())),
         Err(Error::PreconditionFailed { .. })
     ));
 }
@@ -456,13 +626,19 @@ fn purge_respects_rewrites_and_settings() {
     f.create("rewritten", None);
     f.create("off-later", Some(9));
     f.advance(8 * SEC);
-    f.engine.touch_document(&f.path, &key("p", "rewritten"), None).expect("touch");
+    f.engine
+        .touch_document(&f.path, &key("p", "rewritten"), None)
+        .expect("touch");
     f.set_default(None);
     f.advance(100 * SEC);
     assert_eq!(f.engine.purge_now(), 0, "TTL off: nothing is purged");
     assert!(f.visible("rewritten") && f.visible("off-later"));
     f.set_default(Some(10));
-    assert_eq!(f.engine.purge_now(), 2, "on again: both long past their TTL");
+    assert_eq!(
+        f.engine.purge_now(),
+        2,
+        "on again: both long past their TTL"
+    );
 }
 
 #[test]
@@ -471,7 +647,9 @@ fn bookkeeping_stays_bounded_under_rewrites() {
     for round in 0..50 {
         for i in 0..200 {
             let ttl = if round % 2 == 0 { None } else { Some(600) };
-            f.engine.upsert_document(&f.path, doc(&format!("d{i}"), ttl), None, None).expect("upsert");
+            f.engine
+                .upsert_document(&f.path, doc(&format!("d{i}"), ttl), None, None)
+                .expect("upsert");
         }
         f.advance(SEC);
     }
@@ -495,7 +673,10 @@ struct FlakyShard {
 
 impl Storage for FlakyStorage {
     fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
-        Arc::new(FlakyShard { inner: self.inner.shard(index), failing: self.failing.clone() })
+        Arc::new(FlakyShard {
+            inner: self.inner.shard(index),
+            failing: self.failing.clone(),
+        })
     }
     fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
         self.inner.write_catalog(change)
@@ -503,13 +684,17 @@ impl Storage for FlakyStorage {
 }
 
 impl ShardStore for FlakyShard {
-    fn write(&self, batch: &[DocumentWrite]) -> Result<(), StorageError> {
+    fn write(&self, batch: &[DocumentWrite<'_>]) -> Result<(), StorageError> {
         if self.failing.load(Ordering::SeqCst) {
             return Err(StorageError::new("injected failure"));
         }
         self.inner.write(batch)
     }
-    fn get(&self, collection: CollectionUid, key: &DocKey) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
         self.inner.get(collection, key)
     }
     fn scan(
@@ -528,22 +713,43 @@ impl ShardStore for FlakyShard {
 #[test]
 fn a_storage_failure_changes_nothing_and_the_purge_retries() {
     let failing = Arc::new(AtomicBool::new(false));
-    let f = Fixture::with_storage(Some(10), Arc::new(FlakyStorage { inner: MemoryStorage::new(), failing: failing.clone() }));
+    let f = Fixture::with_storage(
+        Some(10),
+        Arc::new(FlakyStorage {
+            inner: MemoryStorage::new(),
+            failing: failing.clone(),
+        }),
+    );
     let v1 = f.create("a", None);
     failing.store(true, Ordering::SeqCst);
     f.advance(SEC);
-    let err = f.engine.upsert_document(&f.path, doc("a", Some(100)), None, None).expect_err("storage down");
+    let err = f
+        .engine
+        .upsert_document(&f.path, doc("a", Some(100)), None, None)
+        .expect_err("storage down");
     assert!(matches!(err, Error::Storage(_)));
-    let err = f.engine.create_document(&f.path, doc("b", None), None).expect_err("storage down");
+    let err = f
+        .engine
+        .create_document(&f.path, doc("b", None), None)
+        .expect_err("storage down");
     assert!(matches!(err, Error::Storage(_)));
-    assert_eq!(f.read("a").expect("unchanged"), DocumentView { read_at: T0 + SEC, ..v1.clone() });
+    assert_eq!(
+        f.read("a").expect("unchanged"),
+        DocumentView {
+            read_at: T0 + SEC,
+            ..v1.clone()
+        }
+    );
     assert!(!f.visible("b"));
     f.advance(9 * SEC);
     assert_eq!(f.engine.purge_now(), 0, "delete failed");
     assert!(!f.visible("a"), "still invisible: it expired");
     failing.store(false, Ordering::SeqCst);
     f.set_default(None);
-    assert!(!f.visible("a"), "and final, even with TTL turned off before the retry");
+    assert!(
+        !f.visible("a"),
+        "and final, even with TTL turned off before the retry"
+    );
     assert_eq!(f.engine.purge_now(), 1, "the retry purges it");
 }
 
@@ -562,7 +768,10 @@ fn read_feed_pages_through_every_live_document_once() {
     let mut seen = Vec::new();
     let mut token: Option<String> = None;
     loop {
-        let page = f.engine.read_feed_page(&f.path, &FeedScope::Collection, 30, token.as_deref()).expect("page");
+        let page = f
+            .engine
+            .read_feed_page(&f.path, &FeedScope::Collection, 30, token.as_deref())
+            .expect("page");
         assert!(page.documents.len() <= 30);
         seen.extend(page.documents.iter().map(|d| d.key.id.to_string()));
         match page.continuation {
@@ -571,14 +780,27 @@ fn read_feed_pages_through_every_live_document_once() {
         }
     }
     seen.sort();
-    let expected: Vec<String> = (0..250).filter(|i| i % 5 != 0).map(|i| format!("d{i:03}")).collect();
+    let expected: Vec<String> = (0..250)
+        .filter(|i| i % 5 != 0)
+        .map(|i| format!("d{i:03}"))
+        .collect();
     assert_eq!(seen, expected);
 
     let partition = FeedScope::Partition(pk("p3"));
-    let page = f.engine.read_feed_page(&f.path, &partition, 1000, None).expect("partition page");
+    let page = f
+        .engine
+        .read_feed_page(&f.path, &partition, 1000, None)
+        .expect("partition page");
     assert!(page.continuation.is_none());
-    assert!(page.documents.iter().all(|d| d.key.partition_key == pk("p3")));
-    assert_eq!(page.documents.len(), (0..250).filter(|i| i % 7 == 3 && i % 5 != 0).count());
+    assert!(
+        page.documents
+            .iter()
+            .all(|d| d.key.partition_key == pk("p3"))
+    );
+    assert_eq!(
+        page.documents.len(),
+        (0..250).filter(|i| i % 7 == 3 && i % 5 != 0).count()
+    );
 }
 
 #[test]
@@ -588,15 +810,28 @@ fn a_recreated_collection_starts_empty() {
         f.create(&format!("d{i}"), Some(30));
     }
     f.engine.delete_collection(&f.path).expect("delete");
-    assert!(matches!(f.read("d0"), Err(Error::CollectionNotFound { .. })));
-    let settings = CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent).expect("settings");
+    assert!(matches!(
+        f.read("d0"),
+        Err(Error::CollectionNotFound { .. })
+    ));
+    let settings =
+        CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent).expect("settings");
     f.engine
-        .create_collection(&f.path.database, id("c"), PartitionKeyPath::parse("/pk").expect("path"), settings)
+        .create_collection(
+            &f.path.database,
+            id("c"),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            settings,
+        )
         .expect("recreate");
     assert!(!f.visible("d0"));
     assert_eq!(f.engine.expiry_stats().documents, 0);
     f.advance(60 * SEC);
-    assert_eq!(f.engine.purge_now(), 0, "timers of the deleted collection were cancelled");
+    assert_eq!(
+        f.engine.purge_now(),
+        0,
+        "timers of the deleted collection were cancelled"
+    );
 }
 
 #[test]

@@ -52,7 +52,9 @@ impl DefaultTtl {
         match raw {
             None => Ok(DefaultTtl::Off),
             Some(-1) => Ok(DefaultTtl::NoDefault),
-            Some(n) => TtlSeconds::new(n).map(DefaultTtl::After).ok_or(InvalidInput::DefaultTtl { raw: n.to_string() }),
+            Some(n) => TtlSeconds::new(n)
+                .map(DefaultTtl::After)
+                .ok_or(InvalidInput::DefaultTtl { raw: n.to_string() }),
         }
     }
 
@@ -86,7 +88,9 @@ impl DocumentTtl {
     /// else (0, other negatives, null, fractions, strings, bools, objects, arrays) is rejected
     /// with the raw JSON value in the message.
     pub fn from_json(value: &Value) -> Result<Self, InvalidInput> {
-        let invalid = || InvalidInput::DocumentTtl { raw: value.to_string() };
+        let invalid = || InvalidInput::DocumentTtl {
+            raw: value.to_string(),
+        };
         let n = match value {
             Value::Number(n) => n.as_i64().ok_or_else(invalid)?,
             _ => return Err(invalid()),
@@ -98,7 +102,9 @@ impl DocumentTtl {
     pub fn from_i64(n: i64) -> Result<Self, InvalidInput> {
         match n {
             -1 => Ok(DocumentTtl::Never),
-            _ => TtlSeconds::new(n).map(DocumentTtl::After).ok_or(InvalidInput::DocumentTtl { raw: n.to_string() }),
+            _ => TtlSeconds::new(n)
+                .map(DocumentTtl::After)
+                .ok_or(InvalidInput::DocumentTtl { raw: n.to_string() }),
         }
     }
 
@@ -124,7 +130,10 @@ impl fmt::Display for DocumentTtl {
 }
 
 /// The TTL that applies to a document (SPEC §3's matrix), `None` = never expires.
-pub(crate) fn effective_ttl(document: Option<DocumentTtl>, default: DefaultTtl) -> Option<TtlSeconds> {
+pub(crate) fn effective_ttl(
+    document: Option<DocumentTtl>,
+    default: DefaultTtl,
+) -> Option<TtlSeconds> {
     match (default, document) {
         // Off wins over everything, even a document's own ttl (which is kept, not honoured).
         (DefaultTtl::Off, _) => None,
@@ -137,7 +146,11 @@ pub(crate) fn effective_ttl(document: Option<DocumentTtl>, default: DefaultTtl) 
 
 /// The instant a document written at `last_write` expires under the given rules; `None` = never.
 /// Kept at millisecond precision: the document is visible for its full TTL.
-pub(crate) fn expires_at(last_write: Millis, document: Option<DocumentTtl>, default: DefaultTtl) -> Option<Millis> {
+pub(crate) fn expires_at(
+    last_write: Millis,
+    document: Option<DocumentTtl>,
+    default: DefaultTtl,
+) -> Option<Millis> {
     effective_ttl(document, default).map(|ttl| last_write + ttl.millis())
 }
 
@@ -172,7 +185,11 @@ mod tests {
         assert_eq!(effective_ttl(never, no_default), None);
         assert_eq!(effective_ttl(never, n), None);
         // document ttl = m
-        assert_eq!(effective_ttl(m, off), None, "kept but ignored while TTL is off");
+        assert_eq!(
+            effective_ttl(m, off),
+            None,
+            "kept but ignored while TTL is off"
+        );
         assert_eq!(effective_ttl(m, no_default), Some(secs(60)));
         assert_eq!(effective_ttl(m, n), Some(secs(60)));
     }
@@ -180,7 +197,11 @@ mod tests {
     #[test]
     fn visible_until_the_millisecond_before_expiry() {
         let written = 1_000_000;
-        let at = expires_at(written, Some(DocumentTtl::After(secs(1))), DefaultTtl::NoDefault);
+        let at = expires_at(
+            written,
+            Some(DocumentTtl::After(secs(1))),
+            DefaultTtl::NoDefault,
+        );
         assert_eq!(at, Some(written + 1_000));
         assert!(is_visible(at, written + 999));
         assert!(!is_visible(at, written + 1_000));
@@ -194,19 +215,34 @@ mod tests {
     fn default_ttl_validation_uses_the_cosmos_message() {
         assert_eq!(DefaultTtl::from_raw(None), Ok(DefaultTtl::Off));
         assert_eq!(DefaultTtl::from_raw(Some(-1)), Ok(DefaultTtl::NoDefault));
-        assert_eq!(DefaultTtl::from_raw(Some(1)), Ok(DefaultTtl::After(secs(1))));
-        assert_eq!(DefaultTtl::from_raw(Some(2_147_483_647)), Ok(DefaultTtl::After(secs(2_147_483_647))));
+        assert_eq!(
+            DefaultTtl::from_raw(Some(1)),
+            Ok(DefaultTtl::After(secs(1)))
+        );
+        assert_eq!(
+            DefaultTtl::from_raw(Some(2_147_483_647)),
+            Ok(DefaultTtl::After(secs(2_147_483_647)))
+        );
         for bad in [0, -10, -2, 2_147_483_648, i64::MAX, i64::MIN] {
             let err = DefaultTtl::from_raw(Some(bad)).expect_err("invalid");
-            assert_eq!(err.to_string(), format!("The input defaultTtl '{bad}' {TAIL}"));
+            assert_eq!(
+                err.to_string(),
+                format!("The input defaultTtl '{bad}' {TAIL}")
+            );
         }
     }
 
     #[test]
     fn document_ttl_validation_uses_the_cosmos_message_with_the_raw_value() {
         assert_eq!(DocumentTtl::from_json(&json!(-1)), Ok(DocumentTtl::Never));
-        assert_eq!(DocumentTtl::from_json(&json!(60)), Ok(DocumentTtl::After(secs(60))));
-        assert_eq!(DocumentTtl::from_json(&json!(2_147_483_647)), Ok(DocumentTtl::After(secs(2_147_483_647))));
+        assert_eq!(
+            DocumentTtl::from_json(&json!(60)),
+            Ok(DocumentTtl::After(secs(60)))
+        );
+        assert_eq!(
+            DocumentTtl::from_json(&json!(2_147_483_647)),
+            Ok(DocumentTtl::After(secs(2_147_483_647)))
+        );
         let cases = [
             (json!(0), "0"),
             (json!(-10), "-10"),

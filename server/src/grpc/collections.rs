@@ -1,8 +1,9 @@
 //! `mayfly.v1.Collections`.
 
 use mayfly_proto::v1::{
-    Collection, CreateCollectionRequest, DeleteCollectionRequest, DeleteCollectionResponse, GetCollectionRequest,
-    ListCollectionsRequest, ListCollectionsResponse, ReplaceCollectionRequest, server,
+    Collection, CreateCollectionRequest, DeleteCollectionRequest, DeleteCollectionResponse,
+    GetCollectionRequest, ListCollectionsRequest, ListCollectionsResponse,
+    ReplaceCollectionRequest, server,
 };
 use tonic::{Request, Response, Status};
 
@@ -28,20 +29,32 @@ impl server::Collections for CollectionsService {
         &self,
         request: Request<CreateCollectionRequest>,
     ) -> Result<Response<Collection>, Status> {
-        let CreateCollectionRequest { database, id, partition_key_path, default_ttl, indexing_mode } =
-            request.into_inner();
+        let CreateCollectionRequest {
+            database,
+            id,
+            partition_key_path,
+            default_ttl,
+            indexing_mode,
+        } = request.into_inner();
         let database = convert::database_id(&database)?;
         let id = convert::collection_id(&id)?;
         let path = PartitionKeyPath::parse(&partition_key_path)?;
         let mode = convert::indexing_mode(indexing_mode)?.unwrap_or_default();
         let settings = CollectionSettings::new(DefaultTtl::from_raw(default_ttl)?, mode)?;
-        let info = self.engine.create_collection(&database, id, path, settings)?;
+        let info = self
+            .engine
+            .create_collection(&database, id, path, settings)?;
         Ok(Response::new(Collection::from(&*info)))
     }
 
-    async fn get_collection(&self, request: Request<GetCollectionRequest>) -> Result<Response<Collection>, Status> {
+    async fn get_collection(
+        &self,
+        request: Request<GetCollectionRequest>,
+    ) -> Result<Response<Collection>, Status> {
         let GetCollectionRequest { database, id } = request.into_inner();
-        let info = self.engine.get_collection(&convert::collection_path(&database, &id)?)?;
+        let info = self
+            .engine
+            .get_collection(&convert::collection_path(&database, &id)?)?;
         Ok(Response::new(Collection::from(&*info)))
     }
 
@@ -50,15 +63,24 @@ impl server::Collections for CollectionsService {
         request: Request<ListCollectionsRequest>,
     ) -> Result<Response<ListCollectionsResponse>, Status> {
         let ListCollectionsRequest { database } = request.into_inner();
-        let collections = self.engine.list_collections(&convert::database_id(&database)?)?;
-        Ok(Response::new(ListCollectionsResponse { collections: collections.iter().map(|c| Collection::from(&**c)).collect() }))
+        let collections = self
+            .engine
+            .list_collections(&convert::database_id(&database)?)?;
+        Ok(Response::new(ListCollectionsResponse {
+            collections: collections.iter().map(|c| Collection::from(&**c)).collect(),
+        }))
     }
 
     async fn replace_collection(
         &self,
         request: Request<ReplaceCollectionRequest>,
     ) -> Result<Response<Collection>, Status> {
-        let ReplaceCollectionRequest { database, id, default_ttl, indexing_mode } = request.into_inner();
+        let ReplaceCollectionRequest {
+            database,
+            id,
+            default_ttl,
+            indexing_mode,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &id)?;
         let change = SettingsChange {
             default_ttl: convert::default_ttl_change(default_ttl)?,

@@ -11,8 +11,9 @@ use prost_types::value::Kind;
 use serde_json::{Map, Value};
 
 use crate::engine::{
-    CollectionId, CollectionInfo, CollectionPath, DatabaseId, DefaultTtl, DocumentBody, DocumentView, IdKind,
-    IndexingMode, InvalidInput, MAX_DEPTH, Millis, PartitionKeyValue, ResourceId,
+    CollectionId, CollectionInfo, CollectionPath, DatabaseId, DefaultTtl, DocumentBody,
+    DocumentView, IdKind, IndexingMode, InvalidInput, MAX_DEPTH, Millis, PartitionKeyValue,
+    ResourceId,
 };
 use crate::storage::DocKey;
 
@@ -20,8 +21,14 @@ pub(crate) fn database_id(raw: &str) -> Result<DatabaseId, InvalidInput> {
     ResourceId::parse(IdKind::Database, raw)
 }
 
-pub(crate) fn collection_path(database: &str, collection: &str) -> Result<CollectionPath, InvalidInput> {
-    Ok(CollectionPath { database: database_id(database)?, collection: collection_id(collection)? })
+pub(crate) fn collection_path(
+    database: &str,
+    collection: &str,
+) -> Result<CollectionPath, InvalidInput> {
+    Ok(CollectionPath {
+        database: database_id(database)?,
+        collection: collection_id(collection)?,
+    })
 }
 
 pub(crate) fn collection_id(raw: &str) -> Result<CollectionId, InvalidInput> {
@@ -29,19 +36,32 @@ pub(crate) fn collection_id(raw: &str) -> Result<CollectionId, InvalidInput> {
 }
 
 /// A point operation's address: the partition key is required.
-pub(crate) fn doc_key(id: &str, partition_key: Option<v1::PartitionKey>) -> Result<DocKey, InvalidInput> {
+pub(crate) fn doc_key(
+    id: &str,
+    partition_key: Option<v1::PartitionKey>,
+) -> Result<DocKey, InvalidInput> {
     let partition_key = partition_key_value(partition_key)?.ok_or(InvalidInput::MissingField {
         field: "partition_key",
         hint: "point operations name the partition: {\"value\": <value>} or {\"undefined\": {}}",
     })?;
-    Ok(DocKey { partition_key, id: ResourceId::parse(IdKind::Document, id)? })
+    Ok(DocKey {
+        partition_key,
+        id: ResourceId::parse(IdKind::Document, id)?,
+    })
 }
 
 /// An optional partition key (create, upsert, feed).
-pub(crate) fn partition_key_value(pk: Option<v1::PartitionKey>) -> Result<Option<PartitionKeyValue>, InvalidInput> {
-    let Some(v1::PartitionKey { kind }) = pk else { return Ok(None) };
+pub(crate) fn partition_key_value(
+    pk: Option<v1::PartitionKey>,
+) -> Result<Option<PartitionKeyValue>, InvalidInput> {
+    let Some(v1::PartitionKey { kind }) = pk else {
+        return Ok(None);
+    };
     let scalar = |kind: Option<Kind>| -> Result<PartitionKeyValue, InvalidInput> {
-        let wrong = |found| InvalidInput::PartitionKeyValueType { path: String::new(), found };
+        let wrong = |found| InvalidInput::PartitionKeyValueType {
+            path: String::new(),
+            found,
+        };
         Ok(match kind {
             None | Some(Kind::NullValue(_)) => PartitionKeyValue::Null,
             Some(Kind::BoolValue(b)) => PartitionKeyValue::Bool(b),
@@ -65,46 +85,72 @@ pub(crate) fn partition_key_value(pk: Option<v1::PartitionKey>) -> Result<Option
 pub(crate) fn partition_key_proto(value: &PartitionKeyValue) -> v1::PartitionKey {
     let kind = match value {
         PartitionKeyValue::Undefined => PartitionKeyKind::Undefined(()),
-        PartitionKeyValue::Null => PartitionKeyKind::Value(prost_types::Value { kind: Some(Kind::NullValue(0)) }),
-        PartitionKeyValue::Bool(b) => PartitionKeyKind::Value(prost_types::Value { kind: Some(Kind::BoolValue(*b)) }),
-        PartitionKeyValue::Number(x) => {
-            PartitionKeyKind::Value(prost_types::Value { kind: Some(Kind::NumberValue(*x)) })
-        }
-        PartitionKeyValue::String(s) => {
-            PartitionKeyKind::Value(prost_types::Value { kind: Some(Kind::StringValue(s.to_string())) })
-        }
+        PartitionKeyValue::Null => PartitionKeyKind::Value(prost_types::Value {
+            kind: Some(Kind::NullValue(0)),
+        }),
+        PartitionKeyValue::Bool(b) => PartitionKeyKind::Value(prost_types::Value {
+            kind: Some(Kind::BoolValue(*b)),
+        }),
+        PartitionKeyValue::Number(x) => PartitionKeyKind::Value(prost_types::Value {
+            kind: Some(Kind::NumberValue(*x)),
+        }),
+        PartitionKeyValue::String(s) => PartitionKeyKind::Value(prost_types::Value {
+            kind: Some(Kind::StringValue(s.to_string())),
+        }),
     };
     v1::PartitionKey { kind: Some(kind) }
 }
 
 /// A request body: present, decodable as JSON, and valid as a document.
-pub(crate) fn document_body(body: Option<JsonObject>, ttl: Option<i64>) -> Result<DocumentBody, InvalidInput> {
-    let body = body.ok_or(InvalidInput::MissingField { field: "body", hint: "send the document as a JSON object" })?;
+pub(crate) fn document_body(
+    body: Option<JsonObject>,
+    ttl: Option<i64>,
+) -> Result<DocumentBody, InvalidInput> {
+    let body = body.ok_or(InvalidInput::MissingField {
+        field: "body",
+        hint: "send the document as a JSON object",
+    })?;
     let map: Arc<Map<String, Value>> = body.into_checked().map_err(|defect| match defect {
         JsonDefect::TooDeep => InvalidInput::DocumentTooDeep { limit: MAX_DEPTH },
-        other => InvalidInput::BadJson { reason: other.to_string() },
+        other => InvalidInput::BadJson {
+            reason: other.to_string(),
+        },
     })?;
     DocumentBody::parse(map, ttl)
 }
 
 fn timestamp(ms: Millis) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: (ms / 1_000) as i64, nanos: ((ms % 1_000) * 1_000_000) as i32 }
+    prost_types::Timestamp {
+        seconds: (ms / 1_000) as i64,
+        nanos: ((ms % 1_000) * 1_000_000) as i32,
+    }
 }
 
 impl From<DocumentView> for v1::Document {
     fn from(view: DocumentView) -> Self {
-        let DocumentView { key, body, last_write, etag, ttl, expires_at, read_at } = view;
+        let DocumentView {
+            key,
+            body,
+            last_write,
+            etag,
+            ttl,
+            expires_at,
+            read_at,
+        } = view;
         v1::Document {
             id: key.id.to_string(),
             partition_key: Some(partition_key_proto(&key.partition_key)),
-            body: Some(JsonObject::from_arc(body)),
+            body: Some(JsonObject::from_encoded(body)),
             ts: (last_write / 1_000) as i64,
             etag: etag.to_string(),
             ttl: ttl.map(|t| t.to_raw()),
             expires_at: expires_at.map(timestamp),
             expires_in: expires_at.map(|at| {
                 let left = at.saturating_sub(read_at);
-                prost_types::Duration { seconds: (left / 1_000) as i64, nanos: ((left % 1_000) * 1_000_000) as i32 }
+                prost_types::Duration {
+                    seconds: (left / 1_000) as i64,
+                    nanos: ((left % 1_000) * 1_000_000) as i32,
+                }
             }),
             modified_at: Some(timestamp(last_write)),
         }
@@ -117,25 +163,41 @@ pub(crate) fn indexing_mode(raw: i32) -> Result<Option<IndexingMode>, InvalidInp
         Ok(v1::IndexingMode::Consistent) => Ok(Some(IndexingMode::Consistent)),
         Ok(v1::IndexingMode::Lazy) => Ok(Some(IndexingMode::Lazy)),
         Ok(v1::IndexingMode::None) => Ok(Some(IndexingMode::None)),
-        Err(_) => Err(InvalidInput::UnknownEnumValue { field: "indexing_mode", value: raw }),
+        Err(_) => Err(InvalidInput::UnknownEnumValue {
+            field: "indexing_mode",
+            value: raw,
+        }),
     }
 }
 
 /// The replace request's explicit TTL state.
-pub(crate) fn default_ttl_change(setting: Option<v1::DefaultTtl>) -> Result<DefaultTtl, InvalidInput> {
+pub(crate) fn default_ttl_change(
+    setting: Option<v1::DefaultTtl>,
+) -> Result<DefaultTtl, InvalidInput> {
     const HINT: &str = "replacing settings decides the TTL state, so it must be explicit: {\"off\": {}}, {\"seconds\": -1} or {\"seconds\": n}";
     match setting {
-        None | Some(v1::DefaultTtl { state: None }) => {
-            Err(InvalidInput::MissingField { field: "default_ttl", hint: HINT })
-        }
-        Some(v1::DefaultTtl { state: Some(DefaultTtlState::Off(())) }) => Ok(DefaultTtl::Off),
-        Some(v1::DefaultTtl { state: Some(DefaultTtlState::Seconds(n)) }) => DefaultTtl::from_raw(Some(n)),
+        None | Some(v1::DefaultTtl { state: None }) => Err(InvalidInput::MissingField {
+            field: "default_ttl",
+            hint: HINT,
+        }),
+        Some(v1::DefaultTtl {
+            state: Some(DefaultTtlState::Off(())),
+        }) => Ok(DefaultTtl::Off),
+        Some(v1::DefaultTtl {
+            state: Some(DefaultTtlState::Seconds(n)),
+        }) => DefaultTtl::from_raw(Some(n)),
     }
 }
 
 impl From<&CollectionInfo> for v1::Collection {
     fn from(info: &CollectionInfo) -> Self {
-        let CollectionInfo { database, id, uid: _, partition_key_path, settings } = info;
+        let CollectionInfo {
+            database,
+            id,
+            uid: _,
+            partition_key_path,
+            settings,
+        } = info;
         v1::Collection {
             database: database.to_string(),
             id: id.to_string(),

@@ -1,8 +1,8 @@
 //! `mayfly.v1.Databases`.
 
 use mayfly_proto::v1::{
-    CreateDatabaseRequest, Database, DeleteDatabaseRequest, DeleteDatabaseResponse, GetDatabaseRequest,
-    ListDatabasesRequest, ListDatabasesResponse, server,
+    CreateDatabaseRequest, Database, DeleteDatabaseRequest, DeleteDatabaseResponse,
+    GetDatabaseRequest, ListDatabasesRequest, ListDatabasesResponse, server,
 };
 use tonic::{Request, Response, Status};
 
@@ -24,14 +24,20 @@ impl DatabasesService {
 
 #[tonic::async_trait]
 impl server::Databases for DatabasesService {
-    async fn create_database(&self, request: Request<CreateDatabaseRequest>) -> Result<Response<Database>, Status> {
+    async fn create_database(
+        &self,
+        request: Request<CreateDatabaseRequest>,
+    ) -> Result<Response<Database>, Status> {
         let CreateDatabaseRequest { id } = request.into_inner();
         let database = convert::database_id(&id)?;
         self.engine.create_database(database)?;
         Ok(Response::new(Database { id }))
     }
 
-    async fn get_database(&self, request: Request<GetDatabaseRequest>) -> Result<Response<Database>, Status> {
+    async fn get_database(
+        &self,
+        request: Request<GetDatabaseRequest>,
+    ) -> Result<Response<Database>, Status> {
         let GetDatabaseRequest { id } = request.into_inner();
         self.engine.get_database(&convert::database_id(&id)?)?;
         Ok(Response::new(Database { id }))
@@ -42,7 +48,12 @@ impl server::Databases for DatabasesService {
         request: Request<ListDatabasesRequest>,
     ) -> Result<Response<ListDatabasesResponse>, Status> {
         let ListDatabasesRequest {} = request.into_inner();
-        let databases = self.engine.list_databases().into_iter().map(|id| Database { id: id.to_string() }).collect();
+        let databases = self
+            .engine
+            .list_databases()
+            .into_iter()
+            .map(|id| Database { id: id.to_string() })
+            .collect();
         Ok(Response::new(ListDatabasesResponse { databases }))
     }
 

@@ -3,9 +3,9 @@
 use std::pin::Pin;
 
 use mayfly_proto::v1::{
-    DeleteDocumentRequest, DeleteDocumentResponse, Document, ReadDocumentRequest, ReadFeedPage, ReadFeedRequest,
-    ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
-    CreateDocumentRequest, server,
+    CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document,
+    ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
+    TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome, server,
 };
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
@@ -35,8 +35,17 @@ type FeedStream = Pin<Box<dyn Stream<Item = Result<ReadFeedPage, Status>> + Send
 
 #[tonic::async_trait]
 impl server::Documents for DocumentsService {
-    async fn create_document(&self, request: Request<CreateDocumentRequest>) -> Result<Response<Document>, Status> {
-        let CreateDocumentRequest { database, collection, body, partition_key, ttl } = request.into_inner();
+    async fn create_document(
+        &self,
+        request: Request<CreateDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let CreateDocumentRequest {
+            database,
+            collection,
+            body,
+            partition_key,
+            ttl,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
@@ -48,58 +57,119 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<UpsertDocumentRequest>,
     ) -> Result<Response<UpsertDocumentResponse>, Status> {
-        let UpsertDocumentRequest { database, collection, body, partition_key, ttl, if_match: etag } =
-            request.into_inner();
+        let UpsertDocumentRequest {
+            database,
+            collection,
+            body,
+            partition_key,
+            ttl,
+            if_match: etag,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
-        let (outcome, view) = self.engine.upsert_document(&path, body, partition_key, if_match(&etag))?;
+        let (outcome, view) =
+            self.engine
+                .upsert_document(&path, body, partition_key, if_match(&etag))?;
         let outcome = match outcome {
             engine::UpsertOutcome::Created => UpsertOutcome::Created,
             engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
         };
-        Ok(Response::new(UpsertDocumentResponse { document: Some(view.into()), outcome: outcome as i32 }))
+        Ok(Response::new(UpsertDocumentResponse {
+            document: Some(view.into()),
+            outcome: outcome as i32,
+        }))
     }
 
-    async fn replace_document(&self, request: Request<ReplaceDocumentRequest>) -> Result<Response<Document>, Status> {
-        let ReplaceDocumentRequest { database, collection, id, partition_key, body, ttl, if_match: etag } =
-            request.into_inner();
+    async fn replace_document(
+        &self,
+        request: Request<ReplaceDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let ReplaceDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            body,
+            ttl,
+            if_match: etag,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
         let body = convert::document_body(body, ttl)?;
-        let view = self.engine.replace_document(&path, key, body, if_match(&etag))?;
+        let view = self
+            .engine
+            .replace_document(&path, key, body, if_match(&etag))?;
         Ok(Response::new(view.into()))
     }
 
-    async fn read_document(&self, request: Request<ReadDocumentRequest>) -> Result<Response<Document>, Status> {
-        let ReadDocumentRequest { database, collection, id, partition_key } = request.into_inner();
+    async fn read_document(
+        &self,
+        request: Request<ReadDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let ReadDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
-        Ok(Response::new(self.engine.read_document(&path, &key)?.into()))
+        Ok(Response::new(
+            self.engine.read_document(&path, &key)?.into(),
+        ))
     }
 
     async fn delete_document(
         &self,
         request: Request<DeleteDocumentRequest>,
     ) -> Result<Response<DeleteDocumentResponse>, Status> {
-        let DeleteDocumentRequest { database, collection, id, partition_key, if_match: etag } = request.into_inner();
+        let DeleteDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            if_match: etag,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
         self.engine.delete_document(&path, &key, if_match(&etag))?;
         Ok(Response::new(DeleteDocumentResponse {}))
     }
 
-    async fn touch_document(&self, request: Request<TouchDocumentRequest>) -> Result<Response<Document>, Status> {
-        let TouchDocumentRequest { database, collection, id, partition_key, if_match: etag } = request.into_inner();
+    async fn touch_document(
+        &self,
+        request: Request<TouchDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let TouchDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            if_match: etag,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
-        Ok(Response::new(self.engine.touch_document(&path, &key, if_match(&etag))?.into()))
+        Ok(Response::new(
+            self.engine
+                .touch_document(&path, &key, if_match(&etag))?
+                .into(),
+        ))
     }
 
     type ReadFeedStream = FeedStream;
 
-    async fn read_feed(&self, request: Request<ReadFeedRequest>) -> Result<Response<Self::ReadFeedStream>, Status> {
-        let ReadFeedRequest { database, collection, partition_key, page_size, continuation } = request.into_inner();
+    async fn read_feed(
+        &self,
+        request: Request<ReadFeedRequest>,
+    ) -> Result<Response<Self::ReadFeedStream>, Status> {
+        let ReadFeedRequest {
+            database,
+            collection,
+            partition_key,
+            page_size,
+            continuation,
+        } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let scope = match convert::partition_key_value(partition_key)? {
             Some(pk) => FeedScope::Partition(pk),
@@ -108,7 +178,9 @@ impl server::Documents for DocumentsService {
         let page_size = engine::page_size(page_size)?;
         let token = (!continuation.is_empty()).then_some(continuation);
         // The first page is read before answering, so a bad request fails the call itself.
-        let first = self.engine.read_feed_page(&path, &scope, page_size, token.as_deref())?;
+        let first = self
+            .engine
+            .read_feed_page(&path, &scope, page_size, token.as_deref())?;
         let engine = self.engine.clone();
         // One page in flight: a slow reader holds back the producer instead of buffering.
         let (tx, rx) = mpsc::channel(1);
@@ -119,7 +191,13 @@ impl server::Documents for DocumentsService {
                     Ok(p) => {
                         let next = p.continuation.clone();
                         let documents = p.documents.into_iter().map(Document::from).collect();
-                        (Ok(ReadFeedPage { documents, continuation: p.continuation.unwrap_or_default() }), next)
+                        (
+                            Ok(ReadFeedPage {
+                                documents,
+                                continuation: p.continuation.unwrap_or_default(),
+                            }),
+                            next,
+                        )
                     }
                     Err(e) => (Err(Status::from(e)), None),
                 };

@@ -17,7 +17,9 @@ use crate::engine::Error;
 
 /// Runs catalog work that may take a while (deleting a collection frees every document)
 /// off the async worker threads.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Result<T, Status> {
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Status> {
     match tokio::task::spawn_blocking(work).await {
         Ok(result) => result.map_err(Status::from),
         Err(e) => Err(Status::internal(format!("catalog task failed: {e}"))),

@@ -51,7 +51,8 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         let (code, reason) = code_and_reason(&error);
-        let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
+        let details =
+            ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
         Status::with_error_details(code, error.to_string(), details)
     }
 }
@@ -70,35 +71,70 @@ mod tests {
     #[test]
     fn every_error_kind_has_its_code_and_reason() {
         let cases = [
-            (Error::Invalid(InvalidInput::TtlWithoutIndex), Code::InvalidArgument, "TTL_WITHOUT_INDEX"),
-            (Error::DatabaseNotFound { database: "d".into() }, Code::NotFound, "DATABASE_NOT_FOUND"),
             (
-                Error::CollectionNotFound { database: "d".into(), collection: "c".into() },
+                Error::Invalid(InvalidInput::TtlWithoutIndex),
+                Code::InvalidArgument,
+                "TTL_WITHOUT_INDEX",
+            ),
+            (
+                Error::DatabaseNotFound {
+                    database: "d".into(),
+                },
+                Code::NotFound,
+                "DATABASE_NOT_FOUND",
+            ),
+            (
+                Error::CollectionNotFound {
+                    database: "d".into(),
+                    collection: "c".into(),
+                },
                 Code::NotFound,
                 "COLLECTION_NOT_FOUND",
             ),
             (
-                Error::DocumentNotFound { id: "x".into(), partition_key: PartitionKeyValue::Null },
+                Error::DocumentNotFound {
+                    id: "x".into(),
+                    partition_key: PartitionKeyValue::Null,
+                },
                 Code::NotFound,
                 "DOCUMENT_NOT_FOUND",
             ),
-            (Error::DatabaseExists { database: "d".into() }, Code::AlreadyExists, "DATABASE_EXISTS"),
             (
-                Error::CollectionExists { database: "d".into(), collection: "c".into() },
+                Error::DatabaseExists {
+                    database: "d".into(),
+                },
+                Code::AlreadyExists,
+                "DATABASE_EXISTS",
+            ),
+            (
+                Error::CollectionExists {
+                    database: "d".into(),
+                    collection: "c".into(),
+                },
                 Code::AlreadyExists,
                 "COLLECTION_EXISTS",
             ),
             (
-                Error::DocumentExists { id: "x".into(), partition_key: PartitionKeyValue::Null },
+                Error::DocumentExists {
+                    id: "x".into(),
+                    partition_key: PartitionKeyValue::Null,
+                },
                 Code::AlreadyExists,
                 "DOCUMENT_EXISTS",
             ),
             (
-                Error::PreconditionFailed { id: "x".into(), if_match: "e".into() },
+                Error::PreconditionFailed {
+                    id: "x".into(),
+                    if_match: "e".into(),
+                },
                 Code::FailedPrecondition,
                 "ETAG_MISMATCH",
             ),
-            (Error::Storage(StorageError::new("disk")), Code::Internal, "STORAGE_FAILURE"),
+            (
+                Error::Storage(StorageError::new("disk")),
+                Code::Internal,
+                "STORAGE_FAILURE",
+            ),
         ];
         for (error, code, reason) in cases {
             let message = error.to_string();
@@ -107,7 +143,10 @@ mod tests {
             assert_eq!(status.message(), message);
             let details = status.get_error_details();
             let info = details.error_info().expect("error info attached");
-            assert_eq!((info.reason.as_str(), info.domain.as_str()), (reason, ERROR_DOMAIN));
+            assert_eq!(
+                (info.reason.as_str(), info.domain.as_str()),
+                (reason, ERROR_DOMAIN)
+            );
         }
     }
 }

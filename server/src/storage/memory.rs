@@ -8,7 +8,9 @@ use std::{
 
 use parking_lot::Mutex;
 
-use super::{CatalogChange, DocKey, DocumentWrite, ShardStore, Storage, StorageError, StoredDocument};
+use super::{
+    CatalogChange, DocKey, DocumentWrite, ShardStore, Storage, StorageError, StoredDocument,
+};
 use crate::engine::{CollectionUid, DocumentId, PartitionKeyValue};
 
 /// Keeps every document in ordered maps, one set per engine shard.
@@ -45,15 +47,18 @@ struct MemoryShard {
 }
 
 impl ShardStore for MemoryShard {
-    fn write(&self, batch: &[DocumentWrite]) -> Result<(), StorageError> {
+    fn write(&self, batch: &[DocumentWrite<'_>]) -> Result<(), StorageError> {
         let mut collections = self.collections.lock();
         for write in batch {
-            match write {
+            match *write {
                 DocumentWrite::Put(doc) => {
-                    collections.entry(doc.collection).or_default().insert(doc.key.clone(), doc.clone());
+                    collections
+                        .entry(doc.collection)
+                        .or_default()
+                        .insert(doc.key.clone(), doc.clone());
                 }
                 DocumentWrite::Delete { collection, key } => {
-                    if let Some(docs) = collections.get_mut(collection) {
+                    if let Some(docs) = collections.get_mut(&collection) {
                         docs.remove(key);
                     }
                 }
@@ -62,8 +67,17 @@ impl ShardStore for MemoryShard {
         Ok(())
     }
 
-    fn get(&self, collection: CollectionUid, key: &DocKey) -> Result<Option<Arc<StoredDocument>>, StorageError> {
-        Ok(self.collections.lock().get(&collection).and_then(|docs| docs.get(key)).cloned())
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        Ok(self
+            .collections
+            .lock()
+            .get(&collection)
+            .and_then(|docs| docs.get(key))
+            .cloned())
     }
 
     fn scan(
@@ -79,9 +93,15 @@ impl ShardStore for MemoryShard {
         Ok(match range {
             super::ScanRange::Collection { after } => {
                 let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-                docs.range((start, Bound::Unbounded)).take(limit).map(|(_, d)| d.clone()).collect()
+                docs.range((start, Bound::Unbounded))
+                    .take(limit)
+                    .map(|(_, d)| d.clone())
+                    .collect()
             }
-            super::ScanRange::Partition { partition_key, after } => {
+            super::ScanRange::Partition {
+                partition_key,
+                after,
+            } => {
                 let start = partition_start(partition_key, after);
                 docs.range((start, Bound::Unbounded))
                     .take_while(|(k, _)| k.partition_key == *partition_key)
@@ -102,7 +122,10 @@ impl ShardStore for MemoryShard {
 
 fn partition_start(partition_key: &PartitionKeyValue, after: Option<&DocumentId>) -> Bound<DocKey> {
     match after {
-        Some(id) => Bound::Excluded(DocKey { partition_key: partition_key.clone(), id: id.clone() }),
+        Some(id) => Bound::Excluded(DocKey {
+            partition_key: partition_key.clone(),
+            id: id.clone(),
+        }),
         None => Bound::Included(DocKey {
             partition_key: partition_key.clone(),
             id: DocumentId::min_value(),

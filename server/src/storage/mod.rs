@@ -6,7 +6,7 @@ mod memory;
 
 use std::{fmt, sync::Arc};
 
-use serde_json::{Map, Value};
+use bytes::Bytes;
 
 pub use memory::MemoryStorage;
 
@@ -31,8 +31,8 @@ pub struct StoredDocument {
     pub collection: CollectionUid,
     /// Its address.
     pub key: DocKey,
-    /// The body as stored.
-    pub body: Arc<Map<String, Value>>,
+    /// The body, as the `google.protobuf.Struct` encoding of the JSON object.
+    pub body: Bytes,
     /// Last write, Unix epoch ms.
     pub last_write: Millis,
     /// Version, unique per write; the etag is derived from it.
@@ -41,13 +41,17 @@ pub struct StoredDocument {
     pub ttl: Option<DocumentTtl>,
 }
 
-/// One change to a shard's documents.
-#[derive(Debug, Clone)]
-pub enum DocumentWrite {
+/// One change to a shard's documents. Borrowed: the engine already holds every key, and a
+/// purge batch should not allocate a copy of each one just to name it.
+#[derive(Debug, Clone, Copy)]
+pub enum DocumentWrite<'a> {
     /// Insert or overwrite.
-    Put(Arc<StoredDocument>),
+    Put(&'a Arc<StoredDocument>),
     /// Remove (absent is not an error).
-    Delete { collection: CollectionUid, key: DocKey },
+    Delete {
+        collection: CollectionUid,
+        key: &'a DocKey,
+    },
 }
 
 /// Which documents a scan visits, in key order.
@@ -56,7 +60,10 @@ pub enum ScanRange<'a> {
     /// A whole collection, after `after` if given.
     Collection { after: Option<&'a DocKey> },
     /// One partition, after id `after` if given.
-    Partition { partition_key: &'a PartitionKeyValue, after: Option<&'a DocumentId> },
+    Partition {
+        partition_key: &'a PartitionKeyValue,
+        after: Option<&'a DocumentId>,
+    },
 }
 
 /// A change to databases and collections.
@@ -81,7 +88,9 @@ pub struct StorageError {
 impl StorageError {
     /// An error with a message for the operator.
     pub fn new(message: impl Into<String>) -> Self {
-        StorageError { message: message.into() }
+        StorageError {
+            message: message.into(),
+        }
     }
 }
 
@@ -106,10 +115,14 @@ pub trait Storage: Send + Sync + fmt::Debug {
 /// The documents of one engine shard.
 pub trait ShardStore: Send + Sync + fmt::Debug {
     /// Applies a batch atomically: all of it or, on error, none of it.
-    fn write(&self, batch: &[DocumentWrite]) -> Result<(), StorageError>;
+    fn write(&self, batch: &[DocumentWrite<'_>]) -> Result<(), StorageError>;
 
     /// The stored version of a document, if any (expired or not: the engine decides).
-    fn get(&self, collection: CollectionUid, key: &DocKey) -> Result<Option<Arc<StoredDocument>>, StorageError>;
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError>;
 
     /// Up to `limit` documents of `range`, in key order.
     fn scan(

