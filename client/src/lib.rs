@@ -8,21 +8,18 @@
 //! # let server = mayfly_server::RunningServer::start(Default::default()).await?;
 //! # let address = server.local_addr().to_string();
 //! use std::time::Duration;
-//! use mayfly_client::{Client, DefaultTtl, DocumentTtl};
+//! use mayfly_client::{Client, DefaultTtl, DocumentTtl, TouchOutcome};
+//! use serde_json::json;
 //!
 //! let client = Client::connect(address).await?;
 //! let db = client.create_database("app").await?;
-//! let sessions = db
-//!     .create_collection("sessions", "/user")
-//!     .default_ttl(DefaultTtl::After(Duration::from_secs(1800)))
-//!     .await?;
-//! sessions.create(&serde_json::json!({"id": "s1", "user": "ann"})).await?;
-//! sessions.create(&serde_json::json!({"id": "s2", "user": "bob"}))
-//!     .ttl(DocumentTtl::After(Duration::from_secs(60)))
-//!     .await?;
-//! sessions.touch("s1", "ann").await?; // another 30 minutes
-//! let s2 = sessions.read("s2", "bob").await?.expect("alive");
-//! assert!(s2.remaining() <= Some(Duration::from_secs(60)));
+//! let sessions = db.create_collection("sessions", "/user")
+//!     .default_ttl(DefaultTtl::After(Duration::from_secs(1800))).await?; // gone 30 min after last write
+//! sessions.create(&json!({"id": "s1", "user": "ann"})).await?;            // or any serde type
+//! sessions.create(&json!({"id": "s2", "user": "bob"})).ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
+//! if let TouchOutcome::Touched(s1) = sessions.touch("s1", "ann").await? { println!("{:?} left", s1.remaining()); }
+//! let s2 = sessions.read("s2", "bob").await?;                             // None once expired
+//! assert!(s2.expect("alive").remaining() <= Some(Duration::from_secs(60)));
 //! # Ok(()) }
 //! ```
 //!
