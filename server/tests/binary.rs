@@ -2,7 +2,7 @@
 //! grpcurl through the README's own session, stopped with SIGTERM.
 
 use std::{
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::Duration,
@@ -18,27 +18,35 @@ use tonic_reflection::pb::v1::{
 struct Mayfly {
     child: Child,
     addr: String,
+    stdout: BufReader<std::process::ChildStdout>,
 }
 
 impl Mayfly {
     fn start() -> Self {
+        Self::start_with_stderr(Stdio::null())
+    }
+
+    fn start_with_stderr(stderr: Stdio) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mayfly"))
             .args(["--listen", "127.0.0.1:0", "--shards", "2"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("mayfly starts");
         // The first stdout line names the bound address: no sleeping until it is up.
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout piped"))
-            .read_line(&mut line)
-            .expect("read stdout");
+        stdout.read_line(&mut line).expect("read stdout");
         let addr = line
             .trim()
             .strip_prefix("mayfly listening on ")
             .expect("address line")
             .to_owned();
-        Mayfly { child, addr }
+        Mayfly {
+            child,
+            addr,
+            stdout,
+        }
     }
 }
 
@@ -243,7 +251,8 @@ async fn reflection_v1_is_served_too() {
 
 #[test]
 fn sigterm_stops_the_server_cleanly() {
-    let mut server = Mayfly::start();
+    // Regression: logs once went to stdout, mixed into the address line scripts read.
+    let mut server = Mayfly::start_with_stderr(Stdio::piped());
     let status = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
         .status()
@@ -252,6 +261,16 @@ fn sigterm_stops_the_server_cleanly() {
     for _ in 0..100 {
         if let Some(exit) = server.child.try_wait().expect("wait") {
             assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
+            let mut rest = String::new();
+            server
+                .stdout
+                .read_to_string(&mut rest)
+                .expect("read stdout");
+            assert_eq!(rest, "", "stdout carries only the address line");
+            let mut logs = String::new();
+            let mut stderr = server.child.stderr.take().expect("stderr piped");
+            stderr.read_to_string(&mut logs).expect("read stderr");
+            assert!(logs.contains("shutting down"), "logs go to stderr: {logs}");
             return;
         }
         std::thread::sleep(Duration::from_millis(50));

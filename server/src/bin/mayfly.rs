@@ -1,6 +1,6 @@
 //! `mayfly`: parses flags, starts the server, stops it on SIGINT or SIGTERM.
 
-use std::{net::SocketAddr, process::ExitCode};
+use std::{io::IsTerminal, net::SocketAddr, process::ExitCode};
 
 use clap::Parser;
 use mayfly_server::{Config, RunningServer, default_shards};
@@ -28,10 +28,14 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Logs go to stderr: stdout carries only the address line that scripts read.
+    let stderr = std::io::stderr();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        .with_ansi(stderr.is_terminal())
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
     let config = Config {
