@@ -251,7 +251,8 @@ async fn reflection_v1_is_served_too() {
 
 #[test]
 fn sigterm_stops_the_server_cleanly() {
-    // Regression: logs once went to stdout, mixed into the address line scripts read.
+    // Regressions: logs once went to stdout, mixed into the address line scripts read; and a
+    // SIGTERM sent right after that line once killed the process before its handler existed.
     let mut server = Mayfly::start_with_stderr(Stdio::piped());
     let status = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])

@@ -4,6 +4,7 @@ use std::{io::IsTerminal, net::SocketAddr, process::ExitCode};
 
 use clap::Parser;
 use mayfly_server::{Config, RunningServer, default_shards};
+use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
 // Documents are allocated by request threads and freed by purge threads; glibc's allocator
@@ -43,6 +44,18 @@ async fn main() -> ExitCode {
         shards: usize::from(args.shards),
         metrics_listen: args.metrics_listen,
     };
+    // Handlers first: a supervisor may signal as soon as it reads the address line, and a
+    // signal arriving before them would kill the process instead of stopping it gracefully.
+    let mut signals = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(interrupt), Ok(terminate)) => (interrupt, terminate),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("mayfly: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let server = match RunningServer::start(config).await {
         Ok(server) => server,
         Err(e) => {
@@ -58,7 +71,10 @@ async fn main() -> ExitCode {
         metrics = ?server.metrics_addr(),
         "serving (memory storage: data does not survive a restart)"
     );
-    shutdown_signal().await;
+    tokio::select! {
+        _ = signals.0.recv() => {}
+        _ = signals.1.recv() => {}
+    }
     tracing::info!("shutting down");
     match server.shutdown().await {
         Ok(()) => ExitCode::SUCCESS,
@@ -66,20 +82,5 @@ async fn main() -> ExitCode {
             eprintln!("mayfly: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; stop with SIGINT");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

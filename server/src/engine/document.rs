@@ -41,7 +41,10 @@ pub struct Etag(pub u64);
 impl Etag {
     /// Whether an etag a client sent names this version.
     pub fn matches(self, sent: &str) -> bool {
-        sent.len() == 16 && u64::from_str_radix(sent, 16) == Ok(self.0)
+        // from_str_radix alone would also take a leading '+'.
+        sent.len() == 16
+            && sent.bytes().all(|b| b.is_ascii_hexdigit())
+            && u64::from_str_radix(sent, 16) == Ok(self.0)
     }
 }
 
@@ -84,5 +87,7 @@ mod tests {
         assert!(!etag.matches("abc"), "only the exact form the server sent");
         assert!(!etag.matches("\"0000000000000abc\""));
         assert!(!etag.matches(""));
+        // Regression: a leading '+' parsed as hex.
+        assert!(!etag.matches("+000000000000abc"));
     }
 }

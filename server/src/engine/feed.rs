@@ -10,7 +10,7 @@ use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 
 use super::{
     catalog::{CollectionInfo, CollectionUid},
-    clock::Millis,
+    clock::Clock,
     document::DocumentView,
     error::{Error, InvalidInput},
     ids::{IdKind, ResourceId},
@@ -83,9 +83,10 @@ impl Shard {
         scope: &FeedScope,
         after: Option<&DocKey>,
         want: usize,
-        now: Millis,
+        clock: &dyn Clock,
     ) -> Result<ShardPage, Error> {
-        let state = self.lock();
+        let mut state = self.lock();
+        let now = state.now(clock);
         let cs = state
             .collections
             .get(&info.uid)
@@ -131,9 +132,16 @@ impl Shard {
 }
 
 /// Encodes a cursor, bound to the collection and scope it belongs to.
-pub(crate) fn encode_token(uid: CollectionUid, scope: &FeedScope, cursor: &Cursor) -> String {
+pub(crate) fn encode_token(
+    uid: CollectionUid,
+    scope: &FeedScope,
+    shards: usize,
+    cursor: &Cursor,
+) -> String {
     let mut out = vec![TOKEN_VERSION];
     out.extend_from_slice(&uid.0.to_le_bytes());
+    // Shards decide the feed's order: a token is only valid with the same number of them.
+    out.extend_from_slice(&(shards as u32).to_le_bytes());
     match scope {
         FeedScope::Collection => out.push(0),
         FeedScope::Partition(pk) => {
@@ -171,6 +179,7 @@ pub(crate) fn decode_token(
     if r.u64()? != uid.0 {
         return Err(bad("it belongs to another collection"));
     }
+    let token_shards = r.u32()? as usize;
     let token_scope = match r.u8()? {
         0 => FeedScope::Collection,
         1 => FeedScope::Partition(r.partition_key()?),
@@ -182,7 +191,7 @@ pub(crate) fn decode_token(
         ));
     }
     let shard = r.u32()? as usize;
-    if shard >= shards {
+    if token_shards != shards || shard >= shards {
         return Err(bad(
             "it was issued by a server with a different number of shards; restart the feed",
         ));
@@ -311,7 +320,7 @@ mod tests {
                 after: Some(key(pk.clone(), "doc-1")),
             };
             let scope = FeedScope::Partition(pk);
-            let token = encode_token(uid, &scope, &cursor);
+            let token = encode_token(uid, &scope, 2, &cursor);
             assert_eq!(decode_token(&token, uid, &scope, 2), Ok(cursor.clone()));
         }
     }
@@ -322,7 +331,7 @@ mod tests {
             shard: 0,
             after: None,
         };
-        let token = encode_token(CollectionUid(1), &FeedScope::Collection, &cursor);
+        let token = encode_token(CollectionUid(1), &FeedScope::Collection, 2, &cursor);
         assert!(decode_token(&token, CollectionUid(2), &FeedScope::Collection, 2).is_err());
         let other = FeedScope::Partition(PartitionKeyValue::Null);
         assert!(decode_token(&token, CollectionUid(1), &other, 2).is_err());
@@ -336,5 +345,9 @@ mod tests {
             )
             .is_err()
         );
+        // A server with more shards orders the feed differently: its pages would skip or
+        // repeat documents, so the token is refused rather than misread.
+        assert!(decode_token(&token, CollectionUid(1), &FeedScope::Collection, 4).is_err());
+        assert!(decode_token(&token, CollectionUid(1), &FeedScope::Collection, 2).is_ok());
     }
 }

@@ -48,7 +48,7 @@ pub use ttl::{DefaultTtl, DocumentTtl, MAX_TTL_SECONDS, TtlSeconds};
 use self::{catalog::Catalog, document::WriteMode, feed::Cursor, shard::Shard};
 use crate::storage::{CatalogChange, DocKey, Storage};
 
-/// Slots a collection deletion frees per hold of a shard lock.
+/// Documents a collection deletion frees, or a TTL switch times, per hold of a shard lock.
 const FREE_BATCH: usize = 4096;
 
 /// A collection's address.
@@ -137,10 +137,9 @@ impl Engine {
         let mut purged = 0;
         for shard in self.shards() {
             loop {
-                let now = self.inner.clock.now();
-                let report = shard.purge_batch(now, purge::PURGE_BATCH);
+                let report = shard.purge_batch(&*self.inner.clock, purge::PURGE_BATCH);
                 purged += report.purged;
-                if report.failed || report.next_due.is_none_or(|d| d > now) {
+                if report.failed || report.next_due.is_none_or(|d| d > report.now) {
                     break;
                 }
             }
@@ -304,7 +303,11 @@ impl Engine {
         for shard in self.shards() {
             // Each shard reads the clock under its own lock, so nothing expires between the
             // reading and the switch.
-            shard.set_default_ttl(info.uid, settings.default_ttl(), &*self.inner.clock);
+            let to_time =
+                shard.set_default_ttl(info.uid, settings.default_ttl(), &*self.inner.clock);
+            for chunk in to_time.chunks(FREE_BATCH) {
+                shard.time_own_ttls(info.uid, chunk);
+            }
         }
         self.inner.catalog.write().put_collection(info.clone());
         Ok(info)
@@ -427,7 +430,6 @@ impl Engine {
     ) -> Result<(DocumentView, bool), Error> {
         let (map, _, ttl) = body.into_parts();
         let shard = self.shard_for(info.uid, &key.partition_key);
-        let now = self.inner.clock.now();
         shard.put(
             info,
             key,
@@ -436,7 +438,7 @@ impl Engine {
             mode,
             if_match,
             self.next_version(),
-            now,
+            &*self.inner.clock,
         )
     }
 
@@ -447,9 +449,8 @@ impl Engine {
         key: &DocKey,
     ) -> Result<DocumentView, Error> {
         let info = self.get_collection(path)?;
-        let now = self.inner.clock.now();
         self.shard_for(info.uid, &key.partition_key)
-            .read(&info, key, now)
+            .read(&info, key, &*self.inner.clock)
     }
 
     /// Deletes a live document.
@@ -460,9 +461,12 @@ impl Engine {
         if_match: Option<&str>,
     ) -> Result<(), Error> {
         let info = self.get_collection(path)?;
-        let now = self.inner.clock.now();
-        self.shard_for(info.uid, &key.partition_key)
-            .delete(&info, key, if_match, now)
+        self.shard_for(info.uid, &key.partition_key).delete(
+            &info,
+            key,
+            if_match,
+            &*self.inner.clock,
+        )
     }
 
     /// Restarts a live document's TTL clock: a write with its current body (new `_ts`, new etag).
@@ -473,13 +477,12 @@ impl Engine {
         if_match: Option<&str>,
     ) -> Result<DocumentView, Error> {
         let info = self.get_collection(path)?;
-        let now = self.inner.clock.now();
         self.shard_for(info.uid, &key.partition_key).touch(
             &info,
             key,
             if_match,
             self.next_version(),
-            now,
+            &*self.inner.clock,
         )
     }
 
@@ -513,7 +516,6 @@ impl Engine {
             }
             .into());
         }
-        let now = self.inner.clock.now();
         let mut documents = Vec::new();
         loop {
             let want = page_size - documents.len();
@@ -522,7 +524,7 @@ impl Engine {
                 scope,
                 cursor.after.as_ref(),
                 want,
-                now,
+                &*self.inner.clock,
             )?;
             documents.extend(page.documents);
             if !page.exhausted {
@@ -545,7 +547,7 @@ impl Engine {
         }
         Ok(FeedPage {
             documents,
-            continuation: Some(feed::encode_token(info.uid, scope, &cursor)),
+            continuation: Some(feed::encode_token(info.uid, scope, shards, &cursor)),
         })
     }
 }

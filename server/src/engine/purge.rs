@@ -28,6 +28,8 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// What one purge batch did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PurgeReport {
+    /// The shard's clock reading the batch worked at.
+    pub(crate) now: Millis,
     /// Documents removed.
     pub(crate) purged: usize,
     /// The earliest instant more work is due (`<= now`: call again at once).
@@ -37,28 +39,36 @@ pub(crate) struct PurgeReport {
 }
 
 impl Shard {
-    /// Removes up to `budget` expired documents: first those already marked dead, then due
-    /// timers, then the due heads of inherit queues.
-    pub(crate) fn purge_batch(&self, now: Millis, budget: usize) -> PurgeReport {
+    /// Removes expired documents: first those already marked dead, then due timers, then the
+    /// due heads of inherit queues. `budget` bounds the entries examined, stale ones included,
+    /// which bounds how long the shard lock is held.
+    pub(crate) fn purge_batch(&self, clock: &dyn Clock, budget: usize) -> PurgeReport {
         let mut state = self.lock();
         let st = &mut *state;
+        let now = st.now(clock);
         let mut candidates: Vec<(u32, Millis)> = Vec::new();
+        let mut work = 0;
 
-        while candidates.len() < budget {
+        while work < budget {
             let Some((r, expired_at)) = st.pending.pop_front() else {
                 break;
             };
-            if st.docs.is_current(r) && st.docs.get(r.slot).dead {
+            work += 1;
+            // Documents of a collection being deleted belong to its cleanup, which frees them.
+            if st.docs.is_current(r)
+                && st.docs.get(r.slot).dead
+                && st.collections.contains_key(&st.docs.get(r.slot).collection)
+            {
                 candidates.push((r.slot, expired_at));
             }
         }
 
         let mut fired = Vec::new();
         let docs = &st.docs;
-        st.wheel
-            .poll(now, budget - candidates.len(), &mut fired, |slot| {
-                docs.get(slot).timer_deadline()
-            });
+        st.wheel.poll(now, budget - work, &mut fired, |slot| {
+            docs.get(slot).timer_deadline()
+        });
+        work += fired.len();
         for slot in fired {
             if let Some(expired_at) = on_timer_fired(st, slot, now) {
                 candidates.push((slot, expired_at));
@@ -70,10 +80,11 @@ impl Shard {
                 continue;
             };
             let n = Millis::from(n.get()) * 1_000;
-            while candidates.len() < budget {
+            while work < budget {
                 let Some((written, r)) = cs.inherit.front() else {
                     break;
                 };
+                work += 1;
                 let queued =
                     st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
                 if !queued {
@@ -124,6 +135,7 @@ impl Shard {
             }
         }
         PurgeReport {
+            now,
             purged: if failed { 0 } else { candidates.len() },
             next_due,
             failed,
@@ -134,16 +146,24 @@ impl Shard {
     /// old rules by `now` are marked dead first, so no rule change brings them back (SPEC §4,
     /// "expired is final"); documents that inherit are re-timed by the queue without being
     /// touched; own-ttl documents get timers if TTL is being turned on.
-    pub(crate) fn set_default_ttl(&self, uid: CollectionUid, new: DefaultTtl, clock: &dyn Clock) {
+    /// Returns the slots [`Shard::time_own_ttls`] must go through when TTL is turned on.
+    #[must_use = "turning TTL on leaves own-ttl documents to be timed"]
+    pub(crate) fn set_default_ttl(
+        &self,
+        uid: CollectionUid,
+        new: DefaultTtl,
+        clock: &dyn Clock,
+    ) -> Vec<u32> {
+        let mut to_time = Vec::new();
         {
             let mut state = self.lock();
             let st = &mut *state;
-            let now = clock.now();
+            let now = st.now(clock);
             let Some(old) = st.collections.get(&uid).map(|c| c.default_ttl) else {
-                return;
+                return to_time;
             };
             if old == new {
-                return;
+                return to_time;
             }
             // Due timers (of any collection) are expired: mark them dead like the purge would.
             let mut fired = Vec::new();
@@ -185,23 +205,47 @@ impl Shard {
             }
             cs.default_ttl = new;
             if !old.is_on() && new.is_on() {
-                // Own-ttl documents are not timed while TTL is off (no background work for it).
-                for &slot in cs.index.values() {
-                    let meta = st.docs.get_mut(slot);
-                    if matches!(meta.ttl, Some(DocumentTtl::After(_)))
-                        && meta.tracking == Tracking::None
-                        && !meta.dead
-                    {
-                        let deadline = meta
-                            .expires_at(new)
-                            .expect("an own ttl applies while TTL is on");
-                        meta.tracking = Tracking::Timer(st.wheel.schedule(deadline, slot));
-                    }
-                }
+                // Own-ttl documents are not timed while TTL is off (no background work for
+                // it). Snapshot the slots now; `time_own_ttls` times them in short lock holds.
+                to_time = cs.index.values().copied().collect();
             }
         }
         // Anything may be due now: dead documents, or inheritors under a lower default.
         self.purge_wake.notify_one();
+        to_time
+    }
+
+    /// Gives timers to the untimed own-ttl documents of a collection whose TTL is on, among
+    /// `slots`. Any such document needs one, whichever document now holds the slot: once TTL
+    /// is on, every write times its document itself. Visibility never waits for this.
+    pub(crate) fn time_own_ttls(&self, uid: CollectionUid, slots: &[u32]) {
+        let earliest = {
+            let mut state = self.lock();
+            let st = &mut *state;
+            let Some(default_ttl) = st.collections.get(&uid).map(|c| c.default_ttl) else {
+                return;
+            };
+            let mut earliest: Option<Millis> = None;
+            for &slot in slots {
+                let Some(meta) = st.docs.try_get_mut(slot) else {
+                    continue;
+                };
+                if meta.collection != uid
+                    || meta.tracking != Tracking::None
+                    || meta.dead
+                    || !matches!(meta.ttl, Some(DocumentTtl::After(_)))
+                {
+                    continue;
+                }
+                let Some(deadline) = meta.expires_at(default_ttl) else {
+                    return; // TTL is off again: nothing to time.
+                };
+                meta.tracking = Tracking::Timer(st.wheel.schedule(deadline, slot));
+                earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
+            }
+            earliest
+        };
+        self.wake_purge_for(earliest);
     }
 
     /// Detaches a collection's part of this shard: from now on lookups in it fail. Its
@@ -311,14 +355,13 @@ async fn run(shard: Arc<Shard>, clock: Arc<dyn Clock>) {
         // While awake, every new deadline notifies (it is earlier than u64::MAX), so a deadline
         // scheduled after the batch computed `next_due` leaves a wake-up permit behind.
         shard.purge_sleeps_until.store(u64::MAX, Ordering::Release);
-        let now = clock.now();
-        let report = shard.purge_batch(now, PURGE_BATCH);
+        let report = shard.purge_batch(&*clock, PURGE_BATCH);
         if report.failed {
             tokio::time::sleep(RETRY_AFTER_FAILURE).await;
             continue;
         }
         match report.next_due {
-            Some(due) if due <= now => tokio::task::yield_now().await,
+            Some(due) if due <= report.now => tokio::task::yield_now().await,
             Some(due) => {
                 shard.purge_sleeps_until.store(due, Ordering::Release);
                 let wait = Duration::from_millis(due.saturating_sub(clock.now()));

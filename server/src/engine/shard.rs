@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 
 use super::{
     catalog::{CollectionInfo, CollectionUid},
-    clock::Millis,
+    clock::{Clock, Millis},
     document::{DocumentView, Etag, WriteMode},
     error::Error,
     expiry::{
@@ -54,9 +54,8 @@ pub(crate) struct ShardState {
     /// Documents known to be expired (marked dead) and waiting to be purged, with their expiry
     /// instants. Entries go stale when the document is written again.
     pub(super) pending: VecDeque<(SlotRef, Millis)>,
-    /// Last write stamp: stamps never go backwards within a shard, which keeps inherit queues
-    /// in write order even if the wall clock steps back.
-    last_stamp: Millis,
+    /// The latest clock reading this shard acted on; see [`ShardState::now`].
+    last_now: Millis,
 }
 
 /// A collection's part of one shard.
@@ -180,6 +179,11 @@ impl DocSlab {
             .expect("indexed slots hold a document")
     }
 
+    /// The document in `slot`, if the slot holds one.
+    pub(super) fn try_get_mut(&mut self, slot: u32) -> Option<&mut DocMeta> {
+        self.slots.get_mut(slot as usize)?.doc.as_mut()
+    }
+
     /// A reference to the current version of the document in `slot`.
     pub(super) fn current_ref(&self, slot: u32) -> SlotRef {
         SlotRef {
@@ -227,14 +231,18 @@ impl ShardState {
             docs: DocSlab::default(),
             wheel: TimerWheel::new(now),
             pending: VecDeque::new(),
-            last_stamp: 0,
+            last_now: now,
         }
     }
 
-    /// A write stamp at or after `now` and every earlier stamp.
-    fn stamp(&mut self, now: Millis) -> Millis {
-        self.last_stamp = self.last_stamp.max(now);
-        self.last_stamp
+    /// The shard's reading of the clock, taken under its lock and never earlier than the last
+    /// one. Under the lock: a request that waited for it cannot act on a document that expired
+    /// while it waited. Never earlier: a wall clock stepping back cannot revive an expired
+    /// document, reorder an inherit queue or make the purge sleep past due timers. (A clock
+    /// stepping forward and back holds shard time until the wall clock catches up.)
+    pub(super) fn now(&mut self, clock: &dyn Clock) -> Millis {
+        self.last_now = self.last_now.max(clock.now());
+        self.last_now
     }
 
     /// The one path every document change takes, client writes and purge alike: storage first
@@ -453,10 +461,11 @@ impl Shard {
         mode: WriteMode,
         if_match: Option<&str>,
         version: u64,
-        now: Millis,
+        clock: &dyn Clock,
     ) -> Result<(DocumentView, bool), Error> {
         let mut state = self.lock();
         let st = &mut *state;
+        let now = st.now(clock);
         let cs = st
             .collections
             .get(&info.uid)
@@ -480,12 +489,11 @@ impl Shard {
         }
         check_if_match(if_match, live.map(|s| st.docs.get(s)), &key)?;
         let created = live.is_none();
-        let stamp = st.stamp(now);
         let record = Arc::new(StoredDocument {
             collection: info.uid,
             key,
             body,
-            last_write: stamp,
+            last_write: now,
             version,
             ttl,
         });
@@ -510,19 +518,19 @@ impl Shard {
         key: &DocKey,
         if_match: Option<&str>,
         version: u64,
-        now: Millis,
+        clock: &dyn Clock,
     ) -> Result<DocumentView, Error> {
         let mut state = self.lock();
         let st = &mut *state;
+        let now = st.now(clock);
         let slot = live_slot(st, info, key, now)?;
         check_if_match(if_match, Some(st.docs.get(slot)), key)?;
         let current = self
             .store
             .get(info.uid, key)?
             .ok_or_else(|| missing_record(key))?;
-        let stamp = st.stamp(now);
         let record = Arc::new(StoredDocument {
-            last_write: stamp,
+            last_write: now,
             version,
             ..(*current).clone()
         });
@@ -546,10 +554,11 @@ impl Shard {
         info: &CollectionInfo,
         key: &DocKey,
         if_match: Option<&str>,
-        now: Millis,
+        clock: &dyn Clock,
     ) -> Result<(), Error> {
         let mut state = self.lock();
         let st = &mut *state;
+        let now = st.now(clock);
         let slot = live_slot(st, info, key, now)?;
         check_if_match(if_match, Some(st.docs.get(slot)), key)?;
         st.commit(
@@ -568,9 +577,10 @@ impl Shard {
         &self,
         info: &CollectionInfo,
         key: &DocKey,
-        now: Millis,
+        clock: &dyn Clock,
     ) -> Result<DocumentView, Error> {
-        let state = self.lock();
+        let mut state = self.lock();
+        let now = state.now(clock);
         let slot = live_slot(&state, info, key, now)?;
         let record = self
             .store

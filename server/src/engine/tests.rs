@@ -843,3 +843,74 @@ fn deleting_a_database_deletes_its_collections() {
     assert!(f.engine.list_databases().is_empty());
     assert_eq!(f.engine.expiry_stats().documents, 0);
 }
+
+// Regression: the purge panicked on a dead document of a collection being deleted (the
+// review found it: pending entries were not checked against detached collections).
+#[test]
+fn purging_dead_documents_of_a_collection_being_deleted_does_not_panic() {
+    let f = Fixture::new(Some(10));
+    for i in 0..50 {
+        f.create(&format!("d{i}"), None);
+    }
+    f.advance(11 * SEC);
+    f.set_default(None); // marks all 50 dead and pending
+    let uid = f.engine.get_collection(&f.path).expect("exists").uid;
+    let mut parts = Vec::new();
+    for shard in f.engine.shards() {
+        parts.push((shard.clone(), shard.detach_collection(uid)));
+    }
+    // The purge runs between detaching and freeing, as it can in a real deletion.
+    assert_eq!(
+        f.engine.purge_now(),
+        0,
+        "the cleanup, not the purge, frees them"
+    );
+    for (shard, part) in parts {
+        if let Some(part) = part {
+            let mut slots = part.index.into_iter();
+            while !shard.free_detached(&mut slots, 7) {}
+        }
+    }
+    assert_eq!(f.engine.expiry_stats().documents, 0);
+}
+
+// Regression: visibility read the wall clock as is, so a clock stepping back revived
+// documents that had expired but were not purged yet.
+#[test]
+fn a_clock_stepping_back_does_not_revive_expired_documents() {
+    let f = Fixture::new(Some(-1));
+    f.create("a", Some(1));
+    f.advance(2 * SEC);
+    assert!(!f.visible("a"));
+    f.clock.set(T0);
+    assert!(
+        !f.visible("a"),
+        "expired stays expired when the wall clock steps back"
+    );
+    let b = f.create("b", Some(5));
+    assert!(
+        b.last_write >= T0 + 2 * SEC,
+        "shard time does not go backwards"
+    );
+    assert_eq!(f.engine.purge_now(), 1);
+}
+
+#[test]
+fn turning_ttl_on_times_every_own_ttl_document() {
+    // More documents than one timing chunk, so the chunked path is taken.
+    let f = Fixture::new(None);
+    for i in 0..10_000 {
+        f.create(&format!("d{i}"), Some(5));
+    }
+    f.create("inherits", None);
+    assert_eq!(
+        f.engine.expiry_stats().tracked_documents,
+        1,
+        "no timers while TTL is off"
+    );
+    f.set_default(Some(-1));
+    assert_eq!(f.engine.expiry_stats().tracked_documents, 10_001);
+    f.advance(5 * SEC);
+    assert_eq!(f.engine.purge_now(), 10_000);
+    assert!(f.visible("inherits"));
+}
