@@ -140,51 +140,185 @@ impl From<v1::Document> for Document {
 
 impl Document {
     /// The document id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// assert_eq!(doc.id(), "SO05");
+    /// # Ok(()) }
+    /// ```
     pub fn id(&self) -> &str {
         &self.id
     }
 
     /// The partition the document is stored in.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use mayfly_client::PartitionKey;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// assert_eq!(doc.partition_key(), &PartitionKey::from("CO1"));
+    /// let loose = orders.create(&serde_json::json!({"id": "SO06"})).await?;
+    /// assert_eq!(loose.partition_key(), &PartitionKey::Undefined);
+    /// # Ok(()) }
+    /// ```
     pub fn partition_key(&self) -> &PartitionKey {
         &self.partition_key
     }
 
     /// The JSON body as stored (including `ttl` if it has one).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "total": 42.5})).await?;
+    /// assert_eq!(doc.body()["total"], 42.5);
+    /// # Ok(()) }
+    /// ```
     pub fn body(&self) -> &Map<String, Value> {
         &self.body
     }
 
     /// The body as a typed value.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { total: f64 }
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "total": 42.5})).await?;
+    /// assert_eq!(doc.deserialize::<Order>()?.total, 42.5);
+    /// # Ok(()) }
+    /// ```
     pub fn deserialize<T: DeserializeOwned>(&self) -> Result<T, Error> {
         Ok(T::deserialize(Value::Object(self.body.clone()))?)
     }
 
     /// `_ts`: the last write, in Unix seconds.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    /// assert!((now - doc.ts()).abs() <= 1);
+    /// # Ok(()) }
+    /// ```
     pub fn ts(&self) -> i64 {
         self.ts
     }
 
     /// The last write, with millisecond precision.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// let ts = doc.modified_at().duration_since(std::time::UNIX_EPOCH)?;
+    /// assert_eq!(ts.as_secs() as i64, doc.ts());
+    /// # Ok(()) }
+    /// ```
     pub fn modified_at(&self) -> SystemTime {
         self.modified_at
     }
 
     /// `_etag`: pass it to `if_match` to write only if nobody wrote in between.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// let v1 = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// let v2 = orders.upsert(&serde_json::json!({"id": "SO05", "customerId": "CO1", "n": 2})).if_match(v1.etag()).await?;
+    /// assert_ne!(v2.document().etag(), v1.etag());
+    /// # Ok(()) }
+    /// ```
     pub fn etag(&self) -> &str {
         &self.etag
     }
 
     /// The document's own TTL as stored.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::DocumentTtl;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "ttl": 60})).await?;
+    /// assert_eq!(doc.ttl(), DocumentTtl::After(Duration::from_secs(60)));
+    /// # Ok(()) }
+    /// ```
     pub fn ttl(&self) -> DocumentTtl {
         self.ttl
     }
 
     /// When the document expires under the collection's current rules; `None` = never.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "ttl": 60})).await?;
+    /// assert_eq!(doc.expires_at(), Some(doc.modified_at() + Duration::from_secs(60)));
+    /// # Ok(()) }
+    /// ```
     pub fn expires_at(&self) -> Option<SystemTime> {
         self.expires_at
     }
 
     /// Time it had left when the server answered (free of clock skew); `None` = never expires.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "ttl": 60})).await?;
+    /// assert!(doc.remaining().is_some_and(|left| left <= Duration::from_secs(60)));
+    /// let forever = orders.create(&serde_json::json!({"id": "SO06", "customerId": "CO1"})).await?;
+    /// assert_eq!(forever.remaining(), None);
+    /// # Ok(()) }
+    /// ```
     pub fn remaining(&self) -> Option<Duration> {
         self.expires_in
     }
@@ -201,6 +335,18 @@ pub enum UpsertOutcome {
 
 impl UpsertOutcome {
     /// The stored document, whichever happened.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// let outcome = orders.upsert(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// assert_eq!(outcome.document().id(), "SO05");
+    /// # Ok(()) }
+    /// ```
     pub fn document(&self) -> &Document {
         match self {
             UpsertOutcome::Created(d) | UpsertOutcome::Replaced(d) => d,

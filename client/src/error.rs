@@ -35,6 +35,19 @@ pub enum Error {
 
 impl Error {
     /// The message, without the kind.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// let err = orders.replace("nope", "CO1", &serde_json::json!({"id": "nope", "customerId": "CO1"})).await.unwrap_err();
+    /// assert!(matches!(err, mayfly_client::Error::NotFound(_)));
+    /// assert!(err.message().starts_with("document 'nope' does not exist"));
+    /// # Ok(()) }
+    /// ```
     pub fn message(&self) -> &str {
         match self {
             Error::NotFound(m)

@@ -294,3 +294,90 @@ fn bad_flags_are_refused_with_a_message() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--listen"));
 }
+
+/// GET /metrics over plain HTTP/1.1.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics endpoint accepts");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: mayfly\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request sent");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("response read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+}
+
+#[tokio::test]
+async fn metrics_report_the_purge() {
+    use std::sync::Arc;
+
+    use mayfly_server::engine::{
+        CollectionPath, CollectionSettings, DefaultTtl, DocumentBody, IdKind, IndexingMode,
+        PartitionKeyPath, ResourceId,
+    };
+
+    let server = mayfly_server::RunningServer::start(mayfly_server::Config {
+        metrics_listen: Some("127.0.0.1:0".parse().expect("address")),
+        ..Default::default()
+    })
+    .await
+    .expect("server starts");
+    let metrics = server.metrics_addr().expect("metrics served");
+    let engine = server.engine();
+    let id = |kind, s: &str| ResourceId::parse(kind, s).expect("valid id");
+    engine
+        .create_database(id(IdKind::Database, "db"))
+        .expect("database");
+    let settings =
+        CollectionSettings::new(DefaultTtl::NoDefault, IndexingMode::Consistent).expect("settings");
+    engine
+        .create_collection(
+            &id(IdKind::Database, "db"),
+            id(IdKind::Collection, "c"),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            settings,
+        )
+        .expect("collection");
+    let path = CollectionPath {
+        database: id(IdKind::Database, "db"),
+        collection: id(IdKind::Collection, "c"),
+    };
+    for i in 0..3 {
+        let body = serde_json::json!({"id": format!("d{i}"), "pk": "p", "ttl": 1});
+        let body = DocumentBody::parse(Arc::new(body.as_object().expect("object").clone()), None)
+            .expect("valid body");
+        engine.create_document(&path, body, None).expect("create");
+    }
+    let before = scrape(metrics).await;
+    assert_eq!(metric(&before, "mayfly_expiry_tracked_documents"), 3.0);
+    assert!(metric(&before, "mayfly_expiry_bookkeeping_bytes") > 0.0);
+    assert!(metric(&before, "mayfly_process_resident_memory_bytes") > 0.0);
+    // The purge runs in the background; wait (bounded) for it to free all three.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let text = scrape(metrics).await;
+        if metric(&text, "mayfly_documents_purged_total") == 3.0 {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "not purged:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(metric(&after, "mayfly_documents_expired_total"), 3.0);
+    assert_eq!(metric(&after, "mayfly_purge_lag_seconds_count"), 3.0);
+    assert_eq!(metric(&after, "mayfly_documents"), 0.0);
+    assert_eq!(metric(&after, "mayfly_purge_backlog_documents"), 0.0);
+    assert_eq!(metric(&after, "mayfly_expiry_tracked_documents"), 0.0);
+}
