@@ -96,11 +96,11 @@ impl DocumentBody {
         &self.map
     }
 
-    /// The body in its stored form (the `google.protobuf.Struct` encoding), its id and TTL.
+    /// The body in its stored form (the `google.protobuf.Struct` encoding) and its TTL.
     /// Encoding here, on the request's thread, means the JSON tree is also freed there: the
     /// stored document is a single buffer, cheap to send and cheap for the purge to free.
-    pub(crate) fn into_parts(self) -> (Bytes, DocumentId, Option<DocumentTtl>) {
-        (mayfly_proto::json::encode(&self.map), self.id, self.ttl)
+    pub(crate) fn into_stored(self) -> (Bytes, Option<DocumentTtl>) {
+        (mayfly_proto::json::encode(&self.map), self.ttl)
     }
 }
 
@@ -166,7 +166,7 @@ mod tests {
             *json!({"id": "a", "x": 1}).as_object().expect("object")
         );
         assert_eq!(body.ttl(), None);
-        let (stored, _, _) = body.into_parts();
+        let (stored, _) = body.into_stored();
         assert_eq!(
             mayfly_proto::json::decode(&stored),
             *json!({"id": "a", "x": 1}).as_object().expect("object")

@@ -428,12 +428,12 @@ impl Engine {
         mode: WriteMode,
         if_match: Option<&str>,
     ) -> Result<(DocumentView, bool), Error> {
-        let (map, _, ttl) = body.into_parts();
+        let (stored, ttl) = body.into_stored();
         let shard = self.shard_for(info.uid, &key.partition_key);
         shard.put(
             info,
             key,
-            map,
+            stored,
             ttl,
             mode,
             if_match,

@@ -15,8 +15,9 @@ use tokio::task::JoinHandle;
 use super::{
     catalog::CollectionUid,
     clock::{Clock, Millis},
-    shard::{Change, CollectionShard, RemoveCause, Shard, ShardState, Tracking},
-    ttl::{DefaultTtl, DocumentTtl},
+    expiry::inherit_queue::SlotRef,
+    shard::{Change, CollectionShard, DocSlab, RemoveCause, Shard, ShardState, Tracking},
+    ttl::{DefaultTtl, DocumentTtl, TtlSeconds},
 };
 use crate::storage::DocKey;
 
@@ -79,26 +80,13 @@ impl Shard {
             let DefaultTtl::After(n) = cs.default_ttl else {
                 continue;
             };
-            let n = Millis::from(n.get()) * 1_000;
             while work < budget {
-                let Some((written, r)) = cs.inherit.front() else {
-                    break;
-                };
                 work += 1;
-                let queued =
-                    st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
-                if !queued {
-                    cs.inherit.pop_front(false);
-                    continue;
+                match take_queue_head(cs, &mut st.docs, n, now) {
+                    QueueHead::Stale => {}
+                    QueueHead::Due(r, expired_at) => candidates.push((r.slot, expired_at)),
+                    QueueHead::NotDue => break,
                 }
-                if written + n > now {
-                    break;
-                }
-                cs.inherit.pop_front(true);
-                let meta = st.docs.get_mut(r.slot);
-                meta.tracking = Tracking::None;
-                meta.dead = true;
-                candidates.push((r.slot, written + n));
             }
         }
 
@@ -185,22 +173,12 @@ impl Shard {
             }
             let cs = st.collections.get_mut(&uid).expect("checked above");
             if let DefaultTtl::After(n) = old {
-                let n = Millis::from(n.get()) * 1_000;
-                while let Some((written, r)) = cs.inherit.front() {
-                    let queued =
-                        st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Queue;
-                    if !queued {
-                        cs.inherit.pop_front(false);
-                        continue;
+                loop {
+                    match take_queue_head(cs, &mut st.docs, n, now) {
+                        QueueHead::Stale => {}
+                        QueueHead::Due(r, expired_at) => st.pending.push_back((r, expired_at)),
+                        QueueHead::NotDue => break,
                     }
-                    if written + n > now {
-                        break;
-                    }
-                    cs.inherit.pop_front(true);
-                    let meta = st.docs.get_mut(r.slot);
-                    meta.tracking = Tracking::None;
-                    meta.dead = true;
-                    st.pending.push_back((r, written + n));
                 }
             }
             cs.default_ttl = new;
@@ -272,6 +250,42 @@ impl Shard {
     }
 }
 
+/// What the head of an inherit queue was.
+enum QueueHead {
+    /// An entry of a document rewritten or removed since: dropped.
+    Stale,
+    /// A document expired under default `n`: popped, marked dead, its expiry instant returned.
+    Due(SlotRef, Millis),
+    /// Empty, or the head expires after `now`: nothing taken.
+    NotDue,
+}
+
+/// Takes one step at the head of an inherit queue (whose documents expire `n` after their
+/// write): the purge and a settings change both mark expired inheritors dead through here.
+fn take_queue_head(
+    cs: &mut CollectionShard,
+    docs: &mut DocSlab,
+    n: TtlSeconds,
+    now: Millis,
+) -> QueueHead {
+    let Some((written, r)) = cs.inherit.front() else {
+        return QueueHead::NotDue;
+    };
+    if !(docs.is_current(r) && docs.get(r.slot).tracking == Tracking::Queue) {
+        cs.inherit.pop_front(false);
+        return QueueHead::Stale;
+    }
+    let expired_at = written + n.millis();
+    if expired_at > now {
+        return QueueHead::NotDue;
+    }
+    cs.inherit.pop_front(true);
+    let meta = docs.get_mut(r.slot);
+    meta.tracking = Tracking::None;
+    meta.dead = true;
+    QueueHead::Due(r, expired_at)
+}
+
 /// Handles a fired timer: marks the document dead and returns its expiry instant if it is
 /// expired under the current rules; otherwise leaves it untimed (TTL off) or re-times it.
 fn on_timer_fired(st: &mut ShardState, slot: u32, now: Millis) -> Option<Millis> {
@@ -300,7 +314,7 @@ fn next_due(st: &mut ShardState, now: Millis) -> Option<Millis> {
     let mut due = st.wheel.next_due();
     for cs in st.collections.values() {
         if let (DefaultTtl::After(n), Some((written, _))) = (cs.default_ttl, cs.inherit.front()) {
-            let at = written + Millis::from(n.get()) * 1_000;
+            let at = written + n.millis();
             due = Some(due.map_or(at, |d| d.min(at)));
         }
     }
@@ -314,10 +328,9 @@ fn backlog(st: &ShardState, now: Millis) -> usize {
         .collections
         .values()
         .filter_map(|cs| match cs.default_ttl {
-            DefaultTtl::After(n) => Some(
-                cs.inherit
-                    .count_written_by(now.saturating_sub(Millis::from(n.get()) * 1_000)),
-            ),
+            DefaultTtl::After(n) => {
+                Some(cs.inherit.count_written_by(now.saturating_sub(n.millis())))
+            }
             _ => None,
         })
         .sum();

@@ -29,7 +29,8 @@ impl TtlSeconds {
         self.0.get()
     }
 
-    fn millis(self) -> Millis {
+    /// The TTL in milliseconds.
+    pub(crate) fn millis(self) -> Millis {
         Millis::from(self.get()) * 1_000
     }
 }
