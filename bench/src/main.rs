@@ -6,9 +6,13 @@
 //! one window, then reads from the server's metrics how fast the purge removed them and with
 //! what lag. Every run prints the command that reproduces it.
 //!
+//! The `etcd-*` workloads run the same shapes against etcd (`--etcd-addr`) for comparison; see
+//! the `etcd` module.
+//!
 //! It drives the generated gRPC client with prebuilt bodies (not the higher-level `mayfly-client`
 //! wrapper) so that, sharing a machine with the server, it spends as little CPU as it can.
 
+mod etcd;
 mod metrics;
 
 use std::{
@@ -44,6 +48,12 @@ enum Workload {
     Mixed,
     /// Load --documents expiring within --window-secs, then measure the purge.
     Expiry,
+    /// etcd: plain puts of --doc-bytes values under unique keys.
+    EtcdPut,
+    /// etcd: LeaseGrant(--ttl) then a put with that lease; the pair counts as one leased put.
+    EtcdLeasePut,
+    /// etcd: --documents leased keys whose leases run out within --window-secs; measure expiry.
+    EtcdExpiry,
 }
 
 /// Load generator for Mayfly.
@@ -56,6 +66,9 @@ struct Args {
     /// Server gRPC address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     addr: SocketAddr,
+    /// etcd client address (the etcd-* workloads).
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    etcd_addr: SocketAddr,
     /// Server metrics address (needed by `expiry`).
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -71,7 +84,7 @@ struct Args {
     /// Approximate JSON size of each document, in bytes.
     #[arg(long, default_value_t = 1024)]
     doc_bytes: usize,
-    /// TTL in seconds of documents written by write and mixed.
+    /// TTL in seconds of documents written by write and mixed, and of etcd-lease-put's leases.
     #[arg(long, default_value_t = 3600)]
     ttl: i64,
     /// Documents preloaded for read and mixed.
@@ -80,7 +93,7 @@ struct Args {
     /// Percentage of reads in mixed.
     #[arg(long, default_value_t = 80)]
     read_percent: u8,
-    /// Documents loaded by expiry.
+    /// Documents loaded by expiry (leased keys, for etcd-expiry).
     #[arg(long, default_value_t = 500_000)]
     documents: u64,
     /// Expiry spreads the documents' expiry instants over this many seconds.
@@ -104,6 +117,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.connections,
         args.doc_bytes
     );
+    if matches!(
+        args.workload,
+        Workload::EtcdPut | Workload::EtcdLeasePut | Workload::EtcdExpiry
+    ) {
+        return etcd::run(args).await;
+    }
     let channels = connect(&args).await?;
     let collection = setup(&channels[0], &args).await?;
     let bench = Arc::new(Bench {
@@ -123,6 +142,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bench.timed(bench.args.read_percent).await?
         }
         Workload::Expiry => bench.expiry().await?,
+        Workload::EtcdPut | Workload::EtcdLeasePut | Workload::EtcdExpiry => {
+            unreachable!("etcd workloads return before connecting to Mayfly")
+        }
     }
     // Leave the server as it was.
     DatabasesClient::new(bench.channels[0].clone())

@@ -10,4 +10,6 @@ mod metrics_http;
 mod server;
 pub mod storage;
 
-pub use server::{Config, MAX_MESSAGE_BYTES, RunningServer, ServeError, default_shards, serve};
+pub use server::{
+    Config, MAX_MESSAGE_BYTES, RunningServer, ServeError, StorageConfig, default_shards, serve,
+};

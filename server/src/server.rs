@@ -1,17 +1,17 @@
 //! Assembles the gRPC server: the engine and its purge, the three Mayfly services, health,
 //! reflection (v1 and v1alpha, for grpcurl 1.8) and the optional metrics endpoint.
 
-use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc};
+use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread};
 
 use mayfly_proto::v1::server::{CollectionsServer, DatabasesServer, DocumentsServer};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use tonic::transport::{Server, server::TcpIncoming};
 
 use crate::{
-    engine::{Engine, EngineConfig, SystemClock},
+    engine::{self, Engine, EngineConfig, SystemClock},
     grpc::{CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
-    storage::MemoryStorage,
+    storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
 };
 
 /// Largest request or response message: a 2 MiB JSON document can take several times that
@@ -23,18 +23,28 @@ pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 pub struct Config {
     /// gRPC address (port 0 picks a free port).
     pub listen: SocketAddr,
-    /// Engine shards.
-    pub shards: usize,
+    /// Where documents live.
+    pub storage: StorageConfig,
     /// Address for `GET /metrics`; `None` serves no metrics.
     pub metrics_listen: Option<SocketAddr>,
 }
 
+/// Where a server keeps its documents.
+#[derive(Debug, Clone)]
+pub enum StorageConfig {
+    /// In memory only: nothing survives a restart. `shards` defaults to one per core.
+    Memory { shards: Option<usize> },
+    /// In a data directory (the directory's shard count applies; see [`DiskOptions`]).
+    Disk(DiskOptions),
+}
+
 impl Default for Config {
-    /// Loopback on a free port, one shard per core, no metrics: what tests and examples want.
+    /// Loopback on a free port, in memory, one shard per core, no metrics: what tests and
+    /// examples want.
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            shards: default_shards(),
+            storage: StorageConfig::Memory { shards: None },
             metrics_listen: None,
         }
     }
@@ -54,6 +64,10 @@ pub enum ServeError {
     Transport(tonic::transport::Error),
     /// The reflection service could not load the descriptors.
     Reflection(tonic_reflection::server::Error),
+    /// The data directory could not be opened.
+    Storage(OpenError),
+    /// What the data directory holds could not be loaded.
+    Recovery(engine::Error),
 }
 
 impl fmt::Display for ServeError {
@@ -62,6 +76,8 @@ impl fmt::Display for ServeError {
             ServeError::Io(e) => write!(f, "{e}"),
             ServeError::Transport(e) => write!(f, "gRPC transport: {e}"),
             ServeError::Reflection(e) => write!(f, "reflection descriptors: {e}"),
+            ServeError::Storage(e) => write!(f, "{e}"),
+            ServeError::Recovery(e) => write!(f, "cannot load the data directory: {e}"),
         }
     }
 }
@@ -93,13 +109,10 @@ impl RunningServer {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let engine = Engine::new(
-            EngineConfig {
-                shards: config.shards,
-            },
-            Arc::new(MemoryStorage::new()),
-            Arc::new(SystemClock),
-        );
+        let storage = config.storage.clone();
+        let engine = tokio::task::spawn_blocking(move || open_engine(&storage))
+            .await
+            .map_err(|e| ServeError::Io(io::Error::other(e)))??;
         let local_addr = listener.local_addr()?;
         let metrics_addr = metrics_listener
             .as_ref()
@@ -152,6 +165,61 @@ impl Drop for RunningServer {
             let _ = stop.send(());
         }
     }
+}
+
+/// Opens the storage and loads what it holds, then rebuilds expiry tracking on a thread of its
+/// own: the engine serves correctly while it runs.
+fn open_engine(storage: &StorageConfig) -> Result<Engine, ServeError> {
+    let (storage, shards): (Arc<dyn Storage>, usize) = match storage {
+        StorageConfig::Memory { shards } => (
+            Arc::new(MemoryStorage::new()),
+            shards.unwrap_or_else(default_shards),
+        ),
+        StorageConfig::Disk(options) => {
+            let disk = DiskStorage::open(options).map_err(ServeError::Storage)?;
+            let shards = disk.shard_count();
+            (Arc::new(disk), shards)
+        }
+    };
+    let (engine, recovery) = Engine::open(EngineConfig { shards }, storage, Arc::new(SystemClock))
+        .map_err(ServeError::Recovery)?;
+    if recovery.documents > 0 || recovery.collections > 0 {
+        tracing::info!(
+            databases = recovery.databases,
+            collections = recovery.collections,
+            documents = recovery.documents,
+            ms = recovery.elapsed.as_millis() as u64,
+            "recovered"
+        );
+    }
+    let background = engine.clone();
+    thread::Builder::new()
+        .name("mayfly-recovery".into())
+        .spawn(move || {
+            let rebuild = background.rebuild_expiry();
+            if rebuild.entries() > 0 {
+                let secs = rebuild.elapsed.as_secs_f64().max(1e-9);
+                tracing::info!(
+                    timers = rebuild.timers,
+                    queued = rebuild.queued,
+                    past_due = rebuild.past_due,
+                    ms = rebuild.elapsed.as_millis() as u64,
+                    entries_per_sec = (rebuild.entries() as f64 / secs) as u64,
+                    "expiry tracking rebuilt"
+                );
+            }
+            if !recovery.unfinished_deletions.is_empty() {
+                match background.free_collections(&recovery.unfinished_deletions) {
+                    Ok(()) => tracing::info!(
+                        collections = recovery.unfinished_deletions.len(),
+                        "finished freeing collections deleted before a crash"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "could not free collections deleted before a crash"),
+                }
+            }
+        })
+        .map_err(ServeError::Io)?;
+    Ok(engine)
 }
 
 /// Serves `engine` on `listener` until `shutdown` completes, then drains in-flight requests.

@@ -2,9 +2,9 @@
 //! grpcurl through the README's own session, stopped with SIGTERM.
 
 use std::{
-    io::{BufRead, BufReader, Read},
+    io::Read,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     time::Duration,
 };
 
@@ -14,11 +14,26 @@ use tonic_reflection::pb::v1::{
     server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
 };
 
-/// A `mayfly` process on a free port, killed when dropped.
+mod support;
+
+/// A `mayfly` on a free port with a fresh data directory (the default disk storage), both
+/// gone when dropped.
 struct Mayfly {
-    child: Child,
-    addr: String,
-    stdout: BufReader<std::process::ChildStdout>,
+    server: support::Mayfly,
+    _data: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Mayfly {
+    type Target = support::Mayfly;
+    fn deref(&self) -> &support::Mayfly {
+        &self.server
+    }
+}
+
+impl std::ops::DerefMut for Mayfly {
+    fn deref_mut(&mut self) -> &mut support::Mayfly {
+        &mut self.server
+    }
 }
 
 impl Mayfly {
@@ -27,33 +42,13 @@ impl Mayfly {
     }
 
     fn start_with_stderr(stderr: Stdio) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mayfly"))
-            .args(["--listen", "127.0.0.1:0", "--shards", "2"])
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("mayfly starts");
-        // The first stdout line names the bound address: no sleeping until it is up.
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("read stdout");
-        let addr = line
-            .trim()
-            .strip_prefix("mayfly listening on ")
-            .expect("address line")
-            .to_owned();
+        let data = tempfile::tempdir().expect("temp dir");
+        let server = support::Mayfly::spawn(&data.path().join("data"), &[], stderr)
+            .unwrap_or_else(|f| panic!("mayfly did not start: {f:?}"));
         Mayfly {
-            child,
-            addr,
-            stdout,
+            server,
+            _data: data,
         }
-    }
-}
-
-impl Drop for Mayfly {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

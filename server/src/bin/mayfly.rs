@@ -1,9 +1,12 @@
 //! `mayfly`: parses flags, starts the server, stops it on SIGINT or SIGTERM.
 
-use std::{io::IsTerminal, net::SocketAddr, process::ExitCode};
+use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
-use clap::Parser;
-use mayfly_server::{Config, RunningServer, default_shards};
+use clap::{Parser, ValueEnum};
+use mayfly_server::{
+    Config, RunningServer, StorageConfig,
+    storage::{DiskOptions, Durability},
+};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -19,12 +22,40 @@ struct Args {
     /// Address for gRPC (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
-    /// Engine shards (default: one per core).
-    #[arg(long, default_value_t = default_shards().clamp(1, 1024) as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    shards: u16,
+    /// Where documents live: `disk` (in --data-dir) or `memory` (lost at exit: for caches
+    /// and tests).
+    #[arg(long, value_enum, default_value_t = StorageKind::Disk)]
+    storage: StorageKind,
+    /// Data directory for `--storage disk` (created if missing; one server at a time).
+    #[arg(long, default_value = "./mayfly-data")]
+    data_dir: PathBuf,
+    /// When a write is acknowledged: `fsync` (durable on disk, survives power loss) or
+    /// `buffered` (handed to the OS: survives a crash of mayfly, but a power loss or OS crash
+    /// can lose the last 100 ms of acknowledged writes).
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Fsync)]
+    durability: DurabilityArg,
+    /// Storage engine block cache, in MiB.
+    #[arg(long, default_value_t = 256)]
+    cache_mb: u64,
+    /// Engine shards (default: one per core; a data directory keeps the count it was created
+    /// with).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    shards: Option<u16>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off by default).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StorageKind {
+    Disk,
+    Memory,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DurabilityArg {
+    Fsync,
+    Buffered,
 }
 
 #[tokio::main]
@@ -39,9 +70,33 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    let shards = args.shards.map(usize::from);
+    let storage = match args.storage {
+        StorageKind::Memory => StorageConfig::Memory { shards },
+        StorageKind::Disk => StorageConfig::Disk(DiskOptions {
+            path: args.data_dir.clone(),
+            durability: match args.durability {
+                DurabilityArg::Fsync => Durability::Fsync,
+                DurabilityArg::Buffered => Durability::Buffered,
+            },
+            shards,
+            cache_bytes: args.cache_mb.saturating_mul(1024 * 1024),
+        }),
+    };
+    let described = match args.storage {
+        StorageKind::Memory => "memory storage: data does not survive a restart".to_owned(),
+        StorageKind::Disk => format!(
+            "data in {}, acknowledged after {}",
+            args.data_dir.display(),
+            match args.durability {
+                DurabilityArg::Fsync => "fsync",
+                DurabilityArg::Buffered => "reaching the OS (buffered)",
+            }
+        ),
+    };
     let config = Config {
         listen: args.listen,
-        shards: usize::from(args.shards),
+        storage,
         metrics_listen: args.metrics_listen,
     };
     // Handlers first: a supervisor may signal as soon as it reads the address line, and a
@@ -69,7 +124,7 @@ async fn main() -> ExitCode {
         listen = %server.local_addr(),
         shards = server.engine().shard_count(),
         metrics = ?server.metrics_addr(),
-        "serving (memory storage: data does not survive a restart)"
+        "serving ({described})"
     );
     tokio::select! {
         _ = signals.0.recv() => {}

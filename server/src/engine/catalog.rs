@@ -142,6 +142,11 @@ impl Catalog {
     }
 
     /// Adds or replaces a collection (its database must exist).
+    /// Makes sure uids up to `last` are never handed out again.
+    pub(crate) fn restore_last_uid(&mut self, last: u64) {
+        self.next_uid = self.next_uid.max(last);
+    }
+
     pub(crate) fn put_collection(&mut self, info: Arc<CollectionInfo>) {
         if let Some(collections) = self.databases.get_mut(&info.database) {
             collections.insert(info.id.clone(), info);

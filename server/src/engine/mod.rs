@@ -15,6 +15,7 @@ mod ids;
 mod metrics;
 mod partition_key;
 mod purge;
+mod recovery;
 mod shard;
 mod ttl;
 
@@ -43,6 +44,7 @@ pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, Resour
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use partition_key::{PartitionKeyPath, PartitionKeyValue};
 pub use purge::PurgeGuard;
+pub use recovery::{ExpiryRebuild, Recovery};
 pub use ttl::{DefaultTtl, DocumentTtl, MAX_TTL_SECONDS, TtlSeconds};
 
 use self::{catalog::Catalog, document::WriteMode, feed::Cursor, shard::Shard};
@@ -81,8 +83,8 @@ struct Inner {
     shards: Box<[Arc<Shard>]>,
     clock: Arc<dyn Clock>,
     storage: Arc<dyn Storage>,
-    /// Next document version; etags are versions, unique across the engine.
-    versions: AtomicU64,
+    /// Next document version; etags are versions, unique across the engine and its restarts.
+    versions: Arc<AtomicU64>,
     metrics: Arc<EngineMetrics>,
 }
 
@@ -90,9 +92,17 @@ impl Engine {
     /// An empty engine over `storage`, telling time by `clock`.
     pub fn new(config: EngineConfig, storage: Arc<dyn Storage>, clock: Arc<dyn Clock>) -> Self {
         let metrics = Arc::new(EngineMetrics::default());
+        let versions = Arc::new(AtomicU64::new(1));
         let now = clock.now();
         let shards = (0..config.shards.max(1))
-            .map(|i| Arc::new(Shard::new(storage.shard(i), metrics.clone(), now)))
+            .map(|i| {
+                Arc::new(Shard::new(
+                    storage.shard(i),
+                    metrics.clone(),
+                    versions.clone(),
+                    now,
+                ))
+            })
             .collect();
         Engine {
             inner: Arc::new(Inner {
@@ -101,9 +111,19 @@ impl Engine {
                 shards,
                 clock,
                 storage,
-                versions: AtomicU64::new(1),
+                versions,
                 metrics,
             }),
+        }
+    }
+
+    /// Resolves once every document write made so far is durable (at once if it already is,
+    /// or if the storage does not wait). Document responses are sent after it, so that no
+    /// client is told of a change, or sees one, that a crash could take back.
+    pub async fn durable(&self) -> Result<(), Error> {
+        match self.inner.storage.durable() {
+            None => Ok(()),
+            Some(wait) => Ok(wait.await?),
         }
     }
 
@@ -196,7 +216,8 @@ impl Engine {
         self.inner.catalog.read().databases().cloned().collect()
     }
 
-    /// Deletes a database with its collections and their documents.
+    /// Deletes a database with its collections and their documents, atomically: after a
+    /// crash, all of it is there or none of it.
     pub fn delete_database(&self, id: &DatabaseId) -> Result<(), Error> {
         let _ddl = self.inner.ddl.lock();
         let collections: Vec<Arc<CollectionInfo>> = self
@@ -206,13 +227,16 @@ impl Engine {
             .collections(id)?
             .cloned()
             .collect();
-        for info in collections {
-            self.drop_collection(&info)?;
-        }
         self.inner
             .storage
-            .write_catalog(CatalogChange::DeleteDatabase(id))?;
+            .write_catalog(CatalogChange::DeleteDatabase {
+                database: id,
+                collections: &collections,
+            })?;
         self.inner.catalog.write().remove_database(id);
+        for info in &collections {
+            self.free_collection(info);
+        }
         Ok(())
     }
 
@@ -320,6 +344,8 @@ impl Engine {
         self.drop_collection(&info)
     }
 
+    /// Deletes a collection: one durable catalog change makes it gone (after a crash too);
+    /// freeing its documents follows, and a restart finishes it if a crash interrupts it.
     fn drop_collection(&self, info: &CollectionInfo) -> Result<(), Error> {
         self.inner
             .storage
@@ -328,6 +354,12 @@ impl Engine {
             .catalog
             .write()
             .remove_collection(&info.database, &info.id);
+        self.free_collection(info);
+        Ok(())
+    }
+
+    /// Frees the memory and storage of a collection the catalog no longer names.
+    fn free_collection(&self, info: &CollectionInfo) {
         for shard in self.shards() {
             if let Some(part) = shard.detach_collection(info.uid) {
                 let mut slots = part.index.into_iter();
@@ -335,10 +367,9 @@ impl Engine {
             }
             if let Err(e) = shard.store.drop_collection(info.uid) {
                 // The catalog no longer names it; what is left is unreachable garbage.
-                tracing::warn!(error = %e, collection = %info.id, "could not free a deleted collection's storage");
+                tracing::warn!(error = %e, collection = %info.id, "could not free a deleted collection's storage; a restart retries");
             }
         }
-        Ok(())
     }
 
     // ---- documents ----

@@ -97,7 +97,7 @@ impl Shard {
                 cause: RemoveCause::Expired,
             })
             .collect();
-        let failed = match st.commit(&*self.store, &changes, &self.metrics) {
+        let failed = match st.commit(&*self.store, &changes, &self.metrics, &self.versions) {
             Ok(_) => false,
             Err(e) => {
                 tracing::warn!(error = %e, documents = candidates.len(), "purge could not delete expired documents; will retry");

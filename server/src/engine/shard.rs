@@ -30,7 +30,7 @@ use super::{
     metrics::EngineMetrics,
     ttl::{self, DefaultTtl, DocumentTtl},
 };
-use crate::storage::{DocKey, DocumentWrite, ShardStore, StorageError, StoredDocument};
+use crate::storage::{DocKey, DocumentWrite, ShardStore, StorageError, StoredDocument, WriteBatch};
 
 /// A shard: state behind a lock, and the signal its purge task sleeps on.
 #[derive(Debug)]
@@ -44,6 +44,8 @@ pub(crate) struct Shard {
     pub(super) purge_sleeps_until: AtomicU64,
     /// Due entries the last purge pass left behind.
     pub(super) backlog: AtomicU64,
+    /// The engine's version counter: every version handed out is below its value.
+    pub(super) versions: Arc<AtomicU64>,
 }
 
 #[derive(Debug)]
@@ -77,6 +79,9 @@ pub(super) enum Tracking {
     Queue,
     /// A timer-wheel entry (a document with its own ttl).
     Timer(TimerHandle),
+    /// Loaded from storage at start and not yet given a timer or queue entry; reads judge it
+    /// by the rules meanwhile, and the expiry rebuild gives it its tracking.
+    Unscheduled,
 }
 
 /// What the engine keeps in memory per document.
@@ -124,7 +129,7 @@ struct Slot {
 }
 
 impl DocSlab {
-    fn insert(&mut self, doc: DocMeta) -> SlotRef {
+    pub(super) fn insert(&mut self, doc: DocMeta) -> SlotRef {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -202,6 +207,11 @@ impl DocSlab {
     pub(super) fn len(&self) -> usize {
         self.slots.len() - self.free.len()
     }
+
+    /// Slots allocated, free ones included: valid slot numbers are below this.
+    pub(super) fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
 }
 
 /// A change to one document, as the commit path sees it.
@@ -245,16 +255,29 @@ impl ShardState {
         self.last_now
     }
 
+    /// Moves shard time forward to at least `at`.
+    pub(super) fn advance_to(&mut self, at: Millis) {
+        self.last_now = self.last_now.max(at);
+    }
+
     /// The one path every document change takes, client writes and purge alike: storage first
     /// (one batch), then the index and expiry bookkeeping, so a storage failure changes nothing.
     /// Change events and request charges belong here when they arrive. Returns the earliest new
     /// expiry deadline, for waking the purge.
+    ///
+    /// Client writes are acknowledged once durable, by their caller. A purge batch is made
+    /// durable here, before its documents are forgotten: the engine never drops what storage
+    /// could still bring back.
     pub(super) fn commit(
         &mut self,
         store: &dyn ShardStore,
         changes: &[Change],
         metrics: &EngineMetrics,
+        versions: &AtomicU64,
     ) -> Result<Option<Millis>, StorageError> {
+        if changes.is_empty() {
+            return Ok(None);
+        }
         let writes: Vec<DocumentWrite<'_>> = changes
             .iter()
             .map(|change| match change {
@@ -268,8 +291,22 @@ impl ShardState {
                 }
             })
             .collect();
-        store.write(&writes)?;
+        store.write(WriteBatch {
+            writes: &writes,
+            versions_below: versions.load(Ordering::SeqCst),
+        })?;
         drop(writes);
+        if changes.iter().any(|c| {
+            matches!(
+                c,
+                Change::Remove {
+                    cause: RemoveCause::Expired,
+                    ..
+                }
+            )
+        }) {
+            store.sync()?;
+        }
 
         let mut earliest: Option<Millis> = None;
         for change in changes {
@@ -396,7 +433,7 @@ pub(super) fn detach(
 ) {
     let meta = docs.get_mut(slot);
     match mem::replace(&mut meta.tracking, Tracking::None) {
-        Tracking::None => {}
+        Tracking::None | Tracking::Unscheduled => {}
         Tracking::Timer(handle) => {
             wheel.cancel(handle);
         }
@@ -412,6 +449,7 @@ impl Shard {
     pub(crate) fn new(
         store: Arc<dyn ShardStore>,
         metrics: Arc<EngineMetrics>,
+        versions: Arc<AtomicU64>,
         now: Millis,
     ) -> Self {
         Shard {
@@ -421,6 +459,7 @@ impl Shard {
             purge_wake: Notify::new(),
             purge_sleeps_until: AtomicU64::new(u64::MAX),
             backlog: AtomicU64::new(0),
+            versions,
         }
     }
 
@@ -504,6 +543,7 @@ impl Shard {
                 record: record.clone(),
             }],
             &self.metrics,
+            &self.versions,
         )?;
         let view = view(&record, st.collections[&info.uid].default_ttl, now);
         drop(state);
@@ -541,6 +581,7 @@ impl Shard {
                 record: record.clone(),
             }],
             &self.metrics,
+            &self.versions,
         )?;
         let view = view(&record, st.collections[&info.uid].default_ttl, now);
         drop(state);
@@ -568,6 +609,7 @@ impl Shard {
                 cause: RemoveCause::Deleted,
             }],
             &self.metrics,
+            &self.versions,
         )?;
         Ok(())
     }

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::storage::{
-    CatalogChange, DocumentWrite, MemoryStorage, ScanRange, ShardStore, StorageError,
-    StoredDocument,
+    CatalogChange, DurableFuture, MemoryStorage, ScanRange, ShardStore, StorageError,
+    StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
 
 const T0: Millis = 1_790_000_000_000;
@@ -681,14 +681,26 @@ impl Storage for FlakyStorage {
     fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
         self.inner.write_catalog(change)
     }
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
+        self.inner.load_catalog()
+    }
+    fn durable(&self) -> Option<DurableFuture> {
+        self.inner.durable()
+    }
 }
 
 impl ShardStore for FlakyShard {
-    fn write(&self, batch: &[DocumentWrite<'_>]) -> Result<(), StorageError> {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
         if self.failing.load(Ordering::SeqCst) {
             return Err(StorageError::new("injected failure"));
         }
         self.inner.write(batch)
+    }
+    fn sync(&self) -> Result<(), StorageError> {
+        self.inner.sync()
+    }
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
+        self.inner.load(each)
     }
     fn get(
         &self,

@@ -25,6 +25,14 @@ impl DocumentsService {
     pub fn new(engine: Engine) -> Self {
         DocumentsService { engine }
     }
+
+    /// The engine's answer, released once every write it may reflect is durable: a client is
+    /// never told of (or shown) a change that a crash could take back. Writers waiting here
+    /// share one fsync.
+    async fn settle<T>(&self, result: Result<T, engine::Error>) -> Result<T, Status> {
+        self.engine.durable().await?;
+        Ok(result?)
+    }
 }
 
 fn if_match(etag: &str) -> Option<&str> {
@@ -49,7 +57,9 @@ impl server::Documents for DocumentsService {
         let path = convert::collection_path(&database, &collection)?;
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
-        let view = self.engine.create_document(&path, body, partition_key)?;
+        let view = self
+            .settle(self.engine.create_document(&path, body, partition_key))
+            .await?;
         Ok(Response::new(view.into()))
     }
 
@@ -68,9 +78,12 @@ impl server::Documents for DocumentsService {
         let path = convert::collection_path(&database, &collection)?;
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
-        let (outcome, view) =
-            self.engine
-                .upsert_document(&path, body, partition_key, if_match(&etag))?;
+        let (outcome, view) = self
+            .settle(
+                self.engine
+                    .upsert_document(&path, body, partition_key, if_match(&etag)),
+            )
+            .await?;
         let outcome = match outcome {
             engine::UpsertOutcome::Created => UpsertOutcome::Created,
             engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
@@ -98,8 +111,11 @@ impl server::Documents for DocumentsService {
         let key = convert::doc_key(&id, partition_key)?;
         let body = convert::document_body(body, ttl)?;
         let view = self
-            .engine
-            .replace_document(&path, key, body, if_match(&etag))?;
+            .settle(
+                self.engine
+                    .replace_document(&path, key, body, if_match(&etag)),
+            )
+            .await?;
         Ok(Response::new(view.into()))
     }
 
@@ -115,9 +131,8 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
-        Ok(Response::new(
-            self.engine.read_document(&path, &key)?.into(),
-        ))
+        let view = self.settle(self.engine.read_document(&path, &key)).await?;
+        Ok(Response::new(view.into()))
     }
 
     async fn delete_document(
@@ -133,7 +148,8 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
-        self.engine.delete_document(&path, &key, if_match(&etag))?;
+        self.settle(self.engine.delete_document(&path, &key, if_match(&etag)))
+            .await?;
         Ok(Response::new(DeleteDocumentResponse {}))
     }
 
@@ -150,11 +166,10 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
-        Ok(Response::new(
-            self.engine
-                .touch_document(&path, &key, if_match(&etag))?
-                .into(),
-        ))
+        let view = self
+            .settle(self.engine.touch_document(&path, &key, if_match(&etag)))
+            .await?;
+        Ok(Response::new(view.into()))
     }
 
     type ReadFeedStream = FeedStream;
@@ -179,8 +194,11 @@ impl server::Documents for DocumentsService {
         let token = (!continuation.is_empty()).then_some(continuation);
         // The first page is read before answering, so a bad request fails the call itself.
         let first = self
-            .engine
-            .read_feed_page(&path, &scope, page_size, token.as_deref())?;
+            .settle(
+                self.engine
+                    .read_feed_page(&path, &scope, page_size, token.as_deref()),
+            )
+            .await?;
         let engine = self.engine.clone();
         // One page in flight: a slow reader holds back the producer instead of buffering.
         let (tx, rx) = mpsc::channel(1);
@@ -206,6 +224,9 @@ impl server::Documents for DocumentsService {
                 }
                 let Some(next) = next else { return };
                 page = engine.read_feed_page(&path, &scope, page_size, Some(&next));
+                if let Err(e) = engine.durable().await {
+                    page = Err(e);
+                }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -9,7 +9,8 @@ use std::{
 use parking_lot::Mutex;
 
 use super::{
-    CatalogChange, DocKey, DocumentWrite, ShardStore, Storage, StorageError, StoredDocument,
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, ShardStore, Storage, StorageError,
+    StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
 use crate::engine::{CollectionUid, DocumentId, PartitionKeyValue};
 
@@ -35,6 +36,15 @@ impl Storage for MemoryStorage {
         // The engine's catalog is the only copy in memory mode: there is nothing to recover.
         Ok(())
     }
+
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
+        Ok(StoredCatalog::default())
+    }
+
+    fn durable(&self) -> Option<DurableFuture> {
+        // Nothing here is ever durable, and nothing waits for it to be.
+        None
+    }
 }
 
 type Collection = BTreeMap<DocKey, Arc<StoredDocument>>;
@@ -47,9 +57,9 @@ struct MemoryShard {
 }
 
 impl ShardStore for MemoryShard {
-    fn write(&self, batch: &[DocumentWrite<'_>]) -> Result<(), StorageError> {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
         let mut collections = self.collections.lock();
-        for write in batch {
+        for write in batch.writes {
             match *write {
                 DocumentWrite::Put(doc) => {
                     collections
@@ -63,6 +73,28 @@ impl ShardStore for MemoryShard {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
+        for doc in self
+            .collections
+            .lock()
+            .values()
+            .flat_map(|docs| docs.values())
+        {
+            each(StoredMeta {
+                collection: doc.collection,
+                key: doc.key.clone(),
+                last_write: doc.last_write,
+                version: doc.version,
+                ttl: doc.ttl,
+            });
         }
         Ok(())
     }

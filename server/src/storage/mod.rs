@@ -1,13 +1,17 @@
 //! Where records live. The engine keeps its own in-memory index and expiry bookkeeping and
-//! hands every durable change to a backend through these traits: the in-memory backend today,
-//! a durable or distributed one later.
+//! hands every durable change to a backend through these traits: the embedded disk backend
+//! (the default), the in-memory one (caches, tests), a distributed one later.
 
+mod disk;
 mod memory;
 
-use std::{fmt, sync::Arc};
+use std::{fmt, future::Future, pin::Pin, sync::Arc};
 
 use bytes::Bytes;
 
+pub use disk::{
+    BUFFERED_SYNC_INTERVAL, DiskOptions, DiskStorage, Durability, FORMAT_VERSION, OpenError,
+};
 pub use memory::MemoryStorage;
 
 use crate::engine::{
@@ -66,13 +70,57 @@ pub enum ScanRange<'a> {
     },
 }
 
+/// One atomic write to a shard's documents.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteBatch<'a> {
+    /// The changes, applied all or none.
+    pub writes: &'a [DocumentWrite<'a>],
+    /// Every version the engine has handed out is below this. A backend that forgets deleted
+    /// documents keeps it, so that versions (etags) are never reused after a restart.
+    pub versions_below: u64,
+}
+
+/// What a backend keeps of a document in memory at start: everything but the body.
+#[derive(Debug, Clone)]
+pub struct StoredMeta {
+    /// Collection the document belongs to.
+    pub collection: CollectionUid,
+    /// Its address.
+    pub key: DocKey,
+    /// Last write, Unix epoch ms: with `ttl`, the absolute expiry instant.
+    pub last_write: Millis,
+    /// Version of the last write.
+    pub version: u64,
+    /// The document's own TTL (`None` = inherits).
+    pub ttl: Option<DocumentTtl>,
+}
+
+/// The catalog as a backend recovered it.
+#[derive(Debug, Clone, Default)]
+pub struct StoredCatalog {
+    /// Every database.
+    pub databases: Vec<DatabaseId>,
+    /// Every collection.
+    pub collections: Vec<CollectionInfo>,
+    /// Highest collection uid ever handed out (uids are never reused).
+    pub last_uid: u64,
+    /// Every document version handed out before is below this.
+    pub versions_below: u64,
+}
+
+/// Resolves when the writes it was created after are durable.
+pub type DurableFuture = Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>>;
+
 /// A change to databases and collections.
 #[derive(Debug, Clone, Copy)]
 pub enum CatalogChange<'a> {
     /// A database was created.
     PutDatabase(&'a DatabaseId),
-    /// A database was deleted (its collections are deleted first, one by one).
-    DeleteDatabase(&'a DatabaseId),
+    /// A database was deleted with all of its collections, in one atomic change.
+    DeleteDatabase {
+        database: &'a DatabaseId,
+        collections: &'a [Arc<CollectionInfo>],
+    },
     /// A collection was created or its settings replaced.
     PutCollection(&'a CollectionInfo),
     /// A collection was deleted.
@@ -108,14 +156,29 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// shard's lock, so a backend needs no locking of its own for documents of one shard.
     fn shard(&self, index: usize) -> Arc<dyn ShardStore>;
 
-    /// Records a catalog change; called before the change becomes visible.
+    /// Records a catalog change durably; called before the change becomes visible.
     fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError>;
+
+    /// The catalog as stored (empty for a new store).
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError>;
+
+    /// `None` if every document write applied so far is durable; otherwise a future that
+    /// resolves once they are. Writers share the flush that makes them durable.
+    fn durable(&self) -> Option<DurableFuture>;
 }
 
 /// The documents of one engine shard.
 pub trait ShardStore: Send + Sync + fmt::Debug {
-    /// Applies a batch atomically: all of it or, on error, none of it.
-    fn write(&self, batch: &[DocumentWrite<'_>]) -> Result<(), StorageError>;
+    /// Applies a batch atomically: all of it or, on error, none of it. Applied means visible
+    /// to `get` and `scan`, and surviving a crash of this process; not yet durable against a
+    /// machine crash (see [`Storage::durable`] and [`ShardStore::sync`]).
+    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError>;
+
+    /// Blocks until every write applied so far is durable.
+    fn sync(&self) -> Result<(), StorageError>;
+
+    /// Calls `each` with every stored document of this shard, without its body.
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError>;
 
     /// The stored version of a document, if any (expired or not: the engine decides).
     fn get(

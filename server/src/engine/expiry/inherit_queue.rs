@@ -48,6 +48,23 @@ impl InheritQueue {
         self.live += 1;
     }
 
+    /// Puts live entries, sorted by write instant and written no later than any entry already
+    /// here, in front of the queue (documents restored from storage, queued after the writes
+    /// that arrived since the start).
+    pub(crate) fn prepend_sorted(&mut self, entries: &[(u64, SlotRef)]) {
+        debug_assert!(entries.is_sorted_by_key(|&(written, _)| written));
+        debug_assert!(
+            entries
+                .last()
+                .zip(self.entries.front())
+                .is_none_or(|((last, _), first)| *last <= first.written_at)
+        );
+        for &(written_at, doc) in entries.iter().rev() {
+            self.entries.push_front(Entry { written_at, doc });
+        }
+        self.live += entries.len();
+    }
+
     /// Records that one live entry went stale (its document was rewritten, deleted or purged).
     /// `is_live` tells compaction which entries to keep.
     pub(crate) fn forget_one(&mut self, is_live: impl Fn(SlotRef) -> bool) {

@@ -1,0 +1,293 @@
+//! Starting from what storage holds. The catalog and every document's metadata (never its
+//! body) are loaded before the engine serves; visibility is judged by the rules and the
+//! stored absolute instants, so reads are right from the first request, documents that
+//! expired while the server was down included. Expiry tracking (timers, inherit queues) is
+//! rebuilt afterwards in the background, in short holds of each shard lock; documents already
+//! past due go straight to the purge backlog.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use super::{
+    CollectionUid, Engine, EngineConfig, Error,
+    clock::{Clock, Millis},
+    expiry::inherit_queue::SlotRef,
+    shard::{DocMeta, Shard, Tracking},
+    ttl::DocumentTtl,
+};
+use crate::storage::{Storage, StorageError, StoredMeta};
+
+/// Slots the expiry rebuild goes through per hold of a shard lock.
+const REBUILD_CHUNK: usize = 8192;
+
+/// What [`Engine::open`] found in storage.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    /// Databases restored.
+    pub databases: usize,
+    /// Collections restored.
+    pub collections: usize,
+    /// Documents restored (expired ones included: they are invisible and due for purge).
+    pub documents: usize,
+    /// Collections deleted before a crash whose documents were not all freed yet; see
+    /// [`Engine::free_collections`].
+    pub unfinished_deletions: Vec<CollectionUid>,
+    /// Time spent.
+    pub elapsed: Duration,
+}
+
+/// What [`Engine::rebuild_expiry`] did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExpiryRebuild {
+    /// Own-ttl documents given a timer.
+    pub timers: usize,
+    /// Inheriting documents put back in their collection's queue, in write order.
+    pub queued: usize,
+    /// Own-ttl documents already past due: marked expired and handed to the purge.
+    pub past_due: usize,
+    /// Time spent.
+    pub elapsed: Duration,
+}
+
+impl ExpiryRebuild {
+    /// Entries rebuilt.
+    pub fn entries(&self) -> usize {
+        self.timers + self.queued + self.past_due
+    }
+}
+
+/// One shard's part of a recovery.
+#[derive(Debug, Default)]
+struct ShardLoad {
+    documents: usize,
+    max_version: u64,
+    orphans: HashSet<CollectionUid>,
+}
+
+impl Engine {
+    /// An engine over `storage` with everything it holds: catalog and document metadata are
+    /// loaded (shards in parallel) before this returns. Call [`Engine::rebuild_expiry`] next,
+    /// off the async threads; the engine serves correctly meanwhile.
+    pub fn open(
+        config: EngineConfig,
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Engine, Recovery), Error> {
+        let started = Instant::now();
+        let engine = Engine::new(config, storage.clone(), clock);
+        let stored = storage.load_catalog()?;
+        let mut recovery = Recovery {
+            databases: stored.databases.len(),
+            ..Recovery::default()
+        };
+        let mut known = HashSet::new();
+        {
+            let mut catalog = engine.inner.catalog.write();
+            for database in stored.databases {
+                catalog.add_database(database);
+            }
+            catalog.restore_last_uid(stored.last_uid);
+            for info in stored.collections {
+                catalog.restore_last_uid(info.uid.0);
+                if !catalog.has_database(&info.database) {
+                    continue; // Cannot happen: databases are deleted with their collections.
+                }
+                for shard in engine.shards() {
+                    shard.add_collection(info.uid, info.settings.default_ttl());
+                }
+                known.insert(info.uid);
+                catalog.put_collection(Arc::new(info));
+                recovery.collections += 1;
+            }
+        }
+
+        let next = AtomicUsize::new(0);
+        let workers = thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(engine.shard_count());
+        let loads: Vec<Result<ShardLoad, StorageError>> = thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut total = ShardLoad::default();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(shard) = engine.shards().get(i) else {
+                                return Ok(total);
+                            };
+                            let load = shard.load(&known)?;
+                            total.documents += load.documents;
+                            total.max_version = total.max_version.max(load.max_version);
+                            total.orphans.extend(load.orphans);
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("recovery workers do not panic"))
+                .collect()
+        });
+        let mut orphans = HashSet::new();
+        let mut versions_below = stored.versions_below;
+        for load in loads {
+            let load = load?;
+            recovery.documents += load.documents;
+            versions_below = versions_below.max(load.max_version.saturating_add(1));
+            orphans.extend(load.orphans);
+        }
+        engine
+            .inner
+            .versions
+            .fetch_max(versions_below, Ordering::SeqCst);
+        recovery.unfinished_deletions = orphans.into_iter().collect();
+        recovery.elapsed = started.elapsed();
+        Ok((engine, recovery))
+    }
+
+    /// Gives every document loaded by [`Engine::open`] its expiry tracking. Blocks (run it on
+    /// its own thread); catalog changes wait for it, since a settings change must find every
+    /// document tracked.
+    pub fn rebuild_expiry(&self) -> ExpiryRebuild {
+        let started = Instant::now();
+        let _ddl = self.inner.ddl.lock();
+        let mut report = ExpiryRebuild::default();
+        for shard in self.shards() {
+            shard.rebuild_expiry(&*self.inner.clock, &mut report);
+        }
+        report.elapsed = started.elapsed();
+        report
+    }
+
+    /// Frees the stored documents of collections whose deletion a crash interrupted.
+    pub fn free_collections(&self, uids: &[CollectionUid]) -> Result<(), Error> {
+        for &uid in uids {
+            for shard in self.shards() {
+                shard.store.drop_collection(uid)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Shard {
+    /// Loads this shard's documents from its store, untracked.
+    fn load(&self, known: &HashSet<CollectionUid>) -> Result<ShardLoad, StorageError> {
+        let mut out = ShardLoad::default();
+        let mut state = self.lock();
+        let st = &mut *state;
+        let mut latest: Millis = 0;
+        self.store.load(&mut |doc: StoredMeta| {
+            let Some(cs) = st.collections.get_mut(&doc.collection) else {
+                if !known.contains(&doc.collection) {
+                    out.orphans.insert(doc.collection);
+                }
+                return;
+            };
+            out.documents += 1;
+            out.max_version = out.max_version.max(doc.version);
+            latest = latest.max(doc.last_write);
+            let r = st.docs.insert(DocMeta {
+                collection: doc.collection,
+                key: doc.key.clone(),
+                last_write: doc.last_write,
+                version: doc.version,
+                ttl: doc.ttl,
+                tracking: Tracking::Unscheduled,
+                dead: false,
+            });
+            cs.index.insert(doc.key, r.slot);
+        })?;
+        // Shard time never runs behind a stored write, even if the wall clock stepped back
+        // across the restart: nothing stored can come back to life.
+        st.advance_to(latest);
+        Ok(out)
+    }
+
+    fn rebuild_expiry(&self, clock: &dyn Clock, report: &mut ExpiryRebuild) {
+        let mut inheritors: HashMap<CollectionUid, Vec<(Millis, SlotRef)>> = HashMap::new();
+        let mut next = 0;
+        loop {
+            let earliest = {
+                let mut state = self.lock();
+                let st = &mut *state;
+                let now = st.now(clock);
+                let end = (next + REBUILD_CHUNK).min(st.docs.slot_count());
+                if next >= end {
+                    break;
+                }
+                let mut earliest: Option<Millis> = None;
+                for slot in next..end {
+                    let r = st.docs.current_ref(slot as u32);
+                    let Some(meta) = st.docs.try_get_mut(slot as u32) else {
+                        continue;
+                    };
+                    if meta.tracking != Tracking::Unscheduled {
+                        continue;
+                    }
+                    let Some(cs) = st.collections.get(&meta.collection) else {
+                        continue;
+                    };
+                    match meta.ttl {
+                        // Queued at the end, all at once and in write order.
+                        None => {
+                            inheritors
+                                .entry(meta.collection)
+                                .or_default()
+                                .push((meta.last_write, r));
+                            continue;
+                        }
+                        Some(DocumentTtl::Never) => meta.tracking = Tracking::None,
+                        Some(DocumentTtl::After(_)) => {
+                            meta.tracking = Tracking::None;
+                            match meta.expires_at(cs.default_ttl) {
+                                // TTL is off: untimed, like any own-ttl document while it is.
+                                None => {}
+                                Some(due) if due <= now => {
+                                    meta.dead = true;
+                                    st.pending.push_back((r, due));
+                                    report.past_due += 1;
+                                    earliest = Some(now);
+                                }
+                                Some(due) => {
+                                    meta.tracking =
+                                        Tracking::Timer(st.wheel.schedule(due, slot as u32));
+                                    report.timers += 1;
+                                    earliest = Some(earliest.map_or(due, |e| e.min(due)));
+                                }
+                            }
+                        }
+                    }
+                }
+                next = end;
+                earliest
+            };
+            self.wake_purge_for(earliest);
+        }
+        for (uid, mut entries) in inheritors {
+            entries.sort_unstable_by_key(|&(written, _)| written);
+            let mut state = self.lock();
+            let st = &mut *state;
+            let Some(cs) = st.collections.get_mut(&uid) else {
+                continue;
+            };
+            // Rewritten or removed since the pass above: those have their own tracking now.
+            entries.retain(|&(_, r)| {
+                st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Unscheduled
+            });
+            for &(_, r) in &entries {
+                st.docs.get_mut(r.slot).tracking = Tracking::Queue;
+            }
+            report.queued += entries.len();
+            cs.inherit.prepend_sorted(&entries);
+        }
+        self.purge_wake.notify_one();
+    }
+}

@@ -1,0 +1,120 @@
+//! The catalog keyspace: databases, collections and counters, as small records.
+//!
+//! Keys: `db/<database id>` (empty value), `coll/<uid, u64 BE>` (a JSON record: readable with
+//! any tool and open to new fields), `last-uid` and `shards` (u64 BE), `versions/<shard>`
+//! (u64 BE: the version floor recorded with deletions).
+
+use serde_json::{Value, json};
+
+use crate::engine::{
+    CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
+    IdKind, IndexingMode, PartitionKeyPath,
+};
+use crate::storage::StorageError;
+
+pub(super) const DATABASE_PREFIX: &[u8] = b"db/";
+pub(super) const COLLECTION_PREFIX: &[u8] = b"coll/";
+pub(super) const LAST_UID: &[u8] = b"last-uid";
+pub(super) const SHARDS: &[u8] = b"shards";
+pub(super) const VERSIONS_PREFIX: &[u8] = b"versions/";
+
+pub(super) fn database_key(id: &DatabaseId) -> Vec<u8> {
+    [DATABASE_PREFIX, id.as_str().as_bytes()].concat()
+}
+
+pub(super) fn collection_key(uid: CollectionUid) -> Vec<u8> {
+    [COLLECTION_PREFIX, &uid.0.to_be_bytes()].concat()
+}
+
+pub(super) fn versions_key(shard: u16) -> Vec<u8> {
+    [VERSIONS_PREFIX, &shard.to_be_bytes()].concat()
+}
+
+pub(super) fn decode_u64(value: &[u8], what: &str) -> Result<u64, StorageError> {
+    value
+        .try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| StorageError::new(format!("corrupt {what} in the data directory")))
+}
+
+pub(super) fn decode_database(key: &[u8]) -> Result<DatabaseId, StorageError> {
+    std::str::from_utf8(&key[DATABASE_PREFIX.len()..])
+        .ok()
+        .and_then(|id| DatabaseId::parse(IdKind::Database, id).ok())
+        .ok_or_else(|| StorageError::new("corrupt database record in the data directory"))
+}
+
+pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
+    let record = json!({
+        "database": info.database.as_str(),
+        "id": info.id.as_str(),
+        "uid": info.uid.0,
+        "partitionKeyPath": info.partition_key_path.as_str(),
+        "defaultTtl": info.settings.default_ttl().to_raw(),
+        "indexingMode": match info.settings.indexing_mode() {
+            IndexingMode::Consistent => "consistent",
+            IndexingMode::Lazy => "lazy",
+            IndexingMode::None => "none",
+        },
+    });
+    record.to_string().into_bytes()
+}
+
+pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageError> {
+    let bad = |what: &str| StorageError::new(format!("corrupt collection record: {what}"));
+    let record: Value = serde_json::from_slice(value).map_err(|e| bad(&e.to_string()))?;
+    let text = |field: &str| record[field].as_str().ok_or_else(|| bad(field));
+    let database =
+        DatabaseId::parse(IdKind::Database, text("database")?).map_err(|_| bad("database"))?;
+    let id = CollectionId::parse(IdKind::Collection, text("id")?).map_err(|_| bad("id"))?;
+    let uid = record["uid"].as_u64().ok_or_else(|| bad("uid"))?;
+    let partition_key_path =
+        PartitionKeyPath::parse(text("partitionKeyPath")?).map_err(|_| bad("partitionKeyPath"))?;
+    let default_ttl =
+        DefaultTtl::from_raw(record["defaultTtl"].as_i64()).map_err(|_| bad("defaultTtl"))?;
+    let indexing_mode = match text("indexingMode")? {
+        "consistent" => IndexingMode::Consistent,
+        "lazy" => IndexingMode::Lazy,
+        "none" => IndexingMode::None,
+        _ => return Err(bad("indexingMode")),
+    };
+    let settings =
+        CollectionSettings::new(default_ttl, indexing_mode).map_err(|_| bad("settings"))?;
+    Ok(CollectionInfo {
+        database,
+        id,
+        uid: CollectionUid(uid),
+        partition_key_path,
+        settings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::TtlSeconds;
+
+    #[test]
+    fn collections_round_trip() {
+        for (ttl, mode) in [
+            (DefaultTtl::Off, IndexingMode::None),
+            (DefaultTtl::NoDefault, IndexingMode::Lazy),
+            (
+                DefaultTtl::After(TtlSeconds::new(3600).expect("valid")),
+                IndexingMode::Consistent,
+            ),
+        ] {
+            let info = CollectionInfo {
+                database: DatabaseId::parse(IdKind::Database, "app").expect("valid"),
+                id: CollectionId::parse(IdKind::Collection, "sessions").expect("valid"),
+                uid: CollectionUid(42),
+                partition_key_path: PartitionKeyPath::parse("/user/id").expect("valid"),
+                settings: CollectionSettings::new(ttl, mode).expect("valid"),
+            };
+            assert_eq!(
+                decode_collection(&encode_collection(&info)).expect("decodes"),
+                info
+            );
+        }
+    }
+}

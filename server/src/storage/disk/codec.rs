@@ -1,0 +1,277 @@
+//! Byte layouts of the disk backend's keys and values.
+//!
+//! Document keys are `shard (u16) | collection uid (u64) | partition key | id`, all
+//! order-preserving, so one shard's documents, one collection's and one partition's are each
+//! a contiguous key range. Values start with the same 20-byte header in both keyspaces:
+//! `version (u64) | last write (u64, Unix ms) | own ttl (i32: 0 inherit, -1 never, n seconds)`;
+//! the documents keyspace appends the body. The expiry instant is a function of absolute values
+//! only (last write + ttl, or + the collection default): a restart never extends a life.
+
+use crate::engine::{
+    CollectionUid, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue, TtlSeconds,
+};
+use crate::storage::{DocKey, StorageError};
+
+/// Bytes of the value header.
+pub(super) const HEADER_BYTES: usize = 20;
+
+const PK_UNDEFINED: u8 = 0;
+const PK_NULL: u8 = 1;
+const PK_FALSE: u8 = 2;
+const PK_TRUE: u8 = 3;
+const PK_NUMBER: u8 = 4;
+const PK_STRING: u8 = 5;
+
+/// The key prefix of one shard.
+pub(super) fn shard_prefix(shard: u16) -> Vec<u8> {
+    shard.to_be_bytes().to_vec()
+}
+
+/// The key prefix of one collection within a shard.
+pub(super) fn collection_prefix(shard: u16, uid: CollectionUid) -> Vec<u8> {
+    let mut key = Vec::with_capacity(10);
+    key.extend_from_slice(&shard.to_be_bytes());
+    key.extend_from_slice(&uid.0.to_be_bytes());
+    key
+}
+
+/// The key prefix of one partition within a collection.
+pub(super) fn partition_prefix(
+    shard: u16,
+    uid: CollectionUid,
+    partition_key: &PartitionKeyValue,
+) -> Vec<u8> {
+    let mut key = collection_prefix(shard, uid);
+    encode_partition_key(&mut key, partition_key);
+    key
+}
+
+/// A document's key.
+pub(super) fn document_key(shard: u16, uid: CollectionUid, key: &DocKey) -> Vec<u8> {
+    let mut out = partition_prefix(shard, uid, &key.partition_key);
+    out.extend_from_slice(key.id.as_str().as_bytes());
+    out
+}
+
+/// Strings are escaped (0x00 → 0x00 0xFF) and end with 0x00 0x01, which keeps byte order equal
+/// to string order and makes the encoding self-delimiting (a partition's prefix is never a
+/// prefix of another partition's keys).
+fn encode_partition_key(out: &mut Vec<u8>, value: &PartitionKeyValue) {
+    match value {
+        PartitionKeyValue::Undefined => out.push(PK_UNDEFINED),
+        PartitionKeyValue::Null => out.push(PK_NULL),
+        PartitionKeyValue::Bool(false) => out.push(PK_FALSE),
+        PartitionKeyValue::Bool(true) => out.push(PK_TRUE),
+        PartitionKeyValue::Number(x) => {
+            out.push(PK_NUMBER);
+            // Flip so that unsigned byte order is numeric order.
+            let bits = x.to_bits();
+            let ordered = if bits >> 63 == 1 {
+                !bits
+            } else {
+                bits | 1 << 63
+            };
+            out.extend_from_slice(&ordered.to_be_bytes());
+        }
+        PartitionKeyValue::String(s) => {
+            out.push(PK_STRING);
+            for &b in s.as_bytes() {
+                out.push(b);
+                if b == 0 {
+                    out.push(0xFF);
+                }
+            }
+            out.extend_from_slice(&[0x00, 0x01]);
+        }
+    }
+}
+
+fn corrupt(what: &str) -> StorageError {
+    StorageError::new(format!("corrupt {what} in the data directory"))
+}
+
+/// Splits a document key into its collection and address.
+pub(super) fn decode_document_key(key: &[u8]) -> Result<(CollectionUid, DocKey), StorageError> {
+    let bad = || corrupt("document key");
+    let uid = key
+        .get(2..10)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(bad)?;
+    let rest = &key[10..];
+    let (&tag, rest) = rest.split_first().ok_or_else(bad)?;
+    let (partition_key, id) = match tag {
+        PK_UNDEFINED => (PartitionKeyValue::Undefined, rest),
+        PK_NULL => (PartitionKeyValue::Null, rest),
+        PK_FALSE => (PartitionKeyValue::Bool(false), rest),
+        PK_TRUE => (PartitionKeyValue::Bool(true), rest),
+        PK_NUMBER => {
+            let ordered = rest
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(bad)?;
+            let bits = if ordered >> 63 == 1 {
+                ordered & !(1 << 63)
+            } else {
+                !ordered
+            };
+            (PartitionKeyValue::Number(f64::from_bits(bits)), &rest[8..])
+        }
+        PK_STRING => {
+            let mut s = Vec::new();
+            let mut i = 0;
+            loop {
+                match (rest.get(i), rest.get(i + 1)) {
+                    (Some(0), Some(0xFF)) => {
+                        s.push(0);
+                        i += 2;
+                    }
+                    (Some(0), Some(1)) => break,
+                    (Some(&b), _) if b != 0 => {
+                        s.push(b);
+                        i += 1;
+                    }
+                    _ => return Err(bad()),
+                }
+            }
+            let s = String::from_utf8(s).map_err(|_| bad())?;
+            (PartitionKeyValue::String(s.into()), &rest[i + 2..])
+        }
+        _ => return Err(bad()),
+    };
+    let id = std::str::from_utf8(id).map_err(|_| bad())?;
+    let id = DocumentId::parse(IdKind::Document, id).map_err(|_| bad())?;
+    Ok((CollectionUid(uid), DocKey { partition_key, id }))
+}
+
+/// The header fields of a stored value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Header {
+    pub(super) version: u64,
+    pub(super) last_write: Millis,
+    pub(super) ttl: Option<DocumentTtl>,
+}
+
+impl Header {
+    pub(super) fn encode(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+        out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&self.last_write.to_be_bytes());
+        out.extend_from_slice(&self.ttl.map_or(0, DocumentTtl::to_raw).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// Parses a value's header; returns it with the rest of the value (the body, if any).
+    pub(super) fn decode(value: &[u8]) -> Result<(Header, &[u8]), StorageError> {
+        let bad = || corrupt("document header");
+        let field = |range: std::ops::Range<usize>| value.get(range).ok_or_else(bad);
+        let version = u64::from_be_bytes(field(0..8)?.try_into().map_err(|_| bad())?);
+        let last_write = u64::from_be_bytes(field(8..16)?.try_into().map_err(|_| bad())?);
+        let raw_ttl = i32::from_be_bytes(field(16..20)?.try_into().map_err(|_| bad())?);
+        let ttl = match raw_ttl {
+            0 => None,
+            -1 => Some(DocumentTtl::Never),
+            n => Some(DocumentTtl::After(
+                TtlSeconds::new(i64::from(n)).ok_or_else(bad)?,
+            )),
+        };
+        Ok((
+            Header {
+                version,
+                last_write,
+                ttl,
+            },
+            &value[HEADER_BYTES..],
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(pk: PartitionKeyValue, id: &str) -> DocKey {
+        DocKey {
+            partition_key: pk,
+            id: DocumentId::parse(IdKind::Document, id).expect("valid id"),
+        }
+    }
+
+    fn samples() -> Vec<DocKey> {
+        let mut out = Vec::new();
+        let pks = [
+            PartitionKeyValue::Undefined,
+            PartitionKeyValue::Null,
+            PartitionKeyValue::Bool(false),
+            PartitionKeyValue::Bool(true),
+            PartitionKeyValue::number(-1e300),
+            PartitionKeyValue::number(-2.5),
+            PartitionKeyValue::number(0.0),
+            PartitionKeyValue::number(3.0),
+            PartitionKeyValue::number(1e300),
+            PartitionKeyValue::String("".into()),
+            PartitionKeyValue::String("a".into()),
+            PartitionKeyValue::String("a\0".into()),
+            PartitionKeyValue::String("a\0b".into()),
+            PartitionKeyValue::String("ab".into()),
+            PartitionKeyValue::String("é".into()),
+        ];
+        for pk in pks {
+            for id in ["a", "a\0", "b", "zz", "ü"] {
+                out.push(key(pk.clone(), id));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn keys_round_trip_and_sort_like_the_engine() {
+        let mut keys = samples();
+        keys.sort();
+        let encoded: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|k| document_key(3, CollectionUid(7), k))
+            .collect();
+        let mut sorted = encoded.clone();
+        sorted.sort();
+        assert_eq!(sorted, encoded, "byte order is the engine's key order");
+        for (k, bytes) in keys.iter().zip(&encoded) {
+            let (uid, decoded) = decode_document_key(bytes).expect("decodes");
+            assert_eq!(uid, CollectionUid(7));
+            assert_eq!(&decoded, k);
+            let prefix = partition_prefix(3, CollectionUid(7), &k.partition_key);
+            assert!(bytes.starts_with(&prefix));
+            // No other partition's keys share this partition's prefix.
+            for (other, other_bytes) in keys.iter().zip(&encoded) {
+                if other.partition_key != k.partition_key {
+                    assert!(!other_bytes.starts_with(&prefix), "{other:?} under {k:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn headers_round_trip() {
+        for ttl in [
+            None,
+            Some(DocumentTtl::Never),
+            Some(DocumentTtl::After(TtlSeconds::new(1).expect("valid"))),
+            Some(DocumentTtl::After(
+                TtlSeconds::new(i64::from(i32::MAX)).expect("valid"),
+            )),
+        ] {
+            let header = Header {
+                version: u64::MAX - 3,
+                last_write: 1_700_000_000_123,
+                ttl,
+            };
+            let value = header.encode(b"body");
+            let (decoded, body) = Header::decode(&value).expect("decodes");
+            assert_eq!(decoded, header);
+            assert_eq!(body, b"body");
+        }
+        assert!(Header::decode(&[0; 19]).is_err());
+    }
+}

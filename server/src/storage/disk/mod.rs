@@ -1,0 +1,501 @@
+//! The embedded disk backend, on fjall (a log-structured merge tree in pure Rust).
+//!
+//! Three keyspaces share one journal, so a batch across them is atomic: `documents` (key →
+//! header and body), `meta` (key → header only: what recovery reads, a few dozen bytes per
+//! document whatever the body size) and `catalog`. Every write goes to the journal and through
+//! to the OS before it is applied, so a crash of the process loses nothing applied; an fsync
+//! (shared by concurrent writers, see [`group_commit`]) makes it survive the machine too.
+
+mod catalog;
+mod codec;
+mod data_dir;
+mod group_commit;
+
+use std::{
+    fmt, io,
+    ops::Bound,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use bytes::Bytes;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+
+pub use data_dir::FORMAT_VERSION;
+pub use group_commit::{BUFFERED_SYNC_INTERVAL, Durability};
+
+use self::{codec::Header, data_dir::DataDir, group_commit::GroupCommit};
+use super::{
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, ScanRange, ShardStore, Storage,
+    StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
+};
+use crate::engine::CollectionUid;
+
+/// Keys deleted per batch when a collection's documents are freed.
+const DROP_BATCH: usize = 4096;
+
+/// How to open a data directory.
+#[derive(Debug, Clone)]
+pub struct DiskOptions {
+    /// The data directory (created if missing).
+    pub path: PathBuf,
+    /// When writes are acknowledged.
+    pub durability: Durability,
+    /// Shards for a new directory; an existing one keeps its own, and must match if given.
+    pub shards: Option<usize>,
+    /// Block cache size in bytes.
+    pub cache_bytes: u64,
+}
+
+/// Why a data directory could not be opened. Nothing in it was changed.
+#[derive(Debug)]
+pub enum OpenError {
+    /// A filesystem operation failed.
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        source: io::Error,
+    },
+    /// Another process holds the directory.
+    Locked { path: PathBuf },
+    /// Written by a newer Mayfly.
+    NewerFormat { path: PathBuf, found: u32 },
+    /// Not empty and not a Mayfly data directory.
+    NotMayfly { path: PathBuf },
+    /// `--shards` disagrees with the directory.
+    ShardMismatch {
+        path: PathBuf,
+        stored: usize,
+        requested: usize,
+    },
+    /// The storage engine refused the directory.
+    Engine { path: PathBuf, message: String },
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Io {
+                path,
+                action,
+                source,
+            } => write!(f, "cannot {action} {}: {source}", path.display()),
+            OpenError::Locked { path } => write!(
+                f,
+                "data directory {} is in use by another mayfly process (it holds {}/LOCK); stop that server or pass another --data-dir",
+                path.display(),
+                path.display()
+            ),
+            OpenError::NewerFormat { path, found } => write!(
+                f,
+                "data directory {} has data format {found}, written by a newer Mayfly; this build reads format {FORMAT_VERSION}. Nothing was changed: open it with the newer mayfly",
+                path.display()
+            ),
+            OpenError::NotMayfly { path } => write!(
+                f,
+                "{} is not empty and is not a Mayfly data directory (no valid FORMAT file); pass a new or empty directory as --data-dir",
+                path.display()
+            ),
+            OpenError::ShardMismatch {
+                path,
+                stored,
+                requested,
+            } => write!(
+                f,
+                "data directory {} was created with {stored} shards but --shards {requested} was given; resharding is not supported: omit --shards",
+                path.display()
+            ),
+            OpenError::Engine { path, message } => write!(
+                f,
+                "cannot open the storage engine in {}: {message}",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+fn storage_error(e: fjall::Error) -> StorageError {
+    StorageError::new(format!("storage engine: {e}"))
+}
+
+/// Documents and catalog in a data directory. Dropping it flushes and releases the directory.
+pub struct DiskStorage {
+    // Field order is drop order: the syncer stops before the database closes, the lock goes last.
+    group: Arc<GroupCommit>,
+    shards: Vec<Arc<DiskShard>>,
+    catalog: Keyspace,
+    db: Database,
+    last_uid: AtomicU64,
+    dir: DataDir,
+}
+
+impl fmt::Debug for DiskStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiskStorage")
+            .field("path", &self.dir.path())
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiskStorage {
+    /// Opens (or creates) a data directory, holding it until dropped.
+    pub fn open(options: &DiskOptions) -> Result<Self, OpenError> {
+        let dir = DataDir::open(&options.path)?;
+        let engine = |e: fjall::Error| match e {
+            fjall::Error::Locked => OpenError::Locked {
+                path: options.path.clone(),
+            },
+            e => OpenError::Engine {
+                path: options.path.clone(),
+                message: e.to_string(),
+            },
+        };
+        let db = Database::builder(dir.db_path())
+            .cache_size(options.cache_bytes)
+            .open()
+            .map_err(engine)?;
+        let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default);
+        let docs = keyspace("documents").map_err(engine)?;
+        let meta = keyspace("meta").map_err(engine)?;
+        let catalog = keyspace("catalog").map_err(engine)?;
+
+        let stored = catalog.get(catalog::SHARDS).map_err(engine)?;
+        let shard_count = match stored {
+            Some(value) => {
+                let stored =
+                    catalog::decode_u64(&value, "shard count").map_err(|e| OpenError::Engine {
+                        path: options.path.clone(),
+                        message: e.to_string(),
+                    })? as usize;
+                if let Some(requested) = options.shards
+                    && requested != stored
+                {
+                    return Err(OpenError::ShardMismatch {
+                        path: options.path.clone(),
+                        stored,
+                        requested,
+                    });
+                }
+                stored
+            }
+            None => {
+                let shards = options
+                    .shards
+                    .unwrap_or_else(crate::server::default_shards)
+                    .clamp(1, usize::from(u16::MAX));
+                let mut batch = db.batch().durability(Some(PersistMode::SyncAll));
+                batch.insert(&catalog, catalog::SHARDS, (shards as u64).to_be_bytes());
+                batch.commit().map_err(engine)?;
+                shards
+            }
+        };
+        let last_uid = match catalog.get(catalog::LAST_UID).map_err(engine)? {
+            Some(value) => catalog::decode_u64(&value, "last collection uid").map_err(|e| {
+                OpenError::Engine {
+                    path: options.path.clone(),
+                    message: e.to_string(),
+                }
+            })?,
+            None => 0,
+        };
+        let group = Arc::new(GroupCommit::start(db.clone(), options.durability).map_err(
+            |source| OpenError::Io {
+                path: options.path.clone(),
+                action: "start the fsync thread for",
+                source,
+            },
+        )?);
+        let shards = (0..shard_count)
+            .map(|i| {
+                Arc::new(DiskShard {
+                    index: i as u16,
+                    db: db.clone(),
+                    docs: docs.clone(),
+                    meta: meta.clone(),
+                    catalog: catalog.clone(),
+                    group: group.clone(),
+                })
+            })
+            .collect();
+        Ok(DiskStorage {
+            group,
+            shards,
+            catalog,
+            db,
+            last_uid: AtomicU64::new(last_uid),
+            dir,
+        })
+    }
+
+    /// Shards the directory was created with.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The data directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Bytes the storage engine occupies on disk (tables and journals).
+    pub fn disk_space(&self) -> u64 {
+        self.db.disk_space().unwrap_or(0)
+    }
+}
+
+impl Storage for DiskStorage {
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
+        self.shards[index].clone()
+    }
+
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncAll));
+        let c = &self.catalog;
+        match change {
+            CatalogChange::PutDatabase(id) => batch.insert(c, catalog::database_key(id), b""),
+            CatalogChange::DeleteDatabase {
+                database,
+                collections,
+            } => {
+                batch.remove(c, catalog::database_key(database));
+                for info in collections {
+                    batch.remove(c, catalog::collection_key(info.uid));
+                }
+            }
+            CatalogChange::PutCollection(info) => {
+                batch.insert(
+                    c,
+                    catalog::collection_key(info.uid),
+                    catalog::encode_collection(info),
+                );
+                let last = self.last_uid.fetch_max(info.uid.0, Ordering::SeqCst);
+                batch.insert(c, catalog::LAST_UID, last.max(info.uid.0).to_be_bytes());
+            }
+            CatalogChange::DeleteCollection(info) => {
+                batch.remove(c, catalog::collection_key(info.uid));
+            }
+        }
+        batch.commit().map_err(storage_error)
+    }
+
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
+        let mut out = StoredCatalog {
+            last_uid: self.last_uid.load(Ordering::SeqCst),
+            ..StoredCatalog::default()
+        };
+        for item in self.catalog.prefix(catalog::DATABASE_PREFIX) {
+            let key = item.key().map_err(storage_error)?;
+            out.databases.push(catalog::decode_database(&key)?);
+        }
+        for item in self.catalog.prefix(catalog::COLLECTION_PREFIX) {
+            let (_, value) = item.into_inner().map_err(storage_error)?;
+            out.collections.push(catalog::decode_collection(&value)?);
+        }
+        for item in self.catalog.prefix(catalog::VERSIONS_PREFIX) {
+            let (_, value) = item.into_inner().map_err(storage_error)?;
+            let floor = catalog::decode_u64(&value, "version floor")?;
+            out.versions_below = out.versions_below.max(floor);
+        }
+        Ok(out)
+    }
+
+    fn durable(&self) -> Option<DurableFuture> {
+        self.group.durable()
+    }
+}
+
+/// One engine shard's documents: a key range (the shard number is the key prefix).
+struct DiskShard {
+    index: u16,
+    db: Database,
+    docs: Keyspace,
+    meta: Keyspace,
+    catalog: Keyspace,
+    group: Arc<GroupCommit>,
+}
+
+impl fmt::Debug for DiskShard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiskShard")
+            .field("index", &self.index)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiskShard {
+    fn record(
+        &self,
+        collection: CollectionUid,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<StoredDocument, StorageError> {
+        let (uid, doc_key) = codec::decode_document_key(key)?;
+        debug_assert_eq!(uid, collection);
+        let (header, body) = Header::decode(value)?;
+        Ok(StoredDocument {
+            collection,
+            key: doc_key,
+            body: Bytes::copy_from_slice(body),
+            last_write: header.last_write,
+            version: header.version,
+            ttl: header.ttl,
+        })
+    }
+
+    fn scan_from(
+        &self,
+        collection: CollectionUid,
+        prefix: &[u8],
+        start: Bound<Vec<u8>>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        let mut out = Vec::new();
+        for item in self.docs.range((start, Bound::Unbounded)) {
+            if out.len() == limit {
+                break;
+            }
+            let (key, value) = item.into_inner().map_err(storage_error)?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            out.push(Arc::new(self.record(collection, &key, &value)?));
+        }
+        Ok(out)
+    }
+}
+
+impl ShardStore for DiskShard {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        let mut out = self.db.batch();
+        let mut deletes = false;
+        for write in batch.writes {
+            match *write {
+                DocumentWrite::Put(doc) => {
+                    let key = codec::document_key(self.index, doc.collection, &doc.key);
+                    let header = Header {
+                        version: doc.version,
+                        last_write: doc.last_write,
+                        ttl: doc.ttl,
+                    };
+                    out.insert(&self.meta, key.clone(), header.encode(&[]));
+                    out.insert(&self.docs, key, header.encode(&doc.body));
+                }
+                DocumentWrite::Delete { collection, key } => {
+                    let key = codec::document_key(self.index, collection, key);
+                    out.remove(&self.meta, key.clone());
+                    out.remove(&self.docs, key);
+                    deletes = true;
+                }
+            }
+        }
+        if deletes {
+            // A deleted document's version must not be handed out again after a restart.
+            out.insert(
+                &self.catalog,
+                catalog::versions_key(self.index),
+                batch.versions_below.to_be_bytes(),
+            );
+        }
+        out.commit().map_err(storage_error)?;
+        self.group.applied();
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), StorageError> {
+        self.group.sync_blocking()
+    }
+
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
+        for item in self.meta.prefix(codec::shard_prefix(self.index)) {
+            let (key, value) = item.into_inner().map_err(storage_error)?;
+            let (collection, key) = codec::decode_document_key(&key)?;
+            let (header, _) = Header::decode(&value)?;
+            each(StoredMeta {
+                collection,
+                key,
+                last_write: header.last_write,
+                version: header.version,
+                ttl: header.ttl,
+            });
+        }
+        Ok(())
+    }
+
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        let raw = codec::document_key(self.index, collection, key);
+        let Some(value) = self.docs.get(&raw).map_err(storage_error)? else {
+            return Ok(None);
+        };
+        let (header, body) = Header::decode(&value)?;
+        Ok(Some(Arc::new(StoredDocument {
+            collection,
+            key: key.clone(),
+            body: Bytes::copy_from_slice(body),
+            last_write: header.last_write,
+            version: header.version,
+            ttl: header.ttl,
+        })))
+    }
+
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        match range {
+            ScanRange::Collection { after } => {
+                let prefix = codec::collection_prefix(self.index, collection);
+                let start = match after {
+                    Some(key) => Bound::Excluded(codec::document_key(self.index, collection, key)),
+                    None => Bound::Included(prefix.clone()),
+                };
+                self.scan_from(collection, &prefix, start, limit)
+            }
+            ScanRange::Partition {
+                partition_key,
+                after,
+            } => {
+                let prefix = codec::partition_prefix(self.index, collection, partition_key);
+                let start = match after {
+                    Some(id) => Bound::Excluded([&prefix[..], id.as_str().as_bytes()].concat()),
+                    None => Bound::Included(prefix.clone()),
+                };
+                self.scan_from(collection, &prefix, start, limit)
+            }
+        }
+    }
+
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
+        let prefix = codec::collection_prefix(self.index, collection);
+        loop {
+            // Keys from the small keyspace; each round deletes what the last one listed.
+            let keys: Vec<_> = self
+                .meta
+                .prefix(&prefix)
+                .take(DROP_BATCH)
+                .map(|item| item.key().map_err(storage_error))
+                .collect::<Result<_, _>>()?;
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let mut batch = self.db.batch();
+            for key in keys {
+                batch.remove(&self.docs, key.clone());
+                batch.remove(&self.meta, key);
+            }
+            batch.commit().map_err(storage_error)?;
+            self.group.applied();
+        }
+    }
+}
