@@ -14,6 +14,7 @@
 
 mod etcd;
 mod metrics;
+mod recovery;
 
 use std::{
     net::SocketAddr,
@@ -48,6 +49,8 @@ enum Workload {
     Mixed,
     /// Load --documents expiring within --window-secs, then measure the purge.
     Expiry,
+    /// Load --documents into a new --data-dir, SIGKILL, restart: measure recovery.
+    Recovery,
     /// etcd: plain puts of --doc-bytes values under unique keys.
     EtcdPut,
     /// etcd: LeaseGrant(--ttl) then a put with that lease; the pair counts as one leased put.
@@ -57,7 +60,7 @@ enum Workload {
 }
 
 /// Load generator for Mayfly.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(version)]
 struct Args {
     /// What to run.
@@ -102,6 +105,12 @@ struct Args {
     /// Seconds from the start of loading to the first expiry: must exceed the load time.
     #[arg(long, default_value_t = 45)]
     lead_secs: u64,
+    /// The `mayfly` binary that recovery starts.
+    #[arg(long)]
+    server_bin: Option<std::path::PathBuf>,
+    /// A new data directory for recovery.
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
 }
 
 const DATABASE: &str = "bench";
@@ -123,6 +132,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ) {
         return etcd::run(args).await;
     }
+    if args.workload == Workload::Recovery {
+        return recovery::run(args).await;
+    }
     let channels = connect(&args).await?;
     let collection = setup(&channels[0], &args).await?;
     let bench = Arc::new(Bench {
@@ -142,8 +154,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bench.timed(bench.args.read_percent).await?
         }
         Workload::Expiry => bench.expiry().await?,
-        Workload::EtcdPut | Workload::EtcdLeasePut | Workload::EtcdExpiry => {
-            unreachable!("etcd workloads return before connecting to Mayfly")
+        Workload::EtcdPut | Workload::EtcdLeasePut | Workload::EtcdExpiry | Workload::Recovery => {
+            unreachable!("etcd and recovery workloads return before connecting")
         }
     }
     // Leave the server as it was.

@@ -6,8 +6,18 @@
 //! sync that began after its write has finished. The syncer reads the count *before* each
 //! fsync, so everything counted is covered by it; while it syncs, new writes accumulate for the
 //! next one.
+//!
+//! The syncer fsyncs the active journal file through a descriptor of its own rather than with
+//! `Database::persist`, which holds fjall's journal lock for the whole fsync and so stalls every
+//! writer (and, through the shard locks they hold, every request) for its duration: measured,
+//! that halved durable write throughput. This relies on fjall 3.1's journal layout, pinned in
+//! Cargo.toml and checked by a test: journals are `<n>.jnl` in the database directory, the
+//! highest `n` is the active one, and a journal is fsynced before it is sealed. If no journal
+//! is found, the syncer falls back to `persist`.
 
 use std::{
+    fs::File,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -52,6 +62,8 @@ pub(super) struct GroupCommit {
 
 struct Shared {
     db: Database,
+    /// fjall's directory, where its journals are.
+    db_path: PathBuf,
     mode: Durability,
     /// Writes applied to the journal so far.
     applied: AtomicU64,
@@ -63,9 +75,10 @@ struct Shared {
 }
 
 impl GroupCommit {
-    pub(super) fn start(db: Database, mode: Durability) -> std::io::Result<Self> {
+    pub(super) fn start(db: Database, db_path: PathBuf, mode: Durability) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             db,
+            db_path,
             mode,
             applied: AtomicU64::new(0),
             wanted: Mutex::new(false),
@@ -159,6 +172,7 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     fn run(&self) {
+        let mut journal: Option<(PathBuf, File)> = None;
         loop {
             {
                 let mut wanted = self.wanted.lock();
@@ -183,7 +197,7 @@ impl Shared {
             if self.synced.borrow().through >= target {
                 continue;
             }
-            match self.db.persist(PersistMode::SyncData) {
+            match self.sync_journal(&mut journal) {
                 Ok(()) => {
                     self.synced.send_modify(|s| s.through = target);
                 }
@@ -195,6 +209,49 @@ impl Shared {
             }
         }
     }
+}
+
+impl Shared {
+    /// Fsyncs the active journal (see the module docs), reopening it when fjall has moved on
+    /// to a new one, whose directory entry is synced too.
+    fn sync_journal(&self, journal: &mut Option<(PathBuf, File)>) -> Result<(), String> {
+        let Some(active) = active_journal(&self.db_path).map_err(|e| e.to_string())? else {
+            return self
+                .db
+                .persist(PersistMode::SyncData)
+                .map_err(|e| e.to_string());
+        };
+        if journal.as_ref().is_none_or(|(path, _)| *path != active) {
+            let file = File::open(&active).map_err(|e| format!("{}: {e}", active.display()))?;
+            File::open(&self.db_path)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| format!("{}: {e}", self.db_path.display()))?;
+            *journal = Some((active, file));
+        }
+        let (path, file) = journal.as_ref().expect("opened above");
+        file.sync_data()
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// The journal fjall appends to: the highest-numbered `<n>.jnl` in its directory.
+pub(super) fn active_journal(db_path: &Path) -> std::io::Result<Option<PathBuf>> {
+    let mut best: Option<(u64, PathBuf)> = None;
+    for entry in std::fs::read_dir(db_path)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(n) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".jnl"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(b, _)| n > *b) {
+            best = Some((n, entry.path()));
+        }
+    }
+    Ok(best.map(|(_, path)| path))
 }
 
 impl Drop for GroupCommit {
