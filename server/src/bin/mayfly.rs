@@ -15,6 +15,9 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How long a shutdown waits for connections to finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Mayfly: a document database served over gRPC that expires data by Cosmos DB's TTL rules.
 #[derive(Debug, Parser)]
 #[command(version)]
@@ -131,11 +134,20 @@ async fn main() -> ExitCode {
         _ = signals.1.recv() => {}
     }
     tracing::info!("shutting down");
-    match server.shutdown().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    // In-flight requests get a grace period; an idle client that keeps its connection open
+    // must not keep the server alive. Every acknowledged write is already durable.
+    match tokio::time::timeout(SHUTDOWN_GRACE, server.shutdown()).await {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             eprintln!("mayfly: {e}");
             ExitCode::FAILURE
+        }
+        Err(_) => {
+            tracing::warn!(
+                grace_secs = SHUTDOWN_GRACE.as_secs(),
+                "connections still open after the grace period; exiting"
+            );
+            ExitCode::SUCCESS
         }
     }
 }

@@ -232,6 +232,7 @@ impl Engine {
             .write_catalog(CatalogChange::DeleteDatabase {
                 database: id,
                 collections: &collections,
+                versions_below: self.inner.versions.load(Ordering::SeqCst),
             })?;
         self.inner.catalog.write().remove_database(id);
         for info in &collections {
@@ -349,7 +350,10 @@ impl Engine {
     fn drop_collection(&self, info: &CollectionInfo) -> Result<(), Error> {
         self.inner
             .storage
-            .write_catalog(CatalogChange::DeleteCollection(info))?;
+            .write_catalog(CatalogChange::DeleteCollection {
+                info,
+                versions_below: self.inner.versions.load(Ordering::SeqCst),
+            })?;
         self.inner
             .catalog
             .write()

@@ -185,6 +185,8 @@ impl Shard {
         let st = &mut *state;
         let mut latest: Millis = 0;
         self.store.load(&mut |doc: StoredMeta| {
+            // Deleted documents' versions count too: none is handed out again.
+            out.max_version = out.max_version.max(doc.version);
             let Some(cs) = st.collections.get_mut(&doc.collection) else {
                 if !known.contains(&doc.collection) {
                     out.orphans.insert(doc.collection);
@@ -192,7 +194,6 @@ impl Shard {
                 return;
             };
             out.documents += 1;
-            out.max_version = out.max_version.max(doc.version);
             latest = latest.max(doc.last_write);
             let r = st.docs.insert(DocMeta {
                 collection: doc.collection,

@@ -117,14 +117,20 @@ pub enum CatalogChange<'a> {
     /// A database was created.
     PutDatabase(&'a DatabaseId),
     /// A database was deleted with all of its collections, in one atomic change.
+    /// `versions_below` bounds every document version handed out so far: the versions of the
+    /// documents deleted with it must not be handed out again after a restart.
     DeleteDatabase {
         database: &'a DatabaseId,
         collections: &'a [Arc<CollectionInfo>],
+        versions_below: u64,
     },
     /// A collection was created or its settings replaced.
     PutCollection(&'a CollectionInfo),
     /// A collection was deleted.
-    DeleteCollection(&'a CollectionInfo),
+    DeleteCollection {
+        info: &'a CollectionInfo,
+        versions_below: u64,
+    },
 }
 
 /// A backend failure. The change it was asked for did not happen.

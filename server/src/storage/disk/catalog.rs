@@ -2,7 +2,7 @@
 //!
 //! Keys: `db/<database id>` (empty value), `coll/<uid, u64 BE>` (a JSON record: readable with
 //! any tool and open to new fields), `last-uid` and `shards` (u64 BE), `versions/<shard>`
-//! (u64 BE: the version floor recorded with deletions).
+//! and `versions/catalog` (u64 BE: the version floors recorded with deletions).
 
 use serde_json::{Value, json};
 
@@ -17,6 +17,9 @@ pub(super) const COLLECTION_PREFIX: &[u8] = b"coll/";
 pub(super) const LAST_UID: &[u8] = b"last-uid";
 pub(super) const SHARDS: &[u8] = b"shards";
 pub(super) const VERSIONS_PREFIX: &[u8] = b"versions/";
+/// The version floor recorded with collection and database deletions (under the prefix, so
+/// recovery reads it with the shards' floors).
+pub(super) const CATALOG_VERSIONS: &[u8] = b"versions/catalog";
 
 pub(super) fn database_key(id: &DatabaseId) -> Vec<u8> {
     [DATABASE_PREFIX, id.as_str().as_bytes()].concat()

@@ -39,6 +39,42 @@ impl DataDir {
             }
         };
         fs::create_dir_all(path).map_err(io("create the data directory"))?;
+        // Refusals come before the lock file is created: a refused directory is left as it was.
+        let format_path = path.join(FORMAT_FILE);
+        let new = match fs::read_to_string(&format_path) {
+            Ok(text) => {
+                let found = text
+                    .trim()
+                    .strip_prefix("mayfly-data-format ")
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .ok_or_else(|| OpenError::NotMayfly {
+                        path: path.to_path_buf(),
+                    })?;
+                if found > FORMAT_VERSION {
+                    return Err(OpenError::NewerFormat {
+                        path: path.to_path_buf(),
+                        found,
+                    });
+                }
+                false
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // New only if empty (but for our own files): never adopt someone else's.
+                let foreign = fs::read_dir(path)
+                    .map_err(io("list"))?
+                    .filter_map(Result::ok)
+                    .any(|entry| {
+                        ![LOCK_FILE, FORMAT_TMP].contains(&&*entry.file_name().to_string_lossy())
+                    });
+                if foreign {
+                    return Err(OpenError::NotMayfly {
+                        path: path.to_path_buf(),
+                    });
+                }
+                true
+            }
+            Err(e) => return Err(io("read the format marker in")(e)),
+        };
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -54,39 +90,9 @@ impl DataDir {
             }
             Err(TryLockError::Error(e)) => return Err(io("lock")(e)),
         }
-        let format_path = path.join(FORMAT_FILE);
-        match fs::read_to_string(&format_path) {
-            Ok(text) => {
-                let found = text
-                    .trim()
-                    .strip_prefix("mayfly-data-format ")
-                    .and_then(|n| n.parse::<u32>().ok())
-                    .ok_or_else(|| OpenError::NotMayfly {
-                        path: path.to_path_buf(),
-                    })?;
-                if found > FORMAT_VERSION {
-                    return Err(OpenError::NewerFormat {
-                        path: path.to_path_buf(),
-                        found,
-                    });
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // New only if empty (but for our lock): never adopt someone else's files.
-                let foreign = fs::read_dir(path)
-                    .map_err(io("list"))?
-                    .filter_map(Result::ok)
-                    .any(|entry| {
-                        ![LOCK_FILE, FORMAT_TMP].contains(&&*entry.file_name().to_string_lossy())
-                    });
-                if foreign {
-                    return Err(OpenError::NotMayfly {
-                        path: path.to_path_buf(),
-                    });
-                }
-                write_format(path).map_err(io("write the format marker in"))?;
-            }
-            Err(e) => return Err(io("read the format marker in")(e)),
+        // Under the lock: another server may have created it meanwhile.
+        if new && !format_path.exists() {
+            write_format(path).map_err(io("write the format marker in"))?;
         }
         Ok(DataDir {
             path: path.to_path_buf(),

@@ -264,11 +264,13 @@ impl Storage for DiskStorage {
             CatalogChange::DeleteDatabase {
                 database,
                 collections,
+                versions_below,
             } => {
                 batch.remove(c, catalog::database_key(database));
                 for info in collections {
                     batch.remove(c, catalog::collection_key(info.uid));
                 }
+                batch.insert(c, catalog::CATALOG_VERSIONS, versions_below.to_be_bytes());
             }
             CatalogChange::PutCollection(info) => {
                 batch.insert(
@@ -279,8 +281,12 @@ impl Storage for DiskStorage {
                 let last = self.last_uid.fetch_max(info.uid.0, Ordering::SeqCst);
                 batch.insert(c, catalog::LAST_UID, last.max(info.uid.0).to_be_bytes());
             }
-            CatalogChange::DeleteCollection(info) => {
+            CatalogChange::DeleteCollection {
+                info,
+                versions_below,
+            } => {
                 batch.remove(c, catalog::collection_key(info.uid));
+                batch.insert(c, catalog::CATALOG_VERSIONS, versions_below.to_be_bytes());
             }
         }
         batch.commit().map_err(storage_error)
