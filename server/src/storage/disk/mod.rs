@@ -344,18 +344,16 @@ impl DiskShard {
         self.db.batch().durability(Some(PersistMode::Buffer))
     }
 
+    /// A document from its address and its documents-keyspace value.
     fn record(
-        &self,
         collection: CollectionUid,
-        key: &[u8],
+        key: DocKey,
         value: &[u8],
     ) -> Result<StoredDocument, StorageError> {
-        let (uid, doc_key) = codec::decode_document_key(key)?;
-        debug_assert_eq!(uid, collection);
         let (header, body) = Header::decode(value)?;
         Ok(StoredDocument {
             collection,
-            key: doc_key,
+            key,
             body: Bytes::copy_from_slice(body),
             last_write: header.last_write,
             version: header.version,
@@ -379,7 +377,9 @@ impl DiskShard {
             if !key.starts_with(prefix) {
                 break;
             }
-            out.push(Arc::new(self.record(collection, &key, &value)?));
+            let (uid, key) = codec::decode_document_key(&key)?;
+            debug_assert_eq!(uid, collection);
+            out.push(Arc::new(Self::record(collection, key, &value)?));
         }
         Ok(out)
     }
@@ -451,15 +451,11 @@ impl ShardStore for DiskShard {
         let Some(value) = self.docs.get(&raw).map_err(storage_error)? else {
             return Ok(None);
         };
-        let (header, body) = Header::decode(&value)?;
-        Ok(Some(Arc::new(StoredDocument {
+        Ok(Some(Arc::new(Self::record(
             collection,
-            key: key.clone(),
-            body: Bytes::copy_from_slice(body),
-            last_write: header.last_write,
-            version: header.version,
-            ttl: header.ttl,
-        })))
+            key.clone(),
+            &value,
+        )?)))
     }
 
     fn scan(
