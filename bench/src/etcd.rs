@@ -42,7 +42,7 @@ use tonic::{
     transport::{Channel, Endpoint},
 };
 
-use crate::{Args, Workload, now_ms, report, split};
+use crate::{Args, Workload, now_ms, payload::Payloads, report, split};
 
 /// Each request fails after this long, so no loop can hang on a stalled etcd.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -73,7 +73,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let etcd = Arc::new(Etcd {
         channels,
         prefix: format!("mayfly-bench/{}/", now_ms()),
-        value: vec![b'x'; args.doc_bytes],
+        payloads: Payloads::new(args.doc_bytes),
         args,
     });
     match etcd.args.workload {
@@ -87,7 +87,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn Error>> {
 struct Etcd {
     channels: Vec<Channel>,
     prefix: String,
-    value: Vec<u8>,
+    payloads: Payloads,
     args: Args,
 }
 
@@ -158,10 +158,10 @@ impl Etcd {
         format!("{}{name}", self.prefix).into_bytes()
     }
 
-    fn put_request(&self, key: Vec<u8>, lease: i64) -> PutRequest {
+    fn put_request(&self, n: u64, key: Vec<u8>, lease: i64) -> PutRequest {
         PutRequest {
             key,
-            value: self.value.clone(),
+            value: self.payloads.get(n).as_bytes().to_vec(),
             lease,
             ..Default::default()
         }
@@ -182,7 +182,8 @@ impl Etcd {
                     let mut lease = LeaseClient::new(etcd.channel(worker));
                     let mut stats = Stats::new()?;
                     while !stop.load(Ordering::Relaxed) {
-                        let key = etcd.key(next.fetch_add(1, Ordering::Relaxed));
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        let key = etcd.key(n);
                         let started = Instant::now();
                         let granted = if leased {
                             grant(&mut lease, etcd.args.ttl).await.map(|(id, _)| id)
@@ -191,7 +192,7 @@ impl Etcd {
                         };
                         let granted_at = Instant::now();
                         let outcome = match granted {
-                            Ok(lease_id) => kv.put(etcd.put_request(key, lease_id)).await,
+                            Ok(lease_id) => kv.put(etcd.put_request(n, key, lease_id)).await,
                             Err(status) => Err(status),
                         };
                         match outcome {
@@ -268,7 +269,7 @@ impl Etcd {
                         // Keys sort by deadline (zero-padded), so the first one visible in the
                         // range is the most overdue.
                         let key = etcd.key(format_args!("{deadline:013}/{n:09}"));
-                        kv.put(etcd.put_request(key, id)).await?;
+                        kv.put(etcd.put_request(n, key, id)).await?;
                     }
                     Ok((first, last))
                 })

@@ -14,6 +14,7 @@
 
 mod etcd;
 mod metrics;
+mod payload;
 mod recovery;
 
 use std::{
@@ -36,6 +37,7 @@ use mayfly_proto::{
         oneofs::PartitionKeyKind,
     },
 };
+use payload::Payloads;
 use serde_json::{Map, Value, json};
 use tonic::transport::{Channel, Endpoint};
 
@@ -140,7 +142,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bench = Arc::new(Bench {
         channels,
         collection,
-        payload: "x".repeat(args.doc_bytes.saturating_sub(80)),
+        payloads: Payloads::new(args.doc_bytes.saturating_sub(80)),
         args,
     });
     match bench.args.workload {
@@ -209,7 +211,7 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
 struct Bench {
     channels: Vec<Channel>,
     collection: String,
-    payload: String,
+    payloads: Payloads,
     args: Args,
 }
 
@@ -238,7 +240,10 @@ impl Bench {
         let mut body = Map::new();
         body.insert("id".into(), Value::String(format!("d{n}")));
         body.insert("pk".into(), Value::String(partition(n)));
-        body.insert("payload".into(), Value::String(self.payload.clone()));
+        body.insert(
+            "payload".into(),
+            Value::String(self.payloads.get(n).to_owned()),
+        );
         body.insert("n".into(), json!(n));
         CreateDocumentRequest {
             database: DATABASE.into(),

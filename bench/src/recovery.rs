@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{Args, Bench, connect, setup};
+use crate::{Args, Bench, connect, payload::Payloads, setup};
 
 struct Server {
     child: Child,
@@ -108,7 +108,7 @@ pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>
     let bench = Arc::new(Bench {
         channels,
         collection,
-        payload: "x".repeat(args.doc_bytes.saturating_sub(80)),
+        payloads: Payloads::new(args.doc_bytes.saturating_sub(80)),
         args,
     });
     let loaded = Instant::now();
@@ -133,7 +133,7 @@ pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>
     let reader = Bench {
         channels,
         collection: bench.collection.clone(),
-        payload: String::new(),
+        payloads: Payloads::new(0),
         args,
     };
     reader

@@ -337,11 +337,10 @@ impl fmt::Debug for DiskShard {
 }
 
 impl DiskShard {
-    /// A batch whose commit writes it through to the OS (fjall otherwise keeps it in a
-    /// user-space buffer until the next persist, where a crash of the process would lose it):
-    /// "applied" in the sense of [`ShardStore::write`], ready for the group commit's fsync.
+    /// A batch whose commit makes it "applied" in the sense of [`ShardStore::write`]: ready
+    /// for the group commit to make durable (see [`GroupCommit::batch_persist`]).
     fn applied_batch(&self) -> fjall::OwnedWriteBatch {
-        self.db.batch().durability(Some(PersistMode::Buffer))
+        self.db.batch().durability(self.group.batch_persist())
     }
 
     /// A document from its address and its documents-keyspace value.
@@ -600,9 +599,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let storage = DiskStorage::open(&options(dir.path())).expect("opens");
         let db_path = dir.path().join("db");
-        let journal = group_commit::active_journal(&db_path)
+        let n = group_commit::active_journal(&db_path)
             .expect("lists")
             .expect("a journal exists");
+        let journal = db_path.join(format!("{n}.jnl"));
         let marker = b"the-journal-marker-0123456789";
         let mut a = (*doc("a", 1)).clone();
         a.body = Bytes::from_static(marker);
@@ -614,8 +614,9 @@ mod tests {
                 versions_below: 2,
             })
             .expect("writes");
-        // Written through to the OS by the commit, in that file (which fjall preallocates, so
-        // its length says nothing).
+        storage.shard(0).sync().expect("syncs");
+        // Written out by the syncer, in that file (which fjall preallocates, so its length says
+        // nothing).
         let bytes = std::fs::read(&journal).expect("journal");
         assert!(
             bytes.windows(marker.len()).any(|w| w == marker),
@@ -624,7 +625,7 @@ mod tests {
         );
         assert_eq!(
             group_commit::active_journal(&db_path).expect("lists"),
-            Some(journal)
+            Some(n)
         );
     }
 }
