@@ -152,12 +152,18 @@ impl Engine {
     }
 
     /// Purges everything due now, synchronously, and returns how many documents it removed.
-    /// For tests and tools; servers run [`Engine::spawn_purge`].
-    pub fn purge_now(&self) -> usize {
+    /// For tests, on storage whose writes are durable at once (memory); servers run
+    /// [`Engine::spawn_purge`].
+    #[cfg(test)]
+    pub(crate) fn purge_now(&self) -> usize {
         let mut purged = 0;
         for shard in self.shards() {
             loop {
-                let report = shard.purge_batch(&*self.inner.clock, purge::PURGE_BATCH);
+                let (report, undurable) = shard.purge_batch(&*self.inner.clock, purge::PURGE_BATCH);
+                assert!(
+                    undurable.is_none(),
+                    "purge_now needs storage durable once written"
+                );
                 purged += report.purged;
                 if report.failed || report.next_due.is_none_or(|d| d > report.now) {
                     break;

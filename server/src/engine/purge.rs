@@ -19,7 +19,7 @@ use super::{
     shard::{Change, CollectionShard, DocSlab, RemoveCause, Shard, ShardState, Tracking},
     ttl::{DefaultTtl, DocumentTtl, TtlSeconds},
 };
-use crate::storage::DocKey;
+use crate::storage::{DocKey, DurableFuture};
 
 /// Documents removed per batch: bounds how long the purge holds a shard lock.
 pub(crate) const PURGE_BATCH: usize = 512;
@@ -31,7 +31,7 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 pub(crate) struct PurgeReport {
     /// The shard's clock reading the batch worked at.
     pub(crate) now: Millis,
-    /// Documents removed.
+    /// Documents deleted from storage.
     pub(crate) purged: usize,
     /// The earliest instant more work is due (`<= now`: call again at once).
     pub(crate) next_due: Option<Millis>,
@@ -39,11 +39,22 @@ pub(crate) struct PurgeReport {
     pub(crate) failed: bool,
 }
 
+/// Documents a purge batch deleted whose delete is not durable yet: they stay in memory, dead,
+/// until [`Shard::forget_purged`] is called after `durable` resolves.
+pub(crate) struct Undurable {
+    durable: DurableFuture,
+    purged: Vec<(SlotRef, Millis)>,
+}
+
 impl Shard {
     /// Removes expired documents: first those already marked dead, then due timers, then the
     /// due heads of inherit queues. `budget` bounds the entries examined, stale ones included,
     /// which bounds how long the shard lock is held.
-    pub(crate) fn purge_batch(&self, clock: &dyn Clock, budget: usize) -> PurgeReport {
+    pub(crate) fn purge_batch(
+        &self,
+        clock: &dyn Clock,
+        budget: usize,
+    ) -> (PurgeReport, Option<Undurable>) {
         let mut state = self.lock();
         let st = &mut *state;
         let now = st.now(clock);
@@ -97,8 +108,23 @@ impl Shard {
                 cause: RemoveCause::Expired,
             })
             .collect();
+        let mut undurable = None;
         let failed = match st.commit(&*self.store, &changes, &self.metrics, &self.versions) {
-            Ok(_) => false,
+            Ok(_) => {
+                let purged: Vec<_> = candidates
+                    .iter()
+                    .map(|&(slot, expired_at)| (st.docs.current_ref(slot), expired_at))
+                    .collect();
+                match self.store.durable() {
+                    Some(durable) if !purged.is_empty() => {
+                        undurable = Some(Undurable { durable, purged });
+                    }
+                    _ => {
+                        st.forget_purged(&purged, now, &self.metrics);
+                    }
+                }
+                false
+            }
             Err(e) => {
                 tracing::warn!(error = %e, documents = candidates.len(), "purge could not delete expired documents; will retry");
                 for &(slot, expired_at) in &candidates {
@@ -115,18 +141,38 @@ impl Shard {
         drop(state);
 
         self.backlog.store(backlog as u64, Ordering::Relaxed);
-        if !failed {
-            for &(_, expired_at) in &candidates {
-                self.metrics
-                    .purge_lag
-                    .observe(now.saturating_sub(expired_at) as f64 / 1_000.0);
-            }
-        }
-        PurgeReport {
+        let report = PurgeReport {
             now,
             purged: if failed { 0 } else { candidates.len() },
             next_due,
             failed,
+        };
+        (report, undurable)
+    }
+
+    /// Waits, without holding the shard lock, until a batch's delete is durable, then forgets
+    /// its documents. If it never becomes durable they go back to the backlog, still dead, and
+    /// this returns false.
+    pub(crate) async fn forget_purged(&self, undurable: Undurable, clock: &dyn Clock) -> bool {
+        let Undurable { durable, purged } = undurable;
+        let result = durable.await;
+        let mut state = self.lock();
+        let st = &mut *state;
+        match result {
+            Ok(()) => {
+                let now = st.now(clock);
+                st.forget_purged(&purged, now, &self.metrics);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, documents = purged.len(), "purge could not make its deletes durable; will retry");
+                for (r, expired_at) in purged {
+                    if st.docs.is_current(r) {
+                        st.pending.push_back((r, expired_at));
+                    }
+                }
+                false
+            }
         }
     }
 
@@ -368,8 +414,12 @@ async fn run(shard: Arc<Shard>, clock: Arc<dyn Clock>) {
         // While awake, every new deadline notifies (it is earlier than u64::MAX), so a deadline
         // scheduled after the batch computed `next_due` leaves a wake-up permit behind.
         shard.purge_sleeps_until.store(u64::MAX, Ordering::Release);
-        let report = shard.purge_batch(&*clock, PURGE_BATCH);
-        if report.failed {
+        let (report, undurable) = shard.purge_batch(&*clock, PURGE_BATCH);
+        let durable = match undurable {
+            Some(undurable) => shard.forget_purged(undurable, &*clock).await,
+            None => true,
+        };
+        if report.failed || !durable {
             tokio::time::sleep(RETRY_AFTER_FAILURE).await;
             continue;
         }

@@ -265,9 +265,9 @@ impl ShardState {
     /// Change events and request charges belong here when they arrive. Returns the earliest new
     /// expiry deadline, for waking the purge.
     ///
-    /// Client writes are acknowledged once durable, by their caller. A purge batch is made
-    /// durable here, before its documents are forgotten: the engine never drops what storage
-    /// could still bring back.
+    /// Client writes are acknowledged once durable, by their caller. Documents the purge
+    /// removes stay in the index, dead, until [`ShardState::forget_purged`] is told the delete
+    /// is durable: the engine never drops what storage could still bring back.
     pub(super) fn commit(
         &mut self,
         store: &dyn ShardStore,
@@ -296,17 +296,6 @@ impl ShardState {
             versions_below: versions.load(Ordering::SeqCst),
         })?;
         drop(writes);
-        if changes.iter().any(|c| {
-            matches!(
-                c,
-                Change::Remove {
-                    cause: RemoveCause::Expired,
-                    ..
-                }
-            )
-        }) {
-            store.sync()?;
-        }
 
         let mut earliest: Option<Millis> = None;
         for change in changes {
@@ -364,16 +353,43 @@ impl ShardState {
                         .get_mut(&collection)
                         .expect("removals name live collections");
                     detach(&mut self.docs, &mut self.wheel, cs, *slot);
-                    cs.index.remove(&self.docs.get(*slot).key);
-                    self.docs.remove(*slot);
-                    if *cause == RemoveCause::Expired {
-                        metrics.purged.inc();
-                        metrics.expired.inc();
+                    if *cause == RemoveCause::Deleted {
+                        cs.index.remove(&self.docs.get(*slot).key);
+                        self.docs.remove(*slot);
                     }
                 }
             }
         }
         Ok(earliest)
+    }
+
+    /// Forgets documents the purge deleted, now that the delete is durable, unless their slot
+    /// has moved on (every write or free of a slot bumps its generation: an overwrite since, or
+    /// their collection's deletion, has taken them over). Records the purge lag at `now`.
+    pub(super) fn forget_purged(
+        &mut self,
+        purged: &[(SlotRef, Millis)],
+        now: Millis,
+        metrics: &EngineMetrics,
+    ) -> usize {
+        let mut forgotten = 0;
+        for &(r, expired_at) in purged {
+            if !self.docs.is_current(r) {
+                continue;
+            }
+            let Some(cs) = self.collections.get_mut(&self.docs.get(r.slot).collection) else {
+                continue;
+            };
+            cs.index.remove(&self.docs.get(r.slot).key);
+            self.docs.remove(r.slot);
+            metrics.purged.inc();
+            metrics.expired.inc();
+            metrics
+                .purge_lag
+                .observe(now.saturating_sub(expired_at) as f64 / 1_000.0);
+            forgotten += 1;
+        }
+        forgotten
     }
 
     /// Bytes of expiry bookkeeping: wheel nodes, inherit-queue entries and the timer handles

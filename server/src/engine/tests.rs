@@ -696,8 +696,8 @@ impl ShardStore for FlakyShard {
         }
         self.inner.write(batch)
     }
-    fn sync(&self) -> Result<(), StorageError> {
-        self.inner.sync()
+    fn durable(&self) -> Option<DurableFuture> {
+        self.inner.durable()
     }
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
         self.inner.load(each)
@@ -763,6 +763,169 @@ fn a_storage_failure_changes_nothing_and_the_purge_retries() {
         "and final, even with TTL turned off before the retry"
     );
     assert_eq!(f.engine.purge_now(), 1, "the retry purges it");
+}
+
+/// Memory storage whose writes become durable only when the test opens the gate (or never,
+/// when it reports a failure).
+struct GatedStorage {
+    inner: MemoryStorage,
+    gate: tokio::sync::watch::Sender<Gate>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Closed,
+    Open,
+    Failing,
+}
+
+#[derive(Debug)]
+struct GatedShard {
+    inner: Arc<dyn ShardStore>,
+    gate: tokio::sync::watch::Sender<Gate>,
+}
+
+impl std::fmt::Debug for GatedStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatedStorage").finish_non_exhaustive()
+    }
+}
+
+impl Storage for GatedStorage {
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
+        Arc::new(GatedShard {
+            inner: self.inner.shard(index),
+            gate: self.gate.clone(),
+        })
+    }
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
+        self.inner.write_catalog(change)
+    }
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
+        self.inner.load_catalog()
+    }
+    fn durable(&self) -> Option<DurableFuture> {
+        self.shard(0).durable()
+    }
+}
+
+impl ShardStore for GatedShard {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        self.inner.write(batch)
+    }
+    fn durable(&self) -> Option<DurableFuture> {
+        let mut gate = self.gate.subscribe();
+        Some(Box::pin(async move {
+            let state = *gate
+                .wait_for(|g| *g != Gate::Closed)
+                .await
+                .expect("gate kept by the test");
+            match state {
+                Gate::Failing => Err(StorageError::new("injected fsync failure")),
+                _ => Ok(()),
+            }
+        }))
+    }
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
+        self.inner.load(each)
+    }
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        self.inner.get(collection, key)
+    }
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        self.inner.scan(collection, range, limit)
+    }
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
+        self.inner.drop_collection(collection)
+    }
+}
+
+fn gated() -> (Fixture, tokio::sync::watch::Sender<Gate>) {
+    let gate = tokio::sync::watch::Sender::new(Gate::Closed);
+    let storage = GatedStorage {
+        inner: MemoryStorage::new(),
+        gate: gate.clone(),
+    };
+    (Fixture::with_storage(Some(-1), Arc::new(storage)), gate)
+}
+
+/// Runs one purge batch on every shard; returns the batches waiting for durability.
+fn purge_batches(f: &Fixture) -> Vec<(Arc<Shard>, purge::Undurable)> {
+    let mut waiting = Vec::new();
+    for shard in f.engine.shards() {
+        let (report, undurable) = shard.purge_batch(&*f.clock, purge::PURGE_BATCH);
+        assert!(!report.failed);
+        waiting.extend(undurable.map(|u| (shard.clone(), u)));
+    }
+    waiting
+}
+
+fn documents_in_memory(f: &Fixture) -> usize {
+    f.engine.shards().iter().map(|s| s.lock().docs.len()).sum()
+}
+
+#[tokio::test]
+async fn the_purge_forgets_a_document_only_once_its_delete_is_durable() {
+    let (f, gate) = gated();
+    f.create("a", Some(1));
+    f.create("b", Some(1));
+    f.advance(2 * SEC);
+    let waiting = purge_batches(&f);
+    assert_eq!(waiting.len(), 1, "one shard holds partition p");
+    assert!(!f.visible("a") && !f.visible("b"));
+    assert_eq!(
+        documents_in_memory(&f),
+        2,
+        "deleted in storage, still held in memory"
+    );
+    assert_eq!(f.engine.metrics().purged.get(), 0);
+
+    // Written again before the delete is durable: the new version must survive the forget.
+    let again = f.create("a", None);
+    gate.send_replace(Gate::Open);
+    for (shard, undurable) in waiting {
+        assert!(shard.forget_purged(undurable, &*f.clock).await);
+    }
+    assert_eq!(f.read("a").expect("kept").etag, again.etag);
+    assert!(!f.visible("b"));
+    assert_eq!(documents_in_memory(&f), 1);
+    assert_eq!(f.engine.metrics().purged.get(), 1);
+    assert_eq!(
+        f.engine.metrics().expired.get(),
+        2,
+        "b purged, a overwritten"
+    );
+}
+
+#[tokio::test]
+async fn purged_documents_whose_delete_never_became_durable_are_purged_again() {
+    let (f, gate) = gated();
+    f.create("a", Some(1));
+    f.advance(2 * SEC);
+    gate.send_replace(Gate::Failing);
+    for (shard, undurable) in purge_batches(&f) {
+        assert!(!shard.forget_purged(undurable, &*f.clock).await);
+    }
+    assert!(!f.visible("a"), "expired is final");
+    assert_eq!(documents_in_memory(&f), 1, "kept while storage may hold it");
+
+    gate.send_replace(Gate::Open);
+    let waiting = purge_batches(&f);
+    assert_eq!(waiting.len(), 1, "back in the backlog");
+    for (shard, undurable) in waiting {
+        assert!(shard.forget_purged(undurable, &*f.clock).await);
+    }
+    assert_eq!(documents_in_memory(&f), 0);
+    assert_eq!(f.engine.metrics().purged.get(), 1);
 }
 
 // ---- Feed and collections ----

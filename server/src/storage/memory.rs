@@ -77,8 +77,8 @@ impl ShardStore for MemoryShard {
         Ok(())
     }
 
-    fn sync(&self) -> Result<(), StorageError> {
-        Ok(())
+    fn durable(&self) -> Option<DurableFuture> {
+        None
     }
 
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {

@@ -176,12 +176,12 @@ pub trait Storage: Send + Sync + fmt::Debug {
 /// The documents of one engine shard.
 pub trait ShardStore: Send + Sync + fmt::Debug {
     /// Applies a batch atomically: all of it or, on error, none of it. Applied means visible
-    /// to `get` and `scan`, and surviving a crash of this process; not yet durable against a
-    /// machine crash (see [`Storage::durable`] and [`ShardStore::sync`]).
+    /// to `get` and `scan`, and durable once [`ShardStore::durable`] says so.
     fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError>;
 
-    /// Blocks until every write applied so far is durable.
-    fn sync(&self) -> Result<(), StorageError>;
+    /// `None` if every write applied so far is durable; otherwise a future that resolves once
+    /// they are (the same as [`Storage::durable`]).
+    fn durable(&self) -> Option<DurableFuture>;
 
     /// Calls `each` with every stored document of this shard, without its body.
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError>;

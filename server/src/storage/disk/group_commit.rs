@@ -165,26 +165,6 @@ impl GroupCommit {
             if answered { Ok(()) } else { Err(closed()) }
         }))
     }
-
-    /// Blocks until everything applied so far is durable.
-    pub(super) fn sync_blocking(&self) -> Result<(), StorageError> {
-        if self.shared.mode == Durability::Buffered {
-            return Ok(());
-        }
-        let target = self.shared.applied.load(Ordering::SeqCst);
-        {
-            let mut waiting = self.shared.waiting.lock();
-            waiting.wanted = true;
-            self.shared.wake.notify_one();
-        }
-        while self.shared.synced.load(Ordering::SeqCst) < target {
-            self.shared.check()?;
-            // A short park instead of a channel: callers are purge batches, off the request
-            // path, and the syncer is already working on it.
-            thread::sleep(Duration::from_micros(50));
-        }
-        self.shared.check()
-    }
 }
 
 impl std::fmt::Debug for Shared {

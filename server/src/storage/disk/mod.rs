@@ -421,8 +421,8 @@ impl ShardStore for DiskShard {
         Ok(())
     }
 
-    fn sync(&self) -> Result<(), StorageError> {
-        self.group.sync_blocking()
+    fn durable(&self) -> Option<DurableFuture> {
+        self.group.durable()
     }
 
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
@@ -538,8 +538,14 @@ mod tests {
         })
     }
 
-    #[test]
-    fn documents_survive_reopening_and_deletes_raise_the_version_floor() {
+    async fn wait_durable(shard: &dyn ShardStore) {
+        if let Some(durable) = shard.durable() {
+            durable.await.expect("durable");
+        }
+    }
+
+    #[tokio::test]
+    async fn documents_survive_reopening_and_deletes_raise_the_version_floor() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
             let storage = DiskStorage::open(&options(dir.path())).expect("opens");
@@ -560,7 +566,7 @@ mod tests {
                     versions_below: 20,
                 })
                 .expect("deletes");
-            shard.sync().expect("syncs");
+            wait_durable(&*shard).await;
         }
         let storage = DiskStorage::open(&options(dir.path())).expect("reopens");
         let shard = storage.shard(1);
@@ -594,8 +600,8 @@ mod tests {
 
     /// The group commit fsyncs the journal file fjall appends to (see `group_commit`): this
     /// pins that layout to the fjall version in use.
-    #[test]
-    fn the_active_journal_is_the_file_fjall_appends_to() {
+    #[tokio::test]
+    async fn the_active_journal_is_the_file_fjall_appends_to() {
         let dir = tempfile::tempdir().expect("temp dir");
         let storage = DiskStorage::open(&options(dir.path())).expect("opens");
         let db_path = dir.path().join("db");
@@ -614,7 +620,7 @@ mod tests {
                 versions_below: 2,
             })
             .expect("writes");
-        storage.shard(0).sync().expect("syncs");
+        wait_durable(&*storage.shard(0)).await;
         // Written out by the syncer, in that file (which fjall preallocates, so its length says
         // nothing).
         let bytes = std::fs::read(&journal).expect("journal");
