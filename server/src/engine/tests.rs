@@ -658,17 +658,27 @@ fn bookkeeping_stays_bounded_under_rewrites() {
     assert_eq!(stats.tracked_documents, 200);
 }
 
-/// Fails every document write while `failing` is set.
+/// Memory storage with injected faults: every document write fails while `failing` is set;
+/// with a `gate`, writes become durable only once the test opens it (never while it fails).
 #[derive(Debug)]
 struct FlakyStorage {
     inner: MemoryStorage,
     failing: Arc<AtomicBool>,
+    gate: Option<tokio::sync::watch::Sender<Gate>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Closed,
+    Open,
+    Failing,
 }
 
 #[derive(Debug)]
 struct FlakyShard {
     inner: Arc<dyn ShardStore>,
     failing: Arc<AtomicBool>,
+    gate: Option<tokio::sync::watch::Sender<Gate>>,
 }
 
 impl Storage for FlakyStorage {
@@ -676,6 +686,7 @@ impl Storage for FlakyStorage {
         Arc::new(FlakyShard {
             inner: self.inner.shard(index),
             failing: self.failing.clone(),
+            gate: self.gate.clone(),
         })
     }
     fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
@@ -685,7 +696,7 @@ impl Storage for FlakyStorage {
         self.inner.load_catalog()
     }
     fn durable(&self) -> Option<DurableFuture> {
-        self.inner.durable()
+        self.shard(0).durable()
     }
 }
 
@@ -697,7 +708,20 @@ impl ShardStore for FlakyShard {
         self.inner.write(batch)
     }
     fn durable(&self) -> Option<DurableFuture> {
-        self.inner.durable()
+        let Some(gate) = &self.gate else {
+            return self.inner.durable();
+        };
+        let mut gate = gate.subscribe();
+        Some(Box::pin(async move {
+            let state = *gate
+                .wait_for(|g| *g != Gate::Closed)
+                .await
+                .expect("gate kept by the test");
+            match state {
+                Gate::Failing => Err(StorageError::new("injected fsync failure")),
+                _ => Ok(()),
+            }
+        }))
     }
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
         self.inner.load(each)
@@ -730,6 +754,7 @@ fn a_storage_failure_changes_nothing_and_the_purge_retries() {
         Arc::new(FlakyStorage {
             inner: MemoryStorage::new(),
             failing: failing.clone(),
+            gate: None,
         }),
     );
     let v1 = f.create("a", None);
@@ -765,95 +790,12 @@ fn a_storage_failure_changes_nothing_and_the_purge_retries() {
     assert_eq!(f.engine.purge_now(), 1, "the retry purges it");
 }
 
-/// Memory storage whose writes become durable only when the test opens the gate (or never,
-/// when it reports a failure).
-struct GatedStorage {
-    inner: MemoryStorage,
-    gate: tokio::sync::watch::Sender<Gate>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gate {
-    Closed,
-    Open,
-    Failing,
-}
-
-#[derive(Debug)]
-struct GatedShard {
-    inner: Arc<dyn ShardStore>,
-    gate: tokio::sync::watch::Sender<Gate>,
-}
-
-impl std::fmt::Debug for GatedStorage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatedStorage").finish_non_exhaustive()
-    }
-}
-
-impl Storage for GatedStorage {
-    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
-        Arc::new(GatedShard {
-            inner: self.inner.shard(index),
-            gate: self.gate.clone(),
-        })
-    }
-    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
-        self.inner.write_catalog(change)
-    }
-    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
-        self.inner.load_catalog()
-    }
-    fn durable(&self) -> Option<DurableFuture> {
-        self.shard(0).durable()
-    }
-}
-
-impl ShardStore for GatedShard {
-    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
-        self.inner.write(batch)
-    }
-    fn durable(&self) -> Option<DurableFuture> {
-        let mut gate = self.gate.subscribe();
-        Some(Box::pin(async move {
-            let state = *gate
-                .wait_for(|g| *g != Gate::Closed)
-                .await
-                .expect("gate kept by the test");
-            match state {
-                Gate::Failing => Err(StorageError::new("injected fsync failure")),
-                _ => Ok(()),
-            }
-        }))
-    }
-    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
-        self.inner.load(each)
-    }
-    fn get(
-        &self,
-        collection: CollectionUid,
-        key: &DocKey,
-    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
-        self.inner.get(collection, key)
-    }
-    fn scan(
-        &self,
-        collection: CollectionUid,
-        range: ScanRange<'_>,
-        limit: usize,
-    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
-        self.inner.scan(collection, range, limit)
-    }
-    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
-        self.inner.drop_collection(collection)
-    }
-}
-
 fn gated() -> (Fixture, tokio::sync::watch::Sender<Gate>) {
     let gate = tokio::sync::watch::Sender::new(Gate::Closed);
-    let storage = GatedStorage {
+    let storage = FlakyStorage {
         inner: MemoryStorage::new(),
-        gate: gate.clone(),
+        failing: Arc::default(),
+        gate: Some(gate.clone()),
     };
     (Fixture::with_storage(Some(-1), Arc::new(storage)), gate)
 }
