@@ -40,7 +40,7 @@ pub(crate) struct PurgeReport {
 }
 
 /// Documents a purge batch deleted whose delete is not durable yet: they stay in memory, dead,
-/// until [`Shard::forget_purged`] is called after `durable` resolves.
+/// until [`Shard::finish_purge`] has awaited `durable`.
 pub(crate) struct Undurable {
     durable: DurableFuture,
     purged: Vec<(SlotRef, Millis)>,
@@ -153,7 +153,7 @@ impl Shard {
     /// Waits, without holding the shard lock, until a batch's delete is durable, then forgets
     /// its documents. If it never becomes durable they go back to the backlog, still dead, and
     /// this returns false.
-    pub(crate) async fn forget_purged(&self, undurable: Undurable, clock: &dyn Clock) -> bool {
+    pub(crate) async fn finish_purge(&self, undurable: Undurable, clock: &dyn Clock) -> bool {
         let Undurable { durable, purged } = undurable;
         let result = durable.await;
         let mut state = self.lock();
@@ -416,7 +416,7 @@ async fn run(shard: Arc<Shard>, clock: Arc<dyn Clock>) {
         shard.purge_sleeps_until.store(u64::MAX, Ordering::Release);
         let (report, undurable) = shard.purge_batch(&*clock, PURGE_BATCH);
         let durable = match undurable {
-            Some(undurable) => shard.forget_purged(undurable, &*clock).await,
+            Some(undurable) => shard.finish_purge(undurable, &*clock).await,
             None => true,
         };
         if report.failed || !durable {

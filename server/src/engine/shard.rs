@@ -371,8 +371,7 @@ impl ShardState {
         purged: &[(SlotRef, Millis)],
         now: Millis,
         metrics: &EngineMetrics,
-    ) -> usize {
-        let mut forgotten = 0;
+    ) {
         for &(r, expired_at) in purged {
             if !self.docs.is_current(r) {
                 continue;
@@ -387,9 +386,7 @@ impl ShardState {
             metrics
                 .purge_lag
                 .observe(now.saturating_sub(expired_at) as f64 / 1_000.0);
-            forgotten += 1;
         }
-        forgotten
     }
 
     /// Bytes of expiry bookkeeping: wheel nodes, inherit-queue entries and the timer handles

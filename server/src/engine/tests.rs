@@ -835,7 +835,7 @@ async fn the_purge_forgets_a_document_only_once_its_delete_is_durable() {
     let again = f.create("a", None);
     gate.send_replace(Gate::Open);
     for (shard, undurable) in waiting {
-        assert!(shard.forget_purged(undurable, &*f.clock).await);
+        assert!(shard.finish_purge(undurable, &*f.clock).await);
     }
     assert_eq!(f.read("a").expect("kept").etag, again.etag);
     assert!(!f.visible("b"));
@@ -855,7 +855,7 @@ async fn purged_documents_whose_delete_never_became_durable_are_purged_again() {
     f.advance(2 * SEC);
     gate.send_replace(Gate::Failing);
     for (shard, undurable) in purge_batches(&f) {
-        assert!(!shard.forget_purged(undurable, &*f.clock).await);
+        assert!(!shard.finish_purge(undurable, &*f.clock).await);
     }
     assert!(!f.visible("a"), "expired is final");
     assert_eq!(documents_in_memory(&f), 1, "kept while storage may hold it");
@@ -864,7 +864,7 @@ async fn purged_documents_whose_delete_never_became_durable_are_purged_again() {
     let waiting = purge_batches(&f);
     assert_eq!(waiting.len(), 1, "back in the backlog");
     for (shard, undurable) in waiting {
-        assert!(shard.forget_purged(undurable, &*f.clock).await);
+        assert!(shard.finish_purge(undurable, &*f.clock).await);
     }
     assert_eq!(documents_in_memory(&f), 0);
     assert_eq!(f.engine.metrics().purged.get(), 1);

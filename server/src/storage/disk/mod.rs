@@ -2,9 +2,10 @@
 //!
 //! Three keyspaces share one journal, so a batch across them is atomic: `documents` (key →
 //! header and body), `meta` (key → header only: what recovery reads, a few dozen bytes per
-//! document whatever the body size) and `catalog`. Every write goes to the journal and through
-//! to the OS before it is applied, so a crash of the process loses nothing applied; an fsync
-//! (shared by concurrent writers, see [`group_commit`]) makes it survive the machine too.
+//! document whatever the body size) and `catalog`. Every write goes to the journal; the group
+//! commit (see [`group_commit`]) makes it durable with an fsync shared by concurrent writers,
+//! or, with `Durability::Buffered`, each write reaches the OS at once and survives a crash of
+//! the process, with an fsync every 100 ms for the machine.
 
 mod catalog;
 mod codec;
