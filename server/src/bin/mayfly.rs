@@ -67,7 +67,9 @@ async fn main() -> ExitCode {
     let stderr = std::io::stderr();
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            // The storage engine's tree logs routine steps ("Finished ingestion writer") at info.
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,lsm_tree=warn")),
         )
         .with_ansi(stderr.is_terminal())
         .with_writer(std::io::stderr)
