@@ -664,7 +664,8 @@ async fn read_feed_streams_pages_and_resumes() {
     }
     let mut feed = c.read_feed().page_size(50).await.expect("feed");
     let first = feed.next_page().await.expect("page").expect("a page");
-    assert!(first.documents.len() <= 50);
+    // Nothing has expired, so every page but the last is full.
+    assert_eq!(first.documents.len(), 50);
     let token = first.continuation.clone().expect("more pages");
     drop(feed); // a disconnect
     let rest = c
@@ -682,6 +683,8 @@ async fn read_feed_streams_pages_and_resumes() {
         .chain(rest.iter())
         .map(|d| d.id().to_owned())
         .collect();
+    // Exactly once across the disconnect: no document missing, none repeated.
+    assert_eq!(ids.len(), 120);
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 120);
@@ -695,4 +698,97 @@ async fn read_feed_streams_pages_and_resumes() {
         .expect("pages");
     assert_eq!(p1.len(), 30);
     assert!(p1.iter().all(|d| d.body()["pk"] == "p1"));
+}
+
+/// Regression: feed pages were bounded by count only, so 1,000 large documents made one page
+/// above the 16 MiB message limit, and the same page failed on every retry.
+#[tokio::test]
+async fn large_documents_page_under_the_message_limit() {
+    let s = start().await;
+    let c = s.collection(DefaultTtl::Off).await;
+    let filler = "x".repeat(900 * 1024);
+    for i in 0..24 {
+        c.create(&json!({"id": format!("big{i:02}"), "pk": "p", "filler": filler}))
+            .await
+            .expect("create");
+    }
+    let mut feed = c.read_feed().page_size(1000).await.expect("feed");
+    let mut ids = Vec::new();
+    let mut pages = 0;
+    while let Some(page) = feed.next_page().await.expect("every page fits a message") {
+        pages += 1;
+        let bytes: usize = page
+            .documents
+            .iter()
+            .map(|d| d.body()["filler"].as_str().map_or(0, str::len))
+            .sum();
+        assert!(!page.documents.is_empty());
+        assert!(
+            bytes <= 4 * 1024 * 1024,
+            "a page of {bytes} bytes of filler"
+        );
+        ids.extend(page.documents.iter().map(|d| d.id().to_owned()));
+    }
+    assert!(
+        pages >= 6,
+        "24 documents of 900 KiB need several pages, got {pages}"
+    );
+    let expected: Vec<String> = (0..24).map(|i| format!("big{i:02}")).collect();
+    assert_eq!(ids, expected, "every document once, in order");
+}
+
+/// Regression: partition key values of any length were accepted, and on disk a key over
+/// 64 KiB panicked inside the storage engine and dropped the connection.
+#[tokio::test]
+async fn partition_keys_longer_than_2_kib_are_rejected_on_disk_too() {
+    let dir = std::env::temp_dir().join(format!(
+        "mayfly-pk-limit-{}-{}",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos()
+    ));
+    let server = RunningServer::start(mayfly_server::Config {
+        storage: mayfly_server::StorageConfig::Disk(mayfly_server::storage::DiskOptions {
+            path: dir.clone(),
+            durability: mayfly_server::storage::Durability::Fsync,
+            shards: Some(2),
+            cache_bytes: 1 << 20,
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("server starts");
+    let client = Client::connect(server.local_addr().to_string())
+        .await
+        .expect("client connects");
+    let db = client.create_database("db").await.expect("db");
+    let c = db.create_collection("c", "/pk").await.expect("collection");
+    let at_limit = "k".repeat(2048);
+    c.create(&json!({"id": "a", "pk": at_limit}))
+        .await
+        .expect("2048 bytes are accepted");
+    for len in [2049, 70_000] {
+        let long = "k".repeat(len);
+        let message = invalid(c.create(&json!({"id": "b", "pk": long})).await);
+        assert_eq!(
+            message,
+            format!("the partition key value is {len} bytes of UTF-8; the limit is 2048 bytes")
+        );
+        let message = invalid(c.read("a", long.as_str()).await);
+        assert!(message.contains("the limit is 2048 bytes"), "{message}");
+    }
+    // Multi-byte characters count in bytes: 683 × 3 = 2049.
+    assert!(
+        invalid(c.create(&json!({"id": "b", "pk": "€".repeat(683)})).await).contains("2049 bytes")
+    );
+    assert!(
+        c.read("a", at_limit.as_str())
+            .await
+            .expect("the server still serves")
+            .is_some()
+    );
+    server.shutdown().await.expect("shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
 }

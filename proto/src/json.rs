@@ -29,6 +29,11 @@ use serde_json::{Map, Number, Value};
 /// adds one.
 pub const MAX_DEPTH: usize = 128;
 
+/// Largest object accepted, in bytes of compact JSON (Cosmos DB's document size limit).
+/// Decoding measures each property before building it, so a larger body is rejected without
+/// its JSON tree ever being allocated.
+pub const MAX_JSON_BYTES: usize = 2 * 1024 * 1024;
+
 /// Largest integer a double represents exactly.
 const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
 
@@ -37,6 +42,8 @@ const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
 pub struct JsonObject {
     repr: Repr,
     defect: Option<JsonDefect>,
+    /// Compact JSON bytes of the properties received so far, braces and commas included.
+    received_json_bytes: usize,
 }
 
 #[derive(Clone, PartialEq)]
@@ -62,6 +69,12 @@ pub enum JsonDefect {
     NonFiniteNumber,
     /// A string or property name was not valid UTF-8.
     InvalidUtf8,
+    /// Larger than [`MAX_JSON_BYTES`] of compact JSON, as sent (a property sent twice counts
+    /// twice).
+    TooLarge {
+        /// Compact JSON bytes of the object as sent.
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for JsonDefect {
@@ -77,6 +90,10 @@ impl fmt::Display for JsonDefect {
             JsonDefect::InvalidUtf8 => {
                 f.write_str("the document contains a string that is not valid UTF-8")
             }
+            JsonDefect::TooLarge { bytes } => write!(
+                f,
+                "the document is {bytes} bytes of JSON; the limit is {MAX_JSON_BYTES} bytes (2 MiB)"
+            ),
         }
     }
 }
@@ -94,6 +111,7 @@ impl JsonObject {
         JsonObject {
             repr: Repr::Map(map),
             defect: None,
+            received_json_bytes: 0,
         }
     }
 
@@ -102,6 +120,7 @@ impl JsonObject {
         JsonObject {
             repr: Repr::Encoded(bytes),
             defect: None,
+            received_json_bytes: 0,
         }
     }
 
@@ -205,6 +224,22 @@ impl prost::Message for JsonObject {
             return skip_field(wire_type, tag, buf, ctx);
         }
         let bytes = take_delimited(wire_type, buf)?;
+        // Measured before it is built: past the limit, nothing more is allocated.
+        let entry_json = measure_entry(&bytes, 1)?;
+        self.received_json_bytes = if self.received_json_bytes == 0 {
+            2 + entry_json // {…}
+        } else {
+            self.received_json_bytes + 1 + entry_json // ,…
+        };
+        if self.received_json_bytes > MAX_JSON_BYTES {
+            self.defect = Some(JsonDefect::TooLarge {
+                bytes: self.received_json_bytes,
+            });
+            if let Repr::Map(map) = &mut self.repr {
+                *map = Arc::default();
+            }
+            return Ok(());
+        }
         let mut defect = None;
         let (key, value) = decode_entry(&bytes, 1, &mut defect)?;
         if let Some(defect) = defect {
@@ -392,6 +427,114 @@ fn number(x: f64, defect: &mut Option<JsonDefect>) -> Value {
         // Finite, so from_f64 succeeds; Null is unreachable.
         Number::from_f64(x).map_or(Value::Null, Value::Number)
     }
+}
+
+/// Compact JSON bytes of one `fields` entry (`"key":value`) of a Struct at nesting level
+/// `depth`, read from its encoding without building it. Matches what serde_json writes for the
+/// decoded value; past [`MAX_DEPTH`] it stops descending (decoding rejects such a body).
+fn measure_entry(mut buf: &[u8], depth: usize) -> Result<usize, DecodeError> {
+    let mut key = 2; // ""
+    let mut value = 4; // null
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        match tag {
+            ENTRY_KEY => key = json_string_len(read_delimited(wire_type, &mut buf)?),
+            ENTRY_VALUE => value = measure_value(read_delimited(wire_type, &mut buf)?, depth)?,
+            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
+        }
+    }
+    Ok(key + 1 + value)
+}
+
+fn measure_value(mut buf: &[u8], depth: usize) -> Result<usize, DecodeError> {
+    let mut len = 4; // a Value with no kind is null
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        len = match tag {
+            VALUE_NULL => {
+                check_wire_type(WireType::Varint, wire_type)?;
+                decode_varint(&mut buf)?;
+                4
+            }
+            VALUE_NUMBER => {
+                check_wire_type(WireType::SixtyFourBit, wire_type)?;
+                if buf.len() < 8 {
+                    return Err(underflow());
+                }
+                let mut ignored = None;
+                compact_len(&number(buf.get_f64_le(), &mut ignored))
+            }
+            VALUE_STRING => json_string_len(read_delimited(wire_type, &mut buf)?),
+            VALUE_BOOL => {
+                check_wire_type(WireType::Varint, wire_type)?;
+                if decode_varint(&mut buf)? != 0 { 4 } else { 5 }
+            }
+            VALUE_STRUCT | VALUE_LIST => {
+                let mut inner = read_delimited(wire_type, &mut buf)?;
+                if depth + 1 > MAX_DEPTH {
+                    // Not descending bounds the work; decoding flags the body as too deep.
+                    2
+                } else {
+                    let mut items = 0;
+                    let mut len = 2; // {} or []
+                    // Struct.fields and ListValue.values are both field 1.
+                    let object = tag == VALUE_STRUCT;
+                    while !inner.is_empty() {
+                        let (item_tag, wire_type) = decode_key(&mut inner)?;
+                        if item_tag != STRUCT_FIELDS {
+                            skip_field(wire_type, item_tag, &mut inner, DecodeContext::default())?;
+                            continue;
+                        }
+                        let item = read_delimited(wire_type, &mut inner)?;
+                        len += if object {
+                            measure_entry(item, depth + 1)?
+                        } else {
+                            measure_value(item, depth + 1)?
+                        };
+                        items += 1;
+                    }
+                    len + items.max(1) - 1 // commas
+                }
+            }
+            _ => {
+                skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+                continue;
+            }
+        };
+    }
+    Ok(len)
+}
+
+/// Bytes serde_json writes for a string: quotes, two-character escapes for `"`, backslash,
+/// backspace, form feed, newline, carriage return and tab, six (`\u00XX`) for other control
+/// characters.
+fn json_string_len(bytes: &[u8]) -> usize {
+    2 + bytes
+        .iter()
+        .map(|&b| match b {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+/// Bytes of a scalar's compact JSON, written to a counter (no allocation).
+fn compact_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a number to a counter cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 fn delimited_len(tag_len: usize, len: usize) -> usize {
@@ -607,6 +750,62 @@ mod tests {
         );
         assert_eq!(decode(&bytes), doc);
         assert_eq!(pre.into_map(), doc);
+    }
+
+    #[test]
+    fn measured_sizes_match_what_serde_json_writes() {
+        let docs = [
+            json!({}),
+            json!({"id": "a"}),
+            json!({"id": "q\"b\\s\n\t\r\u{8}\u{c}\u{1}\u{1f}\u{7f}é😀", "": ""}),
+            json!({"n": [0, -0.0, 1.5, -7, 1e21, 1e-7, 0.1, 9007199254740993.0, 123456789012.0]}),
+            json!({"t": true, "f": false, "z": null, "e": {}, "l": [], "ll": [[], [{}], [null, 1]]}),
+            json!({"deep": {"a": {"b": [1, {"c": "d"}]}}, "x": "y"}),
+        ];
+        for doc in docs {
+            let map = object(doc);
+            let bytes = JsonObject::new(map.clone()).encode_to_vec();
+            let mut decoded = JsonObject::decode(bytes.as_slice()).expect("decodes");
+            let expected = serde_json::to_vec(&decoded.map_mut().clone())
+                .expect("writes")
+                .len();
+            let measured = if map.is_empty() {
+                2
+            } else {
+                decoded.received_json_bytes
+            };
+            assert_eq!(measured, expected, "{map:?}");
+        }
+    }
+
+    /// Regression: a 16 MiB body used to be decoded into a JSON tree (100+ MiB) before the
+    /// 2 MiB check rejected it. Past the limit nothing more is built.
+    #[test]
+    fn an_oversize_body_is_flagged_without_building_it() {
+        let chunk = "x".repeat(64 * 1024);
+        let mut map = Map::new();
+        for i in 0..48 {
+            map.insert(format!("p{i}"), Value::String(chunk.clone())); // 3 MiB in all
+        }
+        let bytes = JsonObject::new(map.clone()).encode_to_vec();
+        let decoded = JsonObject::decode(bytes.as_slice()).expect("decodes");
+        let expected = serde_json::to_vec(&map).expect("writes").len();
+        assert!(
+            matches!(&decoded.repr, Repr::Map(m) if m.is_empty()),
+            "nothing kept"
+        );
+        assert_eq!(
+            decoded.into_checked(),
+            Err(JsonDefect::TooLarge { bytes: expected })
+        );
+
+        // Exactly at the limit is accepted.
+        let pad = MAX_JSON_BYTES - r#"{"id":"a","p":""}"#.len();
+        let at_limit = object(json!({"id": "a", "p": "y".repeat(pad)}));
+        let decoded =
+            JsonObject::decode(JsonObject::new(at_limit.clone()).encode_to_vec().as_slice())
+                .expect("decodes");
+        assert_eq!(decoded.into_checked().expect("fits").as_ref(), &at_limit);
     }
 
     #[test]

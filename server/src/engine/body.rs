@@ -15,7 +15,7 @@ use super::{
 };
 
 /// Largest document, in bytes of compact JSON.
-pub const MAX_DOCUMENT_BYTES: usize = 2 * 1024 * 1024;
+pub const MAX_DOCUMENT_BYTES: usize = mayfly_proto::json::MAX_JSON_BYTES;
 /// Deepest nesting: the document is level 1.
 pub const MAX_DEPTH: usize = mayfly_proto::json::MAX_DEPTH;
 

@@ -118,6 +118,8 @@ pub enum InvalidInput {
     PartitionKeyPath { path: String, reason: String },
     /// The partition key property holds an object or array.
     PartitionKeyValueType { path: String, found: &'static str },
+    /// A string partition key value longer than the limit.
+    PartitionKeyTooLong { bytes: usize, limit: usize },
     /// The request's partition key differs from the body's.
     PartitionKeyMismatch {
         request: PartitionKeyValue,
@@ -174,6 +176,10 @@ impl fmt::Display for InvalidInput {
                 f,
                 "the partition key value{} is {found}; it must be a string, number, bool or null",
                 if path.is_empty() { String::new() } else { format!(" at {path}") }
+            ),
+            InvalidInput::PartitionKeyTooLong { bytes, limit } => write!(
+                f,
+                "the partition key value is {bytes} bytes of UTF-8; the limit is {limit} bytes"
             ),
             InvalidInput::PartitionKeyMismatch { request, body, path } => write!(
                 f,

@@ -23,6 +23,10 @@ use crate::storage::{DocKey, ScanRange};
 pub const MAX_PAGE_SIZE: u32 = 1000;
 /// Page size when the client asks for 0.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
+/// Most body bytes (as stored) in one page, as Cosmos DB caps a page at about 4 MB: a page of
+/// large documents stays well under the gRPC message limit. A page always holds at least one
+/// document, so a single document of any allowed size still pages.
+pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Documents read from storage per page, at most, as a multiple of the page size: bounds the
 /// work a page does when most documents it meets are expired.
 const SCAN_FACTOR: usize = 8;
@@ -69,6 +73,8 @@ pub(crate) struct Cursor {
 #[derive(Debug)]
 pub(crate) struct ShardPage {
     pub(crate) documents: Vec<DocumentView>,
+    /// Body bytes of `documents`.
+    pub(crate) bytes: usize,
     /// Last key examined (live or not): the next page starts after it.
     pub(crate) last: Option<DocKey>,
     /// The shard has nothing after `last`.
@@ -76,13 +82,15 @@ pub(crate) struct ShardPage {
 }
 
 impl Shard {
-    /// Up to `want` live documents of `scope` after `after`.
+    /// Up to `want` live documents of `scope` after `after`, of at most `bytes_left` body bytes
+    /// unless the first one alone is larger and `take_first` is set.
     pub(crate) fn scan_page(
         &self,
         info: &CollectionInfo,
         scope: &FeedScope,
         after: Option<&DocKey>,
         want: usize,
+        (bytes_left, take_first): (usize, bool),
         clock: &dyn Clock,
     ) -> Result<ShardPage, Error> {
         let mut state = self.lock();
@@ -93,6 +101,7 @@ impl Shard {
             .ok_or_else(|| collection_gone(info))?;
         let mut page = ShardPage {
             documents: Vec::new(),
+            bytes: 0,
             last: after.cloned(),
             exhausted: false,
         };
@@ -116,10 +125,15 @@ impl Shard {
                     meta.version == record.version && meta.is_visible(cs.default_ttl, now)
                 });
                 if live {
+                    let size = record.body.len();
+                    let first = take_first && page.documents.is_empty();
+                    if page.bytes + size > bytes_left && !first {
+                        // Full: the next page starts at this document.
+                        return Ok(page);
+                    }
+                    page.bytes += size;
                     page.documents.push(view(record, cs.default_ttl, now));
                 }
-            }
-            if let Some(record) = batch.last() {
                 page.last = Some(record.key.clone());
             }
             if batch.len() < limit {
@@ -284,7 +298,11 @@ impl<'a> Reader<'a> {
                 }
                 PartitionKeyValue::number(x)
             }
-            4 => PartitionKeyValue::String(self.str()?.into()),
+            4 => {
+                PartitionKeyValue::string(self.str()?).map_err(|_| InvalidInput::Continuation {
+                    reason: "it is corrupt",
+                })?
+            }
             _ => {
                 return Err(InvalidInput::Continuation {
                     reason: "it is corrupt",

@@ -39,10 +39,10 @@ pub use catalog::{
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use document::{DocumentView, Etag, UpsertOutcome};
 pub use error::{Error, InvalidInput};
-pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_SIZE, page_size};
+pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_SIZE, page_size};
 pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
-pub use partition_key::{PartitionKeyPath, PartitionKeyValue};
+pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
 pub use purge::PurgeGuard;
 pub use recovery::{ExpiryRebuild, Recovery};
 pub use ttl::{DefaultTtl, DocumentTtl, MAX_TTL_SECONDS, TtlSeconds};
@@ -558,6 +558,7 @@ impl Engine {
             .into());
         }
         let mut documents = Vec::new();
+        let mut bytes = 0;
         loop {
             let want = page_size - documents.len();
             let page = self.inner.shards[cursor.shard].scan_page(
@@ -565,8 +566,10 @@ impl Engine {
                 scope,
                 cursor.after.as_ref(),
                 want,
+                (MAX_PAGE_BYTES.saturating_sub(bytes), documents.is_empty()),
                 &*self.inner.clock,
             )?;
+            bytes += page.bytes;
             documents.extend(page.documents);
             if !page.exhausted {
                 cursor.after = page.last;

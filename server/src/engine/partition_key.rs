@@ -6,6 +6,9 @@ use serde_json::{Map, Value};
 
 use super::error::InvalidInput;
 
+/// Longest string partition key value, in bytes of UTF-8 (Cosmos DB's limit for large
+/// partition keys). Bounds storage keys, which the disk backend caps at 64 KiB.
+pub const MAX_PARTITION_KEY_BYTES: usize = 2048;
 /// Most segments in a partition key path.
 pub(crate) const MAX_PATH_SEGMENTS: usize = 16;
 /// Properties the server owns; a partition key cannot point at them.
@@ -76,11 +79,14 @@ impl PartitionKeyPath {
         }
         match map.get(&**last) {
             None => Ok(PartitionKeyValue::Undefined),
-            Some(value) => PartitionKeyValue::from_json(value).map_err(|_| {
-                InvalidInput::PartitionKeyValueType {
-                    path: self.raw.to_string(),
-                    found: json_type(value),
+            Some(value) => PartitionKeyValue::from_json(value).map_err(|e| match e {
+                InvalidInput::PartitionKeyValueType { found, .. } => {
+                    InvalidInput::PartitionKeyValueType {
+                        path: self.raw.to_string(),
+                        found,
+                    }
                 }
+                other => other,
             }),
         }
     }
@@ -121,7 +127,7 @@ impl PartitionKeyValue {
             Value::Bool(b) => PartitionKeyValue::Bool(*b),
             // serde_json numbers are always finite.
             Value::Number(n) => PartitionKeyValue::number(n.as_f64().unwrap_or(0.0)),
-            Value::String(s) => PartitionKeyValue::String(s.as_str().into()),
+            Value::String(s) => PartitionKeyValue::string(s)?,
             Value::Object(_) | Value::Array(_) => {
                 return Err(InvalidInput::PartitionKeyValueType {
                     path: String::new(),
@@ -129,6 +135,17 @@ impl PartitionKeyValue {
                 });
             }
         })
+    }
+
+    /// A string key, if it is at most [`MAX_PARTITION_KEY_BYTES`] long.
+    pub fn string(s: &str) -> Result<Self, InvalidInput> {
+        if s.len() > MAX_PARTITION_KEY_BYTES {
+            return Err(InvalidInput::PartitionKeyTooLong {
+                bytes: s.len(),
+                limit: MAX_PARTITION_KEY_BYTES,
+            });
+        }
+        Ok(PartitionKeyValue::String(s.into()))
     }
 
     /// A number key, normalised so that equal numbers are one key.

@@ -32,6 +32,9 @@ use super::{
 };
 use crate::storage::{DocKey, DocumentWrite, ShardStore, StorageError, StoredDocument, WriteBatch};
 
+/// How far the wall clock may step back while shard time holds still (see [`ShardState::now`]).
+pub(crate) const MAX_CLOCK_STEP_BACK: Millis = 5_000;
+
 /// A shard: state behind a lock, and the signal its purge task sleeps on.
 #[derive(Debug)]
 pub(crate) struct Shard {
@@ -245,13 +248,23 @@ impl ShardState {
         }
     }
 
-    /// The shard's reading of the clock, taken under its lock and never earlier than the last
-    /// one. Under the lock: a request that waited for it cannot act on a document that expired
-    /// while it waited. Never earlier: a wall clock stepping back cannot revive an expired
-    /// document, reorder an inherit queue or make the purge sleep past due timers. (A clock
-    /// stepping forward and back holds shard time until the wall clock catches up.)
+    /// The shard's reading of the clock, taken under its lock. Under the lock: a request that
+    /// waited for it cannot act on a document that expired while it waited. It holds through
+    /// small steps of the wall clock back (up to [`MAX_CLOCK_STEP_BACK`]), so such a step
+    /// cannot revive a document that just expired; further behind, the shard follows the wall
+    /// clock, so a single reading (or a stored write) from far in the future cannot freeze
+    /// shard time. By then the purge has made what expired in the gap final, up to its lag.
     pub(super) fn now(&mut self, clock: &dyn Clock) -> Millis {
-        self.last_now = self.last_now.max(clock.now());
+        let wall = clock.now();
+        if wall >= self.last_now {
+            self.last_now = wall;
+        } else if self.last_now - wall > MAX_CLOCK_STEP_BACK {
+            tracing::warn!(
+                behind_ms = self.last_now - wall,
+                "the wall clock is far behind the latest time this shard acted on; following it back"
+            );
+            self.last_now = wall;
+        }
         self.last_now
     }
 

@@ -1012,6 +1012,43 @@ fn a_clock_stepping_back_does_not_revive_expired_documents() {
     assert_eq!(f.engine.purge_now(), 1);
 }
 
+/// Regression: shard time never went back, so one write stamped far in the future (a wall
+/// clock stepping forward a year and back) froze the shard's clock for that year: every later
+/// write was stamped a year ahead and every TTL judged by that frozen instant.
+#[test]
+fn a_far_future_reading_does_not_freeze_shard_time() {
+    let f = Fixture::new(Some(3600));
+    let year = 365 * 86_400 * SEC;
+    f.clock.set(T0 + year);
+    let future = f.create("future", None);
+    assert_eq!(future.last_write, T0 + year);
+    // A small step back holds shard time still...
+    f.clock.set(T0 + year - shard::MAX_CLOCK_STEP_BACK);
+    assert_eq!(f.create("held", None).last_write, T0 + year);
+    // ...a large one is followed.
+    f.clock.set(T0);
+    let a = f.create("a", Some(10));
+    assert_eq!(a.last_write, T0);
+    assert_eq!(a.expires_at, Some(T0 + 10 * SEC));
+    let b = f.create("b", None);
+    assert_eq!(b.expires_at, Some(T0 + 3600 * SEC));
+    f.advance(10 * SEC);
+    assert!(!f.visible("a"));
+    assert!(f.visible("b") && f.visible("future") && f.visible("held"));
+    assert_eq!(f.engine.purge_now(), 1, "a is purged at its instant");
+    f.advance(3590 * SEC);
+    assert!(!f.visible("b"));
+    assert!(
+        f.visible("future"),
+        "written a year ahead, it expires a year ahead"
+    );
+    assert_eq!(
+        f.engine.purge_now(),
+        1,
+        "b, queued behind later-stamped writes, is purged at its instant"
+    );
+}
+
 #[test]
 fn turning_ttl_on_times_every_own_ttl_document() {
     // More documents than one timing chunk, so the chunked path is taken.

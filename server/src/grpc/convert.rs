@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use crate::engine::{
     CollectionId, CollectionInfo, CollectionPath, DatabaseId, DefaultTtl, DocumentBody,
-    DocumentView, IdKind, IndexingMode, InvalidInput, MAX_DEPTH, Millis, PartitionKeyValue,
-    ResourceId,
+    DocumentView, IdKind, IndexingMode, InvalidInput, MAX_DEPTH, MAX_DOCUMENT_BYTES, Millis,
+    PartitionKeyValue, ResourceId,
 };
 use crate::storage::DocKey;
 
@@ -67,7 +67,7 @@ pub(crate) fn partition_key_value(
             Some(Kind::BoolValue(b)) => PartitionKeyValue::Bool(b),
             Some(Kind::NumberValue(x)) if x.is_finite() => PartitionKeyValue::number(x),
             Some(Kind::NumberValue(_)) => return Err(wrong("NaN or infinite")),
-            Some(Kind::StringValue(s)) => PartitionKeyValue::String(s.into()),
+            Some(Kind::StringValue(s)) => PartitionKeyValue::string(&s)?,
             Some(Kind::StructValue(_)) => return Err(wrong("an object")),
             Some(Kind::ListValue(_)) => return Err(wrong("a list")),
         })
@@ -112,6 +112,10 @@ pub(crate) fn document_body(
     })?;
     let map: Arc<Map<String, Value>> = body.into_checked().map_err(|defect| match defect {
         JsonDefect::TooDeep => InvalidInput::DocumentTooDeep { limit: MAX_DEPTH },
+        JsonDefect::TooLarge { bytes } => InvalidInput::DocumentTooLarge {
+            bytes,
+            limit: MAX_DOCUMENT_BYTES,
+        },
         other => InvalidInput::BadJson {
             reason: other.to_string(),
         },

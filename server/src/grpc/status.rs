@@ -34,6 +34,7 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         InvalidInput::Id { .. } => "INVALID_ID",
         InvalidInput::PartitionKeyPath { .. } => "INVALID_PARTITION_KEY_PATH",
         InvalidInput::PartitionKeyValueType { .. } => "INVALID_PARTITION_KEY",
+        InvalidInput::PartitionKeyTooLong { .. } => "PARTITION_KEY_TOO_LONG",
         InvalidInput::PartitionKeyMismatch { .. } => "PARTITION_KEY_MISMATCH",
         InvalidInput::IdMismatch { .. } => "ID_MISMATCH",
         InvalidInput::MissingId { .. } => "MISSING_ID",

@@ -36,31 +36,52 @@ pub(crate) struct InheritQueue {
 }
 
 impl InheritQueue {
-    /// Appends a document written at `written_at`, which must not precede the last push (shards
-    /// stamp writes monotonically).
+    /// Adds a document written at `written_at`. Writes normally arrive in order and are
+    /// appended; one stamped earlier than the last (shard time followed the wall clock back) is
+    /// inserted in order, so the head is always the earliest to expire.
     pub(crate) fn push(&mut self, written_at: u64, doc: SlotRef) {
-        debug_assert!(
-            self.entries
-                .back()
-                .is_none_or(|e| e.written_at <= written_at)
-        );
-        self.entries.push_back(Entry { written_at, doc });
+        let entry = Entry { written_at, doc };
+        if self
+            .entries
+            .back()
+            .is_none_or(|e| e.written_at <= written_at)
+        {
+            self.entries.push_back(entry);
+        } else {
+            let at = self.entries.partition_point(|e| e.written_at <= written_at);
+            self.entries.insert(at, entry);
+        }
         self.live += 1;
     }
 
-    /// Puts live entries, sorted by write instant and written no later than any entry already
-    /// here, in front of the queue (documents restored from storage, queued after the writes
-    /// that arrived since the start).
+    /// Adds live entries sorted by write instant (documents restored from storage, queued after
+    /// the writes that arrived since the start). They normally all precede the entries here and
+    /// go in front; if the wall clock stepped back across a restart, the two are merged.
     pub(crate) fn prepend_sorted(&mut self, entries: &[(u64, SlotRef)]) {
         debug_assert!(entries.is_sorted_by_key(|&(written, _)| written));
-        debug_assert!(
-            entries
-                .last()
-                .zip(self.entries.front())
-                .is_none_or(|((last, _), first)| *last <= first.written_at)
-        );
-        for &(written_at, doc) in entries.iter().rev() {
-            self.entries.push_front(Entry { written_at, doc });
+        let in_front = entries
+            .last()
+            .zip(self.entries.front())
+            .is_none_or(|((last, _), first)| *last <= first.written_at);
+        if in_front {
+            for &(written_at, doc) in entries.iter().rev() {
+                self.entries.push_front(Entry { written_at, doc });
+            }
+        } else {
+            let here = mem::take(&mut self.entries);
+            let mut restored = entries
+                .iter()
+                .map(|&(written_at, doc)| Entry { written_at, doc })
+                .peekable();
+            let mut merged = VecDeque::with_capacity(here.len() + entries.len());
+            for entry in here {
+                while let Some(r) = restored.next_if(|r| r.written_at <= entry.written_at) {
+                    merged.push_back(r);
+                }
+                merged.push_back(entry);
+            }
+            merged.extend(restored);
+            self.entries = merged;
         }
         self.live += entries.len();
     }
@@ -182,5 +203,33 @@ mod tests {
         assert_eq!(q.count_written_by(9), 0);
         assert_eq!(q.count_written_by(20), 3);
         assert_eq!(q.count_written_by(99), 4);
+    }
+
+    #[test]
+    fn out_of_order_writes_and_restored_entries_keep_write_order() {
+        let r = |slot| SlotRef {
+            slot,
+            generation: 0,
+        };
+        let mut q = InheritQueue::default();
+        for (t, slot) in [(10, 0), (50, 1), (20, 2), (5, 3), (50, 4)] {
+            q.push(t, r(slot));
+        }
+        q.prepend_sorted(&[(1, r(5)), (30, r(6)), (60, r(7))]);
+        let order: Vec<(u64, u32)> = q.iter().map(|(t, d)| (t, d.slot)).collect();
+        assert_eq!(
+            order,
+            [
+                (1, 5),
+                (5, 3),
+                (10, 0),
+                (20, 2),
+                (30, 6),
+                (50, 1),
+                (50, 4),
+                (60, 7)
+            ]
+        );
+        assert_eq!(q.live(), 8);
     }
 }

@@ -12,6 +12,9 @@ use crate::engine::{
 };
 use crate::storage::{DocKey, StorageError};
 
+/// Longest key fjall accepts (it asserts this, so a longer one would panic the writer).
+pub(super) const MAX_KEY_BYTES: usize = u16::MAX as usize;
+
 /// Bytes of the value header.
 pub(super) const HEADER_BYTES: usize = 20;
 

@@ -393,6 +393,15 @@ impl ShardStore for DiskShard {
             match *write {
                 DocumentWrite::Put(doc) => {
                     let key = codec::document_key(self.index, doc.collection, &doc.key);
+                    if key.len() > codec::MAX_KEY_BYTES {
+                        // The edge bounds ids and partition keys far below this; a key that
+                        // still gets here is refused rather than allowed to panic fjall.
+                        return Err(StorageError::new(format!(
+                            "document key of {} bytes exceeds the storage limit of {} bytes",
+                            key.len(),
+                            codec::MAX_KEY_BYTES
+                        )));
+                    }
                     let header = Header {
                         version: doc.version,
                         last_write: doc.last_write,
