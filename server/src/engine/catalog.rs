@@ -6,7 +6,7 @@ use super::{
     error::{Error, InvalidInput},
     ids::{CollectionId, DatabaseId},
     partition_key::PartitionKeyPath,
-    ttl::DefaultTtl,
+    ttl::{DefaultTtl, ExpiredThrough, Rules},
 };
 
 /// Internal, never reused number of a collection. Documents are keyed by it, so a collection
@@ -69,6 +69,18 @@ pub struct CollectionInfo {
     pub partition_key_path: PartitionKeyPath,
     /// Its settings.
     pub settings: CollectionSettings,
+    /// What earlier default TTLs made final; recorded with every settings change.
+    pub expired: ExpiredThrough,
+}
+
+impl CollectionInfo {
+    /// The expiry rules its documents are judged by.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            default_ttl: self.settings.default_ttl(),
+            expired: self.expired,
+        }
+    }
 }
 
 /// What `replace_collection` changes.

@@ -122,7 +122,7 @@ impl Shard {
             for record in &batch {
                 let live = cs.index.get(&record.key).is_some_and(|&slot| {
                     let meta = state.docs.get(slot);
-                    meta.version == record.version && meta.is_visible(cs.default_ttl, now)
+                    meta.version == record.version && meta.is_visible(&cs.rules, now)
                 });
                 if live {
                     let size = record.body.len();
@@ -132,7 +132,7 @@ impl Shard {
                         return Ok(page);
                     }
                     page.bytes += size;
-                    page.documents.push(view(record, cs.default_ttl, now));
+                    page.documents.push(view(record, cs.rules.default_ttl, now));
                 }
                 page.last = Some(record.key.clone());
             }

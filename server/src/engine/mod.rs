@@ -4,6 +4,7 @@
 //! Every document request takes one clock reading and judges visibility by it, so an expired
 //! document is gone at its expiry instant whatever the background purge is doing.
 
+mod block_on;
 mod body;
 mod catalog;
 mod clock;
@@ -45,12 +46,12 @@ pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
 pub use purge::PurgeGuard;
 pub use recovery::{ExpiryRebuild, Recovery};
-pub use ttl::{DefaultTtl, DocumentTtl, MAX_TTL_SECONDS, TtlSeconds};
+pub use ttl::{DefaultTtl, DocumentTtl, ExpiredThrough, MAX_TTL_SECONDS, Rules, TtlSeconds};
 
-use self::{catalog::Catalog, document::WriteMode, feed::Cursor, shard::Shard};
-use crate::storage::{CatalogChange, DocKey, Storage};
+use self::{block_on::block_on, catalog::Catalog, document::WriteMode, feed::Cursor, shard::Shard};
+use crate::storage::{CatalogChange, DocKey, Lsn, Storage};
 
-/// Documents a collection deletion frees, or a TTL switch times, per hold of a shard lock.
+/// Documents a collection deletion frees per hold of a shard lock.
 const FREE_BATCH: usize = 4096;
 
 /// A collection's address.
@@ -121,9 +122,19 @@ impl Engine {
     /// or if the storage does not wait). Document responses are sent after it, so that no
     /// client is told of a change, or sees one, that a crash could take back.
     pub async fn durable(&self) -> Result<(), Error> {
-        match self.inner.storage.durable() {
+        let storage = &self.inner.storage;
+        match storage.durable(storage.last_applied()) {
             None => Ok(()),
             Some(wait) => Ok(wait.await?),
+        }
+    }
+
+    /// Blocks until a catalog change is durable. Catalog changes are synchronous: the gRPC edge
+    /// runs them on a blocking thread.
+    fn catalog_durable(&self, lsn: Lsn) -> Result<(), Error> {
+        match self.inner.storage.durable(lsn) {
+            None => Ok(()),
+            Some(wait) => Ok(block_on(wait)?),
         }
     }
 
@@ -199,9 +210,11 @@ impl Engine {
                 database: id.to_string(),
             });
         }
-        self.inner
+        let lsn = self
+            .inner
             .storage
             .write_catalog(CatalogChange::PutDatabase(&id))?;
+        self.catalog_durable(lsn)?;
         self.inner.catalog.write().add_database(id);
         Ok(())
     }
@@ -233,13 +246,15 @@ impl Engine {
             .collections(id)?
             .cloned()
             .collect();
-        self.inner
+        let lsn = self
+            .inner
             .storage
             .write_catalog(CatalogChange::DeleteDatabase {
                 database: id,
                 collections: &collections,
                 versions_below: self.inner.versions.load(Ordering::SeqCst),
             })?;
+        self.catalog_durable(lsn)?;
         self.inner.catalog.write().remove_database(id);
         for info in &collections {
             self.free_collection(info);
@@ -278,12 +293,15 @@ impl Engine {
             uid,
             partition_key_path,
             settings,
+            expired: ExpiredThrough::default(),
         });
-        self.inner
+        let lsn = self
+            .inner
             .storage
             .write_catalog(CatalogChange::PutCollection(&info))?;
+        self.catalog_durable(lsn)?;
         for shard in self.shards() {
-            shard.add_collection(uid, settings.default_ttl());
+            shard.add_collection(uid, info.rules(), &*self.inner.clock);
         }
         self.inner.catalog.write().put_collection(info.clone());
         Ok(info)
@@ -312,7 +330,8 @@ impl Engine {
     }
 
     /// Replaces a collection's settings. The new default TTL applies at once to every document
-    /// that inherits it; documents already expired stay expired.
+    /// that inherits it; documents already expired stay expired, across a crash too: the
+    /// record that holds the new settings also holds what the old default made final.
     pub fn replace_collection(
         &self,
         path: &CollectionPath,
@@ -324,23 +343,50 @@ impl Engine {
             .indexing_mode
             .unwrap_or(current.settings.indexing_mode());
         let settings = CollectionSettings::new(change.default_ttl, mode)?;
-        let info = Arc::new(CollectionInfo {
-            settings,
-            ..(*current).clone()
-        });
-        self.inner
-            .storage
-            .write_catalog(CatalogChange::PutCollection(&info))?;
-        for shard in self.shards() {
-            // Each shard reads the clock under its own lock, so nothing expires between the
-            // reading and the switch.
-            let to_time =
-                shard.set_default_ttl(info.uid, settings.default_ttl(), &*self.inner.clock);
-            for chunk in to_time.chunks(FREE_BATCH) {
-                shard.time_own_ttls(info.uid, chunk);
+        let (info, lsn, turned_on) = {
+            // Every shard switches at one instant, under all the shard locks at once (taken in
+            // index order; only catalog changes, which `ddl` serialises, hold more than one), so
+            // no shard judges by the old rules after another has switched, and the marks below
+            // cover everything the old default expired up to that instant. The hold is short:
+            // a few assignments per shard and one journal append.
+            let mut states: Vec<_> = self.shards().iter().map(|s| s.lock()).collect();
+            let at = states
+                .iter_mut()
+                .map(|st| st.now(&*self.inner.clock))
+                .max()
+                .unwrap_or_default();
+            let old = current.settings.default_ttl();
+            let expired = if old == settings.default_ttl() {
+                current.expired
+            } else {
+                current.expired.after_change(old, at)
+            };
+            let info = Arc::new(CollectionInfo {
+                settings,
+                expired,
+                ..(*current).clone()
+            });
+            let lsn = self
+                .inner
+                .storage
+                .write_catalog(CatalogChange::PutCollection(&info))?;
+            let turned_on: Vec<bool> = states
+                .iter_mut()
+                .map(|st| st.set_rules(info.uid, info.rules(), at))
+                .collect();
+            (info, lsn, turned_on)
+        };
+        self.inner.catalog.write().put_collection(info.clone());
+        for (shard, turned_on) in self.shards().iter().zip(turned_on) {
+            // Anything may be due now: inheritors under a lower default, or marked ones.
+            shard.purge_wake.notify_one();
+            if turned_on {
+                shard.time_own_ttls(info.uid);
             }
         }
-        self.inner.catalog.write().put_collection(info.clone());
+        // Requests may see the new rules before this returns; their responses wait for the
+        // change to be durable like any write they reflect.
+        self.catalog_durable(lsn)?;
         Ok(info)
     }
 
@@ -354,12 +400,14 @@ impl Engine {
     /// Deletes a collection: one durable catalog change makes it gone (after a crash too);
     /// freeing its documents follows, and a restart finishes it if a crash interrupts it.
     fn drop_collection(&self, info: &CollectionInfo) -> Result<(), Error> {
-        self.inner
+        let lsn = self
+            .inner
             .storage
             .write_catalog(CatalogChange::DeleteCollection {
                 info,
                 versions_below: self.inner.versions.load(Ordering::SeqCst),
             })?;
+        self.catalog_durable(lsn)?;
         self.inner
             .catalog
             .write()

@@ -17,9 +17,12 @@ use super::{
     clock::{Clock, Millis},
     expiry::inherit_queue::SlotRef,
     shard::{Change, CollectionShard, DocSlab, RemoveCause, Shard, ShardState, Tracking},
-    ttl::{DefaultTtl, DocumentTtl, TtlSeconds},
+    ttl::{DefaultTtl, DocumentTtl, Rules},
 };
 use crate::storage::{DocKey, DurableFuture};
+
+/// Slots [`Shard::time_own_ttls`] goes through per hold of the shard lock.
+const TIMING_CHUNK: usize = 4096;
 
 /// Documents removed per batch: bounds how long the purge holds a shard lock.
 pub(crate) const PURGE_BATCH: usize = 512;
@@ -87,18 +90,33 @@ impl Shard {
             }
         }
 
-        for cs in st.collections.values_mut() {
-            let DefaultTtl::After(n) = cs.default_ttl else {
-                continue;
+        // Inherit queues, earliest due head first: each is served until its head is due after
+        // the next queue's, so no collection waits behind another's backlog.
+        while work < budget {
+            let Some((due, uid)) = st.heads.first() else {
+                break;
             };
-            while work < budget {
+            if due > now {
+                break;
+            }
+            let until = st.heads.second_due().map_or(now, |next| next.min(now));
+            let cs = st
+                .collections
+                .get_mut(&uid)
+                .expect("queue heads name attached collections");
+            loop {
                 work += 1;
-                match take_queue_head(cs, &mut st.docs, n, now) {
+                match take_queue_head(cs, &mut st.docs, now) {
                     QueueHead::Stale => {}
                     QueueHead::Due(r, expired_at) => candidates.push((r.slot, expired_at)),
                     QueueHead::NotDue => break,
                 }
+                let next = cs.inherit.front().and_then(|(w, _)| cs.inheritor_due(w));
+                if work >= budget || next.is_none_or(|d| d > until) {
+                    break;
+                }
             }
+            cs.refresh_head(&mut st.heads);
         }
 
         let changes: Vec<Change> = candidates
@@ -110,12 +128,12 @@ impl Shard {
             .collect();
         let mut undurable = None;
         let failed = match st.commit(&*self.store, &changes, &self.metrics, &self.versions) {
-            Ok(_) => {
+            Ok((_, lsn)) => {
                 let purged: Vec<_> = candidates
                     .iter()
                     .map(|&(slot, expired_at)| (st.docs.current_ref(slot), expired_at))
                     .collect();
-                match self.store.durable() {
+                match self.store.durable(lsn) {
                     Some(durable) if !purged.is_empty() => {
                         undurable = Some(Undurable { durable, purged });
                     }
@@ -176,106 +194,56 @@ impl Shard {
         }
     }
 
-    /// Installs a collection's new default TTL in this shard. Documents that expired under the
-    /// old rules by `now` are marked dead first, so no rule change brings them back (SPEC §4,
-    /// "expired is final"); documents that inherit are re-timed by the queue without being
-    /// touched; own-ttl documents get timers if TTL is being turned on.
-    /// Returns the slots [`Shard::time_own_ttls`] must go through when TTL is turned on.
-    #[must_use = "turning TTL on leaves own-ttl documents to be timed"]
-    pub(crate) fn set_default_ttl(
-        &self,
-        uid: CollectionUid,
-        new: DefaultTtl,
-        clock: &dyn Clock,
-    ) -> Vec<u32> {
-        let mut to_time = Vec::new();
-        {
-            let mut state = self.lock();
-            let st = &mut *state;
-            let now = st.now(clock);
-            let Some(old) = st.collections.get(&uid).map(|c| c.default_ttl) else {
-                return to_time;
-            };
-            if old == new {
-                return to_time;
-            }
-            // Due timers (of any collection) are expired: mark them dead like the purge would.
-            let mut fired = Vec::new();
-            loop {
-                fired.clear();
-                let docs = &st.docs;
-                st.wheel.poll(now, 4096, &mut fired, |slot| {
-                    docs.get(slot).timer_deadline()
-                });
-                for &slot in &fired {
-                    if let Some(expired_at) = on_timer_fired(st, slot, now) {
-                        st.pending
-                            .push_back((st.docs.current_ref(slot), expired_at));
-                    }
-                }
-                if st.wheel.next_due().is_none_or(|d| d > now) {
+    /// Gives timers to the untimed own-ttl documents of a collection whose TTL was just turned
+    /// on, going through the shard's slots in chunks, each under one short hold of the lock.
+    /// Visibility never waits for this: reads judge every document by the rules.
+    pub(crate) fn time_own_ttls(&self, uid: CollectionUid) {
+        let mut next = 0;
+        loop {
+            let earliest = {
+                let mut state = self.lock();
+                let st = &mut *state;
+                let end = (next + TIMING_CHUNK).min(st.docs.slot_count());
+                if next >= end {
                     break;
                 }
-            }
-            let cs = st.collections.get_mut(&uid).expect("checked above");
-            if let DefaultTtl::After(n) = old {
-                loop {
-                    match take_queue_head(cs, &mut st.docs, n, now) {
-                        QueueHead::Stale => {}
-                        QueueHead::Due(r, expired_at) => st.pending.push_back((r, expired_at)),
-                        QueueHead::NotDue => break,
+                let Some(default_ttl) = st.collections.get(&uid).map(|c| c.rules.default_ttl)
+                else {
+                    return;
+                };
+                let mut earliest: Option<Millis> = None;
+                for slot in next as u32..end as u32 {
+                    let Some(meta) = st.docs.try_get_mut(slot) else {
+                        continue;
+                    };
+                    if meta.collection != uid
+                        || meta.tracking != Tracking::None
+                        || meta.dead
+                        || !matches!(meta.ttl, Some(DocumentTtl::After(_)))
+                    {
+                        continue;
                     }
+                    let Some(deadline) = meta.expires_at(default_ttl) else {
+                        return; // TTL is off again: nothing to time.
+                    };
+                    meta.tracking = Tracking::Timer(st.wheel.schedule(deadline, slot));
+                    earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
                 }
-            }
-            cs.default_ttl = new;
-            if !old.is_on() && new.is_on() {
-                // Own-ttl documents are not timed while TTL is off (no background work for
-                // it). Snapshot the slots now; `time_own_ttls` times them in short lock holds.
-                to_time = cs.index.values().copied().collect();
-            }
-        }
-        // Anything may be due now: dead documents, or inheritors under a lower default.
-        self.purge_wake.notify_one();
-        to_time
-    }
-
-    /// Gives timers to the untimed own-ttl documents of a collection whose TTL is on, among
-    /// `slots`. Any such document needs one, whichever document now holds the slot: once TTL
-    /// is on, every write times its document itself. Visibility never waits for this.
-    pub(crate) fn time_own_ttls(&self, uid: CollectionUid, slots: &[u32]) {
-        let earliest = {
-            let mut state = self.lock();
-            let st = &mut *state;
-            let Some(default_ttl) = st.collections.get(&uid).map(|c| c.default_ttl) else {
-                return;
+                next = end;
+                earliest
             };
-            let mut earliest: Option<Millis> = None;
-            for &slot in slots {
-                let Some(meta) = st.docs.try_get_mut(slot) else {
-                    continue;
-                };
-                if meta.collection != uid
-                    || meta.tracking != Tracking::None
-                    || meta.dead
-                    || !matches!(meta.ttl, Some(DocumentTtl::After(_)))
-                {
-                    continue;
-                }
-                let Some(deadline) = meta.expires_at(default_ttl) else {
-                    return; // TTL is off again: nothing to time.
-                };
-                meta.tracking = Tracking::Timer(st.wheel.schedule(deadline, slot));
-                earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
-            }
-            earliest
-        };
-        self.wake_purge_for(earliest);
+            self.wake_purge_for(earliest);
+        }
     }
 
     /// Detaches a collection's part of this shard: from now on lookups in it fail. Its
     /// documents still occupy slots until [`Shard::free_detached`] releases them.
     pub(crate) fn detach_collection(&self, uid: CollectionUid) -> Option<CollectionShard> {
-        self.lock().collections.remove(&uid)
+        let mut state = self.lock();
+        let st = &mut *state;
+        let mut part = st.collections.remove(&uid)?;
+        st.heads.update(uid, &mut part.head_due, None);
+        Some(part)
     }
 
     /// Releases up to `budget` slots of a detached collection; true when none are left.
@@ -306,14 +274,9 @@ enum QueueHead {
     NotDue,
 }
 
-/// Takes one step at the head of an inherit queue (whose documents expire `n` after their
-/// write): the purge and a settings change both mark expired inheritors dead through here.
-fn take_queue_head(
-    cs: &mut CollectionShard,
-    docs: &mut DocSlab,
-    n: TtlSeconds,
-    now: Millis,
-) -> QueueHead {
+/// Takes one step at the head of an inherit queue: the purge marks expired inheritors dead
+/// through here.
+fn take_queue_head(cs: &mut CollectionShard, docs: &mut DocSlab, now: Millis) -> QueueHead {
     let Some((written, r)) = cs.inherit.front() else {
         return QueueHead::NotDue;
     };
@@ -321,10 +284,9 @@ fn take_queue_head(
         cs.inherit.pop_front(false);
         return QueueHead::Stale;
     }
-    let expired_at = written + n.millis();
-    if expired_at > now {
+    let Some(expired_at) = cs.inheritor_due(written).filter(|&due| due <= now) else {
         return QueueHead::NotDue;
-    }
+    };
     cs.inherit.pop_front(true);
     let meta = docs.get_mut(r.slot);
     meta.tracking = Tracking::None;
@@ -339,7 +301,12 @@ fn on_timer_fired(st: &mut ShardState, slot: u32, now: Millis) -> Option<Millis>
     meta.tracking = Tracking::None;
     // A collection being deleted: its cleanup frees the document.
     let cs = st.collections.get(&meta.collection)?;
-    match meta.expires_at(cs.default_ttl) {
+    if cs.rules.expired.covers(meta.last_write, meta.ttl) {
+        // An earlier default made it final, whatever the current one says.
+        meta.dead = true;
+        return Some(meta.timer_deadline());
+    }
+    match meta.expires_at(cs.rules.default_ttl) {
         // TTL was turned off: untimed until it is turned on again.
         None => None,
         Some(expired_at) if expired_at <= now => {
@@ -357,30 +324,41 @@ fn next_due(st: &mut ShardState, now: Millis) -> Option<Millis> {
     if !st.pending.is_empty() {
         return Some(now);
     }
-    let mut due = st.wheel.next_due();
-    for cs in st.collections.values() {
-        if let (DefaultTtl::After(n), Some((written, _))) = (cs.default_ttl, cs.inherit.front()) {
-            let at = written + n.millis();
-            due = Some(due.map_or(at, |d| d.min(at)));
-        }
+    let queues = st.heads.first().map(|(due, _)| due);
+    match (st.wheel.next_due(), queues) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
-    due
 }
 
 /// Entries known to be due and not yet processed: dead documents, ready timers and due queue
 /// entries (stale queue entries included: each still costs the purge a step).
 fn backlog(st: &ShardState, now: Millis) -> usize {
     let queued: usize = st
-        .collections
-        .values()
-        .filter_map(|cs| match cs.default_ttl {
-            DefaultTtl::After(n) => {
-                Some(cs.inherit.count_written_by(now.saturating_sub(n.millis())))
-            }
-            _ => None,
-        })
+        .heads
+        .due_by(now)
+        .filter_map(|uid| st.collections.get(&uid))
+        .map(|cs| queue_backlog(cs, now))
         .sum();
     st.pending.len() + st.wheel.ready_len() + queued
+}
+
+/// Entries of a queue due at `now`: written by the later of the two cutoffs (the default's and
+/// the expired marks').
+fn queue_backlog(cs: &CollectionShard, now: Millis) -> usize {
+    let Rules {
+        default_ttl,
+        expired,
+    } = cs.rules;
+    let by_default = match default_ttl {
+        DefaultTtl::After(n) => now.checked_sub(n.millis()),
+        _ => None,
+    };
+    let by_marks = (cs.rules_changed_at <= now && expired.inherited_written_by > 0)
+        .then_some(expired.inherited_written_by);
+    by_default
+        .max(by_marks)
+        .map_or(0, |cutoff| cs.inherit.count_written_by(cutoff))
 }
 
 /// Background purge tasks, one per shard; dropping the guard stops them.

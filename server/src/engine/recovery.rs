@@ -100,7 +100,7 @@ impl Engine {
                     continue; // Cannot happen: databases are deleted with their collections.
                 }
                 for shard in engine.shards() {
-                    shard.add_collection(info.uid, info.settings.default_ttl());
+                    shard.add_collection(info.uid, info.rules(), &*engine.inner.clock);
                 }
                 known.insert(info.uid);
                 catalog.put_collection(Arc::new(info));
@@ -248,7 +248,14 @@ impl Shard {
                         Some(DocumentTtl::Never) => meta.tracking = Tracking::None,
                         Some(DocumentTtl::After(_)) => {
                             meta.tracking = Tracking::None;
-                            match meta.expires_at(cs.default_ttl) {
+                            let due = if cs.rules.expired.covers(meta.last_write, meta.ttl) {
+                                // Made final by an earlier default: due however the current
+                                // one would judge it.
+                                Some(meta.timer_deadline())
+                            } else {
+                                meta.expires_at(cs.rules.default_ttl)
+                            };
+                            match due {
                                 // TTL is off: untimed, like any own-ttl document while it is.
                                 None => {}
                                 Some(due) if due <= now => {
@@ -288,6 +295,7 @@ impl Shard {
             }
             report.queued += entries.len();
             cs.inherit.prepend_sorted(&entries);
+            cs.refresh_head(&mut st.heads);
         }
         self.purge_wake.notify_one();
     }

@@ -1,9 +1,10 @@
 //! One shard of the engine: the documents of the partitions that hash to it, their expiry
 //! bookkeeping and the single path through which every change to them is made.
 //!
-//! A shard's lock makes check-and-write atomic (existence, etag, expiry). Shards never take
-//! each other's locks. The storage backend is called under the lock, which is what makes its
-//! per-shard store need no locking of its own.
+//! A shard's lock makes check-and-write atomic (existence, etag, expiry). Document operations
+//! and the purge take one shard lock at a time; only a settings change holds them all, in
+//! index order. Writes are applied to storage under the lock (an append, never a wait for the
+//! disk), so one shard's writes never race; durability is awaited after it is released.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -25,12 +26,15 @@ use super::{
     error::Error,
     expiry::{
         inherit_queue::{InheritQueue, SlotRef},
+        queue_heads::QueueHeads,
         wheel::{MAX_PAYLOAD, TimerHandle, TimerWheel},
     },
     metrics::EngineMetrics,
-    ttl::{self, DefaultTtl, DocumentTtl},
+    ttl::{self, DefaultTtl, DocumentTtl, Rules},
 };
-use crate::storage::{DocKey, DocumentWrite, ShardStore, StorageError, StoredDocument, WriteBatch};
+use crate::storage::{
+    DocKey, DocumentWrite, Lsn, ShardStore, StorageError, StoredDocument, WriteBatch,
+};
 
 /// How far the wall clock may step back while shard time holds still (see [`ShardState::now`]).
 pub(crate) const MAX_CLOCK_STEP_BACK: Millis = 5_000;
@@ -59,6 +63,8 @@ pub(crate) struct ShardState {
     /// Documents known to be expired (marked dead) and waiting to be purged, with their expiry
     /// instants. Entries go stale when the document is written again.
     pub(super) pending: VecDeque<(SlotRef, Millis)>,
+    /// When each collection's inherit queue is next due: the purge serves the earliest first.
+    pub(super) heads: QueueHeads,
     /// The latest clock reading this shard acted on; see [`ShardState::now`].
     last_now: Millis,
 }
@@ -66,11 +72,40 @@ pub(crate) struct ShardState {
 /// A collection's part of one shard.
 #[derive(Debug)]
 pub(crate) struct CollectionShard {
-    /// This shard's copy of the collection's default TTL; reads judge visibility by it, so it
-    /// changes under the shard lock together with the dead marks that keep "expired is final".
-    pub(super) default_ttl: DefaultTtl,
+    pub(super) uid: CollectionUid,
+    /// This shard's copy of the collection's expiry rules; reads judge visibility by it. A
+    /// settings change replaces it in every shard at one instant (see `Engine::replace_collection`).
+    pub(super) rules: Rules,
+    /// When the rules last changed (or the shard loaded them): the expiry instant the purge
+    /// reports for documents an earlier default made final.
+    pub(super) rules_changed_at: Millis,
     pub(super) index: HashMap<DocKey, u32>,
     pub(super) inherit: InheritQueue,
+    /// This collection's entry in [`ShardState::heads`].
+    pub(super) head_due: Option<Millis>,
+}
+
+impl CollectionShard {
+    /// When an inheritor written at `written` expires under these rules (`None`: never).
+    pub(super) fn inheritor_due(&self, written: Millis) -> Option<Millis> {
+        if self.rules.expired.covers(written, None) {
+            return Some(self.rules_changed_at);
+        }
+        match self.rules.default_ttl {
+            DefaultTtl::After(n) => Some(written + n.millis()),
+            DefaultTtl::Off | DefaultTtl::NoDefault => None,
+        }
+    }
+
+    /// Records in `heads` when this collection's inherit queue is next due. Its head may be a
+    /// stale entry: the recorded instant is then early, never late.
+    pub(super) fn refresh_head(&mut self, heads: &mut QueueHeads) {
+        let due = self
+            .inherit
+            .front()
+            .and_then(|(written, _)| self.inheritor_due(written));
+        heads.update(self.uid, &mut self.head_due, due);
+    }
 }
 
 /// What keeps track of a document's expiry.
@@ -112,8 +147,8 @@ impl DocMeta {
             .expect("only own-ttl documents are timed")
     }
 
-    pub(super) fn is_visible(&self, default_ttl: DefaultTtl, now: Millis) -> bool {
-        !self.dead && ttl::is_visible(self.expires_at(default_ttl), now)
+    pub(super) fn is_visible(&self, rules: &Rules, now: Millis) -> bool {
+        !self.dead && rules.is_visible(self.last_write, self.ttl, now)
     }
 }
 
@@ -244,6 +279,7 @@ impl ShardState {
             docs: DocSlab::default(),
             wheel: TimerWheel::new(now),
             pending: VecDeque::new(),
+            heads: QueueHeads::default(),
             last_now: now,
         }
     }
@@ -273,23 +309,39 @@ impl ShardState {
         self.last_now = self.last_now.max(at);
     }
 
+    /// Installs a collection's new rules as of `at` (no earlier than this shard's time).
+    /// Nothing is marked document by document: the rules' expired marks already hold what the
+    /// old default made final. Returns whether TTL was just turned on, in which case own-ttl
+    /// documents need timers ([`Shard::time_own_ttls`]).
+    pub(super) fn set_rules(&mut self, uid: CollectionUid, rules: Rules, at: Millis) -> bool {
+        self.advance_to(at);
+        let Some(cs) = self.collections.get_mut(&uid) else {
+            return false;
+        };
+        let turned_on = !cs.rules.default_ttl.is_on() && rules.default_ttl.is_on();
+        cs.rules = rules;
+        cs.rules_changed_at = at;
+        cs.refresh_head(&mut self.heads);
+        turned_on
+    }
+
     /// The one path every document change takes, client writes and purge alike: storage first
     /// (one batch), then the index and expiry bookkeeping, so a storage failure changes nothing.
     /// Change events and request charges belong here when they arrive. Returns the earliest new
     /// expiry deadline, for waking the purge.
     ///
-    /// Client writes are acknowledged once durable, by their caller. Documents the purge
-    /// removes stay in the index, dead, until [`ShardState::forget_purged`] is told the delete
-    /// is durable: the engine never drops what storage could still bring back.
+    /// Client writes are acknowledged once their position is durable, by their caller.
+    /// Documents the purge removes stay in the index, dead, until [`ShardState::forget_purged`]
+    /// is told the delete is durable: the engine never drops what storage could still bring back.
     pub(super) fn commit(
         &mut self,
         store: &dyn ShardStore,
         changes: &[Change],
         metrics: &EngineMetrics,
         versions: &AtomicU64,
-    ) -> Result<Option<Millis>, StorageError> {
+    ) -> Result<(Option<Millis>, Lsn), StorageError> {
         if changes.is_empty() {
-            return Ok(None);
+            return Ok((None, Lsn::ZERO));
         }
         let writes: Vec<DocumentWrite<'_>> = changes
             .iter()
@@ -304,7 +356,7 @@ impl ShardState {
                 }
             })
             .collect();
-        store.write(WriteBatch {
+        let lsn = store.write(WriteBatch {
             writes: &writes,
             versions_below: versions.load(Ordering::SeqCst),
         })?;
@@ -321,12 +373,7 @@ impl ShardState {
                     let doc = match *slot {
                         Some(slot) => {
                             let old = self.docs.get(slot);
-                            if old.dead
-                                || !ttl::is_visible(
-                                    old.expires_at(cs.default_ttl),
-                                    record.last_write,
-                                )
-                            {
+                            if !old.is_visible(&cs.rules, record.last_write) {
                                 // Overwriting an expired document that the purge had not reached.
                                 metrics.expired.inc();
                             }
@@ -353,7 +400,9 @@ impl ShardState {
                             r
                         }
                     };
-                    if let Some(deadline) = attach(&mut self.docs, &mut self.wheel, cs, doc) {
+                    if let Some(deadline) =
+                        attach(&mut self.docs, &mut self.wheel, &mut self.heads, cs, doc)
+                    {
                         earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
                     }
                 }
@@ -373,7 +422,7 @@ impl ShardState {
                 }
             }
         }
-        Ok(earliest)
+        Ok((earliest, lsn))
     }
 
     /// Forgets documents the purge deleted, now that the delete is durable, unless their slot
@@ -430,6 +479,7 @@ impl ShardState {
 pub(super) fn attach(
     docs: &mut DocSlab,
     wheel: &mut TimerWheel,
+    heads: &mut QueueHeads,
     cs: &mut CollectionShard,
     r: SlotRef,
 ) -> Option<Millis> {
@@ -439,11 +489,15 @@ pub(super) fn attach(
         None => {
             cs.inherit.push(meta.last_write, r);
             meta.tracking = Tracking::Queue;
-            meta.expires_at(cs.default_ttl)
+            let due = cs.inheritor_due(meta.last_write);
+            if due.is_some_and(|d| cs.head_due.is_none_or(|h| d < h)) {
+                cs.refresh_head(heads);
+            }
+            due
         }
         Some(DocumentTtl::Never) => None,
         Some(DocumentTtl::After(_)) => {
-            let deadline = meta.expires_at(cs.default_ttl)?;
+            let deadline = meta.expires_at(cs.rules.default_ttl)?;
             meta.tracking = Tracking::Timer(wheel.schedule(deadline, r.slot));
             Some(deadline)
         }
@@ -501,13 +555,18 @@ impl Shard {
         }
     }
 
-    pub(crate) fn add_collection(&self, uid: CollectionUid, default_ttl: DefaultTtl) {
-        self.lock().collections.insert(
+    pub(crate) fn add_collection(&self, uid: CollectionUid, rules: Rules, clock: &dyn Clock) {
+        let mut state = self.lock();
+        let now = state.now(clock);
+        state.collections.insert(
             uid,
             CollectionShard {
-                default_ttl,
+                uid,
+                rules,
+                rules_changed_at: now,
                 index: HashMap::new(),
                 inherit: InheritQueue::default(),
+                head_due: None,
             },
         );
     }
@@ -536,7 +595,7 @@ impl Shard {
             .get(&info.uid)
             .ok_or_else(|| collection_gone(info))?;
         let slot = cs.index.get(&key).copied();
-        let live = slot.filter(|&s| st.docs.get(s).is_visible(cs.default_ttl, now));
+        let live = slot.filter(|&s| st.docs.get(s).is_visible(&cs.rules, now));
         match (mode, live) {
             (WriteMode::Create, Some(_)) => {
                 return Err(Error::DocumentExists {
@@ -562,7 +621,7 @@ impl Shard {
             version,
             ttl,
         });
-        let deadline = st.commit(
+        let (deadline, _) = st.commit(
             &*self.store,
             &[Change::Put {
                 slot,
@@ -571,7 +630,7 @@ impl Shard {
             &self.metrics,
             &self.versions,
         )?;
-        let view = view(&record, st.collections[&info.uid].default_ttl, now);
+        let view = view(&record, st.collections[&info.uid].rules.default_ttl, now);
         drop(state);
         self.wake_purge_for(deadline);
         Ok((view, created))
@@ -600,7 +659,7 @@ impl Shard {
             version,
             ..(*current).clone()
         });
-        let deadline = st.commit(
+        let (deadline, _) = st.commit(
             &*self.store,
             &[Change::Put {
                 slot: Some(slot),
@@ -609,7 +668,7 @@ impl Shard {
             &self.metrics,
             &self.versions,
         )?;
-        let view = view(&record, st.collections[&info.uid].default_ttl, now);
+        let view = view(&record, st.collections[&info.uid].rules.default_ttl, now);
         drop(state);
         self.wake_purge_for(deadline);
         Ok(view)
@@ -655,7 +714,11 @@ impl Shard {
             .get(info.uid, key)?
             .ok_or_else(|| missing_record(key))?;
         debug_assert_eq!(record.version, state.docs.get(slot).version);
-        Ok(view(&record, state.collections[&info.uid].default_ttl, now))
+        Ok(view(
+            &record,
+            state.collections[&info.uid].rules.default_ttl,
+            now,
+        ))
     }
 }
 
@@ -673,7 +736,7 @@ pub(super) fn live_slot(
     cs.index
         .get(key)
         .copied()
-        .filter(|&s| st.docs.get(s).is_visible(cs.default_ttl, now))
+        .filter(|&s| st.docs.get(s).is_visible(&cs.rules, now))
         .ok_or_else(|| Error::DocumentNotFound {
             id: key.id.to_string(),
             partition_key: key.partition_key.clone(),

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::storage::{
-    CatalogChange, DurableFuture, MemoryStorage, ScanRange, ShardStore, StorageError,
+    CatalogChange, DurableFuture, Lsn, MemoryStorage, ScanRange, ShardStore, StorageError,
     StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
 
@@ -689,27 +689,31 @@ impl Storage for FlakyStorage {
             gate: self.gate.clone(),
         })
     }
-    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
         self.inner.write_catalog(change)
     }
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
         self.inner.load_catalog()
     }
-    fn durable(&self) -> Option<DurableFuture> {
-        self.shard(0).durable()
+    /// Catalog changes are durable at once here: the gate holds back document writes only.
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        self.inner.durable(lsn)
+    }
+    fn last_applied(&self) -> Lsn {
+        self.inner.last_applied()
     }
 }
 
 impl ShardStore for FlakyShard {
-    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
         if self.failing.load(Ordering::SeqCst) {
             return Err(StorageError::new("injected failure"));
         }
         self.inner.write(batch)
     }
-    fn durable(&self) -> Option<DurableFuture> {
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
         let Some(gate) = &self.gate else {
-            return self.inner.durable();
+            return self.inner.durable(lsn);
         };
         let mut gate = gate.subscribe();
         Some(Box::pin(async move {
@@ -1067,4 +1071,163 @@ fn turning_ttl_on_times_every_own_ttl_document() {
     f.advance(5 * SEC);
     assert_eq!(f.engine.purge_now(), 10_000);
     assert!(f.visible("inherits"));
+}
+
+// ---- Regressions from the foundation review ----
+
+/// Regression: the purge gave each collection with a numeric default one unit of budget per
+/// batch, in stable map order; with more such collections than the budget, the same ones were
+/// skipped every batch forever while the purge task spun. Inherit queues are now served by
+/// earliest due head.
+#[test]
+fn the_purge_serves_every_collection_however_many_there_are() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let engine = Engine::new(
+        EngineConfig { shards: 1 },
+        Arc::new(MemoryStorage::new()),
+        clock.clone(),
+    );
+    let db = id("db");
+    engine.create_database(db.clone()).expect("database");
+    let settings =
+        CollectionSettings::new(default_ttl(Some(10)), IndexingMode::Consistent).expect("valid");
+    let collections = 3 * purge::PURGE_BATCH;
+    for i in 0..collections {
+        let path = CollectionPath {
+            database: db.clone(),
+            collection: id(&format!("c{i}")),
+        };
+        engine
+            .create_collection(
+                &db,
+                path.collection.clone(),
+                PartitionKeyPath::parse("/pk").expect("path"),
+                settings,
+            )
+            .expect("collection");
+        engine
+            .create_document(&path, doc("a", None), None)
+            .expect("create");
+    }
+    clock.advance(10 * SEC);
+    let shard = &engine.shards()[0];
+    let mut purged = 0;
+    // Each batch examines at most PURGE_BATCH entries, one per due document here.
+    for _ in 0..3 {
+        let (report, undurable) = shard.purge_batch(&*clock, purge::PURGE_BATCH);
+        assert!(undurable.is_none(), "memory storage is durable at once");
+        purged += report.purged;
+    }
+    assert_eq!(
+        purged, collections,
+        "every collection's document was purged"
+    );
+    let (report, _) = shard.purge_batch(&*clock, purge::PURGE_BATCH);
+    assert_eq!(report.purged, 0);
+    assert!(
+        report.next_due.is_none(),
+        "nothing left due: the purge sleeps instead of spinning"
+    );
+}
+
+/// An engine over a data directory with a manual clock and no purge running, as if the
+/// process were killed before the purge reached anything.
+fn disk_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> (Engine, CollectionPath) {
+    let storage = crate::storage::DiskStorage::open(&crate::storage::DiskOptions {
+        path: dir.to_path_buf(),
+        durability: crate::storage::Durability::Fsync,
+        shards: Some(2),
+        cache_bytes: 1 << 20,
+    })
+    .expect("opens");
+    let (engine, _) =
+        Engine::open(EngineConfig { shards: 2 }, Arc::new(storage), clock).expect("loads");
+    engine.rebuild_expiry();
+    let path = CollectionPath {
+        database: id("db"),
+        collection: id("c"),
+    };
+    (engine, path)
+}
+
+/// Regression: a settings change marked the documents the old default had expired dead in
+/// memory only, so a crash before the purge deleted them brought them back (lower the default
+/// so a backlog expires, switch TTL off, kill). The decision is now part of the durable
+/// record of the new settings.
+#[tokio::test]
+async fn expired_is_final_across_a_crash_before_the_purge() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let (engine, path) = disk_engine(dir.path(), clock.clone());
+        engine.create_database(id("db")).expect("database");
+        let settings = CollectionSettings::new(default_ttl(Some(3600)), IndexingMode::Consistent)
+            .expect("valid");
+        engine
+            .create_collection(
+                &id("db"),
+                id("c"),
+                PartitionKeyPath::parse("/pk").expect("path"),
+                settings,
+            )
+            .expect("collection");
+        for (name, ttl) in [("inherits", None), ("own", Some(60)), ("never", Some(-1))] {
+            engine
+                .create_document(&path, doc(name, ttl), None)
+                .expect("create");
+        }
+        clock.advance(120 * SEC);
+        engine
+            .create_document(&path, doc("young", None), None)
+            .expect("create");
+        clock.advance(SEC);
+        engine.durable().await.expect("durable");
+        // Lower the default so "inherits" expires (and "own" already has), then switch off.
+        for ttl in [Some(100), None] {
+            engine
+                .replace_collection(
+                    &path,
+                    SettingsChange {
+                        default_ttl: default_ttl(ttl),
+                        indexing_mode: None,
+                    },
+                )
+                .expect("settings");
+        }
+        let visible = |name: &str| engine.read_document(&path, &key("p", name)).is_ok();
+        assert!(!visible("inherits") && !visible("own"));
+        assert!(visible("never") && visible("young"));
+        // Dropped without a purge: nothing was deleted from storage.
+    }
+    let (engine, path) = disk_engine(dir.path(), clock.clone());
+    let visible = |name: &str| engine.read_document(&path, &key("p", name)).is_ok();
+    assert!(
+        !visible("inherits"),
+        "expired by the lowered default, final after a crash"
+    );
+    assert!(
+        !visible("own"),
+        "expired by its own ttl, final after a crash"
+    );
+    assert!(visible("never") && visible("young"));
+    // Turning TTL back on does not bring them back either, and the purge finds them.
+    engine
+        .replace_collection(
+            &path,
+            SettingsChange {
+                default_ttl: default_ttl(Some(-1)),
+                indexing_mode: None,
+            },
+        )
+        .expect("settings");
+    assert!(!visible("inherits") && !visible("own"));
+    let mut purged = 0;
+    for shard in engine.shards() {
+        let (report, undurable) = shard.purge_batch(&*clock, purge::PURGE_BATCH);
+        if let Some(undurable) = undurable {
+            assert!(shard.finish_purge(undurable, &*clock).await);
+        }
+        purged += report.purged;
+    }
+    assert_eq!(purged, 2);
 }

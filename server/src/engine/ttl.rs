@@ -160,6 +160,72 @@ pub(crate) fn is_visible(expires_at: Option<Millis>, now: Millis) -> bool {
     expires_at.is_none_or(|e| now < e)
 }
 
+/// What earlier default TTLs made final (SPEC §4, "expired is final"), as two instants.
+///
+/// A document that was ever expired under the default in force at the time stays expired,
+/// whatever the settings do next. Under a default `n`, an inheriting document written at `w`
+/// expired at `w + n`; with own ttl `m`, at `w + m` while TTL was on. So a change at `T` away
+/// from a default `n` kills every inheritor written at or before `T - n`, and a change away
+/// from any default that was on kills every own-ttl document whose `w + m <= T`: two maxima
+/// cover every change ever made. They are stored in the same durable record as the new
+/// settings, so neither a later change nor a crash before the purge brings such a document
+/// back, and a settings change marks nothing document by document.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpiredThrough {
+    /// Inheriting documents last written at or before this instant are expired (0: none).
+    pub inherited_written_by: Millis,
+    /// Documents with their own ttl whose expiry instant is at or before this are expired
+    /// (0: none).
+    pub own_expired_by: Millis,
+}
+
+impl ExpiredThrough {
+    /// The marks after the default `old` gives way to another at `at`.
+    pub(crate) fn after_change(self, old: DefaultTtl, at: Millis) -> Self {
+        let mut next = self;
+        if let DefaultTtl::After(n) = old {
+            next.inherited_written_by =
+                next.inherited_written_by.max(at.saturating_sub(n.millis()));
+        }
+        if old.is_on() {
+            next.own_expired_by = next.own_expired_by.max(at);
+        }
+        next
+    }
+
+    /// Whether a document written at `last_write` with own ttl `ttl` is expired by these marks.
+    pub(crate) fn covers(&self, last_write: Millis, ttl: Option<DocumentTtl>) -> bool {
+        match ttl {
+            None => self.inherited_written_by != 0 && last_write <= self.inherited_written_by,
+            Some(DocumentTtl::Never) => false,
+            Some(DocumentTtl::After(m)) => last_write + m.millis() <= self.own_expired_by,
+        }
+    }
+}
+
+/// A collection's expiry rules as the engine applies them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// The default TTL in force.
+    pub default_ttl: DefaultTtl,
+    /// What earlier defaults made final.
+    pub expired: ExpiredThrough,
+}
+
+impl Rules {
+    /// Whether a document is visible at `now`: not expired by an earlier default, and not at or
+    /// past its expiry under the current one.
+    pub(crate) fn is_visible(
+        &self,
+        last_write: Millis,
+        ttl: Option<DocumentTtl>,
+        now: Millis,
+    ) -> bool {
+        !self.expired.covers(last_write, ttl)
+            && is_visible(expires_at(last_write, ttl, self.default_ttl), now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -208,6 +274,53 @@ mod tests {
         assert!(!is_visible(at, written + 1_000));
         assert!(!is_visible(at, written + 5_000));
         assert!(is_visible(None, Millis::MAX));
+    }
+
+    #[test]
+    fn expired_is_final_across_any_sequence_of_defaults() {
+        // Model: a document is dead once it was expired at some instant under the default in
+        // force then. Checked against the two marks over every pair of changes.
+        let defaults = [
+            DefaultTtl::Off,
+            DefaultTtl::NoDefault,
+            DefaultTtl::After(secs(10)),
+            DefaultTtl::After(secs(100)),
+        ];
+        let ttls = [
+            None,
+            Some(DocumentTtl::Never),
+            Some(DocumentTtl::After(secs(30))),
+        ];
+        let (t1, t2, t3) = (50_000, 120_000, 400_000);
+        for d0 in defaults {
+            for d1 in defaults {
+                for d2 in defaults {
+                    let marks = ExpiredThrough::default()
+                        .after_change(d0, t1)
+                        .after_change(d1, t2);
+                    let rules = Rules {
+                        default_ttl: d2,
+                        expired: marks,
+                    };
+                    for ttl in ttls {
+                        for w in (0..t2).step_by(5_000) {
+                            // Written before a period ended, it lived under that period's
+                            // default and died if its expiry came by the period's end.
+                            let periods = [(d0, t1), (d1, t2)];
+                            let dead_before = periods.iter().any(|&(d, end)| {
+                                w < end && expires_at(w, ttl, d).is_some_and(|e| e <= end)
+                            });
+                            let expected = !dead_before && is_visible(expires_at(w, ttl, d2), t3);
+                            assert_eq!(
+                                rules.is_visible(w, ttl, t3),
+                                expected,
+                                "{d0:?} → {d1:?} → {d2:?}, ttl {ttl:?}, written {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     const TAIL: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";

@@ -41,9 +41,9 @@ impl server::Collections for CollectionsService {
         let path = PartitionKeyPath::parse(&partition_key_path)?;
         let mode = convert::indexing_mode(indexing_mode)?.unwrap_or_default();
         let settings = CollectionSettings::new(DefaultTtl::from_raw(default_ttl)?, mode)?;
-        let info = self
-            .engine
-            .create_collection(&database, id, path, settings)?;
+        let engine = self.engine.clone();
+        let info =
+            blocking(move || engine.create_collection(&database, id, path, settings)).await?;
         Ok(Response::new(Collection::from(&*info)))
     }
 

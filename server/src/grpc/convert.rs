@@ -201,6 +201,8 @@ impl From<&CollectionInfo> for v1::Collection {
             uid: _,
             partition_key_path,
             settings,
+            // Internal: what earlier defaults made final is not a setting a client reads.
+            expired: _,
         } = info;
         v1::Collection {
             database: database.to_string(),

@@ -30,7 +30,8 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<Database>, Status> {
         let CreateDatabaseRequest { id } = request.into_inner();
         let database = convert::database_id(&id)?;
-        self.engine.create_database(database)?;
+        let engine = self.engine.clone();
+        blocking(move || engine.create_database(database)).await?;
         Ok(Response::new(Database { id }))
     }
 

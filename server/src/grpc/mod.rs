@@ -15,8 +15,8 @@ use tonic::Status;
 
 use crate::engine::Error;
 
-/// Runs catalog work that may take a while (deleting a collection frees every document)
-/// off the async worker threads.
+/// Runs catalog changes off the async worker threads: each waits for its change to be durable,
+/// and deleting a collection frees every document.
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Status> {

@@ -9,7 +9,7 @@ use std::{
 use parking_lot::Mutex;
 
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, ShardStore, Storage, StorageError,
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, Lsn, ShardStore, Storage, StorageError,
     StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
 use crate::engine::{CollectionUid, DocumentId, PartitionKeyValue};
@@ -32,32 +32,36 @@ impl Storage for MemoryStorage {
         self.shards.lock().entry(index).or_default().clone()
     }
 
-    fn write_catalog(&self, _change: CatalogChange<'_>) -> Result<(), StorageError> {
+    fn write_catalog(&self, _change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
         // The engine's catalog is the only copy in memory mode: there is nothing to recover.
-        Ok(())
+        Ok(Lsn::ZERO)
     }
 
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
         Ok(StoredCatalog::default())
     }
 
-    fn durable(&self) -> Option<DurableFuture> {
+    fn durable(&self, _lsn: Lsn) -> Option<DurableFuture> {
         // Nothing here is ever durable, and nothing waits for it to be.
         None
+    }
+
+    fn last_applied(&self) -> Lsn {
+        Lsn::ZERO
     }
 }
 
 type Collection = BTreeMap<DocKey, Arc<StoredDocument>>;
 
-/// The documents of one engine shard. Its lock is only ever taken under that shard's engine
-/// lock, so it is never contended.
+/// The documents of one engine shard. Writes come under that shard's engine lock; reads may
+/// come alongside them, so the maps have a lock of their own (held for map operations only).
 #[derive(Debug, Default)]
 struct MemoryShard {
     collections: Mutex<HashMap<CollectionUid, Collection>>,
 }
 
 impl ShardStore for MemoryShard {
-    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
         let mut collections = self.collections.lock();
         for write in batch.writes {
             match *write {
@@ -74,10 +78,10 @@ impl ShardStore for MemoryShard {
                 }
             }
         }
-        Ok(())
+        Ok(Lsn::ZERO)
     }
 
-    fn durable(&self) -> Option<DurableFuture> {
+    fn durable(&self, _lsn: Lsn) -> Option<DurableFuture> {
         None
     }
 

@@ -111,6 +111,17 @@ pub struct StoredCatalog {
 /// Resolves when the writes it was created after are durable.
 pub type DurableFuture = Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>>;
 
+/// A position in a backend's log of applied writes. Every write returns the position it was
+/// applied at; once a position is durable, every write at or before it is. Positions are
+/// ordered across the whole backend (every shard, and the catalog).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn(pub u64);
+
+impl Lsn {
+    /// Before any write: always durable.
+    pub const ZERO: Lsn = Lsn(0);
+}
+
 /// A change to databases and collections.
 #[derive(Debug, Clone, Copy)]
 pub enum CatalogChange<'a> {
@@ -162,26 +173,34 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// shard's lock, so a backend needs no locking of its own for documents of one shard.
     fn shard(&self, index: usize) -> Arc<dyn ShardStore>;
 
-    /// Records a catalog change durably; called before the change becomes visible.
-    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError>;
+    /// Applies a catalog change atomically and returns its position; it is durable once
+    /// [`Storage::durable`] says so for that position. Never blocks on the disk.
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError>;
 
     /// The catalog as stored (empty for a new store).
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError>;
 
-    /// `None` if every document write applied so far is durable; otherwise a future that
-    /// resolves once they are. Writers share the flush that makes them durable.
-    fn durable(&self) -> Option<DurableFuture>;
+    /// `None` if every write at or before `lsn` is durable (or the backend does not make
+    /// anyone wait); otherwise a future that resolves once they are. Writers share the flush
+    /// that makes them durable.
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture>;
+
+    /// The position of the latest write applied.
+    fn last_applied(&self) -> Lsn;
 }
 
 /// The documents of one engine shard.
+///
+/// The engine calls `write` under its shard lock, so writes to one shard never race; reads
+/// (`get`, `scan`) and `drop_collection` come without it and may run alongside writes.
 pub trait ShardStore: Send + Sync + fmt::Debug {
-    /// Applies a batch atomically: all of it or, on error, none of it. Applied means visible
-    /// to `get` and `scan`, and durable once [`ShardStore::durable`] says so.
-    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError>;
+    /// Applies a batch atomically: all of it or, on error, none of it, and returns its
+    /// position. Applied means visible to `get` and `scan`, and durable once
+    /// [`Storage::durable`] says so for that position. Never blocks on the disk.
+    fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError>;
 
-    /// `None` if every write applied so far is durable; otherwise a future that resolves once
-    /// they are (the same as [`Storage::durable`]).
-    fn durable(&self) -> Option<DurableFuture>;
+    /// The same as [`Storage::durable`].
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture>;
 
     /// Calls `each` with every stored document of this shard, without its body.
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError>;
@@ -201,6 +220,6 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
         limit: usize,
     ) -> Result<Vec<Arc<StoredDocument>>, StorageError>;
 
-    /// Removes every document of a collection.
+    /// Removes every document of a collection (one the engine no longer writes to).
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError>;
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::engine::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
-    IdKind, IndexingMode, PartitionKeyPath,
+    ExpiredThrough, IdKind, IndexingMode, PartitionKeyPath,
 };
 use crate::storage::StorageError;
 
@@ -59,6 +59,10 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
             IndexingMode::Lazy => "lazy",
             IndexingMode::None => "none",
         },
+        "expiredThrough": {
+            "inheritedWrittenBy": info.expired.inherited_written_by,
+            "ownExpiredBy": info.expired.own_expired_by,
+        },
     });
     record.to_string().into_bytes()
 }
@@ -83,12 +87,23 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
     };
     let settings =
         CollectionSettings::new(default_ttl, indexing_mode).map_err(|_| bad("settings"))?;
+    // Absent in records written before expired marks existed: nothing was marked then.
+    let marks = &record["expiredThrough"];
+    let mark = |field: &str| match &marks[field] {
+        Value::Null => Ok(0),
+        v => v.as_u64().ok_or_else(|| bad(field)),
+    };
+    let expired = ExpiredThrough {
+        inherited_written_by: mark("inheritedWrittenBy")?,
+        own_expired_by: mark("ownExpiredBy")?,
+    };
     Ok(CollectionInfo {
         database,
         id,
         uid: CollectionUid(uid),
         partition_key_path,
         settings,
+        expired,
     })
 }
 
@@ -96,6 +111,13 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
 mod tests {
     use super::*;
     use crate::engine::TtlSeconds;
+
+    #[test]
+    fn records_without_expired_marks_read_as_none() {
+        let old = br#"{"database":"app","id":"c","uid":7,"partitionKeyPath":"/pk","defaultTtl":60,"indexingMode":"consistent"}"#;
+        let info = decode_collection(old).expect("decodes");
+        assert_eq!(info.expired, ExpiredThrough::default());
+    }
 
     #[test]
     fn collections_round_trip() {
@@ -113,6 +135,10 @@ mod tests {
                 uid: CollectionUid(42),
                 partition_key_path: PartitionKeyPath::parse("/user/id").expect("valid"),
                 settings: CollectionSettings::new(ttl, mode).expect("valid"),
+                expired: ExpiredThrough {
+                    inherited_written_by: 1_790_000_000_000,
+                    own_expired_by: 1_790_000_360_000,
+                },
             };
             assert_eq!(
                 decode_collection(&encode_collection(&info)).expect("decodes"),

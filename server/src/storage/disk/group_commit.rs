@@ -1,12 +1,13 @@
 //! Group commit: one fsync makes every write applied before it durable, so concurrent writers
 //! share fsyncs instead of paying one each.
 //!
-//! Writes are applied to the journal under their shard's lock and counted. A writer that must
-//! wait queues the count with a channel, wakes the syncer thread and waits until a sync that
-//! began after its write has finished. The syncer reads the count *before* each sync, writes
-//! fjall's journal buffer out to the OS, fsyncs, then answers the queued writers the sync
-//! covered, and only them; while it syncs, new writes accumulate for the next one. Under load
-//! it spaces syncs out a little so that more writers share each (see [`MIN_SYNC_INTERVAL`]).
+//! Writes are applied to the journal and numbered ([`Lsn`]). A caller that must wait for a
+//! position queues it with a channel, wakes the syncer thread and waits until a sync covering
+//! that position has finished. The syncer reads the applied count *before* each sync, writes
+//! fjall's journal buffer out to the OS, fsyncs, then answers exactly the waiters whose
+//! positions the sync covered; while it syncs, new writes accumulate for the next one. A sync
+//! starts as soon as the previous one ends if anyone is waiting, so the group size adapts to
+//! the disk: a fast fsync is never padded to a fixed interval, a slow one gathers more writers.
 //!
 //! The syncer fsyncs the active journal file through a descriptor of its own rather than with
 //! `Database::persist`, which holds fjall's journal lock for the whole fsync and so stalls every
@@ -17,7 +18,7 @@
 //! is found, the syncer falls back to `persist`.
 
 use std::{
-    collections::VecDeque,
+    collections::BTreeMap,
     fs::File,
     path::{Path, PathBuf},
     sync::{
@@ -25,14 +26,14 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::{self, JoinHandle},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use fjall::{Database, PersistMode};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
-use crate::storage::{DurableFuture, StorageError};
+use crate::storage::{DurableFuture, Lsn, StorageError};
 
 /// When a write is acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -47,19 +48,6 @@ pub enum Durability {
 
 /// How often `Durability::Buffered` fsyncs in the background.
 pub const BUFFERED_SYNC_INTERVAL: Duration = Duration::from_millis(100);
-
-/// Under concurrent load, fsyncs start at most this often, so more writers share each one.
-///
-/// An fsync costs CPU (about 55 µs here) besides the device's time. On a fast disk, syncing
-/// as soon as asked meant 3,500 fsyncs/s of 5 writes each at 17,500 writes/s, and on 2 cores
-/// that CPU came out of request handling: waiting for the interval measured 21,000 writes/s
-/// with a lower p99. Low concurrency never waits (see [`COMMIT_SIBLINGS`]), and a disk whose
-/// fsync takes longer than this never waits either.
-const MIN_SYNC_INTERVAL: Duration = Duration::from_millis(1);
-
-/// The last fsync must have covered at least this many writes for the next one to wait for
-/// [`MIN_SYNC_INTERVAL`]: a lone writer, or a few, get their fsync at once.
-const COMMIT_SIBLINGS: u64 = 4;
 
 #[derive(Debug)]
 pub(super) struct GroupCommit {
@@ -83,15 +71,14 @@ struct Shared {
     stop: AtomicBool,
 }
 
-/// Writers waiting for an fsync, in the order of their targets.
+/// Callers waiting for an fsync, by the position each must see synced.
 #[derive(Default)]
 struct Waiting {
     /// Set by a waiter, cleared by the syncer when it starts a sync.
     wanted: bool,
-    /// Each waiter's target (the applied count it must see synced) and how to tell it. Targets
-    /// are read under the lock, so they never decrease along the queue and a sync releases a
-    /// prefix of it: only the writers it made durable wake.
-    queue: VecDeque<(u64, oneshot::Sender<()>)>,
+    /// A sync releases the positions it covered, a prefix of the map: only the callers it made
+    /// durable wake.
+    queue: BTreeMap<u64, Vec<oneshot::Sender<()>>>,
 }
 
 impl GroupCommit {
@@ -128,13 +115,19 @@ impl GroupCommit {
         }
     }
 
-    /// Counts a write just applied to the journal.
-    pub(super) fn applied(&self) {
-        self.shared.applied.fetch_add(1, Ordering::SeqCst);
+    /// Counts a write just applied to the journal and returns its position. Counted after the
+    /// append: a sync that reads a count has every write up to it in fjall's buffer.
+    pub(super) fn applied(&self) -> Lsn {
+        Lsn(self.shared.applied.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
-    /// `None` if everything applied so far is durable (or the mode does not wait).
-    pub(super) fn durable(&self) -> Option<DurableFuture> {
+    /// The position of the latest write applied.
+    pub(super) fn last_applied(&self) -> Lsn {
+        Lsn(self.shared.applied.load(Ordering::SeqCst))
+    }
+
+    /// `None` if every write up to `lsn` is durable (or the mode does not wait).
+    pub(super) fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
         if self.shared.mode == Durability::Buffered {
             return None;
         }
@@ -147,12 +140,12 @@ impl GroupCommit {
                     self.shared.check().and(Err(closed())),
                 )));
             }
-            let target = self.shared.applied.load(Ordering::SeqCst);
+            let target = lsn.0;
             if self.shared.synced.load(Ordering::SeqCst) >= target {
                 return None;
             }
             let (tell, done) = oneshot::channel();
-            waiting.queue.push_back((target, tell));
+            waiting.queue.entry(target).or_default().push(tell);
             waiting.wanted = true;
             self.shared.wake.notify_one();
             done
@@ -190,8 +183,6 @@ impl Shared {
 
     fn run(&self) {
         let mut journal = None;
-        let mut last_start = Instant::now();
-        let mut last_covered = 0;
         loop {
             {
                 let mut waiting = self.waiting.lock();
@@ -212,19 +203,10 @@ impl Shared {
             if self.stop.load(Ordering::SeqCst) {
                 return;
             }
-            if last_covered >= COMMIT_SIBLINGS {
-                let since = last_start.elapsed();
-                if since < MIN_SYNC_INTERVAL {
-                    thread::sleep(MIN_SYNC_INTERVAL - since);
-                }
-            }
-            last_start = Instant::now();
             let target = self.applied.load(Ordering::SeqCst);
-            let before = self.synced.load(Ordering::SeqCst);
-            if before >= target {
+            if self.synced.load(Ordering::SeqCst) >= target {
                 continue;
             }
-            last_covered = target - before;
             if let Err(e) = self.sync_journal(&mut journal) {
                 tracing::error!(error = %e, "fsync of the journal failed; refusing further durable acknowledgements");
                 let mut waiting = self.waiting.lock();
@@ -235,9 +217,13 @@ impl Shared {
             }
             // Stored before the queue is locked: a waiter that queues after this sees it.
             self.synced.store(target, Ordering::SeqCst);
-            let mut waiting = self.waiting.lock();
-            while waiting.queue.front().is_some_and(|(t, _)| *t <= target) {
-                let (_, tell) = waiting.queue.pop_front().expect("checked");
+            let released = {
+                let mut waiting = self.waiting.lock();
+                let later = waiting.queue.split_off(&(target + 1));
+                std::mem::replace(&mut waiting.queue, later)
+            };
+            // Answered after the lock is released: waking them needs nothing it guards.
+            for tell in released.into_values().flatten() {
                 let _ = tell.send(());
             }
         }

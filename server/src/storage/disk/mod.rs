@@ -30,7 +30,7 @@ pub use group_commit::{BUFFERED_SYNC_INTERVAL, Durability};
 
 use self::{codec::Header, data_dir::DataDir, group_commit::GroupCommit};
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, ScanRange, ShardStore, Storage,
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, Lsn, ScanRange, ShardStore, Storage,
     StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
 use crate::engine::CollectionUid;
@@ -257,8 +257,10 @@ impl Storage for DiskStorage {
         self.shards[index].clone()
     }
 
-    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<(), StorageError> {
-        let mut batch = self.db.batch().durability(Some(PersistMode::SyncAll));
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
+        // Made durable by the group commit like any write: an fsync here would hold fjall's
+        // journal lock, and with it every writer, for its whole duration.
+        let mut batch = self.db.batch().durability(self.group.batch_persist());
         let c = &self.catalog;
         match change {
             CatalogChange::PutDatabase(id) => batch.insert(c, catalog::database_key(id), b""),
@@ -290,7 +292,8 @@ impl Storage for DiskStorage {
                 batch.insert(c, catalog::CATALOG_VERSIONS, versions_below.to_be_bytes());
             }
         }
-        batch.commit().map_err(storage_error)
+        batch.commit().map_err(storage_error)?;
+        Ok(self.group.applied())
     }
 
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
@@ -314,8 +317,12 @@ impl Storage for DiskStorage {
         Ok(out)
     }
 
-    fn durable(&self) -> Option<DurableFuture> {
-        self.group.durable()
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        self.group.durable(lsn)
+    }
+
+    fn last_applied(&self) -> Lsn {
+        self.group.last_applied()
     }
 }
 
@@ -386,7 +393,7 @@ impl DiskShard {
 }
 
 impl ShardStore for DiskShard {
-    fn write(&self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
         let mut out = self.applied_batch();
         let mut deletes = false;
         for write in batch.writes {
@@ -427,12 +434,11 @@ impl ShardStore for DiskShard {
             );
         }
         out.commit().map_err(storage_error)?;
-        self.group.applied();
-        Ok(())
+        Ok(self.group.applied())
     }
 
-    fn durable(&self) -> Option<DurableFuture> {
-        self.group.durable()
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        self.group.durable(lsn)
     }
 
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
@@ -548,8 +554,8 @@ mod tests {
         })
     }
 
-    async fn wait_durable(shard: &dyn ShardStore) {
-        if let Some(durable) = shard.durable() {
+    async fn wait_durable(shard: &dyn ShardStore, lsn: Lsn) {
+        if let Some(durable) = shard.durable(lsn) {
             durable.await.expect("durable");
         }
     }
@@ -567,7 +573,7 @@ mod tests {
                     versions_below: 9,
                 })
                 .expect("writes");
-            shard
+            let deleted = shard
                 .write(WriteBatch {
                     writes: &[DocumentWrite::Delete {
                         collection: CollectionUid(1),
@@ -576,7 +582,7 @@ mod tests {
                     versions_below: 20,
                 })
                 .expect("deletes");
-            wait_durable(&*shard).await;
+            wait_durable(&*shard, deleted).await;
         }
         let storage = DiskStorage::open(&options(dir.path())).expect("reopens");
         let shard = storage.shard(1);
@@ -623,14 +629,14 @@ mod tests {
         let mut a = (*doc("a", 1)).clone();
         a.body = Bytes::from_static(marker);
         let a = Arc::new(a);
-        storage
+        let written = storage
             .shard(0)
             .write(WriteBatch {
                 writes: &[DocumentWrite::Put(&a)],
                 versions_below: 2,
             })
             .expect("writes");
-        wait_durable(&*storage.shard(0)).await;
+        wait_durable(&*storage.shard(0), written).await;
         // Written out by the syncer, in that file (which fjall preallocates, so its length says
         // nothing).
         let bytes = std::fs::read(&journal).expect("journal");
