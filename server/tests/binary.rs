@@ -354,7 +354,10 @@ async fn metrics_report_the_purge() {
         let body = serde_json::json!({"id": format!("d{i}"), "pk": "p", "ttl": 1});
         let body = DocumentBody::parse(Arc::new(body.as_object().expect("object").clone()), None)
             .expect("valid body");
-        engine.create_document(&path, body, None).expect("create");
+        engine
+            .create_document(&path, body, None)
+            .result
+            .expect("create");
     }
     let before = scrape(metrics).await;
     assert_eq!(metric(&before, "mayfly_expiry_tracked_documents"), 3.0);

@@ -6,6 +6,8 @@
 //! written during it may or may not. A page can hold fewer documents than asked (expired ones
 //! are skipped within a bounded amount of work); only an empty continuation means the end.
 
+use std::sync::Arc;
+
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 
 use super::{
@@ -17,7 +19,7 @@ use super::{
     partition_key::PartitionKeyValue,
     shard::{Shard, collection_gone, view},
 };
-use crate::storage::{DocKey, ScanRange};
+use crate::storage::{DocKey, Lsn, ScanRange, StoredDocument};
 
 /// Largest page a client may ask for.
 pub const MAX_PAGE_SIZE: u32 = 1000;
@@ -75,6 +77,8 @@ pub(crate) struct ShardPage {
     pub(crate) documents: Vec<DocumentView>,
     /// Body bytes of `documents`.
     pub(crate) bytes: usize,
+    /// What the page reflects (documents shown, and omitted) is durable at this position.
+    pub(crate) settle_at: Lsn,
     /// Last key examined (live or not): the next page starts after it.
     pub(crate) last: Option<DocKey>,
     /// The shard has nothing after `last`.
@@ -83,7 +87,9 @@ pub(crate) struct ShardPage {
 
 impl Shard {
     /// Up to `want` live documents of `scope` after `after`, of at most `bytes_left` body bytes
-    /// unless the first one alone is larger and `take_first` is set.
+    /// unless the first one alone is larger and `take_first` is set. Storage is scanned outside
+    /// the shard lock; each batch is then judged under it, and a document written between the
+    /// two is fetched again once (one rewritten even then counts as written during the feed).
     pub(crate) fn scan_page(
         &self,
         info: &CollectionInfo,
@@ -93,15 +99,10 @@ impl Shard {
         (bytes_left, take_first): (usize, bool),
         clock: &dyn Clock,
     ) -> Result<ShardPage, Error> {
-        let mut state = self.lock();
-        let now = state.now(clock);
-        let cs = state
-            .collections
-            .get(&info.uid)
-            .ok_or_else(|| collection_gone(info))?;
         let mut page = ShardPage {
             documents: Vec::new(),
             bytes: 0,
+            settle_at: Lsn::ZERO,
             last: after.cloned(),
             exhausted: false,
         };
@@ -117,14 +118,27 @@ impl Shard {
                     after: page.last.as_ref().map(|k| &k.id),
                 },
             };
-            let batch = self.store.scan(info.uid, range, limit)?;
+            let mut batch = self.store.scan(info.uid, range, limit)?;
             scanned += batch.len();
-            for record in &batch {
-                let live = cs.index.get(&record.key).is_some_and(|&slot| {
-                    let meta = state.docs.get(slot);
-                    meta.version == record.version && meta.is_visible(&cs.rules, now)
-                });
-                if live {
+            let mut judged = self.judge(info, &batch, clock)?;
+            let stale: Vec<usize> = (0..batch.len())
+                .filter(|&i| judged.views[i] == Judged::Changed)
+                .collect();
+            if !stale.is_empty() {
+                for &i in &stale {
+                    if let Some(record) = self.store.get(info.uid, &batch[i].key)? {
+                        batch[i] = record;
+                    }
+                }
+                let again = self.judge(info, &batch, clock)?;
+                judged.settle_at = judged.settle_at.max(again.settle_at);
+                for i in stale {
+                    judged.views[i] = again.views[i].clone();
+                }
+            }
+            page.settle_at = page.settle_at.max(judged.settle_at);
+            for (record, judged) in batch.iter().zip(judged.views) {
+                if let Judged::Live(view) = judged {
                     let size = record.body.len();
                     let first = take_first && page.documents.is_empty();
                     if page.bytes + size > bytes_left && !first {
@@ -132,7 +146,7 @@ impl Shard {
                         return Ok(page);
                     }
                     page.bytes += size;
-                    page.documents.push(view(record, cs.rules.default_ttl, now));
+                    page.documents.push(*view);
                 }
                 page.last = Some(record.key.clone());
             }
@@ -143,6 +157,59 @@ impl Shard {
         }
         Ok(page)
     }
+
+    /// Judges scanned documents under the shard lock, by one clock reading.
+    fn judge(
+        &self,
+        info: &CollectionInfo,
+        batch: &[Arc<StoredDocument>],
+        clock: &dyn Clock,
+    ) -> Result<JudgedBatch, Error> {
+        let mut state = self.lock();
+        let now = state.now(clock);
+        let st = &*state;
+        let cs = st
+            .collections
+            .get(&info.uid)
+            .ok_or_else(|| collection_gone(info))?;
+        let views = batch
+            .iter()
+            .map(|record| match cs.index.get(&record.key) {
+                None => Judged::Absent,
+                Some(&slot) => {
+                    let meta = st.docs.get(slot);
+                    if meta.version != record.version {
+                        Judged::Changed
+                    } else if meta.is_visible(&cs.rules, now) {
+                        Judged::Live(Box::new(view(record, cs.rules.default_ttl, now)))
+                    } else {
+                        Judged::Absent
+                    }
+                }
+            })
+            .collect();
+        Ok(JudgedBatch {
+            views,
+            settle_at: st.client_lsn.max(cs.settings_lsn),
+        })
+    }
+}
+
+/// What the shard's index says of a scanned document.
+#[derive(Debug, Clone, PartialEq)]
+enum Judged {
+    /// Live, as scanned.
+    Live(Box<DocumentView>),
+    /// Deleted, expired, or not (yet) in the index.
+    Absent,
+    /// Written again since it was scanned.
+    Changed,
+}
+
+#[derive(Debug)]
+struct JudgedBatch {
+    views: Vec<Judged>,
+    settle_at: Lsn,
 }
 
 /// Encodes a cursor, bound to the collection and scope it belongs to.

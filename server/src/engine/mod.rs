@@ -14,6 +14,7 @@ mod expiry;
 mod feed;
 mod ids;
 mod metrics;
+mod outcome;
 mod partition_key;
 mod purge;
 mod recovery;
@@ -43,6 +44,7 @@ pub use error::{Error, InvalidInput};
 pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_SIZE, page_size};
 pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
+pub use outcome::Outcome;
 pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
 pub use purge::PurgeGuard;
 pub use recovery::{ExpiryRebuild, Recovery};
@@ -118,9 +120,18 @@ impl Engine {
         }
     }
 
-    /// Resolves once every document write made so far is durable (at once if it already is,
-    /// or if the storage does not wait). Document responses are sent after it, so that no
-    /// client is told of a change, or sees one, that a crash could take back.
+    /// The result of a document operation, once every write it reflects is durable (at once
+    /// if they already are, or if the storage does not wait). Responses are sent after it, so
+    /// that no client is told of a change, or sees one, that a crash could take back; writes
+    /// waiting together share one fsync.
+    pub async fn settle<T>(&self, outcome: Outcome<T>) -> Result<T, Error> {
+        if let Some(wait) = self.inner.storage.durable(outcome.settle_at) {
+            wait.await?;
+        }
+        outcome.result
+    }
+
+    /// Resolves once every write applied so far is durable.
     pub async fn durable(&self) -> Result<(), Error> {
         let storage = &self.inner.storage;
         match storage.durable(storage.last_applied()) {
@@ -372,7 +383,7 @@ impl Engine {
                 .write_catalog(CatalogChange::PutCollection(&info))?;
             let turned_on: Vec<bool> = states
                 .iter_mut()
-                .map(|st| st.set_rules(info.uid, info.rules(), at))
+                .map(|st| st.set_rules(info.uid, info.rules(), at, lsn))
                 .collect();
             (info, lsn, turned_on)
         };
@@ -460,11 +471,17 @@ impl Engine {
         path: &CollectionPath,
         body: DocumentBody,
         partition_key: Option<PartitionKeyValue>,
-    ) -> Result<DocumentView, Error> {
-        let info = self.get_collection(path)?;
-        let key = Self::key_for(&info, &body, partition_key)?;
-        self.put(&info, key, body, WriteMode::Create, None)
-            .map(|(view, _)| view)
+    ) -> Outcome<DocumentView> {
+        let info = match self.get_collection(path) {
+            Ok(info) => info,
+            Err(e) => return Outcome::failed(e),
+        };
+        match Self::key_for(&info, &body, partition_key) {
+            Ok(key) => self
+                .put(&info, key, body, WriteMode::Create, None)
+                .map(|(view, _)| view),
+            Err(e) => Outcome::failed(e),
+        }
     }
 
     /// Creates or replaces a document.
@@ -474,18 +491,24 @@ impl Engine {
         body: DocumentBody,
         partition_key: Option<PartitionKeyValue>,
         if_match: Option<&str>,
-    ) -> Result<(UpsertOutcome, DocumentView), Error> {
-        let info = self.get_collection(path)?;
-        let key = Self::key_for(&info, &body, partition_key)?;
-        let (view, created) = self.put(&info, key, body, WriteMode::Upsert, if_match)?;
-        Ok((
-            if created {
-                UpsertOutcome::Created
-            } else {
-                UpsertOutcome::Replaced
-            },
-            view,
-        ))
+    ) -> Outcome<(UpsertOutcome, DocumentView)> {
+        let info = match self.get_collection(path) {
+            Ok(info) => info,
+            Err(e) => return Outcome::failed(e),
+        };
+        let key = match Self::key_for(&info, &body, partition_key) {
+            Ok(key) => key,
+            Err(e) => return Outcome::failed(e),
+        };
+        self.put(&info, key, body, WriteMode::Upsert, if_match)
+            .map(|(view, created)| {
+                let outcome = if created {
+                    UpsertOutcome::Created
+                } else {
+                    UpsertOutcome::Replaced
+                };
+                (outcome, view)
+            })
     }
 
     /// Replaces a live document; its id and partition key must match the body's.
@@ -495,18 +518,23 @@ impl Engine {
         key: DocKey,
         body: DocumentBody,
         if_match: Option<&str>,
-    ) -> Result<DocumentView, Error> {
-        let info = self.get_collection(path)?;
+    ) -> Outcome<DocumentView> {
+        let info = match self.get_collection(path) {
+            Ok(info) => info,
+            Err(e) => return Outcome::failed(e),
+        };
         if body.id() != &key.id {
-            return Err(InvalidInput::IdMismatch {
+            return Outcome::failed(InvalidInput::IdMismatch {
                 request: key.id.to_string(),
                 body: body.id().to_string(),
-            }
-            .into());
+            });
         }
-        let body_key = Self::key_for(&info, &body, Some(key.partition_key))?;
-        self.put(&info, body_key, body, WriteMode::Replace, if_match)
-            .map(|(view, _)| view)
+        match Self::key_for(&info, &body, Some(key.partition_key)) {
+            Ok(body_key) => self
+                .put(&info, body_key, body, WriteMode::Replace, if_match)
+                .map(|(view, _)| view),
+            Err(e) => Outcome::failed(e),
+        }
     }
 
     fn put(
@@ -516,7 +544,7 @@ impl Engine {
         body: DocumentBody,
         mode: WriteMode,
         if_match: Option<&str>,
-    ) -> Result<(DocumentView, bool), Error> {
+    ) -> Outcome<(DocumentView, bool)> {
         let (stored, ttl) = body.into_stored();
         let shard = self.shard_for(info.uid, &key.partition_key);
         shard.put(
@@ -532,14 +560,14 @@ impl Engine {
     }
 
     /// Reads a live document.
-    pub fn read_document(
-        &self,
-        path: &CollectionPath,
-        key: &DocKey,
-    ) -> Result<DocumentView, Error> {
-        let info = self.get_collection(path)?;
-        self.shard_for(info.uid, &key.partition_key)
-            .read(&info, key, &*self.inner.clock)
+    pub fn read_document(&self, path: &CollectionPath, key: &DocKey) -> Outcome<DocumentView> {
+        match self.get_collection(path) {
+            Ok(info) => {
+                self.shard_for(info.uid, &key.partition_key)
+                    .read(&info, key, &*self.inner.clock)
+            }
+            Err(e) => Outcome::failed(e),
+        }
     }
 
     /// Deletes a live document.
@@ -548,14 +576,16 @@ impl Engine {
         path: &CollectionPath,
         key: &DocKey,
         if_match: Option<&str>,
-    ) -> Result<(), Error> {
-        let info = self.get_collection(path)?;
-        self.shard_for(info.uid, &key.partition_key).delete(
-            &info,
-            key,
-            if_match,
-            &*self.inner.clock,
-        )
+    ) -> Outcome<()> {
+        match self.get_collection(path) {
+            Ok(info) => self.shard_for(info.uid, &key.partition_key).delete(
+                &info,
+                key,
+                if_match,
+                &*self.inner.clock,
+            ),
+            Err(e) => Outcome::failed(e),
+        }
     }
 
     /// Restarts a live document's TTL clock: a write with its current body (new `_ts`, new etag).
@@ -564,15 +594,17 @@ impl Engine {
         path: &CollectionPath,
         key: &DocKey,
         if_match: Option<&str>,
-    ) -> Result<DocumentView, Error> {
-        let info = self.get_collection(path)?;
-        self.shard_for(info.uid, &key.partition_key).touch(
-            &info,
-            key,
-            if_match,
-            self.next_version(),
-            &*self.inner.clock,
-        )
+    ) -> Outcome<DocumentView> {
+        match self.get_collection(path) {
+            Ok(info) => self.shard_for(info.uid, &key.partition_key).touch(
+                &info,
+                key,
+                if_match,
+                self.next_version(),
+                &*self.inner.clock,
+            ),
+            Err(e) => Outcome::failed(e),
+        }
     }
 
     /// One page of a read feed. `page_size` comes from [`page_size`].
@@ -582,6 +614,19 @@ impl Engine {
         scope: &FeedScope,
         page_size: usize,
         continuation: Option<&str>,
+    ) -> Outcome<FeedPage> {
+        let mut settle_at = Lsn::ZERO;
+        let result = self.feed_page(path, scope, page_size, continuation, &mut settle_at);
+        Outcome::new(result, settle_at)
+    }
+
+    fn feed_page(
+        &self,
+        path: &CollectionPath,
+        scope: &FeedScope,
+        page_size: usize,
+        continuation: Option<&str>,
+        settle_at: &mut Lsn,
     ) -> Result<FeedPage, Error> {
         let info = self.get_collection(path)?;
         let shards = self.shard_count();
@@ -617,6 +662,7 @@ impl Engine {
                 (MAX_PAGE_BYTES.saturating_sub(bytes), documents.is_empty()),
                 &*self.inner.clock,
             )?;
+            *settle_at = (*settle_at).max(page.settle_at);
             bytes += page.bytes;
             documents.extend(page.documents);
             if !page.exhausted {

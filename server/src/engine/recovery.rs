@@ -22,7 +22,7 @@ use super::{
     shard::{DocMeta, Shard, Tracking},
     ttl::DocumentTtl,
 };
-use crate::storage::{Storage, StorageError, StoredMeta};
+use crate::storage::{Lsn, Storage, StorageError, StoredMeta};
 
 /// Slots the expiry rebuild goes through per hold of a shard lock.
 const REBUILD_CHUNK: usize = 8192;
@@ -200,6 +200,8 @@ impl Shard {
                 key: doc.key.clone(),
                 last_write: doc.last_write,
                 version: doc.version,
+                // Storage syncs what it recovered before serving it.
+                lsn: Lsn::ZERO,
                 ttl: doc.ttl,
                 tracking: Tracking::Unscheduled,
                 dead: false,

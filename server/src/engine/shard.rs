@@ -20,6 +20,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use super::{
+    Outcome,
     catalog::{CollectionInfo, CollectionUid},
     clock::{Clock, Millis},
     document::{DocumentView, Etag, WriteMode},
@@ -65,6 +66,9 @@ pub(crate) struct ShardState {
     pub(super) pending: VecDeque<(SlotRef, Millis)>,
     /// When each collection's inherit queue is next due: the purge serves the earliest first.
     pub(super) heads: QueueHeads,
+    /// The position of the latest client write to this shard: an answer that something is
+    /// absent (or differs) settles there, since it may reflect a delete not yet durable.
+    pub(super) client_lsn: Lsn,
     /// The latest clock reading this shard acted on; see [`ShardState::now`].
     last_now: Millis,
 }
@@ -79,6 +83,9 @@ pub(crate) struct CollectionShard {
     /// When the rules last changed (or the shard loaded them): the expiry instant the purge
     /// reports for documents an earlier default made final.
     pub(super) rules_changed_at: Millis,
+    /// Where the catalog change that set the rules is in the storage log: anything judged by
+    /// them settles there.
+    pub(super) settings_lsn: Lsn,
     pub(super) index: HashMap<DocKey, u32>,
     pub(super) inherit: InheritQueue,
     /// This collection's entry in [`ShardState::heads`].
@@ -129,6 +136,8 @@ pub(super) struct DocMeta {
     pub(super) key: DocKey,
     pub(super) last_write: Millis,
     pub(super) version: u64,
+    /// Where this version's write is in the storage log: a read of it settles there.
+    pub(super) lsn: Lsn,
     pub(super) ttl: Option<DocumentTtl>,
     pub(super) tracking: Tracking,
     /// Expired and final: a later settings change must not bring it back.
@@ -280,6 +289,7 @@ impl ShardState {
             wheel: TimerWheel::new(now),
             pending: VecDeque::new(),
             heads: QueueHeads::default(),
+            client_lsn: Lsn::ZERO,
             last_now: now,
         }
     }
@@ -313,7 +323,13 @@ impl ShardState {
     /// Nothing is marked document by document: the rules' expired marks already hold what the
     /// old default made final. Returns whether TTL was just turned on, in which case own-ttl
     /// documents need timers ([`Shard::time_own_ttls`]).
-    pub(super) fn set_rules(&mut self, uid: CollectionUid, rules: Rules, at: Millis) -> bool {
+    pub(super) fn set_rules(
+        &mut self,
+        uid: CollectionUid,
+        rules: Rules,
+        at: Millis,
+        lsn: Lsn,
+    ) -> bool {
         self.advance_to(at);
         let Some(cs) = self.collections.get_mut(&uid) else {
             return false;
@@ -321,6 +337,7 @@ impl ShardState {
         let turned_on = !cs.rules.default_ttl.is_on() && rules.default_ttl.is_on();
         cs.rules = rules;
         cs.rules_changed_at = at;
+        cs.settings_lsn = lsn;
         cs.refresh_head(&mut self.heads);
         turned_on
     }
@@ -382,6 +399,7 @@ impl ShardState {
                             let meta = self.docs.get_mut(slot);
                             meta.last_write = record.last_write;
                             meta.version = record.version;
+                            meta.lsn = lsn;
                             meta.ttl = record.ttl;
                             meta.dead = false;
                             r
@@ -392,6 +410,7 @@ impl ShardState {
                                 key: record.key.clone(),
                                 last_write: record.last_write,
                                 version: record.version,
+                                lsn,
                                 ttl: record.ttl,
                                 tracking: Tracking::None,
                                 dead: false,
@@ -564,6 +583,7 @@ impl Shard {
                 uid,
                 rules,
                 rules_changed_at: now,
+                settings_lsn: Lsn::ZERO,
                 index: HashMap::new(),
                 inherit: InheritQueue::default(),
                 head_due: None,
@@ -586,32 +606,41 @@ impl Shard {
         if_match: Option<&str>,
         version: u64,
         clock: &dyn Clock,
-    ) -> Result<(DocumentView, bool), Error> {
+    ) -> Outcome<(DocumentView, bool)> {
         let mut state = self.lock();
         let st = &mut *state;
         let now = st.now(clock);
-        let cs = st
-            .collections
-            .get(&info.uid)
-            .ok_or_else(|| collection_gone(info))?;
+        let Some(cs) = st.collections.get(&info.uid) else {
+            return Outcome::failed(collection_gone(info));
+        };
+        // A refusal reflects what this shard holds: it settles like a read of it.
+        let seen = st.client_lsn.max(cs.settings_lsn);
         let slot = cs.index.get(&key).copied();
         let live = slot.filter(|&s| st.docs.get(s).is_visible(&cs.rules, now));
         match (mode, live) {
             (WriteMode::Create, Some(_)) => {
-                return Err(Error::DocumentExists {
-                    id: key.id.to_string(),
-                    partition_key: key.partition_key,
-                });
+                return Outcome::new(
+                    Err(Error::DocumentExists {
+                        id: key.id.to_string(),
+                        partition_key: key.partition_key,
+                    }),
+                    seen,
+                );
             }
             (WriteMode::Replace, None) => {
-                return Err(Error::DocumentNotFound {
-                    id: key.id.to_string(),
-                    partition_key: key.partition_key,
-                });
+                return Outcome::new(
+                    Err(Error::DocumentNotFound {
+                        id: key.id.to_string(),
+                        partition_key: key.partition_key,
+                    }),
+                    seen,
+                );
             }
             _ => {}
         }
-        check_if_match(if_match, live.map(|s| st.docs.get(s)), &key)?;
+        if let Err(e) = check_if_match(if_match, live.map(|s| st.docs.get(s)), &key) {
+            return Outcome::new(Err(e), seen);
+        }
         let created = live.is_none();
         let record = Arc::new(StoredDocument {
             collection: info.uid,
@@ -621,22 +650,27 @@ impl Shard {
             version,
             ttl,
         });
-        let (deadline, _) = st.commit(
-            &*self.store,
-            &[Change::Put {
-                slot,
-                record: record.clone(),
-            }],
-            &self.metrics,
-            &self.versions,
-        )?;
-        let view = view(&record, st.collections[&info.uid].rules.default_ttl, now);
+        let change = Change::Put {
+            slot,
+            record: record.clone(),
+        };
+        let (deadline, lsn) =
+            match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
+                Ok(done) => done,
+                Err(e) => return Outcome::failed(e),
+            };
+        st.client_lsn = lsn;
+        let cs = &st.collections[&info.uid];
+        let view = view(&record, cs.rules.default_ttl, now);
+        let settle_at = lsn.max(cs.settings_lsn);
         drop(state);
         self.wake_purge_for(deadline);
-        Ok((view, created))
+        Outcome::new(Ok((view, created)), settle_at)
     }
 
     /// Rewrites a live document with its current body: a write that restarts its TTL clock.
+    /// The body is read outside the lock and the write made only if the document is still that
+    /// version (else it is read again).
     pub(crate) fn touch(
         &self,
         info: &CollectionInfo,
@@ -644,34 +678,67 @@ impl Shard {
         if_match: Option<&str>,
         version: u64,
         clock: &dyn Clock,
-    ) -> Result<DocumentView, Error> {
-        let mut state = self.lock();
-        let st = &mut *state;
-        let now = st.now(clock);
-        let slot = live_slot(st, info, key, now)?;
-        check_if_match(if_match, Some(st.docs.get(slot)), key)?;
-        let current = self
-            .store
-            .get(info.uid, key)?
-            .ok_or_else(|| missing_record(key))?;
-        let record = Arc::new(StoredDocument {
-            last_write: now,
-            version,
-            ..(*current).clone()
-        });
-        let (deadline, _) = st.commit(
-            &*self.store,
-            &[Change::Put {
+    ) -> Outcome<DocumentView> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let read = if attempt < MAX_OPTIMISTIC_ATTEMPTS {
+                match self.read(info, key, clock) {
+                    Outcome {
+                        result: Ok(view), ..
+                    } => Some(view),
+                    failed => return failed,
+                }
+            } else {
+                None
+            };
+            let mut state = self.lock();
+            let st = &mut *state;
+            let now = st.now(clock);
+            let slot = match live_slot(st, info, key, now) {
+                Ok(slot) => slot,
+                Err((e, seen)) => return Outcome::new(Err(e), seen),
+            };
+            if let Err(e) = check_if_match(if_match, Some(st.docs.get(slot)), key) {
+                let seen = st.client_lsn.max(st.collections[&info.uid].settings_lsn);
+                return Outcome::new(Err(e), seen);
+            }
+            let current = match read {
+                Some(view) if view.etag.0 == st.docs.get(slot).version => (view.body, view.ttl),
+                // Written since it was read: read it again.
+                Some(_) => continue,
+                // Rewritten under every attempt so far: fetch while holding the lock, once.
+                None => match self.store.get(info.uid, key) {
+                    Ok(Some(record)) => (record.body.clone(), record.ttl),
+                    Ok(None) => return Outcome::failed(missing_record(key)),
+                    Err(e) => return Outcome::failed(e),
+                },
+            };
+            let record = Arc::new(StoredDocument {
+                collection: info.uid,
+                key: key.clone(),
+                body: current.0,
+                last_write: now,
+                version,
+                ttl: current.1,
+            });
+            let change = Change::Put {
                 slot: Some(slot),
                 record: record.clone(),
-            }],
-            &self.metrics,
-            &self.versions,
-        )?;
-        let view = view(&record, st.collections[&info.uid].rules.default_ttl, now);
-        drop(state);
-        self.wake_purge_for(deadline);
-        Ok(view)
+            };
+            let (deadline, lsn) =
+                match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
+                    Ok(done) => done,
+                    Err(e) => return Outcome::failed(e),
+                };
+            st.client_lsn = lsn;
+            let cs = &st.collections[&info.uid];
+            let view = view(&record, cs.rules.default_ttl, now);
+            let settle_at = lsn.max(cs.settings_lsn);
+            drop(state);
+            self.wake_purge_for(deadline);
+            return Outcome::new(Ok(view), settle_at);
+        }
     }
 
     /// Deletes a live document.
@@ -681,65 +748,108 @@ impl Shard {
         key: &DocKey,
         if_match: Option<&str>,
         clock: &dyn Clock,
-    ) -> Result<(), Error> {
+    ) -> Outcome<()> {
         let mut state = self.lock();
         let st = &mut *state;
         let now = st.now(clock);
-        let slot = live_slot(st, info, key, now)?;
-        check_if_match(if_match, Some(st.docs.get(slot)), key)?;
-        st.commit(
-            &*self.store,
-            &[Change::Remove {
-                slot,
-                cause: RemoveCause::Deleted,
-            }],
-            &self.metrics,
-            &self.versions,
-        )?;
-        Ok(())
+        let slot = match live_slot(st, info, key, now) {
+            Ok(slot) => slot,
+            Err((e, seen)) => return Outcome::new(Err(e), seen),
+        };
+        if let Err(e) = check_if_match(if_match, Some(st.docs.get(slot)), key) {
+            let seen = st.client_lsn.max(st.collections[&info.uid].settings_lsn);
+            return Outcome::new(Err(e), seen);
+        }
+        let change = Change::Remove {
+            slot,
+            cause: RemoveCause::Deleted,
+        };
+        match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
+            Ok((_, lsn)) => {
+                st.client_lsn = lsn;
+                Outcome::new(Ok(()), lsn.max(st.collections[&info.uid].settings_lsn))
+            }
+            Err(e) => Outcome::failed(e),
+        }
     }
 
-    /// Reads a live document.
+    /// Reads a live document. Judged under the lock, its body fetched from storage outside
+    /// it, and accepted if it is the version judged (else judged again).
     pub(crate) fn read(
         &self,
         info: &CollectionInfo,
         key: &DocKey,
         clock: &dyn Clock,
-    ) -> Result<DocumentView, Error> {
-        let mut state = self.lock();
-        let now = state.now(clock);
-        let slot = live_slot(&state, info, key, now)?;
-        let record = self
-            .store
-            .get(info.uid, key)?
-            .ok_or_else(|| missing_record(key))?;
-        debug_assert_eq!(record.version, state.docs.get(slot).version);
-        Ok(view(
-            &record,
-            state.collections[&info.uid].rules.default_ttl,
-            now,
-        ))
+    ) -> Outcome<DocumentView> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (version, now, default_ttl, settle_at) = {
+                let mut state = self.lock();
+                let st = &mut *state;
+                let now = st.now(clock);
+                let slot = match live_slot(st, info, key, now) {
+                    Ok(slot) => slot,
+                    Err((e, seen)) => return Outcome::new(Err(e), seen),
+                };
+                let meta = st.docs.get(slot);
+                let cs = &st.collections[&info.uid];
+                if attempt >= MAX_OPTIMISTIC_ATTEMPTS {
+                    // Rewritten under every read so far: fetch while holding the lock, once.
+                    let record = match self.store.get(info.uid, key) {
+                        Ok(Some(record)) => record,
+                        Ok(None) => return Outcome::failed(missing_record(key)),
+                        Err(e) => return Outcome::failed(e),
+                    };
+                    let view = view(&record, cs.rules.default_ttl, now);
+                    return Outcome::new(Ok(view), meta.lsn.max(cs.settings_lsn));
+                }
+                (
+                    meta.version,
+                    now,
+                    cs.rules.default_ttl,
+                    meta.lsn.max(cs.settings_lsn),
+                )
+            };
+            match self.store.get(info.uid, key) {
+                Ok(Some(record)) if record.version == version => {
+                    return Outcome::new(Ok(view(&record, default_ttl, now)), settle_at);
+                }
+                // Rewritten, deleted or purged since it was judged: judge it again.
+                Ok(_) => {}
+                Err(e) => return Outcome::failed(e),
+            }
+        }
     }
 }
 
-/// The slot of the live document at `key`, or NOT_FOUND.
+/// Attempts at an optimistic read (judge under the lock, fetch outside it) before one fetch is
+/// made under the lock: only a document rewritten during every attempt gets there.
+const MAX_OPTIMISTIC_ATTEMPTS: usize = 4;
+
+/// The slot of the live document at `key`; or NOT_FOUND (or the collection gone) with the
+/// position a client told so must wait for.
 pub(super) fn live_slot(
     st: &ShardState,
     info: &CollectionInfo,
     key: &DocKey,
     now: Millis,
-) -> Result<u32, Error> {
-    let cs = st
-        .collections
-        .get(&info.uid)
-        .ok_or_else(|| collection_gone(info))?;
+) -> Result<u32, (Error, Lsn)> {
+    let Some(cs) = st.collections.get(&info.uid) else {
+        return Err((collection_gone(info), Lsn::ZERO));
+    };
     cs.index
         .get(key)
         .copied()
         .filter(|&s| st.docs.get(s).is_visible(&cs.rules, now))
-        .ok_or_else(|| Error::DocumentNotFound {
-            id: key.id.to_string(),
-            partition_key: key.partition_key.clone(),
+        .ok_or_else(|| {
+            // Absent may reflect a delete, or rules, not yet durable.
+            let seen = st.client_lsn.max(cs.settings_lsn);
+            let e = Error::DocumentNotFound {
+                id: key.id.to_string(),
+                partition_key: key.partition_key.clone(),
+            };
+            (e, seen)
         })
 }
 

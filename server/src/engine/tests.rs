@@ -89,11 +89,14 @@ impl Fixture {
     fn create(&self, doc_id: &str, ttl: Option<i64>) -> DocumentView {
         self.engine
             .create_document(&self.path, doc(doc_id, ttl), None)
+            .result
             .expect("create")
     }
 
     fn read(&self, doc_id: &str) -> Result<DocumentView, Error> {
-        self.engine.read_document(&self.path, &key("p", doc_id))
+        self.engine
+            .read_document(&self.path, &key("p", doc_id))
+            .result
     }
 
     fn visible(&self, doc_id: &str) -> bool {
@@ -207,31 +210,35 @@ fn an_expired_document_does_not_exist_for_any_operation() {
     assert!(matches!(f.read("a"), Err(Error::DocumentNotFound { .. })));
     assert!(matches!(
         f.engine
-            .replace_document(&f.path, k.clone(), doc("a", None), None),
+            .replace_document(&f.path, k.clone(), doc("a", None), None)
+            .result,
         Err(Error::DocumentNotFound { .. })
     ));
     assert!(matches!(
-        f.engine.delete_document(&f.path, &k, None),
+        f.engine.delete_document(&f.path, &k, None).result,
         Err(Error::DocumentNotFound { .. })
     ));
     assert!(matches!(
-        f.engine.touch_document(&f.path, &k, None),
+        f.engine.touch_document(&f.path, &k, None).result,
         Err(Error::DocumentNotFound { .. })
     ));
     assert!(matches!(
         f.engine
-            .upsert_document(&f.path, doc("a", None), None, Some(&old_etag)),
+            .upsert_document(&f.path, doc("a", None), None, Some(&old_etag))
+            .result,
         Err(Error::PreconditionFailed { .. })
     ));
     let page = f
         .engine
         .read_feed_page(&f.path, &FeedScope::Collection, 100, None)
+        .result
         .expect("feed");
     assert!(page.documents.is_empty(), "feeds omit expired documents");
     // Upsert creates, and create of the same id makes a brand new document.
     let (outcome, _) = f
         .engine
         .upsert_document(&f.path, doc("a", Some(1)), None, None)
+        .result
         .expect("upsert");
     assert_eq!(outcome, UpsertOutcome::Created);
     f.advance(SEC);
@@ -250,17 +257,23 @@ fn every_write_resets_the_clock() {
     let replaced = f
         .engine
         .replace_document(&f.path, k.clone(), doc("a", None), None)
+        .result
         .expect("replace");
     assert_eq!(replaced.last_write, T0 + 9 * SEC);
     f.advance(9 * SEC);
     let (outcome, upserted) = f
         .engine
         .upsert_document(&f.path, doc("a", None), None, None)
+        .result
         .expect("upsert");
     assert_eq!(outcome, UpsertOutcome::Replaced);
     assert_eq!(upserted.last_write, T0 + 18 * SEC);
     f.advance(9 * SEC);
-    let touched = f.engine.touch_document(&f.path, &k, None).expect("touch");
+    let touched = f
+        .engine
+        .touch_document(&f.path, &k, None)
+        .result
+        .expect("touch");
     assert_eq!(touched.last_write, T0 + 27 * SEC);
     assert_eq!(touched.body, upserted.body, "touch keeps the body");
     assert_ne!(touched.etag, upserted.etag, "touch is a write: new etag");
@@ -281,6 +294,7 @@ fn touch_restarts_an_own_ttl_too() {
     f.advance(2 * SEC - 1);
     f.engine
         .touch_document(&f.path, &key("p", "a"), None)
+        .result
         .expect("touch");
     f.advance(2 * SEC - 1);
     assert!(f.visible("a"));
@@ -297,19 +311,22 @@ fn a_rejected_write_changes_nothing() {
     let stale = Etag(created.etag.0 + 1_000).to_string();
     assert!(matches!(
         f.engine
-            .replace_document(&f.path, k.clone(), doc("a", Some(100)), Some(&stale)),
+            .replace_document(&f.path, k.clone(), doc("a", Some(100)), Some(&stale))
+            .result,
         Err(Error::PreconditionFailed { .. })
     ));
     assert!(matches!(
-        f.engine.touch_document(&f.path, &k, Some(&stale)),
+        f.engine.touch_document(&f.path, &k, Some(&stale)).result,
         Err(Error::PreconditionFailed { .. })
     ));
     assert!(matches!(
-        f.engine.delete_document(&f.path, &k, Some(&stale)),
+        f.engine.delete_document(&f.path, &k, Some(&stale)).result,
         Err(Error::PreconditionFailed { .. })
     ));
     assert!(matches!(
-        f.engine.create_document(&f.path, doc("a", Some(100)), None),
+        f.engine
+            .create_document(&f.path, doc("a", Some(100)), None)
+            .result,
         Err(Error::DocumentExists { .. })
     ));
     let read = f.read("a").expect("still there");
@@ -331,11 +348,13 @@ fn removing_ttl_inherits_again_and_minus_one_never_expires() {
     f.advance(SEC);
     f.engine
         .replace_document(&f.path, k.clone(), doc("a", None), None)
+        .result
         .expect("replace without ttl");
     f.advance(5 * SEC);
     assert!(f.visible("a"), "inherits 10 s now, not 2 s");
     f.engine
         .replace_document(&f.path, k, doc("a", Some(-1)), None)
+        .result
         .expect("replace with -1");
     f.advance(3600 * SEC);
     assert!(f.visible("a"));
@@ -416,6 +435,7 @@ fn expired_is_final_whatever_the_settings_do_next() {
     assert!(
         f.engine
             .read_feed_page(&f.path, &FeedScope::Collection, 10, None)
+            .result
             .expect("feed")
             .documents
             .is_empty()
@@ -497,28 +517,36 @@ fn uniqueness_is_per_partition_key_and_id() {
     let f = Fixture::new(None);
     f.engine
         .create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None)
+        .result
         .expect("in x");
     f.engine
         .create_document(&f.path, body(json!({"id": "same", "pk": "y"})), None)
+        .result
         .expect("same id in y");
     f.engine
         .create_document(&f.path, body(json!({"id": "same"})), None)
+        .result
         .expect("same id, undefined partition");
     let err = f
         .engine
         .create_document(&f.path, body(json!({"id": "same", "pk": "x"})), None)
+        .result
         .expect_err("dup");
     assert!(matches!(err, Error::DocumentExists { .. }));
     let undefined = DocKey {
         partition_key: PartitionKeyValue::Undefined,
         id: id("same"),
     };
-    assert!(f.engine.read_document(&f.path, &undefined).is_ok());
+    assert!(f.engine.read_document(&f.path, &undefined).result.is_ok());
     f.engine
         .delete_document(&f.path, &key("x", "same"), None)
+        .result
         .expect("delete in x");
     assert!(
-        f.engine.read_document(&f.path, &key("y", "same")).is_ok(),
+        f.engine
+            .read_document(&f.path, &key("y", "same"))
+            .result
+            .is_ok(),
         "y untouched"
     );
 }
@@ -529,6 +557,7 @@ fn partition_key_in_the_request_must_match_the_body() {
     let err = f
         .engine
         .create_document(&f.path, doc("a", None), Some(pk("other")))
+        .result
         .expect_err("mismatch");
     assert!(
         matches!(
@@ -546,6 +575,7 @@ fn partition_key_in_the_request_must_match_the_body() {
             body(json!({"id": "a", "pk": "q"})),
             None,
         )
+        .result
         .expect_err("replace moving partitions");
     assert!(
         matches!(
@@ -557,6 +587,7 @@ fn partition_key_in_the_request_must_match_the_body() {
     let err = f
         .engine
         .replace_document(&f.path, key("p", "a"), doc("b", None), None)
+        .result
         .expect_err("id");
     assert!(
         matches!(err, Error::Invalid(InvalidInput::IdMismatch { .. })),
@@ -577,22 +608,27 @@ fn etags_guard_writes() {
             doc("a", None),
             Some(&v1.etag.to_string()),
         )
+        .result
         .expect("matching etag");
     assert!(matches!(
-        f.engine.replace_document(
-            &f.path,
-            k.clone(),
-            doc("a", None),
-            Some(&v1.etag.to_string())
-        ),
+        f.engine
+            .replace_document(
+                &f.path,
+                k.clone(),
+                doc("a", None),
+                Some(&v1.etag.to_string())
+            )
+            .result,
         Err(Error::PreconditionFailed { .. })
     ));
     f.engine
         .delete_document(&f.path, &k, Some(&v2.etag.to_string()))
+        .result
         .expect("delete with etag");
     assert!(matches!(
         f.engine
-            .upsert_document(&f.path, doc("a", None), None, Some(&v2.etag.to_string())),
+            .upsert_document(&f.path, doc("a", None), None, Some(&v2.etag.to_string()))
+            .result,
         Err(Error::PreconditionFailed { .. })
     ));
 }
@@ -628,6 +664,7 @@ fn purge_respects_rewrites_and_settings() {
     f.advance(8 * SEC);
     f.engine
         .touch_document(&f.path, &key("p", "rewritten"), None)
+        .result
         .expect("touch");
     f.set_default(None);
     f.advance(100 * SEC);
@@ -649,6 +686,7 @@ fn bookkeeping_stays_bounded_under_rewrites() {
             let ttl = if round % 2 == 0 { None } else { Some(600) };
             f.engine
                 .upsert_document(&f.path, doc(&format!("d{i}"), ttl), None, None)
+                .result
                 .expect("upsert");
         }
         f.advance(SEC);
@@ -767,11 +805,13 @@ fn a_storage_failure_changes_nothing_and_the_purge_retries() {
     let err = f
         .engine
         .upsert_document(&f.path, doc("a", Some(100)), None, None)
+        .result
         .expect_err("storage down");
     assert!(matches!(err, Error::Storage(_)));
     let err = f
         .engine
         .create_document(&f.path, doc("b", None), None)
+        .result
         .expect_err("storage down");
     assert!(matches!(err, Error::Storage(_)));
     assert_eq!(
@@ -882,7 +922,7 @@ fn read_feed_pages_through_every_live_document_once() {
     for i in 0..250 {
         let ttl = if i % 5 == 0 { Some(1) } else { None };
         f.engine
-            .create_document(&f.path, body(json!({"id": format!("d{i:03}"), "pk": format!("p{}", i % 7), "ttl": ttl.unwrap_or(-1)})), None)
+            .create_document(&f.path, body(json!({"id": format!("d{i:03}"), "pk": format!("p{}", i % 7), "ttl": ttl.unwrap_or(-1)})), None).result
             .expect("create");
     }
     f.advance(SEC);
@@ -892,6 +932,7 @@ fn read_feed_pages_through_every_live_document_once() {
         let page = f
             .engine
             .read_feed_page(&f.path, &FeedScope::Collection, 30, token.as_deref())
+            .result
             .expect("page");
         assert!(page.documents.len() <= 30);
         seen.extend(page.documents.iter().map(|d| d.key.id.to_string()));
@@ -911,6 +952,7 @@ fn read_feed_pages_through_every_live_document_once() {
     let page = f
         .engine
         .read_feed_page(&f.path, &partition, 1000, None)
+        .result
         .expect("partition page");
     assert!(page.continuation.is_none());
     assert!(
@@ -1107,6 +1149,7 @@ fn the_purge_serves_every_collection_however_many_there_are() {
             .expect("collection");
         engine
             .create_document(&path, doc("a", None), None)
+            .result
             .expect("create");
     }
     clock.advance(10 * SEC);
@@ -1174,11 +1217,13 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
         for (name, ttl) in [("inherits", None), ("own", Some(60)), ("never", Some(-1))] {
             engine
                 .create_document(&path, doc(name, ttl), None)
+                .result
                 .expect("create");
         }
         clock.advance(120 * SEC);
         engine
             .create_document(&path, doc("young", None), None)
+            .result
             .expect("create");
         clock.advance(SEC);
         engine.durable().await.expect("durable");
@@ -1194,13 +1239,13 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
                 )
                 .expect("settings");
         }
-        let visible = |name: &str| engine.read_document(&path, &key("p", name)).is_ok();
+        let visible = |name: &str| engine.read_document(&path, &key("p", name)).result.is_ok();
         assert!(!visible("inherits") && !visible("own"));
         assert!(visible("never") && visible("young"));
         // Dropped without a purge: nothing was deleted from storage.
     }
     let (engine, path) = disk_engine(dir.path(), clock.clone());
-    let visible = |name: &str| engine.read_document(&path, &key("p", name)).is_ok();
+    let visible = |name: &str| engine.read_document(&path, &key("p", name)).result.is_ok();
     assert!(
         !visible("inherits"),
         "expired by the lowered default, final after a crash"

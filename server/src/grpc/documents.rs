@@ -26,12 +26,10 @@ impl DocumentsService {
         DocumentsService { engine }
     }
 
-    /// The engine's answer, released once every write it may reflect is durable: a client is
-    /// never told of (or shown) a change that a crash could take back. Writers waiting here
-    /// share one fsync.
-    async fn settle<T>(&self, result: Result<T, engine::Error>) -> Result<T, Status> {
-        self.engine.durable().await?;
-        Ok(result?)
+    /// The engine's answer, released once the writes it reflects are durable: a client is
+    /// never told of (or shown) a change that a crash could take back.
+    async fn settle<T>(&self, outcome: engine::Outcome<T>) -> Result<T, Status> {
+        Ok(self.engine.settle(outcome).await?)
     }
 }
 
@@ -223,10 +221,9 @@ impl server::Documents for DocumentsService {
                     return; // the client went away
                 }
                 let Some(next) = next else { return };
-                page = engine.read_feed_page(&path, &scope, page_size, Some(&next));
-                if let Err(e) = engine.durable().await {
-                    page = Err(e);
-                }
+                page = engine
+                    .settle(engine.read_feed_page(&path, &scope, page_size, Some(&next)))
+                    .await;
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -161,6 +161,9 @@ impl DiskStorage {
             .cache_size(options.cache_bytes)
             .open()
             .map_err(engine)?;
+        // What fjall recovered may have survived a crash of the process in the page cache
+        // only: make it durable before anyone reads it.
+        db.persist(PersistMode::SyncAll).map_err(engine)?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default);
         let docs = keyspace("documents").map_err(engine)?;
         let meta = keyspace("meta").map_err(engine)?;

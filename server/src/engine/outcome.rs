@@ -1,0 +1,42 @@
+//! What a document operation hands back: its result, and the log position that must be
+//! durable before any client may be told of it.
+
+use super::error::Error;
+use crate::storage::Lsn;
+
+/// A document operation's result, not yet shown to anyone. It may reflect writes that are
+/// applied but not yet durable: its own, or the version it read. [`super::Engine::settle`]
+/// waits for exactly those, so no client is told of a change a crash could take back, and no
+/// response waits for unrelated writes.
+#[derive(Debug)]
+#[must_use = "settle it before showing the result to a client"]
+pub struct Outcome<T> {
+    /// What the operation returned.
+    pub result: Result<T, Error>,
+    /// Every write the result reflects is at or before this position.
+    pub settle_at: Lsn,
+}
+
+impl<T> Outcome<T> {
+    /// A result that reflects writes up to `settle_at`.
+    pub(crate) fn new(result: Result<T, Error>, settle_at: Lsn) -> Self {
+        Outcome { result, settle_at }
+    }
+
+    /// A failure that reflects no document state (bad input, a missing collection, storage
+    /// refusing the write): nothing to wait for.
+    pub(crate) fn failed(error: impl Into<Error>) -> Self {
+        Outcome {
+            result: Err(error.into()),
+            settle_at: Lsn::ZERO,
+        }
+    }
+
+    /// The same outcome with its value transformed.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        Outcome {
+            result: self.result.map(f),
+            settle_at: self.settle_at,
+        }
+    }
+}
