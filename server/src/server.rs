@@ -1,7 +1,7 @@
 //! Assembles the gRPC server: the engine and its purge, the three Mayfly services, health,
 //! reflection (v1 and v1alpha, for grpcurl 1.8) and the optional metrics endpoint.
 
-use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread};
+use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread, time::Duration};
 
 use mayfly_proto::v1::server::{CollectionsServer, DatabasesServer, DocumentsServer};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
@@ -242,6 +242,10 @@ pub async fn serve(
         .set_serving::<DocumentsServer<DocumentsService>>()
         .await;
 
+    // Storage that can no longer make writes durable turns the server NOT_SERVING, so load
+    // balancers and orchestrators move traffic away; reads keep being served meanwhile.
+    let storage_watch = tokio::spawn(report_storage_health(engine.clone(), health.clone()));
+
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(mayfly_proto::FILE_DESCRIPTOR_SET)
@@ -285,6 +289,7 @@ pub async fn serve(
         .await
         .map_err(ServeError::Transport);
 
+    storage_watch.abort();
     let _ = stop_metrics.send(());
     if let Some(task) = metrics_task {
         match task.await {
@@ -294,4 +299,102 @@ pub async fn serve(
         }
     }
     result
+}
+
+/// How often the server checks whether storage can still make writes durable.
+const STORAGE_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Sets every Mayfly service and the server as a whole NOT_SERVING once storage reports a
+/// failure (which lasts until a restart).
+async fn report_storage_health(engine: Engine, health: tonic_health::server::HealthReporter) {
+    let mut tick = tokio::time::interval(STORAGE_HEALTH_INTERVAL);
+    loop {
+        tick.tick().await;
+        if let Some(failure) = engine.storage_failure() {
+            tracing::error!(error = %failure, "storage cannot make writes durable; reporting NOT_SERVING");
+            health
+                .set_not_serving::<DatabasesServer<DatabasesService>>()
+                .await;
+            health
+                .set_not_serving::<CollectionsServer<CollectionsService>>()
+                .await;
+            health
+                .set_not_serving::<DocumentsServer<DocumentsService>>()
+                .await;
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_server::Health,
+    };
+
+    use super::*;
+    use crate::storage::{DiskOptions, Durability};
+
+    /// Regression: a failed fsync left grpc.health reporting SERVING.
+    #[tokio::test]
+    async fn a_failed_fsync_turns_health_not_serving() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let storage = Arc::new(
+            DiskStorage::open(&DiskOptions {
+                path: dir.path().to_path_buf(),
+                durability: Durability::Fsync,
+                shards: Some(1),
+                cache_bytes: 1 << 20,
+            })
+            .expect("opens"),
+        );
+        let engine = Engine::new(
+            EngineConfig { shards: 1 },
+            storage.clone(),
+            Arc::new(SystemClock),
+        );
+        let health = tonic_health::server::HealthReporter::new();
+        let service = tonic_health::server::HealthService::from_health_reporter(health.clone());
+        health
+            .set_serving::<DocumentsServer<DocumentsService>>()
+            .await;
+        let service = Arc::new(service);
+        let watch = tokio::spawn(report_storage_health(engine.clone(), health));
+        let status = |name: &str| {
+            let service = service.clone();
+            let request = tonic::Request::new(HealthCheckRequest {
+                service: name.to_owned(),
+            });
+            async move {
+                service
+                    .check(request)
+                    .await
+                    .expect("known service")
+                    .into_inner()
+                    .status
+            }
+        };
+        assert_eq!(
+            status("mayfly.v1.Documents").await,
+            ServingStatus::Serving as i32
+        );
+
+        storage.fail_next_sync();
+        let lsn = engine
+            .create_database(
+                crate::engine::ResourceId::parse(crate::engine::IdKind::Database, "db")
+                    .expect("valid"),
+            )
+            .expect_err("its fsync fails");
+        assert!(matches!(lsn, engine::Error::NotDurable(_)), "{lsn}");
+        watch.await.expect("the watch ends once it has reported");
+        assert_eq!(
+            status("mayfly.v1.Documents").await,
+            ServingStatus::NotServing as i32
+        );
+        assert_eq!(status("").await, ServingStatus::NotServing as i32);
+    }
 }

@@ -37,8 +37,11 @@ pub enum Error {
     },
     /// `if_match` named an etag the live document no longer has (or it is gone).
     PreconditionFailed { id: String, if_match: String },
-    /// The storage backend failed; the write was not applied.
+    /// The storage backend failed or refused; the write was not applied.
     Storage(StorageError),
+    /// The result could not be confirmed durable: a write it made or reflects may or may not
+    /// survive a restart.
+    NotDurable(StorageError),
 }
 
 impl fmt::Display for Error {
@@ -80,6 +83,10 @@ impl fmt::Display for Error {
                 "document '{id}' no longer has etag '{if_match}' (it was written, deleted or expired since); read it again and retry"
             ),
             Error::Storage(e) => write!(f, "storage failure, nothing was written: {e}"),
+            Error::NotDurable(e) => write!(
+                f,
+                "the outcome is unknown: storage could not confirm it durable, so a write this request made or read may or may not survive a restart: {e}"
+            ),
         }
     }
 }

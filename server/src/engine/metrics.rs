@@ -93,6 +93,11 @@ impl Collector for ExpiryGauges {
                 "Bytes allocated for expiry tracking: timer nodes, inherit-queue entries, timer handles",
                 stats.bookkeeping_bytes,
             ),
+            (
+                "mayfly_storage_writable",
+                "1 while storage can make writes durable; 0 once an fsync failed (writes are refused and health reports NOT_SERVING until a restart)",
+                u64::from(self.engine.storage_failure().is_none()),
+            ),
         ];
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(value as i64);

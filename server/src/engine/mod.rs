@@ -126,7 +126,7 @@ impl Engine {
     /// waiting together share one fsync.
     pub async fn settle<T>(&self, outcome: Outcome<T>) -> Result<T, Error> {
         if let Some(wait) = self.inner.storage.durable(outcome.settle_at) {
-            wait.await?;
+            wait.await.map_err(Error::NotDurable)?;
         }
         outcome.result
     }
@@ -136,8 +136,13 @@ impl Engine {
         let storage = &self.inner.storage;
         match storage.durable(storage.last_applied()) {
             None => Ok(()),
-            Some(wait) => Ok(wait.await?),
+            Some(wait) => wait.await.map_err(Error::NotDurable),
         }
+    }
+
+    /// Why storage can no longer make writes durable, once that has happened.
+    pub fn storage_failure(&self) -> Option<crate::storage::StorageError> {
+        self.inner.storage.failure()
     }
 
     /// Blocks until a catalog change is durable. Catalog changes are synchronous: the gRPC edge
@@ -145,7 +150,7 @@ impl Engine {
     fn catalog_durable(&self, lsn: Lsn) -> Result<(), Error> {
         match self.inner.storage.durable(lsn) {
             None => Ok(()),
-            Some(wait) => Ok(block_on(wait)?),
+            Some(wait) => block_on(wait).map_err(Error::NotDurable),
         }
     }
 

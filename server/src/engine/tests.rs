@@ -740,6 +740,9 @@ impl Storage for FlakyStorage {
     fn last_applied(&self) -> Lsn {
         self.inner.last_applied()
     }
+    fn failure(&self) -> Option<StorageError> {
+        None
+    }
 }
 
 impl ShardStore for FlakyShard {

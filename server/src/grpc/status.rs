@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::engine::{Error, InvalidInput};
+use crate::{
+    engine::{Error, InvalidInput},
+    storage::StorageErrorKind,
+};
 
 /// `ErrorInfo.domain` of every Mayfly error.
 pub(crate) const ERROR_DOMAIN: &str = "mayfly.v1";
@@ -22,7 +25,11 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::CollectionExists { .. } => (Code::AlreadyExists, "COLLECTION_EXISTS"),
         Error::DocumentExists { .. } => (Code::AlreadyExists, "DOCUMENT_EXISTS"),
         Error::PreconditionFailed { .. } => (Code::FailedPrecondition, "ETAG_MISMATCH"),
-        Error::Storage(_) => (Code::Internal, "STORAGE_FAILURE"),
+        Error::Storage(e) => match e.kind() {
+            StorageErrorKind::Unavailable => (Code::Unavailable, "STORAGE_UNAVAILABLE"),
+            StorageErrorKind::Failed => (Code::Internal, "STORAGE_FAILURE"),
+        },
+        Error::NotDurable(_) => (Code::Unavailable, "OUTCOME_UNKNOWN"),
     }
 }
 
@@ -135,6 +142,16 @@ mod tests {
                 Error::Storage(StorageError::new("disk")),
                 Code::Internal,
                 "STORAGE_FAILURE",
+            ),
+            (
+                Error::Storage(StorageError::unavailable("fsync failed")),
+                Code::Unavailable,
+                "STORAGE_UNAVAILABLE",
+            ),
+            (
+                Error::NotDurable(StorageError::unavailable("fsync failed")),
+                Code::Unavailable,
+                "OUTCOME_UNKNOWN",
             ),
         ];
         for (error, code, reason) in cases {

@@ -49,6 +49,10 @@ impl Storage for MemoryStorage {
     fn last_applied(&self) -> Lsn {
         Lsn::ZERO
     }
+
+    fn failure(&self) -> Option<StorageError> {
+        None
+    }
 }
 
 type Collection = BTreeMap<DocKey, Arc<StoredDocument>>;

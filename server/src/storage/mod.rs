@@ -144,18 +144,43 @@ pub enum CatalogChange<'a> {
     },
 }
 
-/// A backend failure. The change it was asked for did not happen.
+/// A backend failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StorageError {
     message: String,
+    kind: StorageErrorKind,
+}
+
+/// What kind of failure a [`StorageError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageErrorKind {
+    /// A fault in storage or in what it holds (corruption, a bug).
+    Failed,
+    /// Storage cannot make writes durable now (an fsync failed, the disk is full, it is
+    /// closed); a client may retry later, on this server or after its restart.
+    Unavailable,
 }
 
 impl StorageError {
-    /// An error with a message for the operator.
+    /// A fault, with a message for the operator.
     pub fn new(message: impl Into<String>) -> Self {
         StorageError {
             message: message.into(),
+            kind: StorageErrorKind::Failed,
         }
+    }
+
+    /// Storage cannot make writes durable now, with a message for the operator.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        StorageError {
+            message: message.into(),
+            kind: StorageErrorKind::Unavailable,
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StorageErrorKind {
+        self.kind
     }
 }
 
@@ -187,6 +212,10 @@ pub trait Storage: Send + Sync + fmt::Debug {
 
     /// The position of the latest write applied.
     fn last_applied(&self) -> Lsn;
+
+    /// Why writes can no longer be made durable, once that has happened (an fsync failed):
+    /// from then on every write is refused, and the server reports itself not serving.
+    fn failure(&self) -> Option<StorageError>;
 }
 
 /// The documents of one engine shard.

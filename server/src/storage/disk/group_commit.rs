@@ -66,6 +66,11 @@ struct Shared {
     synced: AtomicU64,
     /// An fsync failed: the journal is poisoned and nothing more becomes durable.
     failed: AtomicBool,
+    /// What failed, for the operator (set before `failed`).
+    failure: std::sync::OnceLock<String>,
+    /// Makes the next sync fail, as a failing disk would.
+    #[cfg(test)]
+    fail_next_sync: AtomicBool,
     waiting: Mutex<Waiting>,
     wake: Condvar,
     stop: AtomicBool,
@@ -90,6 +95,9 @@ impl GroupCommit {
             applied: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            failure: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            fail_next_sync: AtomicBool::new(false),
             waiting: Mutex::default(),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -126,10 +134,31 @@ impl GroupCommit {
         Lsn(self.shared.applied.load(Ordering::SeqCst))
     }
 
+    /// Refuses a write once syncing has failed: it could never be made durable.
+    pub(super) fn check(&self) -> Result<(), StorageError> {
+        self.shared.check()
+    }
+
+    /// Why writes can no longer be made durable, once an fsync failed.
+    pub(super) fn failure(&self) -> Option<StorageError> {
+        self.shared.check().err()
+    }
+
+    /// Makes the next sync fail.
+    #[cfg(test)]
+    pub(super) fn fail_next_sync(&self) {
+        self.shared.fail_next_sync.store(true, Ordering::SeqCst);
+    }
+
     /// `None` if every write up to `lsn` is durable (or the mode does not wait).
     pub(super) fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
         if self.shared.mode == Durability::Buffered {
-            return None;
+            // Nothing waits, but nothing is acknowledged after a failed sync either.
+            return self
+                .shared
+                .check()
+                .err()
+                .map(|e| Box::pin(std::future::ready(Err(e))) as DurableFuture);
         }
         let done = {
             let mut waiting = self.shared.waiting.lock();
@@ -172,13 +201,17 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     fn check(&self) -> Result<(), StorageError> {
-        if self.failed.load(Ordering::SeqCst) {
-            Err(StorageError::new(
-                "the data directory could not be synced to disk; the write may not be durable (see the server log)",
-            ))
-        } else {
-            Ok(())
+        if !self.failed.load(Ordering::SeqCst) {
+            return Ok(());
         }
+        let dir = self.db_path.parent().unwrap_or(&self.db_path);
+        Err(StorageError::unavailable(format!(
+            "data directory {} cannot make writes durable since an fsync failed ({}); writes are refused until the server is restarted on a healthy disk",
+            dir.display(),
+            self.failure
+                .get()
+                .map_or("see the server log", String::as_str),
+        )))
     }
 
     fn run(&self) {
@@ -208,7 +241,8 @@ impl Shared {
                 continue;
             }
             if let Err(e) = self.sync_journal(&mut journal) {
-                tracing::error!(error = %e, "fsync of the journal failed; refusing further durable acknowledgements");
+                tracing::error!(error = %e, "fsync of the journal failed; refusing every write from now on");
+                let _ = self.failure.set(e);
                 let mut waiting = self.waiting.lock();
                 self.failed.store(true, Ordering::SeqCst);
                 // Dropping the senders answers every waiter with the failure.
@@ -232,6 +266,10 @@ impl Shared {
     /// Fsyncs the active journal (see the module docs), moving on to a newer one when fjall
     /// has rotated, and syncing the directory entry of a journal the first time it is used.
     fn sync_journal(&self, journal: &mut Option<(u64, File)>) -> Result<(), String> {
+        #[cfg(test)]
+        if self.fail_next_sync.swap(false, Ordering::SeqCst) {
+            return Err("injected fsync failure".to_owned());
+        }
         if journal.is_none() {
             let Some(n) = active_journal(&self.db_path).map_err(|e| e.to_string())? else {
                 return self
@@ -272,7 +310,9 @@ impl Shared {
 }
 
 fn closed() -> StorageError {
-    StorageError::new("storage closed before the write was durable")
+    StorageError::unavailable(
+        "storage closed (the server is shutting down) before the write was durable",
+    )
 }
 
 fn journal_path(db_path: &Path, n: u64) -> PathBuf {

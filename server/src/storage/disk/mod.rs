@@ -249,6 +249,12 @@ impl DiskStorage {
         self.dir.path()
     }
 
+    /// Makes the next fsync fail, as a failing disk would.
+    #[cfg(test)]
+    pub(crate) fn fail_next_sync(&self) {
+        self.group.fail_next_sync();
+    }
+
     /// Bytes the storage engine occupies on disk (tables and journals).
     pub fn disk_space(&self) -> u64 {
         self.db.disk_space().unwrap_or(0)
@@ -261,6 +267,7 @@ impl Storage for DiskStorage {
     }
 
     fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
+        self.group.check()?;
         // Made durable by the group commit like any write: an fsync here would hold fjall's
         // journal lock, and with it every writer, for its whole duration.
         let mut batch = self.db.batch().durability(self.group.batch_persist());
@@ -326,6 +333,10 @@ impl Storage for DiskStorage {
 
     fn last_applied(&self) -> Lsn {
         self.group.last_applied()
+    }
+
+    fn failure(&self) -> Option<StorageError> {
+        self.group.failure()
     }
 }
 
@@ -397,6 +408,7 @@ impl DiskShard {
 
 impl ShardStore for DiskShard {
     fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
+        self.group.check()?;
         let mut out = self.applied_batch();
         let mut deletes = false;
         for write in batch.writes {
@@ -533,6 +545,7 @@ impl ShardStore for DiskShard {
 mod tests {
     use super::*;
     use crate::engine::{DocumentId, DocumentTtl, IdKind, PartitionKeyValue, TtlSeconds};
+    use crate::storage::StorageErrorKind;
 
     fn options(path: &Path) -> DiskOptions {
         DiskOptions {
@@ -607,6 +620,88 @@ mod tests {
             .expect("loads");
         assert!(other.is_empty(), "shards are separate key ranges");
         assert_eq!(storage.load_catalog().expect("catalog").versions_below, 20);
+    }
+
+    /// Regression: after a failed fsync, buffered mode kept acknowledging writes (its syncer
+    /// had exited) and fsync mode answered INTERNAL; now every mode refuses every later write
+    /// as unavailable, naming the data directory.
+    #[tokio::test]
+    async fn after_a_failed_fsync_every_write_is_refused_in_both_modes() {
+        for durability in [Durability::Fsync, Durability::Buffered] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let storage = DiskStorage::open(&DiskOptions {
+                durability,
+                ..options(dir.path())
+            })
+            .expect("opens");
+            let shard = storage.shard(0);
+            let first = shard
+                .write(WriteBatch {
+                    writes: &[DocumentWrite::Put(&doc("a", 1))],
+                    versions_below: 2,
+                })
+                .expect("writes");
+            wait_durable(&*shard, first).await;
+            assert!(storage.failure().is_none());
+
+            storage.fail_next_sync();
+            let second = shard
+                .write(WriteBatch {
+                    writes: &[DocumentWrite::Put(&doc("b", 2))],
+                    versions_below: 3,
+                })
+                .expect("applied before the sync fails");
+            if durability == Durability::Fsync {
+                let err = shard
+                    .durable(second)
+                    .expect("not durable yet")
+                    .await
+                    .expect_err("its fsync failed");
+                assert_eq!(err.kind(), StorageErrorKind::Unavailable, "{err}");
+            } else {
+                // The background sync fails within its interval.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while storage.failure().is_none() {
+                    assert!(std::time::Instant::now() < deadline, "sync never failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                let err = shard
+                    .durable(second)
+                    .expect("buffered mode refuses once a sync failed")
+                    .await
+                    .expect_err("failed");
+                assert_eq!(err.kind(), StorageErrorKind::Unavailable);
+            }
+            let failure = storage.failure().expect("reported");
+            assert!(
+                failure
+                    .to_string()
+                    .contains(&dir.path().display().to_string())
+                    && failure.to_string().contains("injected fsync failure"),
+                "{failure}"
+            );
+            let refused = shard
+                .write(WriteBatch {
+                    writes: &[DocumentWrite::Put(&doc("c", 3))],
+                    versions_below: 4,
+                })
+                .expect_err("refused");
+            assert_eq!(refused.kind(), StorageErrorKind::Unavailable);
+            let info = crate::engine::CollectionInfo {
+                database: DocumentId::parse(IdKind::Database, "d").expect("valid"),
+                id: DocumentId::parse(IdKind::Collection, "c").expect("valid"),
+                uid: CollectionUid(9),
+                partition_key_path: crate::engine::PartitionKeyPath::parse("/pk").expect("valid"),
+                settings: Default::default(),
+                expired: Default::default(),
+            };
+            assert!(
+                storage
+                    .write_catalog(CatalogChange::PutCollection(&info))
+                    .is_err(),
+                "catalog changes are refused too"
+            );
+        }
     }
 
     #[test]
