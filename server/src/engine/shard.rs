@@ -642,14 +642,28 @@ impl Shard {
             return Outcome::new(Err(e), seen);
         }
         let created = live.is_none();
-        let record = Arc::new(StoredDocument {
+        let record = StoredDocument {
             collection: info.uid,
             key,
             body,
             last_write: now,
             version,
             ttl,
-        });
+        };
+        self.write_version(state, slot, record)
+            .map(|view| (view, created))
+    }
+
+    /// Stores a new version of a document through the commit path, then views it as of its
+    /// write: the common end of put and touch.
+    fn write_version(
+        &self,
+        mut state: MutexGuard<'_, ShardState>,
+        slot: Option<u32>,
+        record: StoredDocument,
+    ) -> Outcome<DocumentView> {
+        let st = &mut *state;
+        let record = Arc::new(record);
         let change = Change::Put {
             slot,
             record: record.clone(),
@@ -660,12 +674,12 @@ impl Shard {
                 Err(e) => return Outcome::failed(e),
             };
         st.client_lsn = lsn;
-        let cs = &st.collections[&info.uid];
-        let view = view(&record, cs.rules.default_ttl, now);
+        let cs = &st.collections[&record.collection];
+        let view = view(&record, cs.rules.default_ttl, record.last_write);
         let settle_at = lsn.max(cs.settings_lsn);
         drop(state);
         self.wake_purge_for(deadline);
-        Outcome::new(Ok((view, created)), settle_at)
+        Outcome::new(Ok(view), settle_at)
     }
 
     /// Rewrites a live document with its current body: a write that restarts its TTL clock.
@@ -714,30 +728,15 @@ impl Shard {
                     Err(e) => return Outcome::failed(e),
                 },
             };
-            let record = Arc::new(StoredDocument {
+            let record = StoredDocument {
                 collection: info.uid,
                 key: key.clone(),
                 body: current.0,
                 last_write: now,
                 version,
                 ttl: current.1,
-            });
-            let change = Change::Put {
-                slot: Some(slot),
-                record: record.clone(),
             };
-            let (deadline, lsn) =
-                match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
-                    Ok(done) => done,
-                    Err(e) => return Outcome::failed(e),
-                };
-            st.client_lsn = lsn;
-            let cs = &st.collections[&info.uid];
-            let view = view(&record, cs.rules.default_ttl, now);
-            let settle_at = lsn.max(cs.settings_lsn);
-            drop(state);
-            self.wake_purge_for(deadline);
-            return Outcome::new(Ok(view), settle_at);
+            return self.write_version(state, Some(slot), record);
         }
     }
 
