@@ -23,6 +23,8 @@ mod ttl;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod power_loss_tests;
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
