@@ -22,9 +22,9 @@ mod shard;
 mod ttl;
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod power_loss_tests;
+#[cfg(test)]
+mod tests;
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
