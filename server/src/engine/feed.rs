@@ -17,7 +17,7 @@ use super::{
     error::{Error, InvalidInput},
     ids::{IdKind, ResourceId},
     partition_key::PartitionKeyValue,
-    shard::{Shard, collection_gone, view},
+    shard::{Shard, collection_gone, observed, view},
 };
 use crate::storage::{DocKey, Lsn, ScanRange, StoredDocument};
 
@@ -190,7 +190,7 @@ impl Shard {
             .collect();
         Ok(JudgedBatch {
             views,
-            settle_at: st.client_lsn.max(cs.settings_lsn),
+            settle_at: observed(st, cs),
         })
     }
 }

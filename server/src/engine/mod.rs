@@ -133,8 +133,9 @@ impl Engine {
         outcome.result
     }
 
-    /// Resolves once every write applied so far is durable.
-    pub async fn durable(&self) -> Result<(), Error> {
+    /// Resolves once every write applied so far is durable (tests that stop without a purge).
+    #[cfg(test)]
+    pub(crate) async fn durable(&self) -> Result<(), Error> {
         let storage = &self.inner.storage;
         match storage.durable(storage.last_applied()) {
             None => Ok(()),

@@ -614,7 +614,7 @@ impl Shard {
             return Outcome::failed(collection_gone(info));
         };
         // A refusal reflects what this shard holds: it settles like a read of it.
-        let seen = st.client_lsn.max(cs.settings_lsn);
+        let seen = observed(st, cs);
         let slot = cs.index.get(&key).copied();
         let live = slot.filter(|&s| st.docs.get(s).is_visible(&cs.rules, now));
         match (mode, live) {
@@ -709,14 +709,10 @@ impl Shard {
             let mut state = self.lock();
             let st = &mut *state;
             let now = st.now(clock);
-            let slot = match live_slot(st, info, key, now) {
+            let slot = match writable_slot(st, info, key, if_match, now) {
                 Ok(slot) => slot,
                 Err((e, seen)) => return Outcome::new(Err(e), seen),
             };
-            if let Err(e) = check_if_match(if_match, Some(st.docs.get(slot)), key) {
-                let seen = st.client_lsn.max(st.collections[&info.uid].settings_lsn);
-                return Outcome::new(Err(e), seen);
-            }
             let current = match read {
                 Some(view) if view.etag.0 == st.docs.get(slot).version => (view.body, view.ttl),
                 // Written since it was read: read it again.
@@ -751,14 +747,10 @@ impl Shard {
         let mut state = self.lock();
         let st = &mut *state;
         let now = st.now(clock);
-        let slot = match live_slot(st, info, key, now) {
+        let slot = match writable_slot(st, info, key, if_match, now) {
             Ok(slot) => slot,
             Err((e, seen)) => return Outcome::new(Err(e), seen),
         };
-        if let Err(e) = check_if_match(if_match, Some(st.docs.get(slot)), key) {
-            let seen = st.client_lsn.max(st.collections[&info.uid].settings_lsn);
-            return Outcome::new(Err(e), seen);
-        }
         let change = Change::Remove {
             slot,
             cause: RemoveCause::Deleted,
@@ -826,6 +818,28 @@ impl Shard {
 /// made under the lock: only a document rewritten during every attempt gets there.
 const MAX_OPTIMISTIC_ATTEMPTS: usize = 4;
 
+/// The position an answer about what a collection's part of this shard holds (absent, a
+/// conflict, a stale etag) must wait for: it may reflect a client write or the rules, not yet
+/// durable.
+pub(super) fn observed(st: &ShardState, cs: &CollectionShard) -> Lsn {
+    st.client_lsn.max(cs.settings_lsn)
+}
+
+/// The slot of the live document at `key` if `if_match` names its version; else the refusal,
+/// with the position it must wait for (touch and delete start here).
+fn writable_slot(
+    st: &ShardState,
+    info: &CollectionInfo,
+    key: &DocKey,
+    if_match: Option<&str>,
+    now: Millis,
+) -> Result<u32, (Error, Lsn)> {
+    let slot = live_slot(st, info, key, now)?;
+    check_if_match(if_match, Some(st.docs.get(slot)), key)
+        .map_err(|e| (e, observed(st, &st.collections[&info.uid])))?;
+    Ok(slot)
+}
+
 /// The slot of the live document at `key`; or NOT_FOUND (or the collection gone) with the
 /// position a client told so must wait for.
 pub(super) fn live_slot(
@@ -842,13 +856,11 @@ pub(super) fn live_slot(
         .copied()
         .filter(|&s| st.docs.get(s).is_visible(&cs.rules, now))
         .ok_or_else(|| {
-            // Absent may reflect a delete, or rules, not yet durable.
-            let seen = st.client_lsn.max(cs.settings_lsn);
             let e = Error::DocumentNotFound {
                 id: key.id.to_string(),
                 partition_key: key.partition_key.clone(),
             };
-            (e, seen)
+            (e, observed(st, cs))
         })
 }
 
