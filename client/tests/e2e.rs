@@ -556,7 +556,7 @@ async fn documents_expire_on_time_with_real_clocks() {
     assert!(watch_until_gone(&c, "inherits", inherits_at, Duration::from_secs(10)).await);
     assert!(c.read("never", "p").await.expect("read").is_some());
     // The purge frees storage in the background.
-    let engine = s.server.engine().clone();
+    let engine = s.server.engine().get().expect("in service");
     let start = Instant::now();
     while engine.expiry_stats().documents > 1 {
         assert!(

@@ -4,12 +4,14 @@
 //! [`engine`] (shards, TTL rules, expiry, feed) → [`storage`] (where records live).
 //! [`RunningServer`] assembles them; the `mayfly` binary only parses flags and calls it.
 
+pub mod current_engine;
 pub mod engine;
 pub mod grpc;
 mod metrics_http;
 mod server;
 pub mod storage;
 
+pub use current_engine::CurrentEngine;
 pub use server::{
     Config, MAX_MESSAGE_BYTES, RunningServer, ServeError, StorageConfig, default_shards, serve,
 };

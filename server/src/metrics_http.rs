@@ -11,12 +11,14 @@ use prometheus_client::{
 };
 use tokio::net::TcpListener;
 
-use crate::engine::{Engine, register_metrics};
+use crate::{current_engine::CurrentEngine, engine::register_metrics};
 
-/// The registry served: the engine's metrics and the process's resident memory.
-pub(crate) fn registry(engine: &Engine) -> Registry {
+/// The registry served: the metrics of the engine in service and the process's resident memory.
+pub(crate) fn registry(current: &CurrentEngine) -> Registry {
     let mut registry = Registry::default();
-    register_metrics(engine, &mut registry);
+    let metrics = current.metrics().clone();
+    let current = current.clone();
+    register_metrics(&metrics, move || current.get().ok(), &mut registry);
     registry.register_collector(Box::new(ResidentMemory));
     registry
 }

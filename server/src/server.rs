@@ -5,10 +5,15 @@ use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread, time::Dur
 
 use mayfly_proto::v1::server::{CollectionsServer, DatabasesServer, DocumentsServer};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
-use tonic::transport::{Server, server::TcpIncoming};
+use tonic::{
+    server::NamedService,
+    transport::{Server, server::TcpIncoming},
+};
+use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
-    engine::{self, Engine, EngineConfig, SystemClock},
+    current_engine::CurrentEngine,
+    engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock},
     grpc::{CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
     storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
@@ -95,7 +100,7 @@ impl From<io::Error> for ServeError {
 pub struct RunningServer {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
-    engine: Engine,
+    engine: CurrentEngine,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -109,20 +114,24 @@ impl RunningServer {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let storage = config.storage.clone();
-        let engine = tokio::task::spawn_blocking(move || open_engine(&storage))
-            .await
-            .map_err(|e| ServeError::Io(io::Error::other(e)))??;
+        let engine = open_engine_blocking(&config.storage, Arc::default()).await?;
+        let engine = CurrentEngine::new(engine);
         let local_addr = listener.local_addr()?;
         let metrics_addr = metrics_listener
             .as_ref()
             .map(TcpListener::local_addr)
             .transpose()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, metrics_listener, engine.clone(), async {
-            // A dropped sender stops the server too.
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(serve(
+            listener,
+            metrics_listener,
+            engine.clone(),
+            config.storage,
+            async {
+                // A dropped sender stops the server too.
+                let _ = stopped.await;
+            },
+        ));
         Ok(RunningServer {
             local_addr,
             metrics_addr,
@@ -142,8 +151,8 @@ impl RunningServer {
         self.metrics_addr
     }
 
-    /// The engine behind the server.
-    pub fn engine(&self) -> &Engine {
+    /// The engine behind the server: a new one each time the server reopens failed storage.
+    pub fn engine(&self) -> &CurrentEngine {
         &self.engine
     }
 
@@ -167,9 +176,20 @@ impl Drop for RunningServer {
     }
 }
 
+/// [`open_engine`] on a blocking thread.
+async fn open_engine_blocking(
+    storage: &StorageConfig,
+    metrics: Arc<EngineMetrics>,
+) -> Result<Engine, ServeError> {
+    let storage = storage.clone();
+    tokio::task::spawn_blocking(move || open_engine(&storage, metrics))
+        .await
+        .map_err(|e| ServeError::Io(io::Error::other(e)))?
+}
+
 /// Opens the storage and loads what it holds, then rebuilds expiry tracking on a thread of its
 /// own: the engine serves correctly while it runs.
-fn open_engine(storage: &StorageConfig) -> Result<Engine, ServeError> {
+fn open_engine(storage: &StorageConfig, metrics: Arc<EngineMetrics>) -> Result<Engine, ServeError> {
     let (storage, shards): (Arc<dyn Storage>, usize) = match storage {
         StorageConfig::Memory { shards } => (
             Arc::new(MemoryStorage::new()),
@@ -181,8 +201,22 @@ fn open_engine(storage: &StorageConfig) -> Result<Engine, ServeError> {
             (Arc::new(disk), shards)
         }
     };
-    let (engine, recovery) = Engine::open(EngineConfig { shards }, storage, Arc::new(SystemClock))
-        .map_err(ServeError::Recovery)?;
+    load_engine(storage, shards, metrics)
+}
+
+/// Loads what `storage` holds into a new engine (see [`open_engine`]).
+fn load_engine(
+    storage: Arc<dyn Storage>,
+    shards: usize,
+    metrics: Arc<EngineMetrics>,
+) -> Result<Engine, ServeError> {
+    let (engine, recovery) = Engine::open_counting_into(
+        EngineConfig { shards },
+        storage,
+        Arc::new(SystemClock),
+        metrics,
+    )
+    .map_err(ServeError::Recovery)?;
     if recovery.documents > 0 || recovery.collections > 0 {
         tracing::info!(
             databases = recovery.databases,
@@ -222,29 +256,27 @@ fn open_engine(storage: &StorageConfig) -> Result<Engine, ServeError> {
     Ok(engine)
 }
 
-/// Serves `engine` on `listener` until `shutdown` completes, then drains in-flight requests.
+/// Serves the engine in `current` on `listener` until `shutdown` completes, then drains
+/// in-flight requests. Should its storage fail, the server reopens `storage` once the cause is
+/// gone (see [`keep_storage_writable`]).
 pub async fn serve(
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
-    engine: Engine,
+    current: CurrentEngine,
+    storage: StorageConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let _purge = engine.spawn_purge();
-
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<DatabasesServer<DatabasesService>>()
-        .await;
-    health
-        .set_serving::<CollectionsServer<CollectionsService>>()
-        .await;
-    health
-        .set_serving::<DocumentsServer<DocumentsService>>()
-        .await;
+    set_health(&health, tonic_health::ServingStatus::Serving).await;
 
     // Storage that can no longer make writes durable turns the server NOT_SERVING, so load
-    // balancers and orchestrators move traffic away; reads keep being served meanwhile.
-    let storage_watch = tokio::spawn(report_storage_health(engine.clone(), health.clone()));
+    // balancers and orchestrators move traffic away; reads keep being served meanwhile, and
+    // the storage is reopened once it takes writes again. The task owns the purge.
+    let storage_watch = tokio::spawn(keep_storage_writable(
+        current.clone(),
+        storage,
+        health.clone(),
+    ));
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -261,7 +293,7 @@ pub async fn serve(
     let metrics_task = metrics_listener.map(|listener| {
         tokio::spawn(metrics_http::serve(
             listener,
-            metrics_http::registry(&engine),
+            metrics_http::registry(&current),
             async {
                 let _ = metrics_stopped.await;
             },
@@ -272,12 +304,12 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(DatabasesServer::new(DatabasesService::new(engine.clone())))
+        .add_service(DatabasesServer::new(DatabasesService::new(current.clone())))
         .add_service(CollectionsServer::new(CollectionsService::new(
-            engine.clone(),
+            current.clone(),
         )))
         .add_service(
-            DocumentsServer::new(DocumentsService::new(engine.clone()))
+            DocumentsServer::new(DocumentsService::new(current.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
@@ -304,97 +336,197 @@ pub async fn serve(
 /// How often the server checks whether storage can still make writes durable.
 const STORAGE_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Sets every Mayfly service and the server as a whole NOT_SERVING once storage reports a
-/// failure (which lasts until a restart).
-async fn report_storage_health(engine: Engine, health: tonic_health::server::HealthReporter) {
-    let mut tick = tokio::time::interval(STORAGE_HEALTH_INTERVAL);
+/// First and longest pause between attempts to find failed storage healthy again and reopen it.
+const REOPEN_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
+
+/// Every Mayfly service and the server as a whole.
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health
+        .set_service_status(
+            <DatabasesServer<DatabasesService> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health
+        .set_service_status(
+            <CollectionsServer<CollectionsService> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health
+        .set_service_status(
+            <DocumentsServer<DocumentsService> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health.set_service_status("", status).await;
+}
+
+/// Runs the purge of the engine in service and watches its storage. Once storage fails, every
+/// service reports NOT_SERVING while reads go on; once the data directory takes a durable write
+/// again, the engine is taken out of service, the storage closed and opened anew (recovery
+/// from the journal decides every write whose outcome was unknown), and SERVING returns.
+async fn keep_storage_writable(
+    current: CurrentEngine,
+    storage: StorageConfig,
+    health: HealthReporter,
+) {
+    let Ok(mut engine) = current.get() else {
+        return;
+    };
     loop {
-        tick.tick().await;
-        if let Some(failure) = engine.storage_failure() {
-            tracing::error!(error = %failure, "storage cannot make writes durable; reporting NOT_SERVING");
-            health
-                .set_not_serving::<DatabasesServer<DatabasesService>>()
-                .await;
-            health
-                .set_not_serving::<CollectionsServer<CollectionsService>>()
-                .await;
-            health
-                .set_not_serving::<DocumentsServer<DocumentsService>>()
-                .await;
-            health
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-            return;
+        let purge = engine.spawn_purge();
+        let mut tick = tokio::time::interval(STORAGE_HEALTH_INTERVAL);
+        let failure = loop {
+            tick.tick().await;
+            if let Some(failure) = engine.storage_failure() {
+                break failure;
+            }
+        };
+        tracing::error!(error = %failure, "storage cannot make writes durable; reporting NOT_SERVING and serving reads until the data directory takes writes again");
+        set_health(&health, ServingStatus::NotServing).await;
+
+        let mut backoff = Backoff::new();
+        loop {
+            let probed = engine.clone();
+            match tokio::task::spawn_blocking(move || probed.storage_reopen_ready()).await {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => backoff.note(&e.to_string()),
+                Err(e) => backoff.note(&e.to_string()),
+            }
+            backoff.wait().await;
         }
+
+        tracing::warn!("the data directory takes durable writes again; reopening it");
+        drop(purge);
+        current.take();
+        drop(engine);
+        // Requests still running on the old engine hold its storage (and the directory's
+        // locks) for a moment: opening is retried until they are done.
+        let mut backoff = Backoff::new();
+        engine = loop {
+            match open_engine_blocking(&storage, current.metrics().clone()).await {
+                Ok(engine) => break engine,
+                Err(e) => backoff.note(&e.to_string()),
+            }
+            backoff.wait().await;
+        };
+        current.put(engine.clone());
+        set_health(&health, ServingStatus::Serving).await;
+        tracing::info!("data directory reopened; serving writes again");
+    }
+}
+
+/// Pauses between attempts, doubling up to a bound, logging each new reason once.
+struct Backoff {
+    pause: Duration,
+    last: String,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff {
+            pause: REOPEN_BACKOFF.0,
+            last: String::new(),
+        }
+    }
+
+    fn note(&mut self, reason: &str) {
+        if reason != self.last {
+            tracing::warn!(reason, "storage not ready to reopen yet; retrying");
+            reason.clone_into(&mut self.last);
+        }
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(REOPEN_BACKOFF.1);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio_stream::StreamExt;
     use tonic_health::pb::{
-        HealthCheckRequest, health_check_response::ServingStatus, health_server::Health,
+        HealthCheckRequest, health_check_response::ServingStatus as Status, health_server::Health,
     };
 
     use super::*;
-    use crate::storage::{DiskOptions, Durability};
+    use crate::{
+        engine::{IdKind, ResourceId},
+        storage::{DiskOptions, Durability},
+    };
 
-    /// Regression: a failed fsync left grpc.health reporting SERVING.
+    /// Regression: a failed fsync left grpc.health reporting SERVING, and the server refused
+    /// writes until a restart.
     #[tokio::test]
-    async fn a_failed_fsync_turns_health_not_serving() {
+    async fn a_failed_fsync_turns_health_not_serving_until_storage_is_reopened() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let storage = Arc::new(
-            DiskStorage::open(&DiskOptions {
-                path: dir.path().to_path_buf(),
-                durability: Durability::Fsync,
-                shards: Some(1),
-                cache_bytes: 1 << 20,
-            })
-            .expect("opens"),
-        );
-        let engine = Engine::new(
-            EngineConfig { shards: 1 },
-            storage.clone(),
-            Arc::new(SystemClock),
-        );
-        let health = tonic_health::server::HealthReporter::new();
-        let service = tonic_health::server::HealthService::from_health_reporter(health.clone());
-        health
-            .set_serving::<DocumentsServer<DocumentsService>>()
-            .await;
-        let service = Arc::new(service);
-        let watch = tokio::spawn(report_storage_health(engine.clone(), health));
-        let status = |name: &str| {
-            let service = service.clone();
-            let request = tonic::Request::new(HealthCheckRequest {
-                service: name.to_owned(),
-            });
-            async move {
-                service
-                    .check(request)
-                    .await
-                    .expect("known service")
-                    .into_inner()
-                    .status
-            }
+        let options = DiskOptions {
+            path: dir.path().to_path_buf(),
+            durability: Durability::Fsync,
+            shards: Some(1),
+            cache_bytes: 1 << 20,
         };
-        assert_eq!(
-            status("mayfly.v1.Documents").await,
-            ServingStatus::Serving as i32
-        );
+        let storage = Arc::new(DiskStorage::open(&options).expect("opens"));
+        let engine =
+            load_engine(storage.clone(), 1, Arc::default()).expect("loads an empty directory");
+        let current = CurrentEngine::new(engine.clone());
+        let health = HealthReporter::new();
+        let service = tonic_health::server::HealthService::from_health_reporter(health.clone());
+        set_health(&health, ServingStatus::Serving).await;
+        let mut statuses = service
+            .watch(tonic::Request::new(HealthCheckRequest {
+                service: "mayfly.v1.Documents".to_owned(),
+            }))
+            .await
+            .expect("known service")
+            .into_inner();
+        let mut next_status = async || {
+            tokio::time::timeout(Duration::from_secs(10), statuses.next())
+                .await
+                .expect("a status change within 10 s")
+                .expect("the watch goes on")
+                .expect("a status")
+                .status
+        };
+        assert_eq!(next_status().await, Status::Serving as i32);
+        let watch = tokio::spawn(keep_storage_writable(
+            current.clone(),
+            StorageConfig::Disk(options),
+            health,
+        ));
+        let database = |id: &str| ResourceId::parse(IdKind::Database, id).expect("valid");
+        engine.create_database(database("kept")).expect("durable");
 
         storage.fail_next_sync();
-        let lsn = engine
-            .create_database(
-                crate::engine::ResourceId::parse(crate::engine::IdKind::Database, "db")
-                    .expect("valid"),
-            )
+        let failed = engine
+            .create_database(database("unknown"))
             .expect_err("its fsync fails");
-        assert!(matches!(lsn, engine::Error::NotDurable(_)), "{lsn}");
-        watch.await.expect("the watch ends once it has reported");
-        assert_eq!(
-            status("mayfly.v1.Documents").await,
-            ServingStatus::NotServing as i32
+        assert!(matches!(failed, engine::Error::NotDurable(_)), "{failed}");
+        let refused = engine
+            .create_database(database("refused"))
+            .expect_err("storage failed");
+        assert!(
+            refused.to_string().contains("cannot make writes durable"),
+            "{refused}"
         );
-        assert_eq!(status("").await, ServingStatus::NotServing as i32);
+        assert!(
+            engine.get_database(&database("kept")).is_ok(),
+            "reads go on"
+        );
+        assert_eq!(next_status().await, Status::NotServing as i32);
+        // The directory is healthy: the server reopens it once the old storage is released.
+        drop((storage, engine));
+        assert_eq!(next_status().await, Status::Serving as i32);
+
+        let reopened = current.get().expect("an engine in service");
+        assert!(reopened.storage_failure().is_none());
+        assert!(reopened.get_database(&database("kept")).is_ok());
+        assert!(reopened.get_database(&database("refused")).is_err());
+        reopened
+            .create_database(database("after"))
+            .expect("writes are durable again");
+        watch.abort();
     }
 }

@@ -331,7 +331,7 @@ async fn metrics_report_the_purge() {
     .await
     .expect("server starts");
     let metrics = server.metrics_addr().expect("metrics served");
-    let engine = server.engine();
+    let engine = server.engine().get().expect("in service");
     let id = |kind, s: &str| ResourceId::parse(kind, s).expect("valid id");
     engine
         .create_database(id(IdKind::Database, "db"))

@@ -127,7 +127,7 @@ async fn main() -> ExitCode {
     println!("mayfly listening on {}", server.local_addr());
     tracing::info!(
         listen = %server.local_addr(),
-        shards = server.engine().shard_count(),
+        shards = server.engine().get().map_or(0, |e| e.shard_count()),
         metrics = ?server.metrics_addr(),
         "serving ({described})"
     );

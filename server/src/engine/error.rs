@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::{ids::IdKind, partition_key::PartitionKeyValue};
-use crate::storage::StorageError;
+use crate::storage::{StorageError, StorageErrorKind};
 
 /// Every failure an engine call can report.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,7 +101,10 @@ impl From<InvalidInput> for Error {
 
 impl From<StorageError> for Error {
     fn from(e: StorageError) -> Self {
-        Error::Storage(e)
+        match e.kind() {
+            StorageErrorKind::OutcomeUnknown => Error::NotDurable(e),
+            StorageErrorKind::Failed | StorageErrorKind::Unavailable => Error::Storage(e),
+        }
     }
 }
 

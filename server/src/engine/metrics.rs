@@ -39,9 +39,13 @@ impl Default for EngineMetrics {
     }
 }
 
-/// Registers the engine's metrics under `mayfly_`.
-pub fn register(engine: &Engine, registry: &mut Registry) {
-    let metrics = engine.metrics();
+/// Registers the engine's metrics under `mayfly_`: the counters in `metrics`, and gauges read
+/// at each scrape from the engine `current` returns (none while storage is being reopened).
+pub fn register(
+    metrics: &EngineMetrics,
+    current: impl Fn() -> Option<Engine> + Send + Sync + 'static,
+    registry: &mut Registry,
+) {
     registry.register(
         "mayfly_documents_expired",
         "Documents whose expiry took effect (purged, or overwritten after expiring)",
@@ -59,46 +63,57 @@ pub fn register(engine: &Engine, registry: &mut Registry) {
         metrics.purge_lag.clone(),
     );
     registry.register_collector(Box::new(ExpiryGauges {
-        engine: engine.clone(),
+        current: Box::new(current),
     }));
 }
 
 /// Gauges computed from the shards at scrape time.
-#[derive(Debug)]
 struct ExpiryGauges {
-    engine: Engine,
+    current: Box<dyn Fn() -> Option<Engine> + Send + Sync>,
+}
+
+impl std::fmt::Debug for ExpiryGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpiryGauges").finish_non_exhaustive()
+    }
 }
 
 impl Collector for ExpiryGauges {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let stats = self.engine.expiry_stats();
-        let gauges = [
-            (
-                "mayfly_purge_backlog_documents",
-                "Expired entries not yet processed by the purge, as of its last pass (lower bound)",
-                stats.purge_backlog,
-            ),
-            (
-                "mayfly_documents",
-                "Documents held, including expired ones not yet purged",
-                stats.documents,
-            ),
-            (
-                "mayfly_expiry_tracked_documents",
-                "Documents whose expiry is tracked by a timer or an inherit queue",
-                stats.tracked_documents,
-            ),
-            (
-                "mayfly_expiry_bookkeeping_bytes",
-                "Bytes allocated for expiry tracking: timer nodes, inherit-queue entries, timer handles",
-                stats.bookkeeping_bytes,
-            ),
-            (
-                "mayfly_storage_writable",
-                "1 while storage can make writes durable; 0 once an fsync failed (writes are refused and health reports NOT_SERVING until a restart)",
-                u64::from(self.engine.storage_failure().is_none()),
-            ),
-        ];
+        let engine = (self.current)();
+        let writable = (
+            "mayfly_storage_writable",
+            "1 while storage can make writes durable; 0 once an fsync or a journal write failed (writes are refused and health reports NOT_SERVING until the data directory is reopened)",
+            engine
+                .as_ref()
+                .map_or(0, |e| u64::from(e.storage_failure().is_none())),
+        );
+        let mut gauges = vec![writable];
+        if let Some(engine) = &engine {
+            let stats = engine.expiry_stats();
+            gauges.extend([
+                (
+                    "mayfly_purge_backlog_documents",
+                    "Expired entries not yet processed by the purge, as of its last pass (lower bound)",
+                    stats.purge_backlog,
+                ),
+                (
+                    "mayfly_documents",
+                    "Documents held, including expired ones not yet purged",
+                    stats.documents,
+                ),
+                (
+                    "mayfly_expiry_tracked_documents",
+                    "Documents whose expiry is tracked by a timer or an inherit queue",
+                    stats.tracked_documents,
+                ),
+                (
+                    "mayfly_expiry_bookkeeping_bytes",
+                    "Bytes allocated for expiry tracking: timer nodes, inherit-queue entries, timer handles",
+                    stats.bookkeeping_bytes,
+                ),
+            ]);
+        }
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(value as i64);
             let metric_encoder =

@@ -96,7 +96,17 @@ struct Inner {
 impl Engine {
     /// An empty engine over `storage`, telling time by `clock`.
     pub fn new(config: EngineConfig, storage: Arc<dyn Storage>, clock: Arc<dyn Clock>) -> Self {
-        let metrics = Arc::new(EngineMetrics::default());
+        Engine::with_metrics(config, storage, clock, Arc::default())
+    }
+
+    /// An empty engine that counts into `metrics` (an engine replacing another keeps its
+    /// counters going).
+    fn with_metrics(
+        config: EngineConfig,
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<EngineMetrics>,
+    ) -> Self {
         let versions = Arc::new(AtomicU64::new(1));
         let now = clock.now();
         let shards = (0..config.shards.max(1))
@@ -146,6 +156,12 @@ impl Engine {
     /// Why storage can no longer make writes durable, once that has happened.
     pub fn storage_failure(&self) -> Option<crate::storage::StorageError> {
         self.inner.storage.failure()
+    }
+
+    /// Once storage has failed: whether its cause looks gone, so that reopening it is worth
+    /// trying (see [`Storage::reopen_ready`]). Blocks on the disk.
+    pub fn storage_reopen_ready(&self) -> Result<(), crate::storage::StorageError> {
+        self.inner.storage.reopen_ready()
     }
 
     /// Blocks until a catalog change is durable. Catalog changes are synchronous: the gRPC edge

@@ -16,7 +16,7 @@ use std::{
 };
 
 use super::{
-    CollectionUid, Engine, EngineConfig, Error,
+    CollectionUid, Engine, EngineConfig, EngineMetrics, Error,
     clock::{Clock, Millis},
     expiry::inherit_queue::SlotRef,
     shard::{DocMeta, Shard, Tracking},
@@ -80,8 +80,19 @@ impl Engine {
         storage: Arc<dyn Storage>,
         clock: Arc<dyn Clock>,
     ) -> Result<(Engine, Recovery), Error> {
+        Engine::open_counting_into(config, storage, clock, Arc::default())
+    }
+
+    /// [`Engine::open`], counting into `metrics`: a server that reopens its storage keeps the
+    /// counters it exports going.
+    pub fn open_counting_into(
+        config: EngineConfig,
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<EngineMetrics>,
+    ) -> Result<(Engine, Recovery), Error> {
         let started = Instant::now();
-        let engine = Engine::new(config, storage.clone(), clock);
+        let engine = Engine::with_metrics(config, storage.clone(), clock, metrics);
         let stored = storage.load_catalog()?;
         let mut recovery = Recovery {
             databases: stored.databases.len(),

@@ -8,17 +8,20 @@ use mayfly_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::{blocking, convert};
-use crate::engine::{CollectionSettings, DefaultTtl, Engine, PartitionKeyPath, SettingsChange};
+use crate::{
+    current_engine::CurrentEngine,
+    engine::{CollectionSettings, DefaultTtl, PartitionKeyPath, SettingsChange},
+};
 
 /// Serves collections from the engine.
 #[derive(Debug, Clone)]
 pub struct CollectionsService {
-    engine: Engine,
+    engine: CurrentEngine,
 }
 
 impl CollectionsService {
-    /// A service over `engine`.
-    pub fn new(engine: Engine) -> Self {
+    /// A service over whichever engine `engine` holds.
+    pub fn new(engine: CurrentEngine) -> Self {
         CollectionsService { engine }
     }
 }
@@ -41,7 +44,7 @@ impl server::Collections for CollectionsService {
         let path = PartitionKeyPath::parse(&partition_key_path)?;
         let mode = convert::indexing_mode(indexing_mode)?.unwrap_or_default();
         let settings = CollectionSettings::new(DefaultTtl::from_raw(default_ttl)?, mode)?;
-        let engine = self.engine.clone();
+        let engine = self.engine.get()?;
         let info =
             blocking(move || engine.create_collection(&database, id, path, settings)).await?;
         Ok(Response::new(Collection::from(&*info)))
@@ -54,6 +57,7 @@ impl server::Collections for CollectionsService {
         let GetCollectionRequest { database, id } = request.into_inner();
         let info = self
             .engine
+            .get()?
             .get_collection(&convert::collection_path(&database, &id)?)?;
         Ok(Response::new(Collection::from(&*info)))
     }
@@ -65,6 +69,7 @@ impl server::Collections for CollectionsService {
         let ListCollectionsRequest { database } = request.into_inner();
         let collections = self
             .engine
+            .get()?
             .list_collections(&convert::database_id(&database)?)?;
         Ok(Response::new(ListCollectionsResponse {
             collections: collections.iter().map(|c| Collection::from(&**c)).collect(),
@@ -86,7 +91,7 @@ impl server::Collections for CollectionsService {
             default_ttl: convert::default_ttl_change(default_ttl)?,
             indexing_mode: convert::indexing_mode(indexing_mode)?,
         };
-        let engine = self.engine.clone();
+        let engine = self.engine.get()?;
         let info = blocking(move || engine.replace_collection(&path, change)).await?;
         Ok(Response::new(Collection::from(&*info)))
     }
@@ -97,7 +102,7 @@ impl server::Collections for CollectionsService {
     ) -> Result<Response<DeleteCollectionResponse>, Status> {
         let DeleteCollectionRequest { database, id } = request.into_inner();
         let path = convert::collection_path(&database, &id)?;
-        let engine = self.engine.clone();
+        let engine = self.engine.get()?;
         blocking(move || engine.delete_collection(&path)).await?;
         Ok(Response::new(DeleteCollectionResponse {}))
     }

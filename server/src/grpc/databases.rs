@@ -7,17 +7,17 @@ use mayfly_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::{blocking, convert};
-use crate::engine::Engine;
+use crate::current_engine::CurrentEngine;
 
 /// Serves databases from the engine.
 #[derive(Debug, Clone)]
 pub struct DatabasesService {
-    engine: Engine,
+    engine: CurrentEngine,
 }
 
 impl DatabasesService {
-    /// A service over `engine`.
-    pub fn new(engine: Engine) -> Self {
+    /// A service over whichever engine `engine` holds.
+    pub fn new(engine: CurrentEngine) -> Self {
         DatabasesService { engine }
     }
 }
@@ -30,7 +30,7 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<Database>, Status> {
         let CreateDatabaseRequest { id } = request.into_inner();
         let database = convert::database_id(&id)?;
-        let engine = self.engine.clone();
+        let engine = self.engine.get()?;
         blocking(move || engine.create_database(database)).await?;
         Ok(Response::new(Database { id }))
     }
@@ -40,7 +40,9 @@ impl server::Databases for DatabasesService {
         request: Request<GetDatabaseRequest>,
     ) -> Result<Response<Database>, Status> {
         let GetDatabaseRequest { id } = request.into_inner();
-        self.engine.get_database(&convert::database_id(&id)?)?;
+        self.engine
+            .get()?
+            .get_database(&convert::database_id(&id)?)?;
         Ok(Response::new(Database { id }))
     }
 
@@ -51,6 +53,7 @@ impl server::Databases for DatabasesService {
         let ListDatabasesRequest {} = request.into_inner();
         let databases = self
             .engine
+            .get()?
             .list_databases()
             .into_iter()
             .map(|id| Database { id: id.to_string() })
@@ -64,7 +67,7 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<DeleteDatabaseResponse>, Status> {
         let DeleteDatabaseRequest { id } = request.into_inner();
         let database = convert::database_id(&id)?;
-        let engine = self.engine.clone();
+        let engine = self.engine.get()?;
         blocking(move || engine.delete_database(&database)).await?;
         Ok(Response::new(DeleteDatabaseResponse {}))
     }

@@ -12,24 +12,32 @@ use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use crate::engine::{self, Engine, FeedScope};
+use crate::{
+    current_engine::CurrentEngine,
+    engine::{self, FeedScope},
+};
 
 /// Serves documents from the engine.
 #[derive(Debug, Clone)]
 pub struct DocumentsService {
-    engine: Engine,
+    engine: CurrentEngine,
 }
 
 impl DocumentsService {
-    /// A service over `engine`.
-    pub fn new(engine: Engine) -> Self {
+    /// A service over whichever engine `engine` holds.
+    pub fn new(engine: CurrentEngine) -> Self {
         DocumentsService { engine }
     }
 
-    /// The engine's answer, released once the writes it reflects are durable: a client is
-    /// never told of (or shown) a change that a crash could take back.
-    async fn settle<T>(&self, outcome: engine::Outcome<T>) -> Result<T, Status> {
-        Ok(self.engine.settle(outcome).await?)
+    /// Runs `op` on the engine in service and releases its answer once the writes it
+    /// reflects are durable: a client is never told of (or shown) a change that a crash could
+    /// take back. One engine serves both steps: a position belongs to the storage that made it.
+    async fn settle<T>(
+        &self,
+        op: impl FnOnce(&engine::Engine) -> engine::Outcome<T>,
+    ) -> Result<T, Status> {
+        let engine = self.engine.get()?;
+        Ok(engine.settle(op(&engine)).await?)
     }
 }
 
@@ -56,7 +64,7 @@ impl server::Documents for DocumentsService {
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
         let view = self
-            .settle(self.engine.create_document(&path, body, partition_key))
+            .settle(|e| e.create_document(&path, body, partition_key))
             .await?;
         Ok(Response::new(view.into()))
     }
@@ -77,10 +85,7 @@ impl server::Documents for DocumentsService {
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
         let (outcome, view) = self
-            .settle(
-                self.engine
-                    .upsert_document(&path, body, partition_key, if_match(&etag)),
-            )
+            .settle(|e| e.upsert_document(&path, body, partition_key, if_match(&etag)))
             .await?;
         let outcome = match outcome {
             engine::UpsertOutcome::Created => UpsertOutcome::Created,
@@ -109,10 +114,7 @@ impl server::Documents for DocumentsService {
         let key = convert::doc_key(&id, partition_key)?;
         let body = convert::document_body(body, ttl)?;
         let view = self
-            .settle(
-                self.engine
-                    .replace_document(&path, key, body, if_match(&etag)),
-            )
+            .settle(|e| e.replace_document(&path, key, body, if_match(&etag)))
             .await?;
         Ok(Response::new(view.into()))
     }
@@ -129,7 +131,7 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
-        let view = self.settle(self.engine.read_document(&path, &key)).await?;
+        let view = self.settle(|e| e.read_document(&path, &key)).await?;
         Ok(Response::new(view.into()))
     }
 
@@ -146,7 +148,7 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
-        self.settle(self.engine.delete_document(&path, &key, if_match(&etag)))
+        self.settle(|e| e.delete_document(&path, &key, if_match(&etag)))
             .await?;
         Ok(Response::new(DeleteDocumentResponse {}))
     }
@@ -165,7 +167,7 @@ impl server::Documents for DocumentsService {
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
         let view = self
-            .settle(self.engine.touch_document(&path, &key, if_match(&etag)))
+            .settle(|e| e.touch_document(&path, &key, if_match(&etag)))
             .await?;
         Ok(Response::new(view.into()))
     }
@@ -192,12 +194,11 @@ impl server::Documents for DocumentsService {
         let token = (!continuation.is_empty()).then_some(continuation);
         // The first page is read before answering, so a bad request fails the call itself.
         let first = self
-            .settle(
-                self.engine
-                    .read_feed_page(&path, &scope, page_size, token.as_deref()),
-            )
+            .settle(|e| e.read_feed_page(&path, &scope, page_size, token.as_deref()))
             .await?;
-        let engine = self.engine.clone();
+        // Each page goes to the engine in service then: a long read holds no engine, so a
+        // failed storage can be reopened under it, and its continuation stays valid.
+        let service = self.clone();
         // One page in flight: a slow reader holds back the producer instead of buffering.
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {
@@ -215,14 +216,14 @@ impl server::Documents for DocumentsService {
                             next,
                         )
                     }
-                    Err(e) => (Err(Status::from(e)), None),
+                    Err(e) => (Err(e), None),
                 };
                 if tx.send(message).await.is_err() {
                     return; // the client went away
                 }
                 let Some(next) = next else { return };
-                page = engine
-                    .settle(engine.read_feed_page(&path, &scope, page_size, Some(&next)))
+                page = service
+                    .settle(|e| e.read_feed_page(&path, &scope, page_size, Some(&next)))
                     .await;
             }
         });

@@ -28,6 +28,7 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::Storage(e) => match e.kind() {
             StorageErrorKind::Unavailable => (Code::Unavailable, "STORAGE_UNAVAILABLE"),
             StorageErrorKind::Failed => (Code::Internal, "STORAGE_FAILURE"),
+            StorageErrorKind::OutcomeUnknown => (Code::Unavailable, "OUTCOME_UNKNOWN"),
         },
         Error::NotDurable(_) => (Code::Unavailable, "OUTCOME_UNKNOWN"),
     }

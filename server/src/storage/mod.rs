@@ -159,6 +159,9 @@ pub enum StorageErrorKind {
     /// Storage cannot make writes durable now (an fsync failed, the disk is full, it is
     /// closed); a client may retry later, on this server or after its restart.
     Unavailable,
+    /// The storage engine failed partway through a write, which may or may not survive a
+    /// restart; storage refuses writes from then on (it has failed).
+    OutcomeUnknown,
 }
 
 impl StorageError {
@@ -175,6 +178,14 @@ impl StorageError {
         StorageError {
             message: message.into(),
             kind: StorageErrorKind::Unavailable,
+        }
+    }
+
+    /// A write that may or may not have been applied, with a message for the operator.
+    pub fn outcome_unknown(message: impl Into<String>) -> Self {
+        StorageError {
+            message: message.into(),
+            kind: StorageErrorKind::OutcomeUnknown,
         }
     }
 
@@ -213,9 +224,17 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// The position of the latest write applied.
     fn last_applied(&self) -> Lsn;
 
-    /// Why writes can no longer be made durable, once that has happened (an fsync failed):
-    /// from then on every write is refused, and the server reports itself not serving.
+    /// Why writes can no longer be made durable, once that has happened (an fsync or a
+    /// journal write failed): from then on every write is refused, and the server reports
+    /// itself not serving until it reopens the storage (see [`Storage::reopen_ready`]).
     fn failure(&self) -> Option<StorageError>;
+
+    /// Once storage has failed: whether its cause looks gone (the data directory takes a
+    /// durable write again), so that reopening it is worth trying. Blocks on the disk.
+    /// Storage that cannot tell says yes: reopening fails or fails again, and is retried.
+    fn reopen_ready(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
 }
 
 /// The documents of one engine shard.

@@ -18,6 +18,10 @@ const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_TMP: &str = "FORMAT.tmp";
 const LOCK_FILE: &str = "LOCK";
 const DB_DIR: &str = "db";
+const PROBE_FILE: &str = "PROBE";
+/// What the probe writes and fsyncs before storage that failed is reopened: room for the
+/// journal to grow again and for a memtable flush to start, not a guarantee of either.
+const PROBE_BYTES: usize = 4 * 1024 * 1024;
 
 /// A data directory held by this process; the lock is released when this is dropped (or the
 /// process dies, however it dies).
@@ -64,7 +68,8 @@ impl DataDir {
                     .map_err(io("list"))?
                     .filter_map(Result::ok)
                     .any(|entry| {
-                        ![LOCK_FILE, FORMAT_TMP].contains(&&*entry.file_name().to_string_lossy())
+                        ![LOCK_FILE, FORMAT_TMP, PROBE_FILE]
+                            .contains(&&*entry.file_name().to_string_lossy())
                     });
                 if foreign {
                     return Err(OpenError::NotMayfly {
@@ -107,6 +112,26 @@ impl DataDir {
 
     pub(super) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the directory takes a durable write now: a file is created (a descriptor is
+    /// free), filled with [`PROBE_BYTES`] (there is space), fsynced, and removed.
+    pub(super) fn probe(&self) -> Result<(), String> {
+        let path = self.path.join(PROBE_FILE);
+        let result = File::create(&path)
+            .and_then(|mut file| {
+                file.write_all(&vec![0; PROBE_BYTES])?;
+                file.sync_all()
+            })
+            .map_err(|e| {
+                format!(
+                    "data directory {} does not take a durable write yet: {e}",
+                    self.path.display()
+                )
+            });
+        // Removed whatever happened: a half-written probe must not hold the space it found.
+        let _ = fs::remove_file(&path);
+        result
     }
 }
 

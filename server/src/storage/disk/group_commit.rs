@@ -64,7 +64,7 @@ struct Shared {
     applied: AtomicU64,
     /// Writes known durable: the count read before the last successful fsync.
     synced: AtomicU64,
-    /// An fsync failed: the journal is poisoned and nothing more becomes durable.
+    /// An fsync or a write failed: nothing more becomes durable until storage is reopened.
     failed: AtomicBool,
     /// What failed, for the operator (set before `failed`).
     failure: std::sync::OnceLock<String>,
@@ -139,7 +139,17 @@ impl GroupCommit {
         self.shared.check()
     }
 
-    /// Why writes can no longer be made durable, once an fsync failed.
+    /// Fails storage after a write failed partway (see [`Shared::fail`]) and returns the
+    /// error for that write, whose outcome is unknown.
+    pub(super) fn write_failed(&self, what: &str, e: &fjall::Error) -> StorageError {
+        self.shared
+            .fail(format!("{what} failed in the storage engine: {e}"));
+        StorageError::outcome_unknown(format!(
+            "{what} failed in the storage engine partway ({e}); it may or may not survive a restart, and the server refuses writes until it reopens the data directory"
+        ))
+    }
+
+    /// Why writes can no longer be made durable, once an fsync or a write failed.
     pub(super) fn failure(&self) -> Option<StorageError> {
         self.shared.check().err()
     }
@@ -153,7 +163,11 @@ impl GroupCommit {
     /// `None` if every write up to `lsn` is durable (or the mode does not wait).
     pub(super) fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
         if self.shared.mode == Durability::Buffered {
-            // Nothing waits, but nothing is acknowledged after a failed sync either.
+            // Nothing waits, but nothing a sync has not covered is acknowledged after a
+            // failure either: a failed fsync may have dropped it from the page cache.
+            if self.shared.synced.load(Ordering::SeqCst) >= lsn.0 {
+                return None;
+            }
             return self
                 .shared
                 .check()
@@ -162,16 +176,17 @@ impl GroupCommit {
         }
         let done = {
             let mut waiting = self.shared.waiting.lock();
+            let target = lsn.0;
+            // What a sync covered stays durable after a failure: reads of it are still served.
+            if self.shared.synced.load(Ordering::SeqCst) >= target {
+                return None;
+            }
             // Both are set under this lock: if neither is, the syncer will answer.
             if self.shared.failed.load(Ordering::SeqCst) || self.shared.stop.load(Ordering::SeqCst)
             {
                 return Some(Box::pin(std::future::ready(
                     self.shared.check().and(Err(closed())),
                 )));
-            }
-            let target = lsn.0;
-            if self.shared.synced.load(Ordering::SeqCst) >= target {
-                return None;
             }
             let (tell, done) = oneshot::channel();
             waiting.queue.entry(target).or_default().push(tell);
@@ -206,12 +221,23 @@ impl Shared {
         }
         let dir = self.db_path.parent().unwrap_or(&self.db_path);
         Err(StorageError::unavailable(format!(
-            "data directory {} cannot make writes durable since an fsync failed ({}); writes are refused until the server is restarted on a healthy disk",
+            "data directory {} cannot make writes durable since {}; writes are refused until the server reopens it, which it does once the directory takes a durable write again (free disk space or file descriptors)",
             dir.display(),
             self.failure
                 .get()
-                .map_or("see the server log", String::as_str),
+                .map_or("a write to it failed (see the server log)", String::as_str),
         )))
+    }
+
+    /// Stops every acknowledgement for good: nothing more becomes durable, and writes
+    /// waiting for a sync learn that their outcome is unknown.
+    fn fail(&self, what: String) {
+        tracing::error!(error = %what, "storage failed; refusing every write until the data directory is reopened");
+        let _ = self.failure.set(what);
+        let mut waiting = self.waiting.lock();
+        self.failed.store(true, Ordering::SeqCst);
+        // Dropping the senders answers every waiter with the failure.
+        waiting.queue.clear();
     }
 
     fn run(&self) {
@@ -241,12 +267,7 @@ impl Shared {
                 continue;
             }
             if let Err(e) = self.sync_journal(&mut journal) {
-                tracing::error!(error = %e, "fsync of the journal failed; refusing every write from now on");
-                let _ = self.failure.set(e);
-                let mut waiting = self.waiting.lock();
-                self.failed.store(true, Ordering::SeqCst);
-                // Dropping the senders answers every waiter with the failure.
-                waiting.queue.clear();
+                self.fail(format!("an fsync of the journal failed: {e}"));
                 return;
             }
             // Stored before the queue is locked: a waiter that queues after this sees it.

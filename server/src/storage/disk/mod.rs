@@ -302,7 +302,9 @@ impl Storage for DiskStorage {
                 batch.insert(c, catalog::CATALOG_VERSIONS, versions_below.to_be_bytes());
             }
         }
-        batch.commit().map_err(storage_error)?;
+        batch
+            .commit()
+            .map_err(|e| self.group.write_failed("a catalog change", &e))?;
         Ok(self.group.applied())
     }
 
@@ -337,6 +339,10 @@ impl Storage for DiskStorage {
 
     fn failure(&self) -> Option<StorageError> {
         self.group.failure()
+    }
+
+    fn reopen_ready(&self) -> Result<(), StorageError> {
+        self.dir.probe().map_err(StorageError::unavailable)
     }
 }
 
@@ -448,7 +454,8 @@ impl ShardStore for DiskShard {
                 batch.versions_below.to_be_bytes(),
             );
         }
-        out.commit().map_err(storage_error)?;
+        out.commit()
+            .map_err(|e| self.group.write_failed("a document write", &e))?;
         Ok(self.group.applied())
     }
 
