@@ -8,6 +8,7 @@ pub mod current_engine;
 pub mod engine;
 pub mod grpc;
 mod metrics_http;
+pub mod model;
 mod server;
 pub mod storage;
 

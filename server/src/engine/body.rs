@@ -8,8 +8,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::{
-    error::InvalidInput,
-    ids::{DocumentId, IdKind, ResourceId},
+    DocumentId, IdKind, InvalidInput, ResourceId,
     partition_key::{SYSTEM_PROPERTIES, json_type},
     ttl::DocumentTtl,
 };

@@ -6,8 +6,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-/// Unix epoch milliseconds.
-pub type Millis = u64;
+pub use crate::model::Millis;
 
 /// Source of the current time. Every request reads it once and judges visibility with that
 /// single reading.

@@ -11,11 +11,10 @@ use std::sync::Arc;
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 
 use super::{
-    catalog::{CollectionInfo, CollectionUid},
+    CollectionInfo, CollectionUid, IdKind, InvalidInput, ResourceId,
     clock::Clock,
     document::DocumentView,
-    error::{Error, InvalidInput},
-    ids::{IdKind, ResourceId},
+    error::Error,
     partition_key::PartitionKeyValue,
     shard::{Shard, collection_gone, observed, view},
 };
@@ -32,7 +31,8 @@ pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Documents read from storage per page, at most, as a multiple of the page size: bounds the
 /// work a page does when most documents it meets are expired.
 const SCAN_FACTOR: usize = 8;
-const TOKEN_VERSION: u8 = 1;
+/// Version 2: partition keys in the ordered encoding storage keys use.
+const TOKEN_VERSION: u8 = 2;
 
 /// Which documents a feed reads.
 #[derive(Debug, Clone, PartialEq)]
@@ -227,7 +227,7 @@ pub(crate) fn encode_token(
         FeedScope::Collection => out.push(0),
         FeedScope::Partition(pk) => {
             out.push(1);
-            put_partition_key(&mut out, pk);
+            pk.encode_ordered(&mut out);
         }
     }
     out.extend_from_slice(&(cursor.shard as u32).to_le_bytes());
@@ -235,7 +235,7 @@ pub(crate) fn encode_token(
         None => out.push(0),
         Some(key) => {
             out.push(1);
-            put_partition_key(&mut out, &key.partition_key);
+            key.partition_key.encode_ordered(&mut out);
             put_str(&mut out, key.id.as_str());
         }
     }
@@ -293,22 +293,6 @@ pub(crate) fn decode_token(
     Ok(Cursor { shard, after })
 }
 
-fn put_partition_key(out: &mut Vec<u8>, pk: &PartitionKeyValue) {
-    match pk {
-        PartitionKeyValue::Undefined => out.push(0),
-        PartitionKeyValue::Null => out.push(1),
-        PartitionKeyValue::Bool(b) => out.extend_from_slice(&[2, u8::from(*b)]),
-        PartitionKeyValue::Number(x) => {
-            out.push(3);
-            out.extend_from_slice(&x.to_le_bytes());
-        }
-        PartitionKeyValue::String(s) => {
-            out.push(4);
-            put_str(out, s);
-        }
-    }
-}
-
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u32).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
@@ -351,31 +335,19 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// A partition key value, held to the limits a request's would be.
     fn partition_key(&mut self) -> Result<PartitionKeyValue, InvalidInput> {
-        Ok(match self.u8()? {
-            0 => PartitionKeyValue::Undefined,
-            1 => PartitionKeyValue::Null,
-            2 => PartitionKeyValue::Bool(self.u8()? != 0),
-            3 => {
-                let x = f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"));
-                if !x.is_finite() {
-                    return Err(InvalidInput::Continuation {
-                        reason: "it is corrupt",
-                    });
-                }
-                PartitionKeyValue::number(x)
-            }
-            4 => {
-                PartitionKeyValue::string(self.str()?).map_err(|_| InvalidInput::Continuation {
-                    reason: "it is corrupt",
-                })?
-            }
-            _ => {
-                return Err(InvalidInput::Continuation {
-                    reason: "it is corrupt",
-                });
-            }
-        })
+        let corrupt = InvalidInput::Continuation {
+            reason: "it is corrupt",
+        };
+        let (pk, rest) = PartitionKeyValue::decode_ordered(self.0).ok_or(corrupt.clone())?;
+        self.0 = rest;
+        match pk {
+            PartitionKeyValue::Number(x) if !x.is_finite() => Err(corrupt),
+            PartitionKeyValue::Number(x) => Ok(PartitionKeyValue::number(x)),
+            PartitionKeyValue::String(s) => PartitionKeyValue::string(&s).map_err(|_| corrupt),
+            pk => Ok(pk),
+        }
     }
 }
 

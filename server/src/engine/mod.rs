@@ -12,14 +12,11 @@ mod document;
 mod error;
 mod expiry;
 mod feed;
-mod ids;
 mod metrics;
 mod outcome;
-mod partition_key;
 mod purge;
 mod recovery;
 mod shard;
-mod ttl;
 
 #[cfg(test)]
 mod power_loss_tests;
@@ -37,20 +34,23 @@ use std::{
 use parking_lot::{Mutex, RwLock};
 
 pub use body::{DocumentBody, MAX_DEPTH, MAX_DOCUMENT_BYTES};
-pub use catalog::{
-    CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange,
-};
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use document::{DocumentView, Etag, UpsertOutcome};
-pub use error::{Error, InvalidInput};
+pub use error::Error;
 pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_SIZE, page_size};
-pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
-pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
 pub use purge::PurgeGuard;
 pub use recovery::{ExpiryRebuild, Recovery};
-pub use ttl::{DefaultTtl, DocumentTtl, ExpiredThrough, MAX_TTL_SECONDS, Rules, TtlSeconds};
+// The domain types, where the engine's callers have always found them.
+pub use crate::model::{
+    CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
+    DocumentId, DocumentTtl, ExpiredThrough, IdKind, IndexingMode, InvalidInput, MAX_ID_CHARS,
+    MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, PartitionKeyPath, PartitionKeyValue, ResourceId,
+    Rules, SettingsChange, TtlSeconds,
+};
+// Submodules reach the shared modules by their old names.
+use crate::model::{partition_key, ttl};
 
 use self::{block_on::block_on, catalog::Catalog, document::WriteMode, feed::Cursor, shard::Shard};
 use crate::storage::{CatalogChange, DocKey, Lsn, Storage};
@@ -137,20 +137,23 @@ impl Engine {
     /// that no client is told of a change, or sees one, that a crash could take back; writes
     /// waiting together share one fsync.
     pub async fn settle<T>(&self, outcome: Outcome<T>) -> Result<T, Error> {
-        if let Some(wait) = self.inner.storage.durable(outcome.settle_at) {
-            wait.await.map_err(Error::NotDurable)?;
-        }
+        self.durable_at(outcome.settle_at).await?;
         outcome.result
+    }
+
+    /// The durability wait, in one place: resolves once every write at or before `lsn` is
+    /// durable, failing with [`Error::NotDurable`] if storage cannot confirm it.
+    async fn durable_at(&self, lsn: Lsn) -> Result<(), Error> {
+        match self.inner.storage.durable(lsn) {
+            None => Ok(()),
+            Some(wait) => wait.await.map_err(Error::NotDurable),
+        }
     }
 
     /// Resolves once every write applied so far is durable (tests that stop without a purge).
     #[cfg(test)]
     pub(crate) async fn durable(&self) -> Result<(), Error> {
-        let storage = &self.inner.storage;
-        match storage.durable(storage.last_applied()) {
-            None => Ok(()),
-            Some(wait) => wait.await.map_err(Error::NotDurable),
-        }
+        self.durable_at(self.inner.storage.last_applied()).await
     }
 
     /// Why storage can no longer make writes durable, once that has happened.
@@ -167,10 +170,7 @@ impl Engine {
     /// Blocks until a catalog change is durable. Catalog changes are synchronous: the gRPC edge
     /// runs them on a blocking thread.
     fn catalog_durable(&self, lsn: Lsn) -> Result<(), Error> {
-        match self.inner.storage.durable(lsn) {
-            None => Ok(()),
-            Some(wait) => block_on(wait).map_err(Error::NotDurable),
-        }
+        block_on(self.durable_at(lsn))
     }
 
     /// The engine's clock.

@@ -13,10 +13,12 @@ use std::{
 use tokio::task::JoinHandle;
 
 use super::{
-    catalog::CollectionUid,
+    CollectionUid,
     clock::{Clock, Millis},
     expiry::inherit_queue::SlotRef,
-    shard::{Change, CollectionShard, DocSlab, RemoveCause, Shard, ShardState, Tracking},
+    shard::{
+        Change, CollectionShard, DocSlab, RemoveCause, Shard, ShardState, Tracking, time_own_ttl,
+    },
     ttl::{DefaultTtl, DocumentTtl, Rules},
 };
 use crate::storage::{DocKey, DurableFuture};
@@ -207,8 +209,7 @@ impl Shard {
                 if next >= end {
                     break;
                 }
-                let Some(default_ttl) = st.collections.get(&uid).map(|c| c.rules.default_ttl)
-                else {
+                let Some(rules) = st.collections.get(&uid).map(|c| c.rules) else {
                     return;
                 };
                 let mut earliest: Option<Millis> = None;
@@ -223,10 +224,9 @@ impl Shard {
                     {
                         continue;
                     }
-                    let Some(deadline) = meta.expires_at(default_ttl) else {
+                    let Some(deadline) = time_own_ttl(&mut st.wheel, meta, slot, &rules) else {
                         return; // TTL is off again: nothing to time.
                     };
-                    meta.tracking = Tracking::Timer(st.wheel.schedule(deadline, slot));
                     earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
                 }
                 next = end;
@@ -301,20 +301,16 @@ fn on_timer_fired(st: &mut ShardState, slot: u32, now: Millis) -> Option<Millis>
     meta.tracking = Tracking::None;
     // A collection being deleted: its cleanup frees the document.
     let cs = st.collections.get(&meta.collection)?;
-    if cs.rules.expired.covers(meta.last_write, meta.ttl) {
-        // An earlier default made it final, whatever the current one says.
-        meta.dead = true;
-        return Some(meta.timer_deadline());
-    }
-    match meta.expires_at(cs.rules.default_ttl) {
+    match meta.own_ttl_due(&cs.rules) {
         // TTL was turned off: untimed until it is turned on again.
         None => None,
         Some(expired_at) if expired_at <= now => {
             meta.dead = true;
             Some(expired_at)
         }
-        Some(later) => {
-            meta.tracking = Tracking::Timer(st.wheel.schedule(later, slot));
+        // The default grew since the timer was set.
+        Some(_) => {
+            time_own_ttl(&mut st.wheel, meta, slot, &cs.rules);
             None
         }
     }

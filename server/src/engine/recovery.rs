@@ -19,7 +19,7 @@ use super::{
     CollectionUid, Engine, EngineConfig, EngineMetrics, Error,
     clock::{Clock, Millis},
     expiry::inherit_queue::SlotRef,
-    shard::{DocMeta, Shard, Tracking},
+    shard::{DocMeta, Shard, Tracking, time_own_ttl},
     ttl::DocumentTtl,
 };
 use crate::storage::{Lsn, Storage, StorageError, StoredMeta};
@@ -261,14 +261,7 @@ impl Shard {
                         Some(DocumentTtl::Never) => meta.tracking = Tracking::None,
                         Some(DocumentTtl::After(_)) => {
                             meta.tracking = Tracking::None;
-                            let due = if cs.rules.expired.covers(meta.last_write, meta.ttl) {
-                                // Made final by an earlier default: due however the current
-                                // one would judge it.
-                                Some(meta.timer_deadline())
-                            } else {
-                                meta.expires_at(cs.rules.default_ttl)
-                            };
-                            match due {
+                            match meta.own_ttl_due(&cs.rules) {
                                 // TTL is off: untimed, like any own-ttl document while it is.
                                 None => {}
                                 Some(due) if due <= now => {
@@ -278,8 +271,7 @@ impl Shard {
                                     earliest = Some(now);
                                 }
                                 Some(due) => {
-                                    meta.tracking =
-                                        Tracking::Timer(st.wheel.schedule(due, slot as u32));
+                                    time_own_ttl(&mut st.wheel, meta, slot as u32, &cs.rules);
                                     report.timers += 1;
                                     earliest = Some(earliest.map_or(due, |e| e.min(due)));
                                 }

@@ -20,8 +20,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use super::{
-    Outcome,
-    catalog::{CollectionInfo, CollectionUid},
+    CollectionInfo, CollectionUid, Outcome,
     clock::{Clock, Millis},
     document::{DocumentView, Etag, WriteMode},
     error::Error,
@@ -159,6 +158,32 @@ impl DocMeta {
     pub(super) fn is_visible(&self, rules: &Rules, now: Millis) -> bool {
         !self.dead && rules.is_visible(self.last_write, self.ttl, now)
     }
+
+    /// When an own-ttl document's timer must fire under `rules`: its expiry, or, if an earlier
+    /// default made it final, its own deadline whatever the current default says. `None`
+    /// while TTL is off (it waits untimed until TTL is turned on again).
+    pub(super) fn own_ttl_due(&self, rules: &Rules) -> Option<Millis> {
+        if rules.expired.covers(self.last_write, self.ttl) {
+            Some(self.timer_deadline())
+        } else {
+            self.expires_at(rules.default_ttl)
+        }
+    }
+}
+
+/// Gives an own-ttl document in `slot` the timer its collection's rules call for and returns
+/// when it fires; `None` leaves it untimed (TTL is off). The one place an own-ttl document is
+/// timed: on a write, when TTL is turned on, when a timer fires early, and at recovery.
+pub(super) fn time_own_ttl(
+    wheel: &mut TimerWheel,
+    meta: &mut DocMeta,
+    slot: u32,
+    rules: &Rules,
+) -> Option<Millis> {
+    debug_assert!(matches!(meta.ttl, Some(DocumentTtl::After(_))));
+    let due = meta.own_ttl_due(rules)?;
+    meta.tracking = Tracking::Timer(wheel.schedule(due, slot));
+    Some(due)
 }
 
 /// Slots for document metadata, addressed by index. Every write and every free bumps a slot's
@@ -515,11 +540,7 @@ pub(super) fn attach(
             due
         }
         Some(DocumentTtl::Never) => None,
-        Some(DocumentTtl::After(_)) => {
-            let deadline = meta.expires_at(cs.rules.default_ttl)?;
-            meta.tracking = Tracking::Timer(wheel.schedule(deadline, r.slot));
-            Some(deadline)
-        }
+        Some(DocumentTtl::After(_)) => time_own_ttl(wheel, meta, r.slot, &cs.rules),
     }
 }
 

@@ -12,7 +12,7 @@ use super::{
     CatalogChange, DocKey, DocumentWrite, DurableFuture, Lsn, ShardStore, Storage, StorageError,
     StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
-use crate::engine::{CollectionUid, DocumentId, PartitionKeyValue};
+use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
 /// Keeps every document in ordered maps, one set per engine shard.
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::engine::{
+use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
     ExpiredThrough, IdKind, IndexingMode, PartitionKeyPath,
 };
@@ -110,7 +110,7 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::TtlSeconds;
+    use crate::model::TtlSeconds;
 
     #[test]
     fn records_without_expired_marks_read_as_none() {

@@ -7,7 +7,7 @@
 //! the documents keyspace appends the body. The expiry instant is a function of absolute values
 //! only (last write + ttl, or + the collection default): a restart never extends a life.
 
-use crate::engine::{
+use crate::model::{
     CollectionUid, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue, TtlSeconds,
 };
 use crate::storage::{DocKey, StorageError};
@@ -17,13 +17,6 @@ pub(super) const MAX_KEY_BYTES: usize = u16::MAX as usize;
 
 /// Bytes of the value header.
 pub(super) const HEADER_BYTES: usize = 20;
-
-const PK_UNDEFINED: u8 = 0;
-const PK_NULL: u8 = 1;
-const PK_FALSE: u8 = 2;
-const PK_TRUE: u8 = 3;
-const PK_NUMBER: u8 = 4;
-const PK_STRING: u8 = 5;
 
 /// The key prefix of one shard.
 pub(super) fn shard_prefix(shard: u16) -> Vec<u8> {
@@ -45,7 +38,7 @@ pub(super) fn partition_prefix(
     partition_key: &PartitionKeyValue,
 ) -> Vec<u8> {
     let mut key = collection_prefix(shard, uid);
-    encode_partition_key(&mut key, partition_key);
+    partition_key.encode_ordered(&mut key);
     key
 }
 
@@ -54,39 +47,6 @@ pub(super) fn document_key(shard: u16, uid: CollectionUid, key: &DocKey) -> Vec<
     let mut out = partition_prefix(shard, uid, &key.partition_key);
     out.extend_from_slice(key.id.as_str().as_bytes());
     out
-}
-
-/// Strings are escaped (0x00 → 0x00 0xFF) and end with 0x00 0x01, which keeps byte order equal
-/// to string order and makes the encoding self-delimiting (a partition's prefix is never a
-/// prefix of another partition's keys).
-fn encode_partition_key(out: &mut Vec<u8>, value: &PartitionKeyValue) {
-    match value {
-        PartitionKeyValue::Undefined => out.push(PK_UNDEFINED),
-        PartitionKeyValue::Null => out.push(PK_NULL),
-        PartitionKeyValue::Bool(false) => out.push(PK_FALSE),
-        PartitionKeyValue::Bool(true) => out.push(PK_TRUE),
-        PartitionKeyValue::Number(x) => {
-            out.push(PK_NUMBER);
-            // Flip so that unsigned byte order is numeric order.
-            let bits = x.to_bits();
-            let ordered = if bits >> 63 == 1 {
-                !bits
-            } else {
-                bits | 1 << 63
-            };
-            out.extend_from_slice(&ordered.to_be_bytes());
-        }
-        PartitionKeyValue::String(s) => {
-            out.push(PK_STRING);
-            for &b in s.as_bytes() {
-                out.push(b);
-                if b == 0 {
-                    out.push(0xFF);
-                }
-            }
-            out.extend_from_slice(&[0x00, 0x01]);
-        }
-    }
 }
 
 fn corrupt(what: &str) -> StorageError {
@@ -102,47 +62,7 @@ pub(super) fn decode_document_key(key: &[u8]) -> Result<(CollectionUid, DocKey),
         .map(u64::from_be_bytes)
         .ok_or_else(bad)?;
     let rest = &key[10..];
-    let (&tag, rest) = rest.split_first().ok_or_else(bad)?;
-    let (partition_key, id) = match tag {
-        PK_UNDEFINED => (PartitionKeyValue::Undefined, rest),
-        PK_NULL => (PartitionKeyValue::Null, rest),
-        PK_FALSE => (PartitionKeyValue::Bool(false), rest),
-        PK_TRUE => (PartitionKeyValue::Bool(true), rest),
-        PK_NUMBER => {
-            let ordered = rest
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-                .ok_or_else(bad)?;
-            let bits = if ordered >> 63 == 1 {
-                ordered & !(1 << 63)
-            } else {
-                !ordered
-            };
-            (PartitionKeyValue::Number(f64::from_bits(bits)), &rest[8..])
-        }
-        PK_STRING => {
-            let mut s = Vec::new();
-            let mut i = 0;
-            loop {
-                match (rest.get(i), rest.get(i + 1)) {
-                    (Some(0), Some(0xFF)) => {
-                        s.push(0);
-                        i += 2;
-                    }
-                    (Some(0), Some(1)) => break,
-                    (Some(&b), _) if b != 0 => {
-                        s.push(b);
-                        i += 1;
-                    }
-                    _ => return Err(bad()),
-                }
-            }
-            let s = String::from_utf8(s).map_err(|_| bad())?;
-            (PartitionKeyValue::String(s.into()), &rest[i + 2..])
-        }
-        _ => return Err(bad()),
-    };
+    let (partition_key, id) = PartitionKeyValue::decode_ordered(rest).ok_or_else(bad)?;
     let id = std::str::from_utf8(id).map_err(|_| bad())?;
     let id = DocumentId::parse(IdKind::Document, id).map_err(|_| bad())?;
     Ok((CollectionUid(uid), DocKey { partition_key, id }))

@@ -33,7 +33,7 @@ use super::{
     CatalogChange, DocKey, DocumentWrite, DurableFuture, Lsn, ScanRange, ShardStore, Storage,
     StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
-use crate::engine::CollectionUid;
+use crate::model::CollectionUid;
 
 /// Keys deleted per batch when a collection's documents are freed.
 const DROP_BATCH: usize = 4096;
@@ -551,7 +551,7 @@ impl ShardStore for DiskShard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{DocumentId, DocumentTtl, IdKind, PartitionKeyValue, TtlSeconds};
+    use crate::model::{DocumentId, DocumentTtl, IdKind, PartitionKeyValue, TtlSeconds};
     use crate::storage::StorageErrorKind;
 
     fn options(path: &Path) -> DiskOptions {
@@ -694,11 +694,11 @@ mod tests {
                 })
                 .expect_err("refused");
             assert_eq!(refused.kind(), StorageErrorKind::Unavailable);
-            let info = crate::engine::CollectionInfo {
+            let info = crate::model::CollectionInfo {
                 database: DocumentId::parse(IdKind::Database, "d").expect("valid"),
                 id: DocumentId::parse(IdKind::Collection, "c").expect("valid"),
                 uid: CollectionUid(9),
-                partition_key_path: crate::engine::PartitionKeyPath::parse("/pk").expect("valid"),
+                partition_key_path: crate::model::PartitionKeyPath::parse("/pk").expect("valid"),
                 settings: Default::default(),
                 expired: Default::default(),
             };

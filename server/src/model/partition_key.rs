@@ -4,7 +4,7 @@ use std::{cmp::Ordering, fmt, hash::Hash, sync::Arc};
 
 use serde_json::{Map, Value};
 
-use super::error::InvalidInput;
+use super::invalid::InvalidInput;
 
 /// Longest string partition key value, in bytes of UTF-8 (Cosmos DB's limit for large
 /// partition keys). Bounds storage keys, which the disk backend caps at 64 KiB.
@@ -104,6 +104,13 @@ impl fmt::Debug for PartitionKeyPath {
     }
 }
 
+const TAG_UNDEFINED: u8 = 0;
+const TAG_NULL: u8 = 1;
+const TAG_FALSE: u8 = 2;
+const TAG_TRUE: u8 = 3;
+const TAG_NUMBER: u8 = 4;
+const TAG_STRING: u8 = 5;
+
 /// A partition key value. Documents without the property share the `Undefined` partition.
 #[derive(Clone, Debug)]
 pub enum PartitionKeyValue {
@@ -163,6 +170,84 @@ impl PartitionKeyValue {
                 serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number)
             }
             PartitionKeyValue::String(s) => Value::String(s.to_string()),
+        })
+    }
+
+    /// Appends the value's one byte encoding, used by storage keys and continuation tokens
+    /// alike. Byte order equals key order, and the encoding is self-delimiting: strings are
+    /// escaped (0x00 → 0x00 0xFF) and end with 0x00 0x01, so one partition's encoding is
+    /// never a prefix of another's.
+    pub fn encode_ordered(&self, out: &mut Vec<u8>) {
+        match self {
+            PartitionKeyValue::Undefined => out.push(TAG_UNDEFINED),
+            PartitionKeyValue::Null => out.push(TAG_NULL),
+            PartitionKeyValue::Bool(false) => out.push(TAG_FALSE),
+            PartitionKeyValue::Bool(true) => out.push(TAG_TRUE),
+            PartitionKeyValue::Number(x) => {
+                out.push(TAG_NUMBER);
+                // Flip so that unsigned byte order is numeric order.
+                let bits = x.to_bits();
+                let ordered = if bits >> 63 == 1 {
+                    !bits
+                } else {
+                    bits | 1 << 63
+                };
+                out.extend_from_slice(&ordered.to_be_bytes());
+            }
+            PartitionKeyValue::String(s) => {
+                out.push(TAG_STRING);
+                for &b in s.as_bytes() {
+                    out.push(b);
+                    if b == 0 {
+                        out.push(0xFF);
+                    }
+                }
+                out.extend_from_slice(&[0x00, 0x01]);
+            }
+        }
+    }
+
+    /// Reads a value written by [`PartitionKeyValue::encode_ordered`] from the front of
+    /// `bytes`, returning it and what follows; `None` if the bytes are not such an encoding.
+    /// Only the structure is checked (not the length limit, which stored data may predate):
+    /// input from clients goes through [`PartitionKeyValue::string`] as well.
+    pub fn decode_ordered(bytes: &[u8]) -> Option<(Self, &[u8])> {
+        let (&tag, rest) = bytes.split_first()?;
+        Some(match tag {
+            TAG_UNDEFINED => (PartitionKeyValue::Undefined, rest),
+            TAG_NULL => (PartitionKeyValue::Null, rest),
+            TAG_FALSE => (PartitionKeyValue::Bool(false), rest),
+            TAG_TRUE => (PartitionKeyValue::Bool(true), rest),
+            TAG_NUMBER => {
+                let ordered = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+                let bits = if ordered >> 63 == 1 {
+                    ordered & !(1 << 63)
+                } else {
+                    !ordered
+                };
+                (PartitionKeyValue::Number(f64::from_bits(bits)), &rest[8..])
+            }
+            TAG_STRING => {
+                let mut s = Vec::new();
+                let mut i = 0;
+                loop {
+                    match (rest.get(i), rest.get(i + 1)) {
+                        (Some(0), Some(0xFF)) => {
+                            s.push(0);
+                            i += 2;
+                        }
+                        (Some(0), Some(1)) => break,
+                        (Some(&b), _) if b != 0 => {
+                            s.push(b);
+                            i += 1;
+                        }
+                        _ => return None,
+                    }
+                }
+                let s = String::from_utf8(s).ok()?;
+                (PartitionKeyValue::String(s.into()), &rest[i + 2..])
+            }
+            _ => return None,
         })
     }
 

@@ -5,7 +5,7 @@ use std::{fmt, num::NonZeroU32};
 
 use serde_json::Value;
 
-use super::{clock::Millis, error::InvalidInput};
+use super::{Millis, invalid::InvalidInput};
 
 /// Largest TTL in seconds (int32 max, as in Cosmos DB).
 pub const MAX_TTL_SECONDS: u32 = i32::MAX as u32;

@@ -2,7 +2,7 @@
 
 use std::{borrow::Borrow, fmt, sync::Arc};
 
-use super::error::InvalidInput;
+use super::invalid::InvalidInput;
 
 /// Longest id, in characters.
 pub const MAX_ID_CHARS: usize = 255;

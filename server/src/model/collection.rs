@@ -1,0 +1,111 @@
+//! Collections as the catalog records them: numbers, settings, expiry rules.
+
+use super::{
+    ids::{CollectionId, DatabaseId},
+    invalid::InvalidInput,
+    partition_key::PartitionKeyPath,
+    ttl::{DefaultTtl, ExpiredThrough, Rules},
+};
+
+/// Internal, never reused number of a collection. Documents are keyed by it, so a collection
+/// deleted and created again under the same id never sees the old documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CollectionUid(pub u64);
+
+/// How a collection indexes its documents (SPEC §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IndexingMode {
+    /// Index updated with each write.
+    #[default]
+    Consistent,
+    /// Index updated in the background.
+    Lazy,
+    /// No index.
+    None,
+}
+
+/// A collection's settings, valid together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CollectionSettings {
+    default_ttl: DefaultTtl,
+    indexing_mode: IndexingMode,
+}
+
+impl CollectionSettings {
+    /// Checks the one cross-field rule: TTL (even -1) needs an index.
+    pub fn new(default_ttl: DefaultTtl, indexing_mode: IndexingMode) -> Result<Self, InvalidInput> {
+        if default_ttl.is_on() && indexing_mode == IndexingMode::None {
+            return Err(InvalidInput::TtlWithoutIndex);
+        }
+        Ok(CollectionSettings {
+            default_ttl,
+            indexing_mode,
+        })
+    }
+
+    /// The default TTL.
+    pub fn default_ttl(&self) -> DefaultTtl {
+        self.default_ttl
+    }
+
+    /// The indexing mode.
+    pub fn indexing_mode(&self) -> IndexingMode {
+        self.indexing_mode
+    }
+}
+
+/// A collection as the catalog describes it. Immutable: a settings change publishes a new one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollectionInfo {
+    /// Database it belongs to.
+    pub database: DatabaseId,
+    /// Its id in the database.
+    pub id: CollectionId,
+    /// Internal number documents are keyed by.
+    pub uid: CollectionUid,
+    /// Where documents carry their partition key.
+    pub partition_key_path: PartitionKeyPath,
+    /// Its settings.
+    pub settings: CollectionSettings,
+    /// What earlier default TTLs made final; recorded with every settings change.
+    pub expired: ExpiredThrough,
+}
+
+impl CollectionInfo {
+    /// The expiry rules its documents are judged by.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            default_ttl: self.settings.default_ttl(),
+            expired: self.expired,
+        }
+    }
+}
+
+/// What `replace_collection` changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SettingsChange {
+    /// The new default TTL; always explicit, since Off is what Cosmos DB does with an omitted one.
+    pub default_ttl: DefaultTtl,
+    /// The new indexing mode; `None` keeps the current one.
+    pub indexing_mode: Option<IndexingMode>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TtlSeconds;
+
+    #[test]
+    fn ttl_needs_an_index_in_both_directions() {
+        let n = DefaultTtl::After(TtlSeconds::new(10).expect("in range"));
+        for ttl in [DefaultTtl::NoDefault, n] {
+            let err = CollectionSettings::new(ttl, IndexingMode::None).expect_err("rejected");
+            assert_eq!(
+                err.to_string(),
+                "Indexing mode value cannot be 'none' when 'defaultTtl' is specified in the collection"
+            );
+        }
+        assert!(CollectionSettings::new(DefaultTtl::Off, IndexingMode::None).is_ok());
+        assert!(CollectionSettings::new(n, IndexingMode::Lazy).is_ok());
+    }
+}

@@ -1,0 +1,125 @@
+//! Why a request's input was rejected: the domain types validate themselves with these.
+
+use std::fmt;
+
+use super::{ids::IdKind, partition_key::PartitionKeyValue};
+
+/// Why a request's input was rejected.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InvalidInput {
+    /// A collection `defaultTtl` out of range (Cosmos DB's message).
+    DefaultTtl { raw: String },
+    /// A document `ttl` out of range or of the wrong type (Cosmos DB's message).
+    DocumentTtl { raw: String },
+    /// A default TTL on a collection that does not index (Cosmos DB's message).
+    TtlWithoutIndex,
+    /// An id breaking the id rules.
+    Id {
+        kind: IdKind,
+        value: String,
+        chars: usize,
+        bad_char: Option<char>,
+    },
+    /// A partition key path that cannot be used.
+    PartitionKeyPath { path: String, reason: String },
+    /// The partition key property holds an object or array.
+    PartitionKeyValueType { path: String, found: &'static str },
+    /// A string partition key value longer than the limit.
+    PartitionKeyTooLong { bytes: usize, limit: usize },
+    /// The request's partition key differs from the body's.
+    PartitionKeyMismatch {
+        request: PartitionKeyValue,
+        body: PartitionKeyValue,
+        path: String,
+    },
+    /// The request's id differs from the body's.
+    IdMismatch { request: String, body: String },
+    /// The body has no string `id`.
+    MissingId { found: Option<&'static str> },
+    /// The request field `ttl` and the body's `ttl` disagree.
+    ConflictingTtl { field: i64, body: String },
+    /// The body's JSON is larger than the limit.
+    DocumentTooLarge { bytes: usize, limit: usize },
+    /// The body is nested deeper than the limit.
+    DocumentTooDeep { limit: usize },
+    /// The body is not representable as JSON (NaN, invalid UTF-8, ...).
+    BadJson { reason: String },
+    /// A required field is missing from the request.
+    MissingField {
+        field: &'static str,
+        hint: &'static str,
+    },
+    /// An enum field holds a value this server does not know.
+    UnknownEnumValue { field: &'static str, value: i32 },
+    /// A read-feed page size out of range.
+    PageSize { value: u32, max: u32 },
+    /// A continuation token that this feed did not produce.
+    Continuation { reason: &'static str },
+}
+
+const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
+
+impl fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidInput::DefaultTtl { raw } => write!(f, "The input defaultTtl '{raw}' {TTL_RULE}"),
+            InvalidInput::DocumentTtl { raw } => write!(f, "The input ttl '{raw}' {TTL_RULE}"),
+            InvalidInput::TtlWithoutIndex => {
+                f.write_str("Indexing mode value cannot be 'none' when 'defaultTtl' is specified in the collection")
+            }
+            InvalidInput::Id { kind, value, chars, bad_char } => {
+                write!(f, "invalid {kind} id {value:?}: ")?;
+                match bad_char {
+                    Some(c) => write!(f, "it contains {c:?}; ids cannot contain '/', '\\', '?' or '#'"),
+                    None if *chars == 0 => f.write_str("ids must not be empty"),
+                    None => write!(f, "it has {chars} characters; ids have at most 255"),
+                }
+            }
+            InvalidInput::PartitionKeyPath { path, reason } => {
+                write!(f, "invalid partition key path {path:?}: {reason}")
+            }
+            InvalidInput::PartitionKeyValueType { path, found } => write!(
+                f,
+                "the partition key value{} is {found}; it must be a string, number, bool or null",
+                if path.is_empty() { String::new() } else { format!(" at {path}") }
+            ),
+            InvalidInput::PartitionKeyTooLong { bytes, limit } => write!(
+                f,
+                "the partition key value is {bytes} bytes of UTF-8; the limit is {limit} bytes"
+            ),
+            InvalidInput::PartitionKeyMismatch { request, body, path } => write!(
+                f,
+                "the request's partition key {request} does not match the body's value at {path}, which is {body}"
+            ),
+            InvalidInput::IdMismatch { request, body } => {
+                write!(f, "the request's id '{request}' does not match the body's \"id\" '{body}'")
+            }
+            InvalidInput::MissingId { found: None } => f.write_str("the document body needs a string \"id\" property"),
+            InvalidInput::MissingId { found: Some(t) } => {
+                write!(f, "the document's \"id\" property is {t}; it must be a string")
+            }
+            InvalidInput::ConflictingTtl { field, body } => write!(
+                f,
+                "the request's ttl field ({field}) and the body's \"ttl\" property ({body}) differ; send one of them, or the same value in both"
+            ),
+            InvalidInput::DocumentTooLarge { bytes, limit } => {
+                write!(f, "the document is {bytes} bytes of JSON; the limit is {limit} bytes (2 MiB)")
+            }
+            InvalidInput::DocumentTooDeep { limit } => write!(
+                f,
+                "the document is nested deeper than {limit} levels; flatten it or move deep parts to another document"
+            ),
+            InvalidInput::BadJson { reason } => f.write_str(reason),
+            InvalidInput::MissingField { field, hint } => write!(f, "the request needs '{field}': {hint}"),
+            InvalidInput::UnknownEnumValue { field, value } => {
+                write!(f, "'{field}' has the value {value}, which this server does not know")
+            }
+            InvalidInput::PageSize { value, max } => {
+                write!(f, "page_size {value} is out of range; use 1..={max}, or 0 for the default")
+            }
+            InvalidInput::Continuation { reason } => write!(f, "invalid continuation token: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for InvalidInput {}

@@ -1,0 +1,22 @@
+//! The domain types the engine and storage share: ids, partition key values, TTLs,
+//! collections and stored documents. They validate themselves and know nothing of locks,
+//! shards, gRPC or disks; storage depends on this module, never on the engine.
+
+mod collection;
+mod document;
+mod ids;
+mod invalid;
+pub(crate) mod partition_key;
+pub(crate) mod ttl;
+
+pub use collection::{
+    CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange,
+};
+pub use document::{DocKey, StoredDocument};
+pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
+pub use invalid::InvalidInput;
+pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
+pub use ttl::{DefaultTtl, DocumentTtl, ExpiredThrough, MAX_TTL_SECONDS, Rules, TtlSeconds};
+
+/// Unix epoch milliseconds.
+pub type Millis = u64;
