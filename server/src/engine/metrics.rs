@@ -1,8 +1,6 @@
 //! Expiry metrics in Prometheus form: counters and the purge-lag histogram are updated as the
 //! engine works; gauges are read from the shards at each scrape.
 
-use std::sync::atomic::Ordering;
-
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -142,11 +140,7 @@ impl Engine {
     pub fn expiry_stats(&self) -> ExpiryStats {
         let mut stats = ExpiryStats::default();
         for shard in self.shards() {
-            stats.purge_backlog += shard.backlog.load(Ordering::Relaxed);
-            let state = shard.lock();
-            stats.documents += state.docs.len() as u64;
-            stats.tracked_documents += state.tracked_documents() as u64;
-            stats.bookkeeping_bytes += state.bookkeeping_bytes() as u64;
+            shard.add_expiry_stats(&mut stats);
         }
         stats
     }

@@ -378,43 +378,32 @@ impl Engine {
             .indexing_mode
             .unwrap_or(current.settings.indexing_mode());
         let settings = CollectionSettings::new(change.default_ttl, mode)?;
-        let (info, lsn, turned_on) = {
-            // Every shard switches at one instant, under all the shard locks at once (taken in
-            // index order; only catalog changes, which `ddl` serialises, hold more than one), so
-            // no shard judges by the old rules after another has switched, and the marks below
-            // cover everything the old default expired up to that instant. The hold is short:
-            // a few assignments per shard and one journal append.
-            let mut states: Vec<_> = self.shards().iter().map(|s| s.lock()).collect();
-            let at = states
-                .iter_mut()
-                .map(|st| st.now(&*self.inner.clock))
-                .max()
-                .unwrap_or_default();
-            let old = current.settings.default_ttl();
-            let expired = if old == settings.default_ttl() {
-                current.expired
-            } else {
-                current.expired.after_change(old, at)
-            };
-            let info = Arc::new(CollectionInfo {
-                settings,
-                expired,
-                ..(*current).clone()
-            });
-            let lsn = self
-                .inner
-                .storage
-                .write_catalog(CatalogChange::PutCollection(&info))?;
-            let turned_on: Vec<bool> = states
-                .iter_mut()
-                .map(|st| st.set_rules(info.uid, info.rules(), at, lsn))
-                .collect();
-            (info, lsn, turned_on)
-        };
+        // Every shard switches at one instant, so the marks below cover everything the old
+        // default expired up to that instant.
+        let ((info, lsn), turned_on) =
+            Shard::switch_rules(self.shards(), &*self.inner.clock, current.uid, |at| {
+                let old = current.settings.default_ttl();
+                let expired = if old == settings.default_ttl() {
+                    current.expired
+                } else {
+                    current.expired.after_change(old, at)
+                };
+                let info = Arc::new(CollectionInfo {
+                    settings,
+                    expired,
+                    ..(*current).clone()
+                });
+                let lsn = self
+                    .inner
+                    .storage
+                    .write_catalog(CatalogChange::PutCollection(&info))?;
+                let rules = info.rules();
+                Ok::<_, Error>(((info, lsn), rules, lsn))
+            })?;
         self.inner.catalog.write().put_collection(info.clone());
         for (shard, turned_on) in self.shards().iter().zip(turned_on) {
             // Anything may be due now: inheritors under a lower default, or marked ones.
-            shard.purge_wake.notify_one();
+            shard.wake_purge();
             if turned_on {
                 shard.time_own_ttls(info.uid);
             }
@@ -458,7 +447,7 @@ impl Engine {
                 let mut slots = part.index.into_iter();
                 while !shard.free_detached(&mut slots, FREE_BATCH) {}
             }
-            if let Err(e) = shard.store.drop_collection(info.uid) {
+            if let Err(e) = shard.drop_stored_collection(info.uid) {
                 // The catalog no longer names it; what is left is unreachable garbage.
                 tracing::warn!(error = %e, collection = %info.id, "could not free a deleted collection's storage; a restart retries");
             }

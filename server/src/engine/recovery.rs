@@ -6,7 +6,7 @@
 //! past due go straight to the purge backlog.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -15,17 +15,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    CollectionUid, Engine, EngineConfig, EngineMetrics, Error,
-    clock::{Clock, Millis},
-    expiry::inherit_queue::SlotRef,
-    shard::{DocMeta, Shard, Tracking, time_own_ttl},
-    ttl::DocumentTtl,
-};
-use crate::storage::{Lsn, Storage, StorageError, StoredMeta};
-
-/// Slots the expiry rebuild goes through per hold of a shard lock.
-const REBUILD_CHUNK: usize = 8192;
+use super::{CollectionUid, Engine, EngineConfig, EngineMetrics, Error, clock::Clock};
+use crate::storage::{Storage, StorageError};
 
 /// What [`Engine::open`] found in storage.
 #[derive(Debug, Clone, Default)]
@@ -65,10 +56,10 @@ impl ExpiryRebuild {
 
 /// One shard's part of a recovery.
 #[derive(Debug, Default)]
-struct ShardLoad {
-    documents: usize,
-    max_version: u64,
-    orphans: HashSet<CollectionUid>,
+pub(super) struct ShardLoad {
+    pub(super) documents: usize,
+    pub(super) max_version: u64,
+    pub(super) orphans: HashSet<CollectionUid>,
 }
 
 impl Engine {
@@ -181,127 +172,9 @@ impl Engine {
     pub fn free_collections(&self, uids: &[CollectionUid]) -> Result<(), Error> {
         for &uid in uids {
             for shard in self.shards() {
-                shard.store.drop_collection(uid)?;
+                shard.drop_stored_collection(uid)?;
             }
         }
         Ok(())
-    }
-}
-
-impl Shard {
-    /// Loads this shard's documents from its store, untracked.
-    fn load(&self, known: &HashSet<CollectionUid>) -> Result<ShardLoad, StorageError> {
-        let mut out = ShardLoad::default();
-        let mut state = self.lock();
-        let st = &mut *state;
-        let mut latest: Millis = 0;
-        self.store.load(&mut |doc: StoredMeta| {
-            // Deleted documents' versions count too: none is handed out again.
-            out.max_version = out.max_version.max(doc.version);
-            let Some(cs) = st.collections.get_mut(&doc.collection) else {
-                if !known.contains(&doc.collection) {
-                    out.orphans.insert(doc.collection);
-                }
-                return;
-            };
-            out.documents += 1;
-            latest = latest.max(doc.last_write);
-            let r = st.docs.insert(DocMeta {
-                collection: doc.collection,
-                key: doc.key.clone(),
-                last_write: doc.last_write,
-                version: doc.version,
-                // Storage syncs what it recovered before serving it.
-                lsn: Lsn::ZERO,
-                ttl: doc.ttl,
-                tracking: Tracking::Unscheduled,
-                dead: false,
-            });
-            cs.index.insert(doc.key, r.slot);
-        })?;
-        // Shard time never runs behind a stored write, even if the wall clock stepped back
-        // across the restart: nothing stored can come back to life.
-        st.advance_to(latest);
-        Ok(out)
-    }
-
-    fn rebuild_expiry(&self, clock: &dyn Clock, report: &mut ExpiryRebuild) {
-        let mut inheritors: HashMap<CollectionUid, Vec<(Millis, SlotRef)>> = HashMap::new();
-        let mut next = 0;
-        loop {
-            let earliest = {
-                let mut state = self.lock();
-                let st = &mut *state;
-                let now = st.now(clock);
-                let end = (next + REBUILD_CHUNK).min(st.docs.slot_count());
-                if next >= end {
-                    break;
-                }
-                let mut earliest: Option<Millis> = None;
-                for slot in next..end {
-                    let r = st.docs.current_ref(slot as u32);
-                    let Some(meta) = st.docs.try_get_mut(slot as u32) else {
-                        continue;
-                    };
-                    if meta.tracking != Tracking::Unscheduled {
-                        continue;
-                    }
-                    let Some(cs) = st.collections.get(&meta.collection) else {
-                        continue;
-                    };
-                    match meta.ttl {
-                        // Queued at the end, all at once and in write order.
-                        None => {
-                            inheritors
-                                .entry(meta.collection)
-                                .or_default()
-                                .push((meta.last_write, r));
-                            continue;
-                        }
-                        Some(DocumentTtl::Never) => meta.tracking = Tracking::None,
-                        Some(DocumentTtl::After(_)) => {
-                            meta.tracking = Tracking::None;
-                            match meta.own_ttl_due(&cs.rules) {
-                                // TTL is off: untimed, like any own-ttl document while it is.
-                                None => {}
-                                Some(due) if due <= now => {
-                                    meta.dead = true;
-                                    st.pending.push_back((r, due));
-                                    report.past_due += 1;
-                                    earliest = Some(now);
-                                }
-                                Some(due) => {
-                                    time_own_ttl(&mut st.wheel, meta, slot as u32, &cs.rules);
-                                    report.timers += 1;
-                                    earliest = Some(earliest.map_or(due, |e| e.min(due)));
-                                }
-                            }
-                        }
-                    }
-                }
-                next = end;
-                earliest
-            };
-            self.wake_purge_for(earliest);
-        }
-        for (uid, mut entries) in inheritors {
-            entries.sort_unstable_by_key(|&(written, _)| written);
-            let mut state = self.lock();
-            let st = &mut *state;
-            let Some(cs) = st.collections.get_mut(&uid) else {
-                continue;
-            };
-            // Rewritten or removed since the pass above: those have their own tracking now.
-            entries.retain(|&(_, r)| {
-                st.docs.is_current(r) && st.docs.get(r.slot).tracking == Tracking::Unscheduled
-            });
-            for &(_, r) in &entries {
-                st.docs.get_mut(r.slot).tracking = Tracking::Queue;
-            }
-            report.queued += entries.len();
-            cs.inherit.prepend_sorted(&entries);
-            cs.refresh_head(&mut st.heads);
-        }
-        self.purge_wake.notify_one();
     }
 }

@@ -1,0 +1,140 @@
+//! A shard's part of a feed page: documents scanned outside the lock, judged under it.
+
+use std::sync::Arc;
+
+use crate::engine::feed::{FeedScope, SCAN_FACTOR, ShardPage};
+use crate::engine::{
+    CollectionInfo,
+    clock::Clock,
+    document::DocumentView,
+    error::Error,
+    shard::{Shard, collection_gone, observed, view},
+};
+use crate::storage::{DocKey, Lsn, ScanRange, StoredDocument};
+
+impl Shard {
+    /// Up to `want` live documents of `scope` after `after`, of at most `bytes_left` body bytes
+    /// unless the first one alone is larger and `take_first` is set. Storage is scanned outside
+    /// the shard lock; each batch is then judged under it, and a document written between the
+    /// two is fetched again once (one rewritten even then counts as written during the feed).
+    pub(crate) fn scan_page(
+        &self,
+        info: &CollectionInfo,
+        scope: &FeedScope,
+        after: Option<&DocKey>,
+        want: usize,
+        (bytes_left, take_first): (usize, bool),
+        clock: &dyn Clock,
+    ) -> Result<ShardPage, Error> {
+        let mut page = ShardPage {
+            documents: Vec::new(),
+            bytes: 0,
+            settle_at: Lsn::ZERO,
+            last: after.cloned(),
+            exhausted: false,
+        };
+        let mut scanned = 0;
+        while page.documents.len() < want && scanned < want * SCAN_FACTOR {
+            let limit = want - page.documents.len();
+            let range = match scope {
+                FeedScope::Collection => ScanRange::Collection {
+                    after: page.last.as_ref(),
+                },
+                FeedScope::Partition(pk) => ScanRange::Partition {
+                    partition_key: pk,
+                    after: page.last.as_ref().map(|k| &k.id),
+                },
+            };
+            let mut batch = self.store.scan(info.uid, range, limit)?;
+            scanned += batch.len();
+            let mut judged = self.judge(info, &batch, clock)?;
+            let stale: Vec<usize> = (0..batch.len())
+                .filter(|&i| judged.views[i] == Judged::Changed)
+                .collect();
+            if !stale.is_empty() {
+                for &i in &stale {
+                    if let Some(record) = self.store.get(info.uid, &batch[i].key)? {
+                        batch[i] = record;
+                    }
+                }
+                let again = self.judge(info, &batch, clock)?;
+                judged.settle_at = judged.settle_at.max(again.settle_at);
+                for i in stale {
+                    judged.views[i] = again.views[i].clone();
+                }
+            }
+            page.settle_at = page.settle_at.max(judged.settle_at);
+            for (record, judged) in batch.iter().zip(judged.views) {
+                if let Judged::Live(view) = judged {
+                    let size = record.body.len();
+                    let first = take_first && page.documents.is_empty();
+                    if page.bytes + size > bytes_left && !first {
+                        // Full: the next page starts at this document.
+                        return Ok(page);
+                    }
+                    page.bytes += size;
+                    page.documents.push(*view);
+                }
+                page.last = Some(record.key.clone());
+            }
+            if batch.len() < limit {
+                page.exhausted = true;
+                break;
+            }
+        }
+        Ok(page)
+    }
+
+    /// Judges scanned documents under the shard lock, by one clock reading.
+    fn judge(
+        &self,
+        info: &CollectionInfo,
+        batch: &[Arc<StoredDocument>],
+        clock: &dyn Clock,
+    ) -> Result<JudgedBatch, Error> {
+        let mut state = self.lock();
+        let now = state.now(clock);
+        let st = &*state;
+        let cs = st
+            .collections
+            .get(&info.uid)
+            .ok_or_else(|| collection_gone(info))?;
+        let views = batch
+            .iter()
+            .map(|record| match cs.index.get(&record.key) {
+                None => Judged::Absent,
+                Some(&slot) => {
+                    let meta = st.docs.get(slot);
+                    if meta.version != record.version {
+                        Judged::Changed
+                    } else if meta.is_visible(&cs.rules, now) {
+                        Judged::Live(Box::new(view(record, cs.rules.default_ttl, now)))
+                    } else {
+                        Judged::Absent
+                    }
+                }
+            })
+            .collect();
+        Ok(JudgedBatch {
+            views,
+            settle_at: observed(st, cs),
+        })
+    }
+}
+
+/// What the shard's index says of a scanned document.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Judged {
+    /// Live, as scanned.
+    Live(Box<DocumentView>),
+    /// Deleted, expired, or not (yet) in the index.
+    Absent,
+    /// Written again since it was scanned.
+    Changed,
+}
+
+#[derive(Debug)]
+pub(super) struct JudgedBatch {
+    views: Vec<Judged>,
+    settle_at: Lsn,
+}

@@ -1,0 +1,295 @@
+//! What a shard's lock guards: its collections' parts, document slots, timers and queues,
+//! and the commit path every change goes through.
+
+#[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
+use super::*;
+
+#[derive(Debug)]
+pub(crate) struct ShardState {
+    pub(in crate::engine) collections: HashMap<CollectionUid, CollectionShard>,
+    pub(in crate::engine) docs: DocSlab,
+    pub(in crate::engine) wheel: TimerWheel,
+    /// Documents known to be expired (marked dead) and waiting to be purged, with their expiry
+    /// instants. Entries go stale when the document is written again.
+    pub(in crate::engine) pending: VecDeque<(SlotRef, Millis)>,
+    /// When each collection's inherit queue is next due: the purge serves the earliest first.
+    pub(in crate::engine) heads: QueueHeads,
+    /// The position of the latest client write to this shard: an answer that something is
+    /// absent (or differs) settles there, since it may reflect a delete not yet durable.
+    pub(in crate::engine) client_lsn: Lsn,
+    /// The latest clock reading this shard acted on; see [`ShardState::now`].
+    last_now: Millis,
+}
+
+/// A collection's part of one shard.
+#[derive(Debug)]
+pub(crate) struct CollectionShard {
+    pub(in crate::engine) uid: CollectionUid,
+    /// This shard's copy of the collection's expiry rules; reads judge visibility by it. A
+    /// settings change replaces it in every shard at one instant (see `Engine::replace_collection`).
+    pub(in crate::engine) rules: Rules,
+    /// When the rules last changed (or the shard loaded them): the expiry instant the purge
+    /// reports for documents an earlier default made final.
+    pub(in crate::engine) rules_changed_at: Millis,
+    /// Where the catalog change that set the rules is in the storage log: anything judged by
+    /// them settles there.
+    pub(in crate::engine) settings_lsn: Lsn,
+    pub(in crate::engine) index: HashMap<DocKey, u32>,
+    pub(in crate::engine) inherit: InheritQueue,
+    /// This collection's entry in [`ShardState::heads`].
+    pub(in crate::engine) head_due: Option<Millis>,
+}
+
+impl CollectionShard {
+    /// When an inheritor written at `written` expires under these rules (`None`: never).
+    pub(in crate::engine) fn inheritor_due(&self, written: Millis) -> Option<Millis> {
+        if self.rules.expired.covers(written, None) {
+            return Some(self.rules_changed_at);
+        }
+        match self.rules.default_ttl {
+            DefaultTtl::After(n) => Some(written + n.millis()),
+            DefaultTtl::Off | DefaultTtl::NoDefault => None,
+        }
+    }
+
+    /// Records in `heads` when this collection's inherit queue is next due. Its head may be a
+    /// stale entry: the recorded instant is then early, never late.
+    pub(in crate::engine) fn refresh_head(&mut self, heads: &mut QueueHeads) {
+        let due = self
+            .inherit
+            .front()
+            .and_then(|(written, _)| self.inheritor_due(written));
+        heads.update(self.uid, &mut self.head_due, due);
+    }
+}
+
+/// A change to one document, as the commit path sees it.
+#[derive(Debug)]
+pub(in crate::engine) enum Change {
+    /// Store this version; `slot` is the slot of the previous version, live or expired.
+    Put {
+        slot: Option<u32>,
+        record: Arc<StoredDocument>,
+    },
+    /// Remove the document in `slot`.
+    Remove { slot: u32, cause: RemoveCause },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::engine) enum RemoveCause {
+    /// A client deleted it.
+    Deleted,
+    /// The purge removed it after it expired.
+    Expired,
+}
+
+impl ShardState {
+    pub(super) fn new(now: Millis) -> Self {
+        ShardState {
+            collections: HashMap::new(),
+            docs: DocSlab::default(),
+            wheel: TimerWheel::new(now),
+            pending: VecDeque::new(),
+            heads: QueueHeads::default(),
+            client_lsn: Lsn::ZERO,
+            last_now: now,
+        }
+    }
+
+    /// The shard's reading of the clock, taken under its lock. Under the lock: a request that
+    /// waited for it cannot act on a document that expired while it waited. It holds through
+    /// small steps of the wall clock back (up to [`MAX_CLOCK_STEP_BACK`]), so such a step
+    /// cannot revive a document that just expired; further behind, the shard follows the wall
+    /// clock, so a single reading (or a stored write) from far in the future cannot freeze
+    /// shard time. By then the purge has made what expired in the gap final, up to its lag.
+    pub(in crate::engine) fn now(&mut self, clock: &dyn Clock) -> Millis {
+        let wall = clock.now();
+        if wall >= self.last_now {
+            self.last_now = wall;
+        } else if self.last_now - wall > MAX_CLOCK_STEP_BACK {
+            tracing::warn!(
+                behind_ms = self.last_now - wall,
+                "the wall clock is far behind the latest time this shard acted on; following it back"
+            );
+            self.last_now = wall;
+        }
+        self.last_now
+    }
+
+    /// Moves shard time forward to at least `at`.
+    pub(in crate::engine) fn advance_to(&mut self, at: Millis) {
+        self.last_now = self.last_now.max(at);
+    }
+
+    /// Installs a collection's new rules as of `at` (no earlier than this shard's time).
+    /// Nothing is marked document by document: the rules' expired marks already hold what the
+    /// old default made final. Returns whether TTL was just turned on, in which case own-ttl
+    /// documents need timers ([`Shard::time_own_ttls`]).
+    pub(in crate::engine) fn set_rules(
+        &mut self,
+        uid: CollectionUid,
+        rules: Rules,
+        at: Millis,
+        lsn: Lsn,
+    ) -> bool {
+        self.advance_to(at);
+        let Some(cs) = self.collections.get_mut(&uid) else {
+            return false;
+        };
+        let turned_on = !cs.rules.default_ttl.is_on() && rules.default_ttl.is_on();
+        cs.rules = rules;
+        cs.rules_changed_at = at;
+        cs.settings_lsn = lsn;
+        cs.refresh_head(&mut self.heads);
+        turned_on
+    }
+
+    /// The one path every document change takes, client writes and purge alike: storage first
+    /// (one batch), then the index and expiry bookkeeping, so a storage failure changes nothing.
+    /// Change events and request charges belong here when they arrive. Returns the earliest new
+    /// expiry deadline, for waking the purge.
+    ///
+    /// Client writes are acknowledged once their position is durable, by their caller.
+    /// Documents the purge removes stay in the index, dead, until [`ShardState::forget_purged`]
+    /// is told the delete is durable: the engine never drops what storage could still bring back.
+    pub(in crate::engine) fn commit(
+        &mut self,
+        store: &dyn ShardStore,
+        changes: &[Change],
+        metrics: &EngineMetrics,
+        versions: &AtomicU64,
+    ) -> Result<(Option<Millis>, Lsn), StorageError> {
+        if changes.is_empty() {
+            return Ok((None, Lsn::ZERO));
+        }
+        let writes: Vec<DocumentWrite<'_>> = changes
+            .iter()
+            .map(|change| match change {
+                Change::Put { record, .. } => DocumentWrite::Put(record),
+                Change::Remove { slot, .. } => {
+                    let meta = self.docs.get(*slot);
+                    DocumentWrite::Delete {
+                        collection: meta.collection,
+                        key: &meta.key,
+                    }
+                }
+            })
+            .collect();
+        let lsn = store.write(WriteBatch {
+            writes: &writes,
+            versions_below: versions.load(Ordering::SeqCst),
+        })?;
+        drop(writes);
+
+        let mut earliest: Option<Millis> = None;
+        for change in changes {
+            match change {
+                Change::Put { slot, record } => {
+                    let cs = self
+                        .collections
+                        .get_mut(&record.collection)
+                        .expect("callers hold a collection shard");
+                    let doc = match *slot {
+                        Some(slot) => {
+                            let old = self.docs.get(slot);
+                            if !old.is_visible(&cs.rules, record.last_write) {
+                                // Overwriting an expired document that the purge had not reached.
+                                metrics.expired.inc();
+                            }
+                            detach(&mut self.docs, &mut self.wheel, cs, slot);
+                            let r = self.docs.bump(slot);
+                            let meta = self.docs.get_mut(slot);
+                            meta.last_write = record.last_write;
+                            meta.version = record.version;
+                            meta.lsn = lsn;
+                            meta.ttl = record.ttl;
+                            meta.dead = false;
+                            r
+                        }
+                        None => {
+                            let r = self.docs.insert(DocMeta {
+                                collection: record.collection,
+                                key: record.key.clone(),
+                                last_write: record.last_write,
+                                version: record.version,
+                                lsn,
+                                ttl: record.ttl,
+                                tracking: Tracking::None,
+                                dead: false,
+                            });
+                            cs.index.insert(record.key.clone(), r.slot);
+                            r
+                        }
+                    };
+                    if let Some(deadline) =
+                        attach(&mut self.docs, &mut self.wheel, &mut self.heads, cs, doc)
+                    {
+                        earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
+                    }
+                }
+                Change::Remove { slot, cause } => {
+                    let collection = self.docs.get(*slot).collection;
+                    // Documents of a collection being deleted belong to its cleanup, which
+                    // frees their slots; nothing else removes them.
+                    let cs = self
+                        .collections
+                        .get_mut(&collection)
+                        .expect("removals name live collections");
+                    detach(&mut self.docs, &mut self.wheel, cs, *slot);
+                    if *cause == RemoveCause::Deleted {
+                        cs.index.remove(&self.docs.get(*slot).key);
+                        self.docs.remove(*slot);
+                    }
+                }
+            }
+        }
+        Ok((earliest, lsn))
+    }
+
+    /// Forgets documents the purge deleted, now that the delete is durable, unless their slot
+    /// has moved on (every write or free of a slot bumps its generation: an overwrite since, or
+    /// their collection's deletion, has taken them over). Records the purge lag at `now`.
+    pub(in crate::engine) fn forget_purged(
+        &mut self,
+        purged: &[(SlotRef, Millis)],
+        now: Millis,
+        metrics: &EngineMetrics,
+    ) {
+        for &(r, expired_at) in purged {
+            if !self.docs.is_current(r) {
+                continue;
+            }
+            let Some(cs) = self.collections.get_mut(&self.docs.get(r.slot).collection) else {
+                continue;
+            };
+            cs.index.remove(&self.docs.get(r.slot).key);
+            self.docs.remove(r.slot);
+            metrics.purged.inc();
+            metrics.expired.inc();
+            metrics
+                .purge_lag
+                .observe(now.saturating_sub(expired_at) as f64 / 1_000.0);
+        }
+    }
+
+    /// Bytes of expiry bookkeeping: wheel nodes, inherit-queue entries and the timer handles
+    /// documents hold, counting spare capacity.
+    pub(in crate::engine) fn bookkeeping_bytes(&self) -> usize {
+        let queues: usize = self
+            .collections
+            .values()
+            .map(|c| c.inherit.allocated_bytes())
+            .sum();
+        self.wheel.allocated_bytes() + queues + self.wheel.len() * mem::size_of::<TimerHandle>()
+    }
+
+    /// Documents whose expiry is tracked (timer or inherit queue).
+    pub(in crate::engine) fn tracked_documents(&self) -> usize {
+        self.wheel.len()
+            + self
+                .collections
+                .values()
+                .map(|c| c.inherit.live())
+                .sum::<usize>()
+    }
+}
