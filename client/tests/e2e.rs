@@ -1,14 +1,25 @@
 //! End to end: the real client against a real server over gRPC on 127.0.0.1:0.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
 
 use mayfly_client::{
     Client, Collection, CollectionSettings, DefaultTtl, DeleteOutcome, DocumentTtl, Error,
     IndexingMode, PartitionKey, TouchOutcome, UpsertOutcome,
 };
 use mayfly_proto::v1;
-use mayfly_server::RunningServer;
+use mayfly_server::{
+    CurrentEngine, RunningServer,
+    engine::{CollectionUid, Engine, EngineConfig, SystemClock},
+    storage::{
+        CatalogChange, DocKey, DurableFuture, Lsn, MemoryStorage, ScanRange, ShardStore, Storage,
+        StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
+    },
+};
 use serde_json::json;
+use tokio::sync::watch;
 
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
 
@@ -615,23 +626,157 @@ async fn touch_and_rewrites_extend_life_over_real_time() {
     assert_ne!(new.etag(), doc.etag());
 }
 
+/// Memory storage whose purge deletes become durable only once the test releases them. The
+/// purge is the only caller of `ShardStore::durable`, and it waits for a batch's delete to be
+/// durable before its next batch: so the first batch that deletes anything leaves its shard's
+/// purge waiting, and from then on nothing else in that shard is marked expired or deleted
+/// behind the test's back. Every request is served as usual.
+#[derive(Debug)]
+struct PurgeHeldStorage {
+    inner: MemoryStorage,
+    hold: Arc<PurgeHold>,
+}
+
+#[derive(Debug)]
+struct PurgeHold {
+    /// Set once a purge waits for its delete to be durable.
+    parked: watch::Sender<bool>,
+    /// Set by the test: the deletes become durable.
+    released: watch::Sender<bool>,
+}
+
+#[derive(Debug)]
+struct PurgeHeldShard {
+    inner: Arc<dyn ShardStore>,
+    hold: Arc<PurgeHold>,
+}
+
+impl Storage for PurgeHeldStorage {
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
+        Arc::new(PurgeHeldShard {
+            inner: self.inner.shard(index),
+            hold: self.hold.clone(),
+        })
+    }
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
+        self.inner.write_catalog(change)
+    }
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
+        self.inner.load_catalog()
+    }
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        self.inner.durable(lsn)
+    }
+    fn last_applied(&self) -> Lsn {
+        self.inner.last_applied()
+    }
+    fn failure(&self) -> Option<StorageError> {
+        None
+    }
+}
+
+impl ShardStore for PurgeHeldShard {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
+        self.inner.write(batch)
+    }
+    fn durable(&self, _lsn: Lsn) -> Option<DurableFuture> {
+        let hold = self.hold.clone();
+        // Runs only when awaited, i.e. for a batch that deleted something.
+        Some(Box::pin(async move {
+            hold.parked.send_replace(true);
+            let mut released = hold.released.subscribe();
+            released
+                .wait_for(|released| *released)
+                .await
+                .expect("the hold outlives the engine");
+            Ok(())
+        }))
+    }
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
+        self.inner.load(each)
+    }
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        self.inner.get(collection, key)
+    }
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        self.inner.scan(collection, range, limit)
+    }
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
+        self.inner.drop_collection(collection)
+    }
+}
+
 #[tokio::test]
 async fn changing_the_default_applies_at_once_over_grpc() {
-    let s = start().await;
-    let c = s
-        .collection(DefaultTtl::After(Duration::from_secs(3600)))
-        .await;
+    // A server like `start`'s, over storage that can hold its purge back.
+    let hold = Arc::new(PurgeHold {
+        parked: watch::Sender::new(false),
+        released: watch::Sender::new(false),
+    });
+    let storage = Arc::new(PurgeHeldStorage {
+        inner: MemoryStorage::new(),
+        hold: hold.clone(),
+    });
+    let engine = Engine::new(EngineConfig { shards: 2 }, storage, Arc::new(SystemClock));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let addr = listener.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(mayfly_server::serve(
+        listener,
+        None,
+        CurrentEngine::new(engine.clone()),
+        mayfly_server::StorageConfig::Memory { shards: Some(2) },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let client = Client::connect(addr.to_string())
+        .await
+        .expect("client connects");
+    let c = client
+        .create_database("db")
+        .await
+        .expect("database")
+        .create_collection("c", "/pk")
+        .default_ttl(DefaultTtl::After(Duration::from_secs(3600)))
+        .await
+        .expect("collection");
+
     let doc = c
         .create(&json!({"id": "a", "pk": "p"}))
         .await
         .expect("create");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Same partition, so same shard: its purge, once it has deleted "parker", waits for the
+    // test, and cannot mark or delete "a" before the reads below.
+    c.create(&json!({"id": "parker", "pk": "p"}))
+        .ttl(DocumentTtl::After(Duration::from_secs(1)))
+        .await
+        .expect("create");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        hold.parked.subscribe().wait_for(|parked| *parked),
+    )
+    .await
+    .expect("the purge deletes the parker within 10 s")
+    .expect("hold kept");
+    // "parker" has expired, so "a", written before it, is over 1 s old.
     c.set_default_ttl(DefaultTtl::After(Duration::from_secs(1)))
         .await
         .expect("lower the default");
     assert!(
         c.read("a", "p").await.expect("read").is_none(),
-        "1.1 s old under a 1 s default"
+        "over 1 s old under a 1 s default"
     );
     c.set_default_ttl(DefaultTtl::Off)
         .await
@@ -639,6 +784,11 @@ async fn changing_the_default_applies_at_once_over_grpc() {
     assert!(
         c.read("a", "p").await.expect("read").is_none(),
         "expired is final"
+    );
+    assert_eq!(
+        engine.expiry_stats().documents,
+        2,
+        "\"a\" (and \"parker\", awaiting a durable delete) still stored: the purge did not decide the reads"
     );
     let other = c
         .create(&json!({"id": "b", "pk": "p", "ttl": 1}))
@@ -651,6 +801,20 @@ async fn changing_the_default_applies_at_once_over_grpc() {
     );
     assert_eq!(other.body()["ttl"], 1);
     assert_ne!(doc.etag(), other.etag());
+
+    // Released, the purge deletes "a" too: expired under the lowered default, final with TTL off.
+    hold.released.send_replace(true);
+    let start = Instant::now();
+    while engine.expiry_stats().documents > 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the purge did not delete \"a\""
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(c.read("b", "p").await.expect("read").is_some());
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server stops");
 }
 
 #[tokio::test]

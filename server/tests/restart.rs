@@ -540,6 +540,86 @@ async fn a_document_keeps_its_expiry_instant_across_a_restart() {
     assert_eq!(c.feed_ids("app", "sessions").await, Vec::<String>::new());
 }
 
+/// Restarts on `data` in this process exactly as `mayfly` loads a data directory (catalog and
+/// document metadata), but runs neither the expiry rebuild nor the purge: every document that
+/// expired while the server was down is still stored and not marked by anything but the
+/// rules. Turns TTL off in `collections` of `database` first, then reports, for each of
+/// `documents` (collection, id, partition key), whether a read finds it and whether storage
+/// still holds it; and how many documents are held.
+fn turn_ttl_off_before_any_purge(
+    data: &Path,
+    database: &str,
+    collections: &[&str],
+    documents: &[(&str, &str, &str)],
+) -> (Vec<(bool, bool)>, u64) {
+    use mayfly_server::{
+        engine::{
+            CollectionPath, DefaultTtl, Engine, EngineConfig, Error, IdKind, PartitionKeyValue,
+            ResourceId, SettingsChange, SystemClock,
+        },
+        storage::{DiskOptions, DiskStorage, DocKey, Durability, Storage},
+    };
+    use std::sync::Arc;
+
+    let storage = Arc::new(
+        DiskStorage::open(&DiskOptions {
+            path: data.to_path_buf(),
+            durability: Durability::Fsync,
+            shards: None,
+            cache_bytes: 1 << 20,
+        })
+        .expect("opens the data directory"),
+    );
+    let shards = storage.shard_count();
+    let (engine, _) = Engine::open(
+        EngineConfig { shards },
+        storage.clone(),
+        Arc::new(SystemClock),
+    )
+    .expect("loads the data directory");
+    let id = |kind, raw: &str| ResourceId::parse(kind, raw).expect("valid id");
+    let path = |collection: &str| CollectionPath {
+        database: id(IdKind::Database, database),
+        collection: id(IdKind::Collection, collection),
+    };
+    for &collection in collections {
+        engine
+            .replace_collection(
+                &path(collection),
+                SettingsChange {
+                    default_ttl: DefaultTtl::Off,
+                    indexing_mode: None,
+                },
+            )
+            .expect("turn TTL off");
+    }
+    let seen = documents
+        .iter()
+        .map(|&(collection, doc, pk)| {
+            let path = path(collection);
+            let key = DocKey {
+                partition_key: PartitionKeyValue::String(pk.into()),
+                id: id(IdKind::Document, doc),
+            };
+            let found = match engine.read_document(&path, &key).result {
+                Ok(_) => true,
+                Err(Error::DocumentNotFound { .. }) => false,
+                Err(e) => panic!("read {collection}/{doc}: {e}"),
+            };
+            let uid = engine.get_collection(&path).expect("collection").uid;
+            let stored = (0..shards).any(|i| {
+                storage
+                    .shard(i)
+                    .get(uid, &key)
+                    .expect("storage read")
+                    .is_some()
+            });
+            (found, stored)
+        })
+        .collect();
+    (seen, engine.expiry_stats().documents)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_while_down_stays_expired_when_ttl_is_turned_off_right_after_the_restart() {
     // Expired is final: turning TTL off (which makes own ttls ignored and defaults absent) must
@@ -566,14 +646,42 @@ async fn expired_while_down_stays_expired_when_ttl_is_turned_off_right_after_the
     let gone_by = expires_at(&own).max(expires_at(&inherits));
     sleep_until(gone_by + Duration::from_millis(100), Duration::from_secs(5)).await;
 
+    // Restarted with nothing that could purge or mark them, TTL is turned off first: the
+    // expired documents are still in storage when they are read, so only the rules recorded
+    // by the settings change can keep them expired.
+    let data_dir = data.clone();
+    let (seen, held) = tokio::task::spawn_blocking(move || {
+        turn_ttl_off_before_any_purge(
+            &data_dir,
+            "app",
+            &["own", "inherit"],
+            &[
+                ("own", "a", "p"),
+                ("inherit", "a", "p"),
+                ("own", "kept", "p"),
+            ],
+        )
+    })
+    .await
+    .expect("in-process restart");
+    assert_eq!(
+        seen,
+        [(false, true), (false, true), (true, true)],
+        "(found, stored) for own/a (own ttl, expired while down), inherit/a (inherited ttl, \
+         expired while down) and own/kept, TTL then turned off"
+    );
+    assert_eq!(held, 3, "nothing was purged");
+
+    // The real server on the same directory afterwards: the decision was durable, and the
+    // server judges the same way (its purge may now delete them).
     let server = Mayfly::start(&data, &[]);
     let mut c = connect(&server).await;
-    // The first requests turn TTL off, before the purge can have removed anything.
     for collection in ["own", "inherit"] {
-        let off = c
-            .replace_default_ttl("app", collection, DefaultTtlState::Off(()))
-            .await;
-        assert_eq!(off.default_ttl, None);
+        let read = c
+            .get_collection("app", collection)
+            .await
+            .expect("collection survives");
+        assert_eq!(read.default_ttl, None, "TTL off survives the restart");
     }
     assert_document_not_found(
         c.read("app", "own", "a", "p").await,

@@ -680,10 +680,20 @@ fn purge_respects_rewrites_and_settings() {
 
 #[test]
 fn bookkeeping_stays_bounded_under_rewrites() {
+    // Every rewrite of an inheriting document leaves its old queue entry behind, stale; only
+    // compaction removes those before the purge reaches them (here: never, nothing is due).
+    // It runs once stale entries outnumber live ones and reach `MIN_COMPACT`, so a queue holds
+    // at most `live + max(live, MIN_COMPACT)` entries of 16 bytes, twice that in capacity.
+    const MIN_COMPACT: usize = 1024; // expiry::inherit_queue::MIN_COMPACT
+    const ENTRY_BYTES: usize = 16;
+    const DOCS: usize = 200;
+    const ROUNDS: usize = 51;
     let f = Fixture::new(Some(3600));
-    for round in 0..50 {
-        for i in 0..200 {
-            let ttl = if round % 2 == 0 { None } else { Some(600) };
+    // Inheriting and own-ttl versions alternate, ending inheriting: 26 × 200 queue entries
+    // and 25 × 200 timers made, one document's worth of each still live.
+    for round in 0..ROUNDS {
+        let ttl = if round % 2 == 0 { None } else { Some(600) };
+        for i in 0..DOCS {
             f.engine
                 .upsert_document(&f.path, doc(&format!("d{i}"), ttl), None, None)
                 .result
@@ -692,8 +702,37 @@ fn bookkeeping_stays_bounded_under_rewrites() {
         f.advance(SEC);
     }
     let stats = f.engine.expiry_stats();
-    assert_eq!(stats.documents, 200);
-    assert_eq!(stats.tracked_documents, 200);
+    assert_eq!(stats.documents, DOCS as u64);
+    assert_eq!(stats.tracked_documents, DOCS as u64);
+
+    let (mut entries, mut live, mut queue_bytes, mut timers) = (0, 0, 0, 0);
+    for shard in f.engine.shards() {
+        let st = shard.lock();
+        timers += st.wheel.len();
+        for cs in st.collections.values() {
+            entries += cs.inherit.iter().count();
+            live += cs.inherit.live();
+            queue_bytes += cs.inherit.allocated_bytes();
+        }
+    }
+    assert_eq!(live, DOCS, "every document inherits, once each");
+    assert_eq!(
+        timers, 0,
+        "every timer was cancelled by the rewrite after it"
+    );
+    let written = DOCS * ROUNDS.div_ceil(2);
+    let bound = live + live.max(MIN_COMPACT);
+    assert!(written > 4 * bound, "enough rewrites to need compaction");
+    assert!(
+        entries <= bound,
+        "{entries} inherit-queue entries for {live} inheriting documents after {written} \
+         writes (at most {bound}): stale entries are not compacted away"
+    );
+    assert!(
+        queue_bytes <= 2 * bound * ENTRY_BYTES,
+        "{queue_bytes} bytes of inherit queues for {live} inheriting documents (at most {})",
+        2 * bound * ENTRY_BYTES
+    );
 }
 
 /// Memory storage with injected faults: every document write fails while `failing` is set;
@@ -969,19 +1008,46 @@ fn read_feed_pages_through_every_live_document_once() {
     );
 }
 
+/// Timers, queue entries and backlog of every shard, summed: what the purge would act on.
+fn expiry_entries(f: &Fixture) -> (usize, usize, usize) {
+    let (mut timers, mut queued, mut pending) = (0, 0, 0);
+    for shard in f.engine.shards() {
+        let st = shard.lock();
+        timers += st.wheel.len();
+        queued += st
+            .collections
+            .values()
+            .map(|cs| cs.inherit.iter().count())
+            .sum::<usize>();
+        pending += st.pending.len();
+    }
+    (timers, queued, pending)
+}
+
 #[test]
 fn a_recreated_collection_starts_empty() {
-    let f = Fixture::new(Some(60));
+    let f = Fixture::new(Some(30));
     for i in 0..10 {
-        f.create(&format!("d{i}"), Some(30));
+        f.create(&format!("d{i}"), Some(20)); // timers due at T0 + 20 s
+        f.create(&format!("q{i}"), None); // queued, due at T0 + 30 s
     }
+    assert_eq!(expiry_entries(&f), (10, 10, 0));
     f.engine.delete_collection(&f.path).expect("delete");
     assert!(matches!(
         f.read("d0"),
         Err(Error::CollectionNotFound { .. })
     ));
+    assert_eq!(
+        expiry_entries(&f),
+        (0, 0, 0),
+        "the deleted collection's timers are cancelled and its queues dropped"
+    );
+
+    // Recreated under the same name (a new uid), with new documents of the same ids in the
+    // slots the old ones left: the old timers, had they survived, would fire on these.
+    f.advance(10 * SEC);
     let settings =
-        CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent).expect("settings");
+        CollectionSettings::new(default_ttl(Some(60)), IndexingMode::Consistent).expect("valid");
     f.engine
         .create_collection(
             &f.path.database,
@@ -990,14 +1056,29 @@ fn a_recreated_collection_starts_empty() {
             settings,
         )
         .expect("recreate");
-    assert!(!f.visible("d0"));
+    assert!(!f.visible("d0"), "the recreated collection starts empty");
     assert_eq!(f.engine.expiry_stats().documents, 0);
-    f.advance(60 * SEC);
+    for i in 0..10 {
+        f.create(&format!("d{i}"), Some(50)); // due at T0 + 60 s
+        f.create(&format!("q{i}"), None); // due at T0 + 70 s
+    }
+    f.advance(50 * SEC - 1); // long past everything the deleted collection had scheduled
     assert_eq!(
         f.engine.purge_now(),
         0,
-        "timers of the deleted collection were cancelled"
+        "nothing of the deleted collection purges a new document early"
     );
+    assert_eq!(expiry_entries(&f), (10, 10, 0));
+    assert_eq!(f.engine.expiry_stats().tracked_documents, 20);
+    for i in 0..10 {
+        assert!(f.visible(&format!("d{i}")) && f.visible(&format!("q{i}")));
+    }
+    f.advance(1);
+    assert_eq!(f.engine.purge_now(), 10, "own ttls, due at T0 + 60 s");
+    f.advance(10 * SEC);
+    assert_eq!(f.engine.purge_now(), 10, "inheritors, due at T0 + 70 s");
+    assert_eq!(f.engine.expiry_stats().documents, 0);
+    assert_eq!(expiry_entries(&f), (0, 0, 0));
 }
 
 #[test]
@@ -1014,12 +1095,25 @@ fn deleting_a_database_deletes_its_collections() {
 // review found it: pending entries were not checked against detached collections).
 #[test]
 fn purging_dead_documents_of_a_collection_being_deleted_does_not_panic() {
-    let f = Fixture::new(Some(10));
+    let failing = Arc::new(AtomicBool::new(false));
+    let f = Fixture::with_storage(
+        Some(10),
+        Arc::new(FlakyStorage {
+            inner: MemoryStorage::new(),
+            failing: failing.clone(),
+            gate: None,
+        }),
+    );
     for i in 0..50 {
         f.create(&format!("d{i}"), None);
     }
     f.advance(11 * SEC);
-    f.set_default(None); // marks all 50 dead and pending
+    // A purge whose delete fails leaves all 50 marked dead and pending: the backlog a
+    // deletion can find.
+    failing.store(true, Ordering::SeqCst);
+    assert_eq!(f.engine.purge_now(), 0, "delete failed");
+    failing.store(false, Ordering::SeqCst);
+    assert_eq!(expiry_entries(&f), (0, 0, 50));
     let uid = f.engine.get_collection(&f.path).expect("exists").uid;
     let mut parts = Vec::new();
     for shard in f.engine.shards() {
@@ -1030,6 +1124,17 @@ fn purging_dead_documents_of_a_collection_being_deleted_does_not_panic() {
         f.engine.purge_now(),
         0,
         "the cleanup, not the purge, frees them"
+    );
+    assert_eq!(
+        expiry_entries(&f),
+        (0, 0, 0),
+        "the purge dropped the detached collection's backlog"
+    );
+    assert_eq!(f.engine.metrics().purged.get(), 0);
+    assert_eq!(
+        f.engine.expiry_stats().documents,
+        50,
+        "still held, for the cleanup"
     );
     for (shard, part) in parts {
         if let Some(part) = part {
