@@ -162,12 +162,15 @@ impl GroupCommit {
 
     /// `None` if every write up to `lsn` is durable (or the mode does not wait).
     pub(super) fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        let target = lsn.0;
+        // What a sync covered stays durable, failure or not: most reads stop here, without
+        // the lock, and reads of synced data go on after a failure.
+        if self.shared.synced.load(Ordering::SeqCst) >= target {
+            return None;
+        }
         if self.shared.mode == Durability::Buffered {
             // Nothing waits, but nothing a sync has not covered is acknowledged after a
             // failure either: a failed fsync may have dropped it from the page cache.
-            if self.shared.synced.load(Ordering::SeqCst) >= lsn.0 {
-                return None;
-            }
             return self
                 .shared
                 .check()
@@ -176,8 +179,7 @@ impl GroupCommit {
         }
         let done = {
             let mut waiting = self.shared.waiting.lock();
-            let target = lsn.0;
-            // What a sync covered stays durable after a failure: reads of it are still served.
+            // Again under the lock: a sync may have finished, and released its waiters, since.
             if self.shared.synced.load(Ordering::SeqCst) >= target {
                 return None;
             }
