@@ -17,22 +17,18 @@ use mayfly_proto::{
         Collection, CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
         DeleteCollectionRequest, DeleteDatabaseRequest, DeleteDocumentRequest, Document,
         GetCollectionRequest, GetDatabaseRequest, IndexingMode, ListCollectionsRequest,
-        ListDatabasesRequest, PartitionKey, ReadDocumentRequest, ReadFeedRequest,
-        ReplaceCollectionRequest, TouchDocumentRequest,
-        client::{CollectionsClient, DatabasesClient, DocumentsClient},
-        oneofs::{DefaultTtlState, PartitionKeyKind},
+        ListDatabasesRequest, ReadDocumentRequest, ReadFeedRequest, ReplaceCollectionRequest,
+        TouchDocumentRequest, oneofs::DefaultTtlState,
     },
 };
 use mayfly_server::storage::FORMAT_VERSION;
 use serde_json::{Map, Value, json};
-use tonic::{
-    Code, Status,
-    transport::{Channel, Endpoint},
-};
+use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
 
 mod support;
 
+use support::clients::{Clients, connect, string_pk};
 use support::{Failed, Mayfly};
 
 // ---------------------------------------------------------------------------------------------
@@ -41,34 +37,6 @@ use support::{Failed, Mayfly};
 // The async tests run on a multi-threaded runtime: `Mayfly::terminate`, `kill9` and `start`
 // block their thread, and on a single-threaded runtime the client's connection could not
 // answer the server's GOAWAY and PING during a graceful shutdown, which then never ends.
-
-/// The three service clients of one server.
-struct Clients {
-    databases: DatabasesClient<Channel>,
-    collections: CollectionsClient<Channel>,
-    documents: DocumentsClient<Channel>,
-}
-
-async fn connect(server: &Mayfly) -> Clients {
-    let channel = Endpoint::from_shared(server.url())
-        .expect("valid uri")
-        .connect()
-        .await
-        .expect("connects to mayfly");
-    Clients {
-        databases: DatabasesClient::new(channel.clone()),
-        collections: CollectionsClient::new(channel.clone()),
-        documents: DocumentsClient::new(channel),
-    }
-}
-
-fn string_pk(value: &str) -> PartitionKey {
-    PartitionKey {
-        kind: Some(PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(prost_types::value::Kind::StringValue(value.to_owned())),
-        })),
-    }
-}
 
 fn object(value: Value) -> Map<String, Value> {
     match value {

@@ -18,56 +18,21 @@ use mayfly_proto::{
     json::JsonObject,
     v1::{
         CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest, GetDatabaseRequest,
-        PartitionKey, ReadDocumentRequest,
-        client::{CollectionsClient, DatabasesClient, DocumentsClient},
-        oneofs::PartitionKeyKind,
+        ReadDocumentRequest,
     },
 };
 use serde_json::json;
-use tonic::{
-    Code, Status,
-    transport::{Channel, Endpoint},
-};
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
+use tonic::{Code, Status};
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
 use tonic_types::StatusExt as _;
 
 mod support;
 
 use support::Mayfly;
+use support::clients::{Clients, connect, string_pk};
 
 const DATABASE: &str = "faults";
 const COLLECTION: &str = "events";
-
-struct Clients {
-    databases: DatabasesClient<Channel>,
-    collections: CollectionsClient<Channel>,
-    documents: DocumentsClient<Channel>,
-    health: HealthClient<Channel>,
-}
-
-async fn connect(server: &Mayfly) -> Clients {
-    let channel = Endpoint::from_shared(server.url())
-        .expect("valid uri")
-        .connect()
-        .await
-        .expect("connects to mayfly");
-    Clients {
-        databases: DatabasesClient::new(channel.clone()),
-        collections: CollectionsClient::new(channel.clone()),
-        documents: DocumentsClient::new(channel.clone()),
-        health: HealthClient::new(channel),
-    }
-}
-
-fn pk(value: &str) -> PartitionKey {
-    PartitionKey {
-        kind: Some(PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(prost_types::value::Kind::StringValue(value.to_owned())),
-        })),
-    }
-}
 
 /// The reason code of a Mayfly error.
 fn reason(status: &Status) -> String {
@@ -190,7 +155,7 @@ impl Clients {
                 database: DATABASE.into(),
                 collection: COLLECTION.into(),
                 id: id.into(),
-                partition_key: Some(pk("p")),
+                partition_key: Some(string_pk("p")),
             })
             .await
             .map(drop)

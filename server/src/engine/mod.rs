@@ -444,7 +444,7 @@ impl Engine {
     fn free_collection(&self, info: &CollectionInfo) {
         for shard in self.shards() {
             if let Some(part) = shard.detach_collection(info.uid) {
-                let mut slots = part.index.into_iter();
+                let mut slots = part.into_slots();
                 while !shard.free_detached(&mut slots, FREE_BATCH) {}
             }
             if let Err(e) = shard.drop_stored_collection(info.uid) {

@@ -7,6 +7,7 @@ use std::sync::{
 
 use serde_json::{Value, json};
 
+use super::shard::Census;
 use super::*;
 use crate::storage::{
     CatalogChange, DurableFuture, Lsn, MemoryStorage, ScanRange, ShardStore, StorageError,
@@ -705,16 +706,13 @@ fn bookkeeping_stays_bounded_under_rewrites() {
     assert_eq!(stats.documents, DOCS as u64);
     assert_eq!(stats.tracked_documents, DOCS as u64);
 
-    let (mut entries, mut live, mut queue_bytes, mut timers) = (0, 0, 0, 0);
-    for shard in f.engine.shards() {
-        let st = shard.lock();
-        timers += st.wheel.len();
-        for cs in st.collections.values() {
-            entries += cs.inherit.iter().count();
-            live += cs.inherit.live();
-            queue_bytes += cs.inherit.allocated_bytes();
-        }
-    }
+    let Census {
+        queued: entries,
+        queued_live: live,
+        queue_bytes,
+        timers,
+        ..
+    } = census(&f);
     assert_eq!(live, DOCS, "every document inherits, once each");
     assert_eq!(
         timers, 0,
@@ -898,7 +896,7 @@ fn purge_batches(f: &Fixture) -> Vec<(Arc<Shard>, purge::Undurable)> {
 }
 
 fn documents_in_memory(f: &Fixture) -> usize {
-    f.engine.shards().iter().map(|s| s.lock().docs.len()).sum()
+    census(f).documents
 }
 
 #[tokio::test]
@@ -1008,20 +1006,25 @@ fn read_feed_pages_through_every_live_document_once() {
     );
 }
 
+/// Every shard's [`Census`], summed.
+fn census(f: &Fixture) -> Census {
+    let mut sum = Census::default();
+    for shard in f.engine.shards() {
+        let one = shard.lock().census();
+        sum.documents += one.documents;
+        sum.timers += one.timers;
+        sum.queued += one.queued;
+        sum.queued_live += one.queued_live;
+        sum.queue_bytes += one.queue_bytes;
+        sum.pending += one.pending;
+    }
+    sum
+}
+
 /// Timers, queue entries and backlog of every shard, summed: what the purge would act on.
 fn expiry_entries(f: &Fixture) -> (usize, usize, usize) {
-    let (mut timers, mut queued, mut pending) = (0, 0, 0);
-    for shard in f.engine.shards() {
-        let st = shard.lock();
-        timers += st.wheel.len();
-        queued += st
-            .collections
-            .values()
-            .map(|cs| cs.inherit.iter().count())
-            .sum::<usize>();
-        pending += st.pending.len();
-    }
-    (timers, queued, pending)
+    let c = census(f);
+    (c.timers, c.queued, c.pending)
 }
 
 #[test]
@@ -1138,7 +1141,7 @@ fn purging_dead_documents_of_a_collection_being_deleted_does_not_panic() {
     );
     for (shard, part) in parts {
         if let Some(part) = part {
-            let mut slots = part.index.into_iter();
+            let mut slots = part.into_slots();
             while !shard.free_detached(&mut slots, 7) {}
         }
     }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, reason = "each test file uses part of this")]
 
+pub(crate) mod clients;
+
 use std::{
     io::{BufRead, BufReader, Read},
     path::Path,

@@ -44,6 +44,8 @@ use crate::storage::{
     DocKey, DocumentWrite, Lsn, ShardStore, StorageError, StoredDocument, WriteBatch,
 };
 
+#[cfg(test)]
+pub(super) use self::state::Census;
 pub(super) use self::{
     documents::{collection_gone, observed, view},
     slab::{DocMeta, DocSlab, Tracking},

@@ -6,17 +6,17 @@ use super::*;
 
 #[derive(Debug)]
 pub(crate) struct ShardState {
-    pub(in crate::engine) collections: HashMap<CollectionUid, CollectionShard>,
-    pub(in crate::engine) docs: DocSlab,
-    pub(in crate::engine) wheel: TimerWheel,
+    pub(super) collections: HashMap<CollectionUid, CollectionShard>,
+    pub(super) docs: DocSlab,
+    pub(super) wheel: TimerWheel,
     /// Documents known to be expired (marked dead) and waiting to be purged, with their expiry
     /// instants. Entries go stale when the document is written again.
-    pub(in crate::engine) pending: VecDeque<(SlotRef, Millis)>,
+    pub(super) pending: VecDeque<(SlotRef, Millis)>,
     /// When each collection's inherit queue is next due: the purge serves the earliest first.
-    pub(in crate::engine) heads: QueueHeads,
+    pub(super) heads: QueueHeads,
     /// The position of the latest client write to this shard: an answer that something is
     /// absent (or differs) settles there, since it may reflect a delete not yet durable.
-    pub(in crate::engine) client_lsn: Lsn,
+    pub(super) client_lsn: Lsn,
     /// The latest clock reading this shard acted on; see [`ShardState::now`].
     last_now: Millis,
 }
@@ -24,23 +24,29 @@ pub(crate) struct ShardState {
 /// A collection's part of one shard.
 #[derive(Debug)]
 pub(crate) struct CollectionShard {
-    pub(in crate::engine) uid: CollectionUid,
+    pub(super) uid: CollectionUid,
     /// This shard's copy of the collection's expiry rules; reads judge visibility by it. A
     /// settings change replaces it in every shard at one instant (see `Engine::replace_collection`).
-    pub(in crate::engine) rules: Rules,
+    pub(super) rules: Rules,
     /// When the rules last changed (or the shard loaded them): the expiry instant the purge
     /// reports for documents an earlier default made final.
-    pub(in crate::engine) rules_changed_at: Millis,
+    pub(super) rules_changed_at: Millis,
     /// Where the catalog change that set the rules is in the storage log: anything judged by
     /// them settles there.
-    pub(in crate::engine) settings_lsn: Lsn,
-    pub(in crate::engine) index: HashMap<DocKey, u32>,
-    pub(in crate::engine) inherit: InheritQueue,
+    pub(super) settings_lsn: Lsn,
+    pub(super) index: HashMap<DocKey, u32>,
+    pub(super) inherit: InheritQueue,
     /// This collection's entry in [`ShardState::heads`].
-    pub(in crate::engine) head_due: Option<Millis>,
+    pub(super) head_due: Option<Millis>,
 }
 
 impl CollectionShard {
+    /// The document slots of a collection detached from its shard, for
+    /// [`Shard::free_detached`](super::Shard::free_detached) to free in batches.
+    pub(in crate::engine) fn into_slots(self) -> std::collections::hash_map::IntoIter<DocKey, u32> {
+        self.index.into_iter()
+    }
+
     /// When an inheritor written at `written` expires under these rules (`None`: never).
     pub(in crate::engine) fn inheritor_due(&self, written: Millis) -> Option<Millis> {
         if self.rules.expired.covers(written, None) {
@@ -292,4 +298,40 @@ impl ShardState {
                 .map(|c| c.inherit.live())
                 .sum::<usize>()
     }
+
+    /// Everything the purge could act on, counted entry by entry (tests check the counters
+    /// against it).
+    #[cfg(test)]
+    pub(in crate::engine) fn census(&self) -> Census {
+        let mut census = Census {
+            documents: self.docs.len(),
+            timers: self.wheel.len(),
+            pending: self.pending.len(),
+            ..Census::default()
+        };
+        for cs in self.collections.values() {
+            census.queued += cs.inherit.iter().count();
+            census.queued_live += cs.inherit.live();
+            census.queue_bytes += cs.inherit.allocated_bytes();
+        }
+        census
+    }
+}
+
+/// See [`ShardState::census`].
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) struct Census {
+    /// Document slots held.
+    pub(in crate::engine) documents: usize,
+    /// Timers in the wheel.
+    pub(in crate::engine) timers: usize,
+    /// Inherit-queue entries, stale ones included.
+    pub(in crate::engine) queued: usize,
+    /// Inherit-queue entries still current.
+    pub(in crate::engine) queued_live: usize,
+    /// Bytes the inherit queues hold, spare capacity included.
+    pub(in crate::engine) queue_bytes: usize,
+    /// Documents marked dead and waiting for the purge, stale entries included.
+    pub(in crate::engine) pending: usize,
 }
