@@ -1,0 +1,545 @@
+//! Evaluating expressions for one row, with Cosmos DB's semantics: `undefined` propagates,
+//! comparisons across types are undefined, `AND`/`OR`/`NOT` are three-valued, and arithmetic
+//! on anything but numbers is undefined.
+//!
+//! Bitwise operators (`& | ^ ~ << >> >>>`) work on 32-bit integers as in JavaScript, whose
+//! number model the dialect shares; the `Int*` functions are the 64-bit alternative.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    fmt::Write as _,
+};
+
+use regex::Regex;
+use serde_json::{Map, Value};
+
+use crate::{
+    ast::{BinaryOp, Expr, UnaryOp},
+    error::{ErrorKind, QueryError},
+    functions::Context,
+    value::{Val, as_f64, boolean, compare, equals, number},
+};
+
+/// Rows a query may enumerate (joins, subqueries) per document before it is stopped: bounds
+/// the work of a cross join of large arrays.
+pub(crate) const MAX_ROWS_PER_DOCUMENT: u64 = 100_000;
+
+/// The aliases bound for one row: a chain from the innermost binding outwards.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Env<'a> {
+    pub(crate) slot: usize,
+    pub(crate) value: &'a Value,
+    pub(crate) parent: Option<&'a Env<'a>>,
+}
+
+impl<'a> Env<'a> {
+    /// The value bound to `slot`.
+    pub(crate) fn get(&self, slot: usize) -> Option<&'a Value> {
+        let mut env = Some(self);
+        while let Some(e) = env {
+            if e.slot == slot {
+                return Some(e.value);
+            }
+            env = e.parent;
+        }
+        None
+    }
+}
+
+/// What every evaluation of one query shares: the clock reading, parameters, the work budget
+/// and compiled `LIKE` patterns.
+#[derive(Debug)]
+pub(crate) struct Evaluator<'p> {
+    pub(crate) context: Context,
+    params: &'p Map<String, Value>,
+    /// Rows left before the current document's budget runs out.
+    pub(crate) budget: Cell<u64>,
+    likes: RefCell<HashMap<(String, Option<char>), Regex>>,
+}
+
+impl<'p> Evaluator<'p> {
+    pub(crate) fn new(context: Context, params: &'p Map<String, Value>) -> Self {
+        Evaluator {
+            context,
+            params,
+            budget: Cell::new(MAX_ROWS_PER_DOCUMENT),
+            likes: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Starts a new document's work budget.
+    pub(crate) fn reset_budget(&self) {
+        self.budget.set(MAX_ROWS_PER_DOCUMENT);
+    }
+
+    /// Counts one enumerated row against the budget.
+    pub(crate) fn charge_row(&self) -> Result<(), QueryError> {
+        let left = self.budget.get();
+        if left == 0 {
+            return Err(QueryError::limit(format!(
+                "the query enumerates more than {MAX_ROWS_PER_DOCUMENT} rows (JOIN or subquery rows) for one document; narrow the JOINs or filter earlier"
+            )));
+        }
+        self.budget.set(left - 1);
+        Ok(())
+    }
+
+    /// The value of a parameter the query names.
+    pub(crate) fn param(&self, name: &str) -> Result<&'p Value, QueryError> {
+        self.params.get(&format!("@{name}")).ok_or_else(|| {
+            QueryError::invalid(None, format!("parameter @{name} is used but not given"))
+        })
+    }
+
+    /// Evaluates `expr` for the row `env`.
+    pub(crate) fn eval(&self, expr: &Expr, env: Option<&Env<'_>>) -> Result<Val, QueryError> {
+        if let Some(found) = self.path(expr, env)? {
+            return Ok(found.cloned());
+        }
+        Ok(match expr {
+            Expr::Literal(v) => v.clone(),
+            Expr::Param(name) => Some(self.param(name)?.clone()),
+            Expr::Name(name, at) => {
+                return Err(QueryError::invalid(
+                    Some(*at),
+                    format!("'{name}' is not bound"),
+                ));
+            }
+            // Paths over aliases were answered above; these are over computed values.
+            Expr::Alias(_) => None,
+            Expr::Property(base, name) => match self.eval(base, env)? {
+                Some(Value::Object(mut map)) => map.remove(name),
+                _ => None,
+            },
+            Expr::Index(base, index) => {
+                let index = self.eval(index, env)?;
+                let base = self.eval(base, env)?;
+                base.as_ref()
+                    .and_then(|b| index_into(b, index.as_ref()))
+                    .cloned()
+            }
+            Expr::Unary(op, operand) => unary(*op, self.eval(operand, env)?),
+            Expr::Binary(BinaryOp::And, a, b) => {
+                let a = truth(&self.eval(a, env)?);
+                if a == Some(false) {
+                    return Ok(boolean(false));
+                }
+                match (a, truth(&self.eval(b, env)?)) {
+                    (_, Some(false)) => boolean(false),
+                    (Some(true), Some(true)) => boolean(true),
+                    _ => None,
+                }
+            }
+            Expr::Binary(BinaryOp::Or, a, b) => {
+                let a = truth(&self.eval(a, env)?);
+                if a == Some(true) {
+                    return Ok(boolean(true));
+                }
+                match (a, truth(&self.eval(b, env)?)) {
+                    (_, Some(true)) => boolean(true),
+                    (Some(false), Some(false)) => boolean(false),
+                    _ => None,
+                }
+            }
+            Expr::Binary(op, a, b) => binary(*op, &self.eval(a, env)?, &self.eval(b, env)?),
+            Expr::Coalesce(a, b) => match self.eval(a, env)? {
+                Some(v) => Some(v),
+                None => self.eval(b, env)?,
+            },
+            Expr::Conditional(cond, then, otherwise) => {
+                if truth(&self.eval(cond, env)?) == Some(true) {
+                    self.eval(then, env)?
+                } else {
+                    self.eval(otherwise, env)?
+                }
+            }
+            Expr::Between {
+                expr,
+                low,
+                high,
+                negated,
+            } => {
+                let v = self.eval(expr, env)?;
+                let low = compare(v.as_ref(), self.eval(low, env)?.as_ref());
+                let high = compare(v.as_ref(), self.eval(high, env)?.as_ref());
+                let within = match (low, high) {
+                    (Some(l), Some(h)) => Some(l.is_ge() && h.is_le()),
+                    _ => None,
+                };
+                within.and_then(|w| boolean(w != *negated))
+            }
+            Expr::In {
+                expr,
+                list,
+                negated,
+            } => {
+                let v = self.eval(expr, env)?;
+                // `x IN (a, b)` is `x = a OR x = b`, three-valued.
+                let mut result = Some(false);
+                for item in list {
+                    match equals(v.as_ref(), self.eval(item, env)?.as_ref()) {
+                        Some(true) => {
+                            result = Some(true);
+                            break;
+                        }
+                        Some(false) => {}
+                        None => result = None,
+                    }
+                }
+                result.and_then(|r| boolean(r != *negated))
+            }
+            Expr::Like {
+                expr,
+                pattern,
+                escape,
+                negated,
+            } => {
+                let (Some(Value::String(s)), Some(Value::String(p))) =
+                    (self.eval(expr, env)?, self.eval(pattern, env)?)
+                else {
+                    return Ok(None);
+                };
+                boolean(self.like(&s, &p, *escape)? != *negated)
+            }
+            Expr::Call(function, args) => {
+                let args = args
+                    .iter()
+                    .map(|a| self.eval(a, env))
+                    .collect::<Result<Vec<_>, _>>()?;
+                (function.call)(&self.context, &args).map_err(|e| {
+                    QueryError::new(
+                        ErrorKind::Evaluation,
+                        None,
+                        format!("{}: {}", function.name, e.0),
+                    )
+                })?
+            }
+            Expr::Aggregate(..) => {
+                return Err(QueryError::invalid(
+                    None,
+                    "an aggregate is evaluated only over groups of rows",
+                ));
+            }
+            Expr::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    // Undefined elements are left out, as undefined properties are.
+                    out.extend(self.eval(item, env)?);
+                }
+                Some(Value::Array(out))
+            }
+            Expr::Object(fields) => {
+                let mut out = Map::new();
+                for (name, e) in fields {
+                    if let Some(v) = self.eval(e, env)? {
+                        out.insert(name.clone(), v);
+                    }
+                }
+                Some(Value::Object(out))
+            }
+            Expr::Exists(query) => {
+                let mut any = false;
+                self.subquery(query, env, &mut |_| {
+                    any = true;
+                    false
+                })?;
+                boolean(any)
+            }
+            Expr::ArraySubquery(query) => {
+                let mut out = Vec::new();
+                self.subquery(query, env, &mut |v| {
+                    out.push(v);
+                    true
+                })?;
+                Some(Value::Array(out))
+            }
+            Expr::Subquery(query) => {
+                let mut out = None;
+                let mut many = false;
+                self.subquery(query, env, &mut |v| {
+                    if out.is_some() {
+                        many = true;
+                        return false;
+                    }
+                    out = Some(v);
+                    true
+                })?;
+                if many {
+                    return Err(QueryError::new(
+                        ErrorKind::Evaluation,
+                        None,
+                        "a scalar subquery returned more than one value; use ARRAY(...) for many, or TOP 1",
+                    ));
+                }
+                out
+            }
+        })
+    }
+
+    /// A path over aliases (`c.a.b`, `c["x"]`, `c.arr[0]`), answered by reference so that only
+    /// the value reached is copied. `None` if `expr` is not such a path.
+    fn path<'e>(
+        &self,
+        expr: &Expr,
+        env: Option<&Env<'e>>,
+    ) -> Result<Option<Option<&'e Value>>, QueryError> {
+        Ok(match expr {
+            Expr::Alias(slot) => Some(env.and_then(|e| e.get(*slot))),
+            Expr::Property(base, name) => self
+                .path(base, env)?
+                .map(|b| b.and_then(|b| b.as_object()).and_then(|m| m.get(name))),
+            Expr::Index(base, index) if matches!(**index, Expr::Literal(_) | Expr::Param(_)) => {
+                let Some(base) = self.path(base, env)? else {
+                    return Ok(None);
+                };
+                let index = self.eval(index, env)?;
+                Some(base.and_then(|b| index_into(b, index.as_ref())))
+            }
+            _ => None,
+        })
+    }
+
+    /// `s LIKE pattern`: `%` any run of characters, `_` one character, `[abc]`, `[a-z]` and
+    /// `[^...]` one of (or none of) a set, and `escape` before a wildcard to match it as is.
+    fn like(&self, s: &str, pattern: &str, escape: Option<char>) -> Result<bool, QueryError> {
+        let key = (pattern.to_owned(), escape);
+        if let Some(re) = self.likes.borrow().get(&key) {
+            return Ok(re.is_match(s));
+        }
+        let re = like_regex(pattern, escape)?;
+        let matched = re.is_match(s);
+        let mut likes = self.likes.borrow_mut();
+        if likes.len() < 64 {
+            likes.insert(key, re);
+        }
+        Ok(matched)
+    }
+}
+
+/// `true`/`false` for booleans, `None` (undefined) for anything else.
+pub(crate) fn truth(v: &Val) -> Option<bool> {
+    match v {
+        Some(Value::Bool(b)) => Some(*b),
+        _ => None,
+    }
+}
+
+/// `base[index]`: a whole non-negative number indexes an array, a string an object.
+fn index_into<'v>(base: &'v Value, index: Option<&Value>) -> Option<&'v Value> {
+    match (base, index?) {
+        (Value::Array(items), Value::Number(n)) => {
+            let n = n.as_f64()?;
+            if n >= 0.0 && n.fract() == 0.0 && n < items.len() as f64 {
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "checked"
+                )]
+                items.get(n as usize)
+            } else {
+                None
+            }
+        }
+        (Value::Object(map), Value::String(key)) => map.get(key),
+        _ => None,
+    }
+}
+
+fn unary(op: UnaryOp, v: Val) -> Val {
+    match (op, v) {
+        (UnaryOp::Not, Some(Value::Bool(b))) => boolean(!b),
+        (UnaryOp::Neg, Some(v)) => as_f64(&v).and_then(|n| number(-n)),
+        (UnaryOp::Plus, Some(v)) => as_f64(&v).and_then(number),
+        (UnaryOp::BitNot, Some(v)) => as_f64(&v).and_then(|n| number(f64::from(!to_int32(n)))),
+        _ => None,
+    }
+}
+
+fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
+    match op {
+        BinaryOp::Eq => equals(a.as_ref(), b.as_ref()).and_then(boolean),
+        // `!=` is an ordering comparison in Cosmos DB: undefined for arrays and objects.
+        BinaryOp::Ne if matches!(a, Some(Value::Array(_) | Value::Object(_))) => None,
+        BinaryOp::Ne => equals(a.as_ref(), b.as_ref()).and_then(|e| boolean(!e)),
+        BinaryOp::Lt => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_lt())),
+        BinaryOp::Le => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_le())),
+        BinaryOp::Gt => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_gt())),
+        BinaryOp::Ge => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_ge())),
+        BinaryOp::Concat => match (a, b) {
+            (Some(Value::String(x)), Some(Value::String(y))) => {
+                Some(Value::String(format!("{x}{y}")))
+            }
+            _ => None,
+        },
+        BinaryOp::And | BinaryOp::Or => unreachable!("evaluated with short-circuiting"),
+        _ => {
+            let (x, y) = (as_f64(a.as_ref()?)?, as_f64(b.as_ref()?)?);
+            let n = match op {
+                BinaryOp::Add => x + y,
+                BinaryOp::Sub => x - y,
+                BinaryOp::Mul => x * y,
+                BinaryOp::Div => x / y,
+                BinaryOp::Mod => x % y,
+                BinaryOp::BitAnd => f64::from(to_int32(x) & to_int32(y)),
+                BinaryOp::BitOr => f64::from(to_int32(x) | to_int32(y)),
+                BinaryOp::BitXor => f64::from(to_int32(x) ^ to_int32(y)),
+                BinaryOp::Shl => f64::from(to_int32(x).wrapping_shl(shift_count(y))),
+                BinaryOp::Shr => f64::from(to_int32(x).wrapping_shr(shift_count(y))),
+                #[allow(clippy::cast_sign_loss, reason = "ToUint32 reinterprets the bits")]
+                BinaryOp::ShrZero => f64::from((to_int32(x) as u32).wrapping_shr(shift_count(y))),
+                _ => unreachable!("handled above"),
+            };
+            number(n)
+        }
+    }
+}
+
+/// JavaScript's ToInt32: truncate, then wrap modulo 2^32.
+pub(crate) fn to_int32(n: f64) -> i32 {
+    if !n.is_finite() {
+        return 0;
+    }
+    let wrapped = n.trunc().rem_euclid(4_294_967_296.0);
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "0 ≤ wrapped < 2^32"
+    )]
+    let bits = wrapped as u64 as u32;
+    #[allow(
+        clippy::cast_possible_wrap,
+        reason = "reinterpreting the bits is ToInt32"
+    )]
+    let result = bits as i32;
+    result
+}
+
+/// A shift count: the low five bits, as JavaScript takes them.
+fn shift_count(n: f64) -> u32 {
+    #[allow(clippy::cast_sign_loss, reason = "reinterpreting the bits")]
+    let count = to_int32(n) as u32 & 31;
+    count
+}
+
+/// A `LIKE` pattern as an anchored regular expression.
+fn like_regex(pattern: &str, escape: Option<char>) -> Result<Regex, QueryError> {
+    let mut re = String::from("(?s)^");
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if Some(c) == escape {
+            match chars.next() {
+                Some(next) => re.push_str(&regex::escape(&next.to_string())),
+                None => {
+                    return Err(QueryError::invalid(
+                        None,
+                        "a LIKE pattern ends with its escape character",
+                    ));
+                }
+            }
+            continue;
+        }
+        match c {
+            '%' => re.push_str(".*"),
+            '_' => re.push('.'),
+            '[' => {
+                let mut class = String::new();
+                let mut closed = false;
+                if chars.peek() == Some(&'^') {
+                    chars.next();
+                    class.push('^');
+                }
+                for d in chars.by_ref() {
+                    if d == ']' {
+                        closed = true;
+                        break;
+                    }
+                    if d == '-' && !class.is_empty() && class != "^" {
+                        class.push('-');
+                    } else {
+                        let _ = write!(class, "{}", regex::escape(&d.to_string()));
+                    }
+                }
+                if closed && !class.is_empty() && class != "^" {
+                    re.push('[');
+                    re.push_str(&class);
+                    re.push(']');
+                } else {
+                    // Not a set: match the bracket text literally.
+                    re.push_str(&regex::escape(&format!("[{class}")));
+                    if closed {
+                        re.push_str(&regex::escape("]"));
+                    }
+                }
+            }
+            c => re.push_str(&regex::escape(&c.to_string())),
+        }
+    }
+    re.push('$');
+    regex::RegexBuilder::new(&re)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| QueryError::invalid(None, format!("LIKE pattern cannot be used: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn int32_conversion_wraps_like_javascript() {
+        assert_eq!(to_int32(1.9), 1);
+        assert_eq!(to_int32(-1.9), -1);
+        assert_eq!(to_int32(4_294_967_296.0 + 5.0), 5);
+        assert_eq!(to_int32(2_147_483_648.0), i32::MIN);
+        assert_eq!(to_int32(f64::NAN), 0);
+    }
+
+    #[test]
+    fn like_patterns() {
+        let ok =
+            |p: &str, s: &str, esc: Option<char>| like_regex(p, esc).expect("compiles").is_match(s);
+        assert!(ok("a%", "abc", None));
+        assert!(!ok("a%", "bac", None));
+        assert!(ok("_b_", "abc", None));
+        assert!(ok("[a-c]x", "bx", None));
+        assert!(!ok("[^a-c]x", "bx", None));
+        assert!(ok("100!%", "100%", Some('!')));
+        assert!(!ok("100!%", "1000", Some('!')));
+        assert!(ok("a.b", "a.b", None));
+        assert!(!ok("a.b", "axb", None));
+        assert!(ok("[x", "[x", None));
+    }
+
+    #[test]
+    fn arithmetic_and_logic() {
+        assert_eq!(
+            binary(BinaryOp::Add, &Some(json!(1)), &Some(json!(2))),
+            Some(json!(3))
+        );
+        assert_eq!(
+            binary(BinaryOp::Add, &Some(json!(1)), &Some(json!("2"))),
+            None
+        );
+        assert_eq!(
+            binary(BinaryOp::Div, &Some(json!(1)), &Some(json!(0))),
+            None
+        );
+        assert_eq!(
+            binary(BinaryOp::ShrZero, &Some(json!(-1)), &Some(json!(28))),
+            Some(json!(15))
+        );
+        assert_eq!(
+            binary(BinaryOp::Shl, &Some(json!(1)), &Some(json!(33))),
+            Some(json!(2))
+        );
+        assert_eq!(unary(UnaryOp::BitNot, Some(json!(5))), Some(json!(-6)));
+        assert_eq!(unary(UnaryOp::Not, Some(json!(1))), None);
+        assert_eq!(
+            binary(BinaryOp::Concat, &Some(json!("a")), &Some(json!("b"))),
+            Some(json!("ab"))
+        );
+    }
+}

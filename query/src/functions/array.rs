@@ -1,0 +1,464 @@
+//! Array functions.
+//!
+//! Values compare as `value::deep_equal` does: deeply, numbers by value (`1` matches `1.0`),
+//! never across types (`1` does not match `"1"`). Choices where the reference is silent:
+//!
+//! - An argument of the wrong type (a non-array where an array belongs, a non-number index, a
+//!   non-boolean flag) makes the result `undefined`.
+//! - `ARRAY_CONTAINS(arr, v, true)` matches objects partially at the top level: an element
+//!   matches if it is an object holding every property of `v` with a deeply equal value.
+//!   `ARRAY_CONTAINS(arr, undefined)` is `undefined`, as a lone `undefined` search value is for
+//!   `ARRAY_CONTAINS_ANY`/`ALL` (which follow the reference's examples: an `undefined` search
+//!   value is unknown, so `ANY` is `true` if another value matches and `undefined` otherwise,
+//!   and `ALL` is `false` if another value is missing and `undefined` otherwise).
+//! - `ARRAY_SLICE(arr, start[, length])` truncates its numbers toward zero; a negative start
+//!   counts from the end (clamped to the first element), and a negative length gives `[]`.
+//! - `SetIntersect(a, b)` lists the distinct values of `b` that are in `a`, in `b`'s order (as
+//!   the reference's `SetIntersect([1, 2, "A", "B"], ["A", 1])` is `["A", 1]`); `SetUnion`
+//!   lists the distinct values of `a` then of `b`, in order.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use super::string::{count, int_arg, write_json};
+use super::{Context, Function, FunctionError};
+use crate::value::{Val, boolean, deep_equal, number};
+
+pub(super) const FUNCTIONS: &[Function] = &[
+    function("ARRAY_CONCAT", 2, usize::MAX, array_concat),
+    function("ARRAY_CONTAINS", 2, 3, array_contains),
+    function("ARRAY_CONTAINS_ANY", 2, usize::MAX, |_, a| {
+        Ok(contains_many(a, true))
+    }),
+    function("ARRAY_CONTAINS_ALL", 2, usize::MAX, |_, a| {
+        Ok(contains_many(a, false))
+    }),
+    function("ARRAY_LENGTH", 1, 1, |_, a| {
+        Ok(array_arg(a, 0).and_then(|items| number(items.len() as f64)))
+    }),
+    function("ARRAY_SLICE", 2, 3, array_slice),
+    function("SetIntersect", 2, 2, set_intersect),
+    function("SetUnion", 2, 2, set_union),
+];
+
+const fn function(
+    name: &'static str,
+    min_args: usize,
+    max_args: usize,
+    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+) -> Function {
+    Function {
+        name,
+        min_args,
+        max_args,
+        call,
+    }
+}
+
+/// Argument `i` if it is an array.
+fn array_arg(args: &[Val], i: usize) -> Option<&[Value]> {
+    match args.get(i)? {
+        Some(Value::Array(items)) => Some(items),
+        _ => None,
+    }
+}
+
+fn array_concat(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let mut out = Vec::new();
+    for i in 0..args.len() {
+        let Some(items) = array_arg(args, i) else {
+            return Ok(None);
+        };
+        out.extend_from_slice(items);
+    }
+    Ok(Some(Value::Array(out)))
+}
+
+/// `ARRAY_CONTAINS(arr, v[, partial])`.
+fn array_contains(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(items), Some(Some(wanted))) = (array_arg(args, 0), args.get(1)) else {
+        return Ok(None);
+    };
+    let partial = match args.get(2) {
+        None => false,
+        Some(Some(Value::Bool(b))) => *b,
+        Some(_) => return Ok(None),
+    };
+    Ok(boolean(items.iter().any(|item| {
+        match (partial, item, wanted) {
+            (true, Value::Object(item), Value::Object(wanted)) => wanted
+                .iter()
+                .all(|(k, v)| item.get(k).is_some_and(|w| deep_equal(v, w))),
+            _ => deep_equal(item, wanted),
+        }
+    })))
+}
+
+/// `ARRAY_CONTAINS_ANY` (`any`) or `ARRAY_CONTAINS_ALL` (`!any`) of `arr, v1, v2, ...`, with
+/// an `undefined` search value counting as unknown.
+fn contains_many(args: &[Val], any: bool) -> Val {
+    let items = array_arg(args, 0)?;
+    let mut unknown = false;
+    for wanted in args.iter().skip(1) {
+        let Some(wanted) = wanted else {
+            unknown = true;
+            continue;
+        };
+        if items.iter().any(|item| deep_equal(item, wanted)) == any {
+            // ANY found one, or ALL missed one: decided.
+            return boolean(any);
+        }
+    }
+    if unknown { None } else { boolean(!any) }
+}
+
+/// `ARRAY_SLICE(arr, start[, length])`.
+fn array_slice(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(items), Some(start)) = (array_arg(args, 0), int_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let length = match args.get(2) {
+        None => usize::MAX,
+        Some(_) => match int_arg(args, 2) {
+            Some(n) => count(n),
+            None => return Ok(None),
+        },
+    };
+    let start = if start < 0 {
+        items.len().saturating_sub(count(start.saturating_neg()))
+    } else {
+        count(start)
+    };
+    let rest = items.get(start..).unwrap_or_default();
+    Ok(Some(Value::Array(
+        rest.iter().take(length).cloned().collect(),
+    )))
+}
+
+/// A canonical text for `v`: two values have the same key exactly when they are `deep_equal`.
+fn key(v: &Value) -> String {
+    let mut out = String::new();
+    write_json(&mut out, v, true);
+    out
+}
+
+fn set_intersect(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let in_a: HashSet<String> = a.iter().map(key).collect();
+    let mut seen = HashSet::new();
+    let out = b
+        .iter()
+        .filter(|v| {
+            let k = key(v);
+            in_a.contains(&k) && seen.insert(k)
+        })
+        .cloned()
+        .collect();
+    Ok(Some(Value::Array(out)))
+}
+
+fn set_union(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let mut seen = HashSet::new();
+    let out = a
+        .iter()
+        .chain(b)
+        .filter(|v| seen.insert(key(v)))
+        .cloned()
+        .collect();
+    Ok(Some(Value::Array(out)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::lookup;
+    use super::*;
+
+    fn call(name: &str, args: &[Val]) -> Val {
+        let f = lookup(name).expect("known function");
+        assert!(
+            args.len() >= f.min_args && args.len() <= f.max_args,
+            "{name} arity"
+        );
+        (f.call)(&Context::new(0, 1), args).expect("no error")
+    }
+
+    fn v(value: Value) -> Val {
+        Some(value)
+    }
+
+    #[test]
+    fn concat_and_length() {
+        // The reference's examples.
+        let args = [v(json!(["apples", "strawberries"])), v(json!(["bananas"]))];
+        let expected = json!(["apples", "strawberries", "bananas"]);
+        assert_eq!(call("ARRAY_CONCAT", &args), v(expected));
+        assert_eq!(
+            call("ARRAY_LENGTH", &[v(json!([70, 86, 92, 99, 85, 90, 82]))]),
+            v(json!(7))
+        );
+        assert_eq!(call("ARRAY_LENGTH", &[v(json!([]))]), v(json!(0)));
+        assert_eq!(call("ARRAY_LENGTH", &[v(json!(null))]), None);
+        // Edges.
+        let args = [v(json!([])), v(json!([1])), v(json!([[2], {"a": 3}]))];
+        assert_eq!(call("array_concat", &args), v(json!([1, [2], {"a": 3}])));
+        assert_eq!(call("ARRAY_CONCAT", &[v(json!([1])), v(json!("2"))]), None);
+        assert_eq!(call("ARRAY_CONCAT", &[None, v(json!([1]))]), None);
+        assert_eq!(call("ARRAY_LENGTH", &[None]), None);
+        assert_eq!(call("ARRAY_LENGTH", &[v(json!("abc"))]), None);
+        assert_eq!(call("ARRAY_LENGTH", &[v(json!({"length": 1}))]), None);
+    }
+
+    #[test]
+    fn array_contains() {
+        // The reference's examples.
+        let clothes = v(json!(["coats", "jackets", "sweatshirts"]));
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[clothes.clone(), v(json!("coats"))]),
+            boolean(true)
+        );
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[clothes, v(json!("hoodies"))]),
+            boolean(false)
+        );
+        let shirts = v(json!([{ "category": "shirts", "color": "blue" }]));
+        let full = v(json!({ "category": "shirts", "color": "blue" }));
+        let part = v(json!({ "category": "shirts" }));
+        let other = v(json!({ "category": "shorts", "color": "blue" }));
+        let yes = v(json!(true));
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[shirts.clone(), full]),
+            boolean(true)
+        );
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[shirts.clone(), part.clone()]),
+            boolean(false)
+        );
+        let args = [shirts.clone(), part.clone(), yes.clone()];
+        assert_eq!(call("ARRAY_CONTAINS", &args), boolean(true));
+        let args = [shirts.clone(), other, yes.clone()];
+        assert_eq!(call("ARRAY_CONTAINS", &args), boolean(false));
+        // Numbers by value, never across types; deep values; partial only for objects.
+        let mixed = v(json!([1.0, "2", [3, {"a": 4}], null]));
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[mixed.clone(), v(json!(1))]),
+            boolean(true)
+        );
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[mixed.clone(), v(json!(2))]),
+            boolean(false)
+        );
+        let deep = v(json!([3.0, {"a": 4.0}]));
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[mixed.clone(), deep]),
+            boolean(true)
+        );
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[mixed.clone(), v(json!(null))]),
+            boolean(true)
+        );
+        let args = [mixed.clone(), v(json!([3])), yes.clone()];
+        assert_eq!(call("ARRAY_CONTAINS", &args), boolean(false));
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[v(json!([])), v(json!(1))]),
+            boolean(false)
+        );
+        let args = [v(json!([{"a": 1}])), v(json!({})), yes];
+        assert_eq!(call("ARRAY_CONTAINS", &args), boolean(true));
+        // Wrong types and undefined.
+        assert_eq!(call("ARRAY_CONTAINS", &[mixed.clone(), None]), None);
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[v(json!("1")), v(json!("1"))]),
+            None
+        );
+        assert_eq!(
+            call("ARRAY_CONTAINS", &[mixed.clone(), v(json!(1)), v(json!(1))]),
+            None
+        );
+        assert_eq!(call("ARRAY_CONTAINS", &[mixed, v(json!(1)), None]), None);
+    }
+
+    #[test]
+    fn contains_any_and_all() {
+        // The reference's examples, run through both functions: (arguments, ANY, ALL).
+        let cases = [
+            (
+                vec![
+                    v(json!([1, true, "3", [1, 2, 3]])),
+                    v(json!(1)),
+                    v(json!(true)),
+                    v(json!("3")),
+                    v(json!([1, 2, 3])),
+                ],
+                boolean(true),
+                boolean(true),
+            ),
+            (
+                vec![
+                    v(json!([1, 2, 3, 4])),
+                    v(json!(2)),
+                    v(json!(3)),
+                    v(json!(4)),
+                    v(json!(5)),
+                ],
+                boolean(true),
+                boolean(false),
+            ),
+            (
+                vec![v(json!([1, 2, 3, 4])), v(json!(1)), None],
+                boolean(true),
+                None,
+            ),
+            (
+                vec![
+                    v(json!([1, 2, 3, 4])),
+                    v(json!(5)),
+                    v(json!(6)),
+                    v(json!(7)),
+                ],
+                boolean(false),
+                boolean(false),
+            ),
+            (
+                vec![v(json!([])), v(json!(1)), v(json!(2)), v(json!(3))],
+                boolean(false),
+                boolean(false),
+            ),
+            (
+                vec![v(json!([1, 2, 3, 4])), v(json!(5)), None],
+                None,
+                boolean(false),
+            ),
+        ];
+        for (args, any, all) in cases {
+            assert_eq!(call("ARRAY_CONTAINS_ANY", &args), any, "ANY {args:?}");
+            assert_eq!(call("ARRAY_CONTAINS_ALL", &args), all, "ALL {args:?}");
+        }
+        // Edges: numbers by value, a lone undefined, a non-array.
+        let args = [
+            v(json!([1.5, {"a": [1]}])),
+            v(json!({"a": [1.0]})),
+            v(json!(1.5)),
+        ];
+        assert_eq!(call("ARRAY_CONTAINS_ALL", &args), boolean(true));
+        assert_eq!(call("ARRAY_CONTAINS_ANY", &[v(json!([1])), None]), None);
+        assert_eq!(call("ARRAY_CONTAINS_ALL", &[v(json!([1])), None]), None);
+        assert_eq!(
+            call("ARRAY_CONTAINS_ANY", &[v(json!({"a": 1})), v(json!(1))]),
+            None
+        );
+        assert_eq!(call("ARRAY_CONTAINS_ALL", &[None, v(json!(1))]), None);
+    }
+
+    #[test]
+    fn array_slice() {
+        // The reference's examples.
+        let scores = v(json!([70, 86, 92, 99, 85, 90, 82]));
+        let slice = |args: &[f64]| {
+            let mut all = vec![scores.clone()];
+            all.extend(args.iter().map(|&x| number(x)));
+            call("ARRAY_SLICE", &all)
+        };
+        assert_eq!(slice(&[0.0]), scores.clone());
+        assert_eq!(slice(&[1.0]), v(json!([86, 92, 99, 85, 90, 82])));
+        assert_eq!(slice(&[-1.0]), v(json!([82])));
+        assert_eq!(slice(&[-2.0]), v(json!([90, 82])));
+        assert_eq!(slice(&[0.0, 3.0]), v(json!([70, 86, 92])));
+        assert_eq!(slice(&[0.0, 12.0]), scores.clone());
+        assert_eq!(slice(&[3.0, 5.0]), v(json!([99, 85, 90, 82])));
+        assert_eq!(slice(&[-2.0, 1.0]), v(json!([90])));
+        // Edges: out of range, negative length, fractions, huge values.
+        assert_eq!(slice(&[7.0]), v(json!([])));
+        assert_eq!(slice(&[100.0, 2.0]), v(json!([])));
+        assert_eq!(slice(&[-100.0, 2.0]), v(json!([70, 86])));
+        assert_eq!(slice(&[1.0, 0.0]), v(json!([])));
+        assert_eq!(slice(&[1.0, -100.0]), v(json!([])));
+        assert_eq!(slice(&[1.9, 1.9]), v(json!([86])));
+        assert_eq!(slice(&[-1.9]), v(json!([82])));
+        assert_eq!(slice(&[1e300, 1e300]), v(json!([])));
+        assert_eq!(slice(&[-1e300, 1e300]), scores.clone());
+        assert_eq!(slice(&[f64::MIN, 1.0]), v(json!([70])));
+        assert_eq!(
+            call("ARRAY_SLICE", &[v(json!([])), number(-1.0)]),
+            v(json!([]))
+        );
+        // Wrong types.
+        assert_eq!(call("ARRAY_SLICE", &[scores.clone(), v(json!("1"))]), None);
+        assert_eq!(
+            call("ARRAY_SLICE", &[scores.clone(), number(1.0), None]),
+            None
+        );
+        assert_eq!(call("ARRAY_SLICE", &[v(json!("abc")), number(1.0)]), None);
+        assert_eq!(call("ARRAY_SLICE", &[None, number(1.0)]), None);
+    }
+
+    #[test]
+    fn set_intersect_and_union() {
+        // The reference's examples: (a, b, SetIntersect, SetUnion).
+        let cases = [
+            (
+                json!([1, 2, 3, 4]),
+                json!([3, 4, 5, 6]),
+                json!([3, 4]),
+                json!([1, 2, 3, 4, 5, 6]),
+            ),
+            (
+                json!([1, 2, 3, 4]),
+                json!([]),
+                json!([]),
+                json!([1, 2, 3, 4]),
+            ),
+            (
+                json!([1, 2, 3, 4]),
+                json!([1, 1, 1, 1]),
+                json!([1]),
+                json!([1, 2, 3, 4]),
+            ),
+            (
+                json!([1, 2, 3, 4]),
+                json!(["A", "B"]),
+                json!([]),
+                json!([1, 2, 3, 4, "A", "B"]),
+            ),
+            (
+                json!([1, 2, "A", "B"]),
+                json!(["A", 1]),
+                json!(["A", 1]),
+                json!([1, 2, "A", "B"]),
+            ),
+            (
+                json!(["Cutty Sark", "Horizon", "Russet", "Fuscous"]),
+                json!(["Fuscous", "Horizon", "Tacha"]),
+                json!(["Fuscous", "Horizon"]),
+                json!(["Cutty Sark", "Horizon", "Russet", "Fuscous", "Tacha"]),
+            ),
+        ];
+        for (a, b, intersect, union) in cases {
+            let args = [v(a), v(b)];
+            assert_eq!(call("SetIntersect", &args), v(intersect), "{args:?}");
+            assert_eq!(call("SETUNION", &args), v(union), "{args:?}");
+        }
+        // Distinct by deep equality: numbers by value, objects whatever their key order, and
+        // never across types.
+        let a = v(json!([1, 1.0, {"x": 1, "y": [2]}, "1", null, [null]]));
+        let b = v(json!([{"y": [2.0], "x": 1.0}, 1.0, -0.0, "1", [null], null, true]));
+        let expected = json!([{"y": [2.0], "x": 1.0}, 1.0, "1", [null], null]);
+        assert_eq!(call("SetIntersect", &[a.clone(), b.clone()]), v(expected));
+        let expected = json!([1, {"x": 1, "y": [2]}, "1", null, [null], -0.0, true]);
+        assert_eq!(call("SetUnion", &[a.clone(), b]), v(expected));
+        assert_eq!(
+            call("SetUnion", &[v(json!([0])), v(json!([-0.0]))]),
+            v(json!([0]))
+        );
+        // Wrong types.
+        assert_eq!(call("SetIntersect", &[a.clone(), None]), None);
+        assert_eq!(call("SetUnion", &[v(json!({})), a]), None);
+    }
+}

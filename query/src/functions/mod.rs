@@ -1,0 +1,102 @@
+//! Built-in (system) functions of the Cosmos DB for NoSQL query language, by family. Names
+//! match case-insensitively, as in Cosmos DB. Aggregates (`COUNT`, `SUM`, ...) are not here:
+//! they fold over rows, not over arguments (see `aggregate.rs`).
+
+use std::cell::Cell;
+
+use crate::value::Val;
+
+mod array;
+mod datetime;
+mod math;
+mod string;
+mod type_check;
+
+/// What a function may read besides its arguments.
+#[derive(Debug)]
+pub struct Context {
+    /// The query's one clock reading, Unix epoch milliseconds: the `GetCurrent*` functions
+    /// return it, the same instant the query judges expiry by.
+    pub now_ms: i64,
+    /// State of `RAND()`'s generator (xorshift64*), seeded per query.
+    pub rand_state: Cell<u64>,
+}
+
+impl Context {
+    /// A context reading `now_ms`, with `RAND()` seeded from `seed` (any value).
+    pub fn new(now_ms: i64, seed: u64) -> Self {
+        Context {
+            now_ms,
+            // xorshift needs a non-zero state.
+            rand_state: Cell::new(seed | 1),
+        }
+    }
+}
+
+/// A function's failure that ends the query (most bad arguments give `undefined` instead, as
+/// in Cosmos DB); the message is shown to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionError(pub String);
+
+/// One system function.
+#[derive(Debug)]
+pub struct Function {
+    /// Its name as the Cosmos DB reference spells it.
+    pub name: &'static str,
+    /// Fewest arguments.
+    pub min_args: usize,
+    /// Most arguments.
+    pub max_args: usize,
+    /// Evaluates a call; `args.len()` is within `min_args..=max_args`.
+    pub call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+}
+
+impl PartialEq for Function {
+    /// Functions are one per name.
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+const FAMILIES: &[&[Function]] = &[
+    type_check::FUNCTIONS,
+    string::FUNCTIONS,
+    math::FUNCTIONS,
+    array::FUNCTIONS,
+    datetime::FUNCTIONS,
+];
+
+/// The function called `name`, in any letter case.
+pub fn lookup(name: &str) -> Option<&'static Function> {
+    FAMILIES
+        .iter()
+        .flat_map(|family| family.iter())
+        .find(|f| f.name.eq_ignore_ascii_case(name))
+}
+
+/// Every function, for documentation and tests.
+pub fn all() -> impl Iterator<Item = &'static Function> {
+    FAMILIES.iter().flat_map(|family| family.iter())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn names_are_unique_in_any_case() {
+        let mut seen = HashSet::new();
+        for f in all() {
+            assert!(seen.insert(f.name.to_ascii_lowercase()), "{} twice", f.name);
+            assert!(f.min_args <= f.max_args, "{}", f.name);
+        }
+    }
+
+    #[test]
+    fn lookup_ignores_case() {
+        assert_eq!(lookup("is_string").map(|f| f.name), Some("IS_STRING"));
+        assert!(lookup("NO_SUCH_FUNCTION").is_none());
+    }
+}
