@@ -12,6 +12,7 @@ use crate::{
     document::{Document, PartitionKey},
     error::Error,
     feed::ReadFeed,
+    query::Query,
     requests::{CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument},
     ttl::{DefaultTtl, wire_seconds},
 };
@@ -478,5 +479,36 @@ impl Collection {
     /// ```
     pub fn read_feed(&self) -> ReadFeed<'_> {
         ReadFeed::new(self)
+    }
+
+    /// Runs a query in the Azure Cosmos DB for NoSQL SQL dialect; results arrive as `T`
+    /// (use `serde_json::Value` for any shape). Await it for [`QueryResults`], a stream of
+    /// results that also reads page by page.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let orders = db.create_collection("orders", "/customer").await?;
+    /// use tokio_stream::StreamExt as _;
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { id: String, total: f64 }
+    /// orders.create(&serde_json::json!({"id": "o1", "customer": "ann", "total": 30})).await?;
+    /// orders.create(&serde_json::json!({"id": "o2", "customer": "ann", "total": 5})).await?;
+    /// let mut big = orders
+    ///     .query::<Order>("SELECT * FROM o WHERE o.total >= @min ORDER BY o.total DESC")
+    ///     .param("@min", 10)
+    ///     .partition_key("ann")
+    ///     .await?;
+    /// while let Some(order) = big.next().await {
+    ///     let order = order?;
+    ///     assert_eq!((order.id.as_str(), order.total), ("o1", 30.0));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn query<T>(&self, text: &str) -> Query<'_, T> {
+        Query::new(self, text)
     }
 }

@@ -30,6 +30,7 @@ mod collection;
 mod document;
 mod error;
 mod feed;
+mod query;
 mod requests;
 mod ttl;
 
@@ -38,6 +39,7 @@ pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMod
 pub use document::{DeleteOutcome, Document, PartitionKey, TouchOutcome, UpsertOutcome};
 pub use error::Error;
 pub use feed::{Feed, FeedPage, ReadFeed};
+pub use query::{Query, QueryMetrics, QueryPage, QueryResults};
 pub use requests::{
     CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
 };

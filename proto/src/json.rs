@@ -616,6 +616,65 @@ fn encode_value(value: &Value, buf: &mut impl BufMut) {
     }
 }
 
+/// A JSON value as a `google.protobuf.Value` (query results travel so, and grpcurl shows them
+/// as JSON).
+pub fn to_proto_value(value: &Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match value {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.iter().map(to_proto_value).collect(),
+        }),
+        Value::Object(map) => Kind::StructValue(prost_types::Struct {
+            fields: map
+                .iter()
+                .map(|(k, v)| (k.clone(), to_proto_value(v)))
+                .collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// A `google.protobuf.Value` a client sent (a query parameter) as JSON: at most
+/// [`MAX_DEPTH`] levels, finite numbers. An unset value is `null`.
+pub fn from_proto_value(value: prost_types::Value) -> Result<Value, JsonDefect> {
+    fn convert(value: prost_types::Value, depth: usize) -> Result<Value, JsonDefect> {
+        use prost_types::value::Kind;
+        if depth > MAX_DEPTH {
+            return Err(JsonDefect::TooDeep);
+        }
+        Ok(match value.kind {
+            None | Some(Kind::NullValue(_)) => Value::Null,
+            Some(Kind::BoolValue(b)) => Value::Bool(b),
+            Some(Kind::NumberValue(x)) => {
+                let mut defect = None;
+                let v = number(x, &mut defect);
+                if let Some(d) = defect {
+                    return Err(d);
+                }
+                v
+            }
+            Some(Kind::StringValue(s)) => Value::String(s),
+            Some(Kind::ListValue(list)) => Value::Array(
+                list.values
+                    .into_iter()
+                    .map(|v| convert(v, depth + 1))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Some(Kind::StructValue(s)) => Value::Object(
+                s.fields
+                    .into_iter()
+                    .map(|(k, v)| Ok((k, convert(v, depth + 1)?)))
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+    convert(value, 1)
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message as _;

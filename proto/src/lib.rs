@@ -25,9 +25,10 @@ pub mod v1 {
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
         DeleteDocumentResponse, Document, GetCollectionRequest, GetDatabaseRequest, IndexingMode,
         ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
-        ListDatabasesResponse, PartitionKey, ReadDocumentRequest, ReadFeedPage, ReadFeedRequest,
-        ReplaceCollectionRequest, ReplaceDocumentRequest, TouchDocumentRequest,
-        UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
+        ListDatabasesResponse, PartitionKey, QueryMetrics, QueryPage, QueryRequest,
+        ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest,
+        ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest,
+        UpsertDocumentResponse, UpsertOutcome,
     };
 
     /// Oneof types nested in messages.

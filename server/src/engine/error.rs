@@ -42,6 +42,9 @@ pub enum Error {
     /// The result could not be confirmed durable: a write it made or reflects may or may not
     /// survive a restart.
     NotDurable(StorageError),
+    /// A query was refused (syntax, unknown name, limit) or failed while running; nothing was
+    /// changed.
+    Query(mayfly_query::QueryError),
 }
 
 impl fmt::Display for Error {
@@ -83,6 +86,7 @@ impl fmt::Display for Error {
                 "document '{id}' no longer has etag '{if_match}' (it was written, deleted or expired since); read it again and retry"
             ),
             Error::Storage(e) => write!(f, "storage failure, nothing was written: {e}"),
+            Error::Query(e) => write!(f, "query: {e}"),
             Error::NotDurable(e) => write!(
                 f,
                 "the outcome is unknown: storage could not confirm it durable, so a write this request made or read may or may not survive a restart: {e}"

@@ -15,6 +15,7 @@ mod feed;
 mod metrics;
 mod outcome;
 mod purge;
+mod query;
 mod recovery;
 mod shard;
 
@@ -41,6 +42,8 @@ pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use purge::PurgeGuard;
+pub(crate) use query::QueryCursor;
+pub use query::{MAX_EXAMINED_PER_PAGE, QUERY_TIME_LIMIT, QueryMetrics, QueryPage, QuerySpec};
 pub use recovery::{ExpiryRebuild, Recovery};
 // The domain types, where the engine's callers have always found them.
 pub use crate::model::{
@@ -673,7 +676,7 @@ impl Engine {
                 cursor.after.as_ref(),
                 want,
                 (MAX_PAGE_BYTES.saturating_sub(bytes), documents.is_empty()),
-                &*self.inner.clock,
+                shard::Reading::Clock(&*self.inner.clock),
             )?;
             *settle_at = (*settle_at).max(page.settle_at);
             bytes += page.bytes;

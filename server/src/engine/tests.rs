@@ -1387,3 +1387,103 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
     }
     assert_eq!(purged, 2);
 }
+
+/// Results of `text` at the clock's current reading, through the engine's query paths: a
+/// streaming query page by page (page size 2), any other query in one run.
+fn query(f: &Fixture, text: &str) -> Vec<Value> {
+    let spec = QuerySpec::parse(text, serde_json::Map::new()).expect("valid query");
+    let scope = FeedScope::Collection;
+    let read_at = f.engine.query_reading();
+    if !spec.is_streaming() {
+        return f
+            .engine
+            .query_all(&f.path, &spec, &scope, read_at)
+            .result
+            .expect("runs")
+            .0;
+    }
+    let mut results = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let cursor = f
+            .engine
+            .query_cursor(&f.path, &spec, &scope, token.as_deref())
+            .expect("cursor");
+        let page = f
+            .engine
+            .query_stream_page(&f.path, &spec, &scope, 2, cursor, read_at)
+            .result
+            .expect("page");
+        assert!(page.results.len() <= 2, "a page holds at most its size");
+        results.extend(page.results);
+        match page.continuation {
+            Some(t) => token = Some(t),
+            None => return results,
+        }
+    }
+}
+
+#[test]
+fn every_query_path_omits_a_document_from_the_instant_it_expires() {
+    // Default 10 s; "short" documents live 5 s. The purge never runs in this fixture, so the
+    // expired documents stay stored: only the query's clock reading keeps them out.
+    let f = Fixture::new(Some(10));
+    for i in 0..6 {
+        let ttl = if i % 2 == 0 { Some(5) } else { None };
+        let mut value = json!({"id": format!("d{i}"), "pk": "p", "n": i, "kind": if i % 2 == 0 { "short" } else { "long" }, "tags": ["a", "b"]});
+        if let Some(t) = ttl {
+            value["ttl"] = json!(t);
+        }
+        f.engine
+            .upsert_document(&f.path, body(value), None, None)
+            .result
+            .expect("upsert");
+    }
+    let paths = [
+        ("SELECT VALUE c.id FROM c", 6, 3),
+        ("SELECT VALUE c.id FROM c WHERE c.kind = 'short'", 3, 0),
+        ("SELECT VALUE c.id FROM c WHERE c.n >= 0", 6, 3),
+        ("SELECT VALUE c.id FROM c ORDER BY c.n DESC", 6, 3),
+        ("SELECT VALUE t FROM c JOIN t IN c.tags", 12, 6),
+        ("SELECT DISTINCT VALUE c.kind FROM c", 2, 1),
+        ("SELECT c.kind, COUNT(1) AS n FROM c GROUP BY c.kind", 2, 1),
+        ("SELECT TOP 100 VALUE c.id FROM c", 6, 3),
+        ("SELECT VALUE c.id FROM c OFFSET 0 LIMIT 100", 6, 3),
+        (
+            "SELECT VALUE c.id FROM c WHERE EXISTS(SELECT VALUE t FROM t IN c.tags WHERE t = 'a')",
+            6,
+            3,
+        ),
+    ];
+    f.advance(5 * SEC - 1);
+    for (text, before, _) in paths {
+        assert_eq!(
+            query(&f, text).len(),
+            before,
+            "{text}: 1 ms before the short ones expire"
+        );
+    }
+    assert_eq!(query(&f, "SELECT VALUE COUNT(1) FROM c"), [json!(6)]);
+    assert_eq!(query(&f, "SELECT VALUE SUM(c.n) FROM c"), [json!(15)]);
+    f.advance(1);
+    for (text, _, after) in paths {
+        assert_eq!(
+            query(&f, text).len(),
+            after,
+            "{text}: at the instant they expire"
+        );
+    }
+    assert_eq!(query(&f, "SELECT VALUE COUNT(1) FROM c"), [json!(3)]);
+    assert_eq!(query(&f, "SELECT VALUE SUM(c.n) FROM c"), [json!(9)]);
+    assert_eq!(query(&f, "SELECT VALUE MIN(c.n) FROM c"), [json!(1)]);
+    assert_eq!(query(&f, "SELECT VALUE AVG(c.n) FROM c"), [json!(3)]);
+    assert!(
+        query(&f, "SELECT * FROM c")
+            .iter()
+            .all(|d| d["_ts"].is_u64() && d["_etag"].is_string()),
+        "SELECT * carries the system properties"
+    );
+    f.advance(5 * SEC);
+    assert_eq!(query(&f, "SELECT VALUE COUNT(1) FROM c"), [json!(0)]);
+    assert!(query(&f, "SELECT * FROM c").is_empty());
+}

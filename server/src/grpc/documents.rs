@@ -3,8 +3,8 @@
 use std::pin::Pin;
 
 use mayfly_proto::v1::{
-    CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document,
-    ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
+    CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document, QueryPage,
+    QueryRequest, ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
     TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome, server,
 };
 use tokio::sync::mpsc;
@@ -29,6 +29,11 @@ impl DocumentsService {
         DocumentsService { engine }
     }
 
+    /// The engine in service.
+    pub(super) fn engine(&self) -> Result<engine::Engine, Status> {
+        Ok(self.engine.get()?)
+    }
+
     /// Runs `op` on the engine in service and releases its answer once the writes it
     /// reflects are durable: a client is never told of (or shown) a change that a crash could
     /// take back. One engine serves both steps: a position belongs to the storage that made it.
@@ -46,6 +51,7 @@ fn if_match(etag: &str) -> Option<&str> {
 }
 
 type FeedStream = Pin<Box<dyn Stream<Item = Result<ReadFeedPage, Status>> + Send>>;
+type QueryStream = Pin<Box<dyn Stream<Item = Result<QueryPage, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl server::Documents for DocumentsService {
@@ -173,6 +179,15 @@ impl server::Documents for DocumentsService {
     }
 
     type ReadFeedStream = FeedStream;
+    type QueryStream = QueryStream;
+
+    async fn query(
+        &self,
+        request: Request<QueryRequest>,
+    ) -> Result<Response<Self::QueryStream>, Status> {
+        let rx = self.start_query(request.into_inner()).await?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 
     async fn read_feed(
         &self,

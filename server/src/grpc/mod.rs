@@ -5,6 +5,7 @@ mod collections;
 mod convert;
 mod databases;
 mod documents;
+mod query;
 mod status;
 
 pub use collections::CollectionsService;

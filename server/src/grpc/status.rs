@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use mayfly_query::ErrorKind;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -31,6 +32,16 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
             StorageErrorKind::OutcomeUnknown => (Code::Unavailable, "OUTCOME_UNKNOWN"),
         },
         Error::NotDurable(_) => (Code::Unavailable, "OUTCOME_UNKNOWN"),
+        Error::Query(e) => (
+            Code::InvalidArgument,
+            match e.kind {
+                ErrorKind::Syntax => "QUERY_SYNTAX",
+                ErrorKind::Invalid => "QUERY_INVALID",
+                ErrorKind::Unsupported => "QUERY_UNSUPPORTED",
+                ErrorKind::Limit => "QUERY_LIMIT",
+                ErrorKind::Evaluation => "QUERY_EVALUATION",
+            },
+        ),
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::engine::feed::{FeedScope, SCAN_FACTOR, ShardPage};
 use crate::engine::{
-    CollectionInfo,
+    CollectionInfo, Millis,
     clock::Clock,
     document::DocumentView,
     error::Error,
@@ -24,7 +24,7 @@ impl Shard {
         after: Option<&DocKey>,
         want: usize,
         (bytes_left, take_first): (usize, bool),
-        clock: &dyn Clock,
+        reading: Reading<'_>,
     ) -> Result<ShardPage, Error> {
         let mut page = ShardPage {
             documents: Vec::new(),
@@ -47,7 +47,7 @@ impl Shard {
             };
             let mut batch = self.store.scan(info.uid, range, limit)?;
             scanned += batch.len();
-            let mut judged = self.judge(info, &batch, clock)?;
+            let mut judged = self.judge(info, &batch, reading)?;
             let stale: Vec<usize> = (0..batch.len())
                 .filter(|&i| judged.views[i] == Judged::Changed)
                 .collect();
@@ -57,7 +57,7 @@ impl Shard {
                         batch[i] = record;
                     }
                 }
-                let again = self.judge(info, &batch, clock)?;
+                let again = self.judge(info, &batch, reading)?;
                 judged.settle_at = judged.settle_at.max(again.settle_at);
                 for i in stale {
                     judged.views[i] = again.views[i].clone();
@@ -90,10 +90,13 @@ impl Shard {
         &self,
         info: &CollectionInfo,
         batch: &[Arc<StoredDocument>],
-        clock: &dyn Clock,
+        reading: Reading<'_>,
     ) -> Result<JudgedBatch, Error> {
         let mut state = self.lock();
-        let now = state.now(clock);
+        let now = match reading {
+            Reading::Clock(clock) => state.now(clock),
+            Reading::At(at) => at,
+        };
         let st = &*state;
         let cs = st
             .collections
@@ -120,6 +123,16 @@ impl Shard {
             settle_at: observed(st, cs),
         })
     }
+}
+
+/// The instant a scan judges expiry at.
+#[derive(Clone, Copy)]
+pub(crate) enum Reading<'a> {
+    /// Each batch by its own reading of the shard's clock (a feed page).
+    Clock(&'a dyn Clock),
+    /// One instant for the whole scan (a query, which judges every document at the clock
+    /// reading it started with).
+    At(Millis),
 }
 
 /// What the shard's index says of a scanned document.

@@ -48,6 +48,7 @@ use crate::storage::{
 pub(super) use self::state::Census;
 pub(super) use self::{
     documents::{collection_gone, observed, view},
+    feed_scan::Reading,
     slab::{DocMeta, DocSlab, Tracking},
     state::{Change, CollectionShard, RemoveCause, ShardState},
     tracking::{attach, detach, time_own_ttl},

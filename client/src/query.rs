@@ -1,0 +1,238 @@
+//! Queries in the Azure Cosmos DB for NoSQL SQL dialect, page by page or as a stream of
+//! results.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    future::IntoFuture,
+    marker::PhantomData,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use mayfly_proto::{json, v1};
+use serde::{Serialize, de::DeserializeOwned};
+use tokio_stream::Stream;
+use tonic::Streaming;
+
+use crate::{client::BoxFuture, collection::Collection, document::PartitionKey, error::Error};
+
+/// A query request; see [`Collection::query`].
+#[derive(Debug)]
+#[must_use = "nothing is run until the request is awaited"]
+pub struct Query<'a, T> {
+    collection: &'a Collection,
+    text: String,
+    parameters: Result<HashMap<String, prost_types::Value>, Error>,
+    partition_key: Option<PartitionKey>,
+    page_size: u32,
+    continuation: Option<String>,
+    results: PhantomData<fn() -> T>,
+}
+
+impl<'a, T> Query<'a, T> {
+    pub(crate) fn new(collection: &'a Collection, text: &str) -> Self {
+        Query {
+            collection,
+            text: text.to_owned(),
+            parameters: Ok(HashMap::new()),
+            partition_key: None,
+            page_size: 0,
+            continuation: None,
+            results: PhantomData,
+        }
+    }
+
+    /// Gives the parameter `name` (written with its `@`) a value.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1, "n": 5})).await?;
+    /// let ids: Vec<String> = c
+    ///     .query("SELECT VALUE c.id FROM c WHERE c.n > @min")
+    ///     .param("@min", 3)
+    ///     .await?
+    ///     .collect_all()
+    ///     .await?;
+    /// assert_eq!(ids, ["a"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn param(mut self, name: &str, value: impl Serialize) -> Self {
+        let converted = serde_json::to_value(value)
+            .map_err(|e| Error::Serialization(format!("query parameter {name}: {e}")));
+        self.parameters = match (self.parameters, converted) {
+            (Ok(mut map), Ok(v)) => {
+                map.insert(name.to_owned(), json::to_proto_value(&v));
+                Ok(map)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        self
+    }
+
+    /// Queries one partition only; without it the query reads every partition.
+    pub fn partition_key(mut self, partition_key: impl Into<PartitionKey>) -> Self {
+        self.partition_key = Some(partition_key.into());
+        self
+    }
+
+    /// Results per page, 1 to 1000 (default 100).
+    pub fn page_size(mut self, page_size: u32) -> Self {
+        self.page_size = page_size;
+        self
+    }
+
+    /// Resumes after the page that returned this token.
+    pub fn continuation(mut self, token: &str) -> Self {
+        self.continuation = Some(token.to_owned());
+        self
+    }
+}
+
+impl<'a, T: DeserializeOwned + 'a> IntoFuture for Query<'a, T> {
+    type Output = Result<QueryResults<T>, Error>;
+    type IntoFuture = BoxFuture<'a, Self::Output>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let request = v1::QueryRequest {
+                database: self.collection.database.clone(),
+                collection: self.collection.id.clone(),
+                query: self.text,
+                parameters: self.parameters?,
+                partition_key: self.partition_key.map(v1::PartitionKey::from),
+                page_size: self.page_size,
+                continuation: self.continuation.unwrap_or_default(),
+            };
+            let stream = self
+                .collection
+                .client
+                .documents
+                .clone()
+                .query(request)
+                .await?
+                .into_inner();
+            Ok(QueryResults {
+                stream,
+                buffered: VecDeque::new(),
+                results: PhantomData,
+            })
+        })
+    }
+}
+
+/// What producing a page took.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueryMetrics {
+    /// Live documents read and evaluated.
+    pub documents_examined: u64,
+    /// Index entries read.
+    pub index_entries_examined: u64,
+    /// Results on the page.
+    pub results_returned: u64,
+    /// The index used (an indexing-policy path); `None` for a full scan.
+    pub index: Option<String>,
+}
+
+/// One page of results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueryPage<T> {
+    pub results: Vec<T>,
+    /// Token to resume after this page; `None` on the last page.
+    pub continuation: Option<String>,
+    pub metrics: QueryMetrics,
+}
+
+/// A running query: read it page by page with [`QueryResults::next_page`], or as a
+/// [`Stream`] of results.
+#[derive(Debug)]
+pub struct QueryResults<T> {
+    stream: Streaming<v1::QueryPage>,
+    buffered: VecDeque<T>,
+    results: PhantomData<fn() -> T>,
+}
+
+// Results are never pinned in place: they are moved out of the buffer.
+impl<T> Unpin for QueryResults<T> {}
+
+fn convert<T: DeserializeOwned>(page: v1::QueryPage) -> Result<QueryPage<T>, Error> {
+    let results = page
+        .results
+        .into_iter()
+        .map(|v| {
+            let v = json::from_proto_value(v).map_err(|e| Error::Serialization(e.to_string()))?;
+            serde_json::from_value(v).map_err(|e| Error::Serialization(e.to_string()))
+        })
+        .collect::<Result<_, _>>()?;
+    let m = page.metrics.unwrap_or_default();
+    Ok(QueryPage {
+        results,
+        continuation: (!page.continuation.is_empty()).then_some(page.continuation),
+        metrics: QueryMetrics {
+            documents_examined: m.documents_examined,
+            index_entries_examined: m.index_entries_examined,
+            results_returned: m.results_returned,
+            index: m.index_used.then_some(m.index),
+        },
+    })
+}
+
+impl<T: DeserializeOwned> QueryResults<T> {
+    /// The next page, or `None` after the last.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// # c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let mut results = c.query::<serde_json::Value>("SELECT VALUE COUNT(1) FROM c").await?;
+    /// let page = results.next_page().await?.expect("one page");
+    /// assert_eq!(page.results, [serde_json::json!(1)]);
+    /// println!("read {} documents", page.metrics.documents_examined);
+    /// # Ok(()) }
+    /// ```
+    pub async fn next_page(&mut self) -> Result<Option<QueryPage<T>>, Error> {
+        match self.stream.message().await? {
+            Some(page) => convert(page).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every remaining result.
+    pub async fn collect_all(mut self) -> Result<Vec<T>, Error> {
+        let mut all: Vec<T> = self.buffered.drain(..).collect();
+        while let Some(page) = self.next_page().await? {
+            all.extend(page.results);
+        }
+        Ok(all)
+    }
+}
+
+impl<T: DeserializeOwned> Stream for QueryResults<T> {
+    type Item = Result<T, Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(next) = this.buffered.pop_front() {
+                return Poll::Ready(Some(Ok(next)));
+            }
+            match Pin::new(&mut this.stream).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status.into()))),
+                Poll::Ready(Some(Ok(page))) => match convert::<T>(page) {
+                    Ok(page) => this.buffered.extend(page.results),
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! Queries over a collection: the live documents of the scope, judged at the one clock
+//! reading the query started with, fed to the query language (`mayfly-query`).
+//!
+//! A streaming query (no `ORDER BY`, grouping, aggregate or `DISTINCT`) reads documents in
+//! feed order and ends a page after any document, so its continuation is a feed position plus
+//! the `OFFSET`/`TOP` counts so far. Any other query reads its whole scope before its first
+//! result; its continuation is the number of results already returned, and resuming runs it
+//! again (at a new clock reading) and skips them.
+//!
+//! No index yet: every query reads every live document of its scope (`index_used` false).
+
+use std::{
+    hash::{Hash, Hasher},
+    time::{Duration, Instant},
+};
+
+use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
+use mayfly_query::{Context, Execution, Flow, QueryError, ast::Query};
+use serde_json::{Map, Value};
+
+use super::{
+    CollectionInfo, Engine, Error, FeedScope, InvalidInput, Millis, Outcome,
+    document::DocumentView,
+    feed::{self, Cursor},
+    shard::Reading,
+};
+use crate::storage::Lsn;
+
+/// Documents read from a shard at a time.
+const SCAN_BATCH: usize = 256;
+/// Documents a streaming page examines at most: a selective filter returns a short page (and
+/// a continuation) rather than reading the whole collection in one request.
+pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
+/// Approximate result bytes per page, as for feed pages.
+const MAX_RESULT_BYTES: usize = feed::MAX_PAGE_BYTES;
+/// How long a query that reads its whole scope may run.
+pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
+const TOKEN_VERSION: u8 = 1;
+
+/// A query and its parameters, parsed and checked at the edge.
+#[derive(Debug)]
+pub struct QuerySpec {
+    pub query: Query,
+    /// Parameter values by name, with their `@`.
+    pub params: Map<String, Value>,
+    /// Identifies the query and parameters in continuation tokens.
+    fingerprint: u64,
+}
+
+impl QuerySpec {
+    /// Parses `text`; refuses parameters the query does not use so a typo is caught.
+    pub fn parse(text: &str, params: Map<String, Value>) -> Result<Self, Error> {
+        let query = mayfly_query::parse(text).map_err(Error::Query)?;
+        let used = query.parameters();
+        if let Some(missing) = used.iter().find(|n| !params.contains_key(&format!("@{n}"))) {
+            return Err(Error::Query(QueryError {
+                kind: mayfly_query::ErrorKind::Invalid,
+                position: None,
+                message: format!("parameter @{missing} is used but not given"),
+            }));
+        }
+        if let Some(unused) = params
+            .keys()
+            .find(|k| !k.strip_prefix('@').is_some_and(|n| used.contains(&n)))
+        {
+            return Err(Error::Query(QueryError {
+                kind: mayfly_query::ErrorKind::Invalid,
+                position: None,
+                message: format!(
+                    "parameter '{unused}' is not used by the query (parameters are named with '@', as in @status)"
+                ),
+            }));
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut hasher);
+        Value::Object(params.clone()).to_string().hash(&mut hasher);
+        Ok(QuerySpec {
+            query,
+            params,
+            fingerprint: hasher.finish(),
+        })
+    }
+
+    /// Whether pages can end after any document.
+    pub fn is_streaming(&self) -> bool {
+        mayfly_query::is_streaming(&self.query)
+    }
+}
+
+/// What a page did, for the client.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryMetrics {
+    pub documents_examined: u64,
+    pub index_entries_examined: u64,
+    pub results_returned: u64,
+    /// The index used, as a policy path; `None` for a full scan.
+    pub index: Option<String>,
+}
+
+/// One page of results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryPage {
+    pub results: Vec<Value>,
+    pub continuation: Option<String>,
+    pub metrics: QueryMetrics,
+}
+
+/// Where a query stands between pages.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum QueryCursor {
+    /// A streaming query: the next document, and the rows skipped and results returned.
+    Stream {
+        cursor: Cursor,
+        skipped: u64,
+        returned: u64,
+    },
+    /// A query that reads its whole scope: results already returned.
+    Offset(u64),
+}
+
+impl Engine {
+    /// The clock reading a query judges expiry at.
+    pub fn query_reading(&self) -> Millis {
+        self.inner.clock.now()
+    }
+
+    /// Decodes a client's continuation token for `spec` over `scope`.
+    pub(crate) fn query_cursor(
+        &self,
+        path: &super::CollectionPath,
+        spec: &QuerySpec,
+        scope: &FeedScope,
+        token: Option<&str>,
+    ) -> Result<QueryCursor, Error> {
+        let info = self.get_collection(path)?;
+        let Some(token) = token else {
+            return Ok(if spec.is_streaming() {
+                QueryCursor::Stream {
+                    cursor: Cursor {
+                        shard: self.first_shard(&info, scope),
+                        after: None,
+                    },
+                    skipped: 0,
+                    returned: 0,
+                }
+            } else {
+                QueryCursor::Offset(0)
+            });
+        };
+        let bad = |reason| Error::Invalid(InvalidInput::Continuation { reason });
+        let bytes = URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| bad("it is not a token this server issued"))?;
+        let (head, rest) = bytes
+            .split_at_checked(18)
+            .ok_or_else(|| bad("it is not a token this server issued"))?;
+        if head[0] != TOKEN_VERSION {
+            return Err(bad("it was issued by an incompatible server version"));
+        }
+        let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().unwrap_or_default());
+        if word(1) != spec.fingerprint {
+            return Err(bad(
+                "it was issued for another query text or other parameters",
+            ));
+        }
+        match (head[9], spec.is_streaming()) {
+            (0, false) => Ok(QueryCursor::Offset(word(10))),
+            (1, true) => {
+                let (counts, feed_token) = rest
+                    .split_at_checked(8)
+                    .ok_or_else(|| bad("it is not a token this server issued"))?;
+                let returned = u64::from_le_bytes(counts.try_into().unwrap_or_default());
+                let feed_token = std::str::from_utf8(feed_token)
+                    .map_err(|_| bad("it is not a token this server issued"))?;
+                let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
+                let (first, last) = self.shard_range(&info, scope);
+                if cursor.shard < first || cursor.shard > last {
+                    return Err(bad("it does not belong to this query"));
+                }
+                Ok(QueryCursor::Stream {
+                    cursor,
+                    skipped: word(10),
+                    returned,
+                })
+            }
+            _ => Err(bad("it is not a token this server issued")),
+        }
+    }
+
+    fn encode_query_cursor(
+        &self,
+        info: &CollectionInfo,
+        spec: &QuerySpec,
+        scope: &FeedScope,
+        cursor: &QueryCursor,
+    ) -> String {
+        let mut out = vec![TOKEN_VERSION];
+        out.extend_from_slice(&spec.fingerprint.to_le_bytes());
+        match cursor {
+            QueryCursor::Offset(n) => {
+                out.push(0);
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+            QueryCursor::Stream {
+                cursor,
+                skipped,
+                returned,
+            } => {
+                out.push(1);
+                out.extend_from_slice(&skipped.to_le_bytes());
+                out.extend_from_slice(&returned.to_le_bytes());
+                out.extend_from_slice(
+                    feed::encode_token(info.uid, scope, self.shard_count(), cursor).as_bytes(),
+                );
+            }
+        }
+        URL_SAFE_NO_PAD.encode(out)
+    }
+
+    fn shard_range(&self, info: &CollectionInfo, scope: &FeedScope) -> (usize, usize) {
+        match scope {
+            FeedScope::Collection => (0, self.shard_count() - 1),
+            FeedScope::Partition(pk) => {
+                let i = self.shard_index(info.uid, pk);
+                (i, i)
+            }
+        }
+    }
+
+    fn first_shard(&self, info: &CollectionInfo, scope: &FeedScope) -> usize {
+        self.shard_range(info, scope).0
+    }
+
+    /// One page of a streaming query from `cursor`, judged at `read_at`. Blocks on storage:
+    /// call it off the async runtime.
+    pub(crate) fn query_stream_page(
+        &self,
+        path: &super::CollectionPath,
+        spec: &QuerySpec,
+        scope: &FeedScope,
+        page_size: usize,
+        cursor: QueryCursor,
+        read_at: Millis,
+    ) -> Outcome<QueryPage> {
+        let mut settle_at = Lsn::ZERO;
+        let result = self.stream_page(
+            path,
+            spec,
+            scope,
+            page_size,
+            cursor,
+            read_at,
+            &mut settle_at,
+        );
+        Outcome::new(result, settle_at)
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one page's inputs, each distinct"
+    )]
+    fn stream_page(
+        &self,
+        path: &super::CollectionPath,
+        spec: &QuerySpec,
+        scope: &FeedScope,
+        page_size: usize,
+        cursor: QueryCursor,
+        read_at: Millis,
+        settle_at: &mut Lsn,
+    ) -> Result<QueryPage, Error> {
+        let info = self.get_collection(path)?;
+        let QueryCursor::Stream {
+            mut cursor,
+            skipped,
+            returned,
+        } = cursor
+        else {
+            return Err(Error::Invalid(InvalidInput::Continuation {
+                reason: "it does not belong to this query",
+            }));
+        };
+        let (_, last) = self.shard_range(&info, scope);
+        let mut run = Execution::new(&spec.query, &spec.params, context(read_at))
+            .map_err(Error::Query)?
+            .resume(skipped, returned);
+        let mut page = QueryPage {
+            results: Vec::new(),
+            continuation: None,
+            metrics: QueryMetrics::default(),
+        };
+        let mut bytes = 0;
+        loop {
+            let scanned = self.inner.shards[cursor.shard].scan_page(
+                &info,
+                scope,
+                cursor.after.as_ref(),
+                SCAN_BATCH,
+                (usize::MAX, true),
+                Reading::At(read_at),
+            )?;
+            *settle_at = (*settle_at).max(scanned.settle_at);
+            let mut stopped_at = None;
+            for view in &scanned.documents {
+                page.metrics.documents_examined += 1;
+                let flow = run.push(&as_document(view)).map_err(Error::Query)?;
+                for r in run.take_ready() {
+                    bytes += approximate_size(&r);
+                    page.results.push(r);
+                }
+                if flow == Flow::Done {
+                    page.metrics.results_returned = page.results.len() as u64;
+                    return Ok(page);
+                }
+                if page.results.len() >= page_size
+                    || bytes >= MAX_RESULT_BYTES
+                    || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
+                {
+                    stopped_at = Some(view.key.clone());
+                    break;
+                }
+            }
+            let full = stopped_at.is_some();
+            if let Some(key) = stopped_at {
+                cursor.after = Some(key);
+            } else if !scanned.exhausted {
+                cursor.after = scanned.last;
+            } else if cursor.shard == last {
+                page.metrics.results_returned = page.results.len() as u64;
+                return Ok(page);
+            } else {
+                cursor = Cursor {
+                    shard: cursor.shard + 1,
+                    after: None,
+                };
+            }
+            if full {
+                break;
+            }
+        }
+        let (skipped, returned) = run.counters();
+        page.metrics.results_returned = page.results.len() as u64;
+        page.continuation = Some(self.encode_query_cursor(
+            &info,
+            spec,
+            scope,
+            &QueryCursor::Stream {
+                cursor,
+                skipped,
+                returned,
+            },
+        ));
+        Ok(page)
+    }
+
+    /// Every result of a query that reads its whole scope, judged at `read_at`, with the
+    /// metrics of the run. Blocks on storage: call it off the async runtime.
+    pub fn query_all(
+        &self,
+        path: &super::CollectionPath,
+        spec: &QuerySpec,
+        scope: &FeedScope,
+        read_at: Millis,
+    ) -> Outcome<(Vec<Value>, QueryMetrics)> {
+        let mut settle_at = Lsn::ZERO;
+        let result = self.run_all(path, spec, scope, read_at, &mut settle_at);
+        Outcome::new(result, settle_at)
+    }
+
+    fn run_all(
+        &self,
+        path: &super::CollectionPath,
+        spec: &QuerySpec,
+        scope: &FeedScope,
+        read_at: Millis,
+        settle_at: &mut Lsn,
+    ) -> Result<(Vec<Value>, QueryMetrics), Error> {
+        let started = Instant::now();
+        let info = self.get_collection(path)?;
+        let (first, last) = self.shard_range(&info, scope);
+        let mut run =
+            Execution::new(&spec.query, &spec.params, context(read_at)).map_err(Error::Query)?;
+        let mut metrics = QueryMetrics::default();
+        let mut results = Vec::new();
+        'shards: for shard in first..=last {
+            let mut after = None;
+            loop {
+                if started.elapsed() > QUERY_TIME_LIMIT {
+                    return Err(Error::Query(QueryError {
+                        kind: mayfly_query::ErrorKind::Limit,
+                        position: None,
+                        message: format!(
+                            "the query ran longer than {} s after reading {} documents; filter by partition key or narrow it",
+                            QUERY_TIME_LIMIT.as_secs(),
+                            metrics.documents_examined
+                        ),
+                    }));
+                }
+                let scanned = self.inner.shards[shard].scan_page(
+                    &info,
+                    scope,
+                    after.as_ref(),
+                    SCAN_BATCH,
+                    (usize::MAX, true),
+                    Reading::At(read_at),
+                )?;
+                *settle_at = (*settle_at).max(scanned.settle_at);
+                for view in &scanned.documents {
+                    metrics.documents_examined += 1;
+                    let flow = run.push(&as_document(view)).map_err(Error::Query)?;
+                    results.extend(run.take_ready());
+                    if flow == Flow::Done {
+                        break 'shards;
+                    }
+                }
+                if scanned.exhausted {
+                    break;
+                }
+                after = scanned.last;
+            }
+        }
+        results.extend(run.finish().map_err(Error::Query)?);
+        metrics.results_returned = results.len() as u64;
+        Ok((results, metrics))
+    }
+
+    /// The token that resumes a query reading its whole scope after `offset` results.
+    pub fn query_offset_token(
+        &self,
+        path: &super::CollectionPath,
+        spec: &QuerySpec,
+        scope: &FeedScope,
+        offset: u64,
+    ) -> Result<String, Error> {
+        let info = self.get_collection(path)?;
+        Ok(self.encode_query_cursor(&info, spec, scope, &QueryCursor::Offset(offset)))
+    }
+}
+
+fn context(read_at: Millis) -> Context {
+    #[allow(
+        clippy::cast_possible_wrap,
+        reason = "epoch milliseconds stay below 2^63"
+    )]
+    let now = read_at as i64;
+    Context::new(now, read_at ^ 0x9E37_79B9_7F4A_7C15)
+}
+
+/// A document as queries see it: its body with `_ts` (seconds) and `_etag`.
+fn as_document(view: &DocumentView) -> Value {
+    let mut map = view.body_map();
+    map.insert("_ts".to_owned(), Value::from(view.last_write / 1000));
+    map.insert("_etag".to_owned(), Value::String(view.etag.to_string()));
+    Value::Object(map)
+}
+
+/// Roughly the encoded size of a result, to bound pages.
+fn approximate_size(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 4,
+        Value::Array(items) => 4 + items.iter().map(approximate_size).sum::<usize>(),
+        Value::Object(map) => {
+            4 + map
+                .iter()
+                .map(|(k, v)| k.len() + 4 + approximate_size(v))
+                .sum::<usize>()
+        }
+        _ => 10,
+    }
+}

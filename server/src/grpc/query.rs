@@ -1,0 +1,240 @@
+//! `Documents.Query`: a query's pages, computed off the async workers (a page reads storage
+//! and evaluates up to tens of thousands of documents) and released once what they reflect is
+//! durable.
+
+use std::sync::Arc;
+
+use mayfly_proto::{
+    json,
+    v1::{QueryMetrics, QueryPage, QueryRequest},
+};
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::{convert, documents::DocumentsService};
+use crate::engine::{
+    self, CollectionPath, Engine, FeedScope, InvalidInput, Outcome, QueryCursor, QuerySpec,
+};
+
+/// Most parameters a query may carry.
+pub(crate) const MAX_PARAMETERS: usize = 256;
+
+/// Everything a query's pages share.
+struct Plan {
+    path: CollectionPath,
+    scope: FeedScope,
+    spec: QuerySpec,
+    page_size: usize,
+}
+
+impl DocumentsService {
+    /// Checks a query request and starts its pages: the first is computed before answering, so
+    /// a bad query fails the call itself.
+    pub(crate) async fn start_query(
+        &self,
+        request: QueryRequest,
+    ) -> Result<mpsc::Receiver<Result<QueryPage, Status>>, Status> {
+        let QueryRequest {
+            database,
+            collection,
+            query,
+            parameters,
+            partition_key,
+            page_size,
+            continuation,
+        } = request;
+        let path = convert::collection_path(&database, &collection)?;
+        let scope = match convert::partition_key_value(partition_key)? {
+            Some(pk) => FeedScope::Partition(pk),
+            None => FeedScope::Collection,
+        };
+        let page_size = engine::page_size(page_size)?;
+        let params = parameters_json(parameters)?;
+        let spec = QuerySpec::parse(&query, params)?;
+        let plan = Arc::new(Plan {
+            path,
+            scope,
+            spec,
+            page_size,
+        });
+        let token = (!continuation.is_empty()).then_some(continuation);
+        let engine = self.engine()?;
+        let cursor = engine.query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())?;
+        // One clock reading for the whole call: every page judges expiry by it.
+        let read_at = engine.query_reading();
+        let (tx, rx) = mpsc::channel(1);
+        match cursor {
+            QueryCursor::Offset(offset) => {
+                let p = plan.clone();
+                let (results, metrics) = self
+                    .off_runtime(move |e| e.query_all(&p.path, &p.spec, &p.scope, read_at))
+                    .await?;
+                let service = self.clone();
+                tokio::spawn(async move {
+                    service
+                        .send_results(plan, results, metrics, offset, tx)
+                        .await
+                });
+            }
+            cursor @ QueryCursor::Stream { .. } => {
+                let p = plan.clone();
+                let first = self
+                    .off_runtime(move |e| {
+                        e.query_stream_page(
+                            &p.path,
+                            &p.spec,
+                            &p.scope,
+                            p.page_size,
+                            cursor,
+                            read_at,
+                        )
+                    })
+                    .await?;
+                let service = self.clone();
+                tokio::spawn(async move { service.send_stream(plan, first, read_at, tx).await });
+            }
+        }
+        Ok(rx)
+    }
+
+    /// Pages of a streaming query, each computed once the client has taken the one before.
+    async fn send_stream(
+        self,
+        plan: Arc<Plan>,
+        first: engine::QueryPage,
+        read_at: engine::Millis,
+        tx: mpsc::Sender<Result<QueryPage, Status>>,
+    ) {
+        let mut page = first;
+        loop {
+            let next = page.continuation.clone();
+            if tx.send(Ok(page_message(page))).await.is_err() {
+                return; // the client went away
+            }
+            let Some(token) = next else { return };
+            let p = plan.clone();
+            let result = self
+                .off_runtime(move |e| {
+                    let cursor = match e.query_cursor(&p.path, &p.spec, &p.scope, Some(&token)) {
+                        Ok(c) => c,
+                        Err(err) => return Outcome::failed(err),
+                    };
+                    e.query_stream_page(&p.path, &p.spec, &p.scope, p.page_size, cursor, read_at)
+                })
+                .await;
+            match result {
+                Ok(p) => page = p,
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Pages of a query that computed all its results at once, from `offset` on.
+    async fn send_results(
+        self,
+        plan: Arc<Plan>,
+        results: Vec<Value>,
+        mut metrics: engine::QueryMetrics,
+        offset: u64,
+        tx: mpsc::Sender<Result<QueryPage, Status>>,
+    ) {
+        let total = results.len() as u64;
+        let mut at = offset.min(total);
+        let mut rest = results
+            .into_iter()
+            .skip(usize::try_from(at).unwrap_or(usize::MAX));
+        loop {
+            let chunk: Vec<Value> = rest.by_ref().take(plan.page_size).collect();
+            at += chunk.len() as u64;
+            metrics.results_returned = chunk.len() as u64;
+            let continuation = if at < total {
+                match self.engine().and_then(|e| {
+                    e.query_offset_token(&plan.path, &plan.spec, &plan.scope, at)
+                        .map_err(Status::from)
+                }) {
+                    Ok(token) => Some(token),
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                }
+            } else {
+                None
+            };
+            let done = continuation.is_none();
+            let page = engine::QueryPage {
+                results: chunk,
+                continuation,
+                metrics: metrics.clone(),
+            };
+            if tx.send(Ok(page_message(page))).await.is_err() || done {
+                return;
+            }
+            // Later pages read nothing: the documents were counted on the first.
+            metrics.documents_examined = 0;
+        }
+    }
+
+    /// Runs `op` on a blocking thread with the engine in service, then waits until what it
+    /// reflects is durable.
+    async fn off_runtime<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Engine) -> Outcome<T> + Send + 'static,
+    ) -> Result<T, Status> {
+        let engine = self.engine()?;
+        let worker = engine.clone();
+        let outcome = tokio::task::spawn_blocking(move || op(&worker))
+            .await
+            .map_err(|e| Status::internal(format!("query task failed: {e}")))?;
+        Ok(engine.settle(outcome).await?)
+    }
+}
+
+fn page_message(page: engine::QueryPage) -> QueryPage {
+    let m = page.metrics;
+    QueryPage {
+        results: page.results.iter().map(json::to_proto_value).collect(),
+        continuation: page.continuation.unwrap_or_default(),
+        metrics: Some(QueryMetrics {
+            documents_examined: m.documents_examined,
+            index_entries_examined: m.index_entries_examined,
+            results_returned: m.results_returned,
+            index_used: m.index.is_some(),
+            index: m.index.unwrap_or_default(),
+        }),
+    }
+}
+
+/// Query parameters as JSON, each named with its '@'.
+fn parameters_json(
+    parameters: std::collections::HashMap<String, prost_types::Value>,
+) -> Result<Map<String, Value>, InvalidInput> {
+    if parameters.len() > MAX_PARAMETERS {
+        return Err(InvalidInput::BadJson {
+            reason: format!(
+                "{} query parameters given; at most {MAX_PARAMETERS} are allowed",
+                parameters.len()
+            ),
+        });
+    }
+    let mut out = Map::new();
+    for (name, value) in parameters {
+        let bare = name.strip_prefix('@').unwrap_or("");
+        if bare.is_empty() || !bare.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            return Err(InvalidInput::BadJson {
+                reason: format!(
+                    "query parameter name '{name}' must be '@' followed by letters, digits or '_'"
+                ),
+            });
+        }
+        let value = json::from_proto_value(value).map_err(|e| InvalidInput::BadJson {
+            reason: format!("query parameter {name}: {e}"),
+        })?;
+        out.insert(name, value);
+    }
+    Ok(out)
+}
