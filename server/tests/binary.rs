@@ -184,6 +184,13 @@ fn the_readme_grpcurl_session_works_as_written() {
                 "body is a JSON object, not an escaped string"
             );
             assert!(doc["expiresAt"].is_string(), "created with a ttl: {doc}");
+        } else if command.contains("Documents/Query") {
+            let page = json(&output);
+            assert_eq!(
+                page["results"],
+                serde_json::json!([{"id": "SO05", "total": 42.5}]),
+                "the query's results as JSON: {page}"
+            );
         } else if command.contains("Documents/ReadDocument") {
             if read_before.is_none() {
                 read_before = Some(output);
