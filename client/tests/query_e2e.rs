@@ -1,0 +1,156 @@
+//! Queries end to end with the real clock: documents with 1 s TTLs leave every query path at
+//! their expiry, and hostile queries get INVALID_ARGUMENT while the server keeps serving.
+
+use std::time::{Duration, Instant};
+
+use mayfly_client::{Client, Collection, DefaultTtl, Error};
+use mayfly_server::RunningServer;
+use serde_json::{Value, json};
+
+async fn setup(ttl: DefaultTtl) -> (RunningServer, Collection) {
+    let server = RunningServer::start(Default::default())
+        .await
+        .expect("server");
+    let client = Client::connect(server.local_addr().to_string())
+        .await
+        .expect("client");
+    let db = client.create_database("db").await.expect("db");
+    let c = db
+        .create_collection("events", "/pk")
+        .default_ttl(ttl)
+        .await
+        .expect("collection");
+    (server, c)
+}
+
+async fn results(c: &Collection, text: &str) -> Vec<Value> {
+    c.query::<Value>(text)
+        .page_size(2)
+        .await
+        .expect("query runs")
+        .collect_all()
+        .await
+        .expect("pages")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_leave_every_query_path_when_their_ttl_runs_out() {
+    let (_server, c) = setup(DefaultTtl::NoDefault).await;
+    for i in 0..6 {
+        let mut doc =
+            json!({"id": format!("d{i}"), "pk": format!("p{}", i % 3), "n": i, "tags": ["x", "y"]});
+        if i % 2 == 0 {
+            doc["ttl"] = json!(1);
+        }
+        c.create(&doc).await.expect("create");
+    }
+    let written = Instant::now();
+    let paths = [
+        "SELECT VALUE c.id FROM c",
+        "SELECT VALUE c.id FROM c WHERE c.n >= 0",
+        "SELECT VALUE c.id FROM c ORDER BY c.n",
+        "SELECT VALUE t FROM c JOIN t IN c.tags",
+        "SELECT DISTINCT VALUE c.n FROM c",
+        "SELECT c.pk, COUNT(1) AS n FROM c GROUP BY c.pk",
+    ];
+    let before: Vec<usize> = {
+        let mut counts = Vec::new();
+        for text in paths {
+            counts.push(results(&c, text).await.len());
+        }
+        counts
+    };
+    let count_before = results(&c, "SELECT VALUE COUNT(1) FROM c").await;
+    // The whole first round must have run before any document expired.
+    assert!(
+        written.elapsed() < Duration::from_millis(900),
+        "too slow to observe the expiry"
+    );
+    assert_eq!(before, [6, 6, 6, 12, 6, 3]);
+    assert_eq!(count_before, [json!(6)]);
+
+    tokio::time::sleep(Duration::from_millis(1100).saturating_sub(written.elapsed())).await;
+    let mut after = Vec::new();
+    for text in paths {
+        after.push(results(&c, text).await.len());
+    }
+    assert_eq!(
+        after,
+        [3, 3, 3, 6, 3, 3],
+        "the three 1 s documents are gone from every path"
+    );
+    assert_eq!(
+        results(&c, "SELECT VALUE COUNT(1) FROM c").await,
+        [json!(3)]
+    );
+    let odd: Vec<Value> = results(&c, "SELECT VALUE c.n FROM c ORDER BY c.n DESC").await;
+    assert_eq!(odd, [json!(5), json!(3), json!(1)]);
+}
+
+async fn refused(c: &Collection, text: &str, params: &[(&str, Value)]) -> String {
+    let mut q = c.query::<Value>(text);
+    for (k, v) in params {
+        q = q.param(k, v);
+    }
+    let outcome = match q.await {
+        Ok(r) => r.collect_all().await,
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Err(Error::InvalidArgument(message)) => message,
+        other => panic!(
+            "{}: expected INVALID_ARGUMENT, got {other:?}",
+            &text[..text.len().min(80)]
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_queries_are_refused_and_the_server_keeps_serving() {
+    let (_server, c) = setup(DefaultTtl::Off).await;
+    let big: Vec<u32> = (0..1000).collect();
+    c.create(&json!({"id": "big", "pk": "p", "a": big, "b": big, "c": big}))
+        .await
+        .expect("create");
+    let message = refused(&c, "SELECT * FROM c WHERE", &[]).await;
+    assert!(
+        message.contains("line 1, column 22") && message.contains("syntax error"),
+        "{message}"
+    );
+    let message = refused(&c, "SELECT VALUE NO_SUCH(c.a) FROM c", &[]).await;
+    assert!(message.contains("unknown function 'NO_SUCH'"), "{message}");
+    let message = refused(&c, "SELECT TOP @n * FROM c", &[("@n", json!("ten"))]).await;
+    assert!(
+        message.contains("TOP takes a non-negative integer"),
+        "{message}"
+    );
+    let message = refused(&c, "SELECT VALUE c.id FROM c WHERE c.id = @missing", &[]).await;
+    assert!(message.contains("@missing"), "{message}");
+    let huge = format!("SELECT VALUE '{}' FROM c", "x".repeat(1 << 20));
+    let message = refused(&c, &huge, &[]).await;
+    assert!(message.contains("at most 262144"), "{message}");
+    let nested = format!(
+        "SELECT VALUE {}1{} FROM c",
+        "(".repeat(10_000),
+        ")".repeat(10_000)
+    );
+    let message = refused(&c, &nested, &[]).await;
+    assert!(message.contains("nests deeper than"), "{message}");
+    let started = Instant::now();
+    let message = refused(
+        &c,
+        "SELECT VALUE 1 FROM c JOIN x IN c.a JOIN y IN c.b JOIN z IN c.c",
+        &[],
+    )
+    .await;
+    assert!(message.contains("more than 100000 rows"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the cross join stops early"
+    );
+    // Still serving.
+    assert_eq!(
+        results(&c, "SELECT VALUE ARRAY_LENGTH(c.a) FROM c").await,
+        [json!(1000)]
+    );
+}
