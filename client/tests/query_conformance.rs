@@ -8,44 +8,10 @@ use mayfly_client::{Client, Collection, Error, PartitionKey};
 use mayfly_server::RunningServer;
 use serde_json::{Map, Value};
 
-fn numbers_close(a: f64, b: f64) -> bool {
-    a == b || (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
-}
+#[path = "support/json_compare.rs"]
+mod json_compare;
 
-/// JSON equality with numbers by value, within a relative 1e-9.
-fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => numbers_close(
-            x.as_f64().unwrap_or(f64::NAN),
-            y.as_f64().unwrap_or(f64::NAN),
-        ),
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
-        }
-        _ => a == b,
-    }
-}
-
-fn matches(got: &[Value], expected: &[Value], ordered: bool) -> bool {
-    if got.len() != expected.len() {
-        return false;
-    }
-    if ordered {
-        return got.iter().zip(expected).all(|(g, e)| same(g, e));
-    }
-    let mut left: Vec<&Value> = expected.iter().collect();
-    got.iter()
-        .all(|g| match left.iter().position(|e| same(g, e)) {
-            Some(i) => {
-                left.swap_remove(i);
-                true
-            }
-            None => false,
-        })
-}
+use json_compare::{matches, same};
 
 /// Removes `_ts` and `_etag` from whole documents among the results, after checking that
 /// every whole document carries both.

@@ -7,45 +7,10 @@ use std::{fs, path::Path};
 use mayfly_query::{Context, run};
 use serde_json::{Map, Value};
 
-fn numbers_close(a: f64, b: f64) -> bool {
-    a == b || (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-300)
-}
+#[path = "../../client/tests/support/json_compare.rs"]
+mod json_compare;
 
-/// JSON equality with numbers compared by value, within a relative 1e-9.
-fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => numbers_close(
-            x.as_f64().unwrap_or(f64::NAN),
-            y.as_f64().unwrap_or(f64::NAN),
-        ),
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
-        }
-        _ => a == b,
-    }
-}
-
-fn matches(got: &[Value], expected: &[Value], ordered: bool) -> bool {
-    if got.len() != expected.len() {
-        return false;
-    }
-    if ordered {
-        return got.iter().zip(expected).all(|(g, e)| same(g, e));
-    }
-    let mut left: Vec<&Value> = expected.iter().collect();
-    for g in got {
-        match left.iter().position(|e| same(g, e)) {
-            Some(i) => {
-                left.swap_remove(i);
-            }
-            None => return false,
-        }
-    }
-    true
-}
+use json_compare::matches;
 
 #[test]
 fn conformance_cases_pass() {
