@@ -93,6 +93,9 @@ pub enum Expr {
     Index(Box<Expr>, Box<Expr>),
     Unary(UnaryOp, Box<Expr>),
     Binary(BinaryOp, Box<Expr>, Box<Expr>),
+    /// A left-associative chain `first op1 e1 op2 e2 ...` of one precedence level, kept flat
+    /// so that a long `OR` list or sum is evaluated in a loop, not by recursion.
+    Chain(Box<Expr>, Vec<(BinaryOp, Expr)>),
     /// `a ?? b`: `a` unless it is undefined.
     Coalesce(Box<Expr>, Box<Expr>),
     /// `cond ? a : b`.
@@ -270,6 +273,9 @@ impl Expr {
             Expr::Property(e, _) | Expr::Unary(_, e) | Expr::Aggregate(_, e) => vec![e],
             Expr::Index(a, b) | Expr::Binary(_, a, b) | Expr::Coalesce(a, b) => vec![a, b],
             Expr::Conditional(a, b, c) => vec![a, b, c],
+            Expr::Chain(first, rest) => std::iter::once(&**first)
+                .chain(rest.iter().map(|(_, e)| e))
+                .collect(),
             Expr::Between {
                 expr, low, high, ..
             } => vec![expr, low, high],
@@ -293,6 +299,9 @@ impl Expr {
             Expr::Property(e, _) | Expr::Unary(_, e) | Expr::Aggregate(_, e) => vec![e],
             Expr::Index(a, b) | Expr::Binary(_, a, b) | Expr::Coalesce(a, b) => vec![a, b],
             Expr::Conditional(a, b, c) => vec![a, b, c],
+            Expr::Chain(first, rest) => std::iter::once(&mut **first)
+                .chain(rest.iter_mut().map(|(_, e)| e))
+                .collect(),
             Expr::Between {
                 expr, low, high, ..
             } => vec![expr, low, high],

@@ -24,6 +24,11 @@ use crate::{
 /// Rows a query may enumerate (joins, subqueries) per document before it is stopped: bounds
 /// the work of a cross join of large arrays.
 pub(crate) const MAX_ROWS_PER_DOCUMENT: u64 = 100_000;
+/// Expressions a query may evaluate per document: bounds long `IN` lists over many rows and
+/// the like.
+pub(crate) const MAX_STEPS_PER_DOCUMENT: u64 = 2_000_000;
+/// Longest `LIKE` pattern, in characters (see `functions::string::MAX_PATTERN_CHARS`).
+const MAX_LIKE_CHARS: usize = 512;
 
 /// The aliases bound for one row: a chain from the innermost binding outwards.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +60,8 @@ pub(crate) struct Evaluator<'p> {
     params: &'p Map<String, Value>,
     /// Rows left before the current document's budget runs out.
     pub(crate) budget: Cell<u64>,
+    /// Expression evaluations left for the current document.
+    steps: Cell<u64>,
     likes: RefCell<HashMap<(String, Option<char>), Regex>>,
 }
 
@@ -64,6 +71,7 @@ impl<'p> Evaluator<'p> {
             context,
             params,
             budget: Cell::new(MAX_ROWS_PER_DOCUMENT),
+            steps: Cell::new(MAX_STEPS_PER_DOCUMENT),
             likes: RefCell::new(HashMap::new()),
         }
     }
@@ -71,6 +79,19 @@ impl<'p> Evaluator<'p> {
     /// Starts a new document's work budget.
     pub(crate) fn reset_budget(&self) {
         self.budget.set(MAX_ROWS_PER_DOCUMENT);
+        self.steps.set(MAX_STEPS_PER_DOCUMENT);
+    }
+
+    /// Counts `n` evaluation steps against the document's budget.
+    pub(crate) fn charge_steps(&self, n: u64) -> Result<(), QueryError> {
+        let left = self.steps.get();
+        if left < n {
+            return Err(QueryError::limit(format!(
+                "the query evaluates more than {MAX_STEPS_PER_DOCUMENT} expressions (or copies as many values) for one document; simplify it or filter earlier"
+            )));
+        }
+        self.steps.set(left - n);
+        Ok(())
     }
 
     /// Counts one enumerated row against the budget.
@@ -94,7 +115,12 @@ impl<'p> Evaluator<'p> {
 
     /// Evaluates `expr` for the row `env`.
     pub(crate) fn eval(&self, expr: &Expr, env: Option<&Env<'_>>) -> Result<Val, QueryError> {
+        self.charge_steps(1)?;
         if let Some(found) = self.path(expr, env)? {
+            // Copying a large value costs in proportion to its size.
+            if let Some(v @ (Value::Array(_) | Value::Object(_) | Value::String(_))) = found {
+                self.charge_steps(cost(v))?;
+            }
             return Ok(found.cloned());
         }
         Ok(match expr {
@@ -120,6 +146,39 @@ impl<'p> Evaluator<'p> {
                     .cloned()
             }
             Expr::Unary(op, operand) => unary(*op, self.eval(operand, env)?),
+            Expr::Chain(first, rest) => {
+                let mut acc = self.eval(first, env)?;
+                for (op, e) in rest {
+                    acc = match op {
+                        BinaryOp::And => {
+                            let a = truth(&acc);
+                            if a == Some(false) {
+                                acc
+                            } else {
+                                match (a, truth(&self.eval(e, env)?)) {
+                                    (_, Some(false)) => boolean(false),
+                                    (Some(true), Some(true)) => boolean(true),
+                                    _ => None,
+                                }
+                            }
+                        }
+                        BinaryOp::Or => {
+                            let a = truth(&acc);
+                            if a == Some(true) {
+                                acc
+                            } else {
+                                match (a, truth(&self.eval(e, env)?)) {
+                                    (_, Some(true)) => boolean(true),
+                                    (Some(false), Some(false)) => boolean(false),
+                                    _ => None,
+                                }
+                            }
+                        }
+                        op => binary(*op, &acc, &self.eval(e, env)?)?,
+                    };
+                }
+                acc
+            }
             Expr::Binary(BinaryOp::And, a, b) => {
                 let a = truth(&self.eval(a, env)?);
                 if a == Some(false) {
@@ -142,7 +201,7 @@ impl<'p> Evaluator<'p> {
                     _ => None,
                 }
             }
-            Expr::Binary(op, a, b) => binary(*op, &self.eval(a, env)?, &self.eval(b, env)?),
+            Expr::Binary(op, a, b) => binary(*op, &self.eval(a, env)?, &self.eval(b, env)?)?,
             Expr::Coalesce(a, b) => match self.eval(a, env)? {
                 Some(v) => Some(v),
                 None => self.eval(b, env)?,
@@ -303,6 +362,11 @@ impl<'p> Evaluator<'p> {
     /// `s LIKE pattern`: `%` any run of characters, `_` one character, `[abc]`, `[a-z]` and
     /// `[^...]` one of (or none of) a set, and `escape` before a wildcard to match it as is.
     fn like(&self, s: &str, pattern: &str, escape: Option<char>) -> Result<bool, QueryError> {
+        if pattern.chars().count() > MAX_LIKE_CHARS {
+            return Err(QueryError::limit(format!(
+                "a LIKE pattern is longer than {MAX_LIKE_CHARS} characters"
+            )));
+        }
         let key = (pattern.to_owned(), escape);
         if let Some(re) = self.likes.borrow().get(&key) {
             return Ok(re.is_match(s));
@@ -315,6 +379,31 @@ impl<'p> Evaluator<'p> {
         }
         Ok(matched)
     }
+}
+
+/// What copying `v` costs in evaluation steps: one per 64 bytes of strings and per element,
+/// counted to a bound (a value larger than the whole budget stops counting there).
+fn cost(v: &Value) -> u64 {
+    let mut cost = 0u64;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => cost += (s.len() / 64) as u64,
+            Value::Array(items) => {
+                cost += items.len() as u64;
+                stack.extend(items);
+            }
+            Value::Object(map) => {
+                cost += map.len() as u64;
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+        if cost > MAX_STEPS_PER_DOCUMENT {
+            break;
+        }
+    }
+    cost
 }
 
 /// `true`/`false` for booleans, `None` (undefined) for anything else.
@@ -356,7 +445,19 @@ fn unary(op: UnaryOp, v: Val) -> Val {
     }
 }
 
-fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
+fn binary(op: BinaryOp, a: &Val, b: &Val) -> Result<Val, QueryError> {
+    if let (BinaryOp::Concat, Some(Value::String(x)), Some(Value::String(y))) = (op, a, b)
+        && x.len() + y.len() > crate::functions::MAX_STRING_BYTES
+    {
+        return Err(QueryError::limit(format!(
+            "'||' would build a string over {} bytes",
+            crate::functions::MAX_STRING_BYTES
+        )));
+    }
+    Ok(operate(op, a, b))
+}
+
+fn operate(op: BinaryOp, a: &Val, b: &Val) -> Val {
     match op {
         BinaryOp::Eq => equals(a.as_ref(), b.as_ref()).and_then(boolean),
         // `!=` is an ordering comparison in Cosmos DB: undefined for arrays and objects.
@@ -516,29 +617,29 @@ mod tests {
     #[test]
     fn arithmetic_and_logic() {
         assert_eq!(
-            binary(BinaryOp::Add, &Some(json!(1)), &Some(json!(2))),
+            operate(BinaryOp::Add, &Some(json!(1)), &Some(json!(2))),
             Some(json!(3))
         );
         assert_eq!(
-            binary(BinaryOp::Add, &Some(json!(1)), &Some(json!("2"))),
+            operate(BinaryOp::Add, &Some(json!(1)), &Some(json!("2"))),
             None
         );
         assert_eq!(
-            binary(BinaryOp::Div, &Some(json!(1)), &Some(json!(0))),
+            operate(BinaryOp::Div, &Some(json!(1)), &Some(json!(0))),
             None
         );
         assert_eq!(
-            binary(BinaryOp::ShrZero, &Some(json!(-1)), &Some(json!(28))),
+            operate(BinaryOp::ShrZero, &Some(json!(-1)), &Some(json!(28))),
             Some(json!(15))
         );
         assert_eq!(
-            binary(BinaryOp::Shl, &Some(json!(1)), &Some(json!(33))),
+            operate(BinaryOp::Shl, &Some(json!(1)), &Some(json!(33))),
             Some(json!(2))
         );
         assert_eq!(unary(UnaryOp::BitNot, Some(json!(5))), Some(json!(-6)));
         assert_eq!(unary(UnaryOp::Not, Some(json!(1))), None);
         assert_eq!(
-            binary(BinaryOp::Concat, &Some(json!("a")), &Some(json!("b"))),
+            operate(BinaryOp::Concat, &Some(json!("a")), &Some(json!("b"))),
             Some(json!("ab"))
         );
     }

@@ -19,6 +19,14 @@ use crate::{
 pub const MAX_QUERY_BYTES: usize = 256 * 1024;
 /// Deepest nesting of expressions and subqueries.
 pub const MAX_DEPTH: usize = 64;
+/// Deepest expression tree a query may build: evaluating, binding and freeing a tree recurse
+/// once per level. Chains of one operator (`a OR b OR c ...`) are kept flat and count as one
+/// level.
+pub const MAX_CHAIN: usize = 64;
+/// Most terms in one flat operator chain (`a OR b OR ...`, `a + b + ...`).
+pub const MAX_CHAIN_TERMS: usize = 10_000;
+/// Most `JOIN`s in one query.
+pub const MAX_JOINS: usize = 16;
 
 const KEYWORDS: &[&str] = &[
     "SELECT",
@@ -164,6 +172,38 @@ impl Parser {
         }
     }
 
+    /// `first op e ...` as one flat node (a single binary operation stays [`Expr::Binary`]).
+    fn chain(&self, first: Expr, mut rest: Vec<(BinaryOp, Expr)>) -> Result<Expr, QueryError> {
+        if rest.len() >= MAX_CHAIN_TERMS {
+            return Err(QueryError::limit(format!(
+                "{}: an operator chain has more than {MAX_CHAIN_TERMS} terms",
+                self.position()
+            )));
+        }
+        let expr = match rest.len() {
+            0 => first,
+            1 => {
+                let (op, right) = rest.remove(0);
+                Expr::Binary(op, Box::new(first), Box::new(right))
+            }
+            _ => Expr::Chain(Box::new(first), rest),
+        };
+        self.bounded(expr)
+    }
+
+    /// `expr` if its tree, subqueries included, is at most [`MAX_CHAIN`] levels deep. Every
+    /// node an operator chain builds passes here, so no tree ever grows deeper than one level
+    /// past the bound (and freeing a refused one recurses no further).
+    fn bounded(&self, expr: Expr) -> Result<Expr, QueryError> {
+        if deeper_than(&expr, MAX_CHAIN) {
+            return Err(QueryError::limit(format!(
+                "{}: the expression nests more than {MAX_CHAIN} operators deep",
+                self.position()
+            )));
+        }
+        Ok(expr)
+    }
+
     fn enter(&mut self) -> Result<(), QueryError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
@@ -227,6 +267,12 @@ impl Parser {
         if self.eat_keyword("FROM") {
             query.from = Some(self.from()?);
             while self.eat_keyword("JOIN") {
+                if query.joins.len() == MAX_JOINS {
+                    return Err(QueryError::limit(format!(
+                        "{}: a query may have at most {MAX_JOINS} JOINs",
+                        self.position()
+                    )));
+                }
                 query.joins.push(self.join()?);
             }
         }
@@ -436,21 +482,21 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Expr, QueryError> {
-        let mut left = self.and()?;
+        let first = self.and()?;
+        let mut rest = Vec::new();
         while self.eat_keyword("OR") {
-            let right = self.and()?;
-            left = Expr::Binary(BinaryOp::Or, Box::new(left), Box::new(right));
+            rest.push((BinaryOp::Or, self.and()?));
         }
-        Ok(left)
+        self.chain(first, rest)
     }
 
     fn and(&mut self) -> Result<Expr, QueryError> {
-        let mut left = self.not()?;
+        let first = self.not()?;
+        let mut rest = Vec::new();
         while self.eat_keyword("AND") {
-            let right = self.not()?;
-            left = Expr::Binary(BinaryOp::And, Box::new(left), Box::new(right));
+            rest.push((BinaryOp::And, self.not()?));
         }
-        Ok(left)
+        self.chain(first, rest)
     }
 
     fn not(&mut self) -> Result<Expr, QueryError> {
@@ -478,7 +524,7 @@ impl Parser {
             if let Some(op) = op {
                 self.advance();
                 let right = self.bit_or()?;
-                left = Expr::Binary(op, Box::new(left), Box::new(right));
+                left = self.bounded(Expr::Binary(op, Box::new(left), Box::new(right)))?;
                 continue;
             }
             let negated = self.is_keyword("NOT")
@@ -499,21 +545,21 @@ impl Parser {
                     }
                 }
                 self.expect_sym(")")?;
-                left = Expr::In {
+                left = self.bounded(Expr::In {
                     expr: Box::new(left),
                     list,
                     negated,
-                };
+                })?;
             } else if self.eat_keyword("BETWEEN") {
                 let low = self.bit_or()?;
                 self.expect_keyword("AND")?;
                 let high = self.bit_or()?;
-                left = Expr::Between {
+                left = self.bounded(Expr::Between {
                     expr: Box::new(left),
                     low: Box::new(low),
                     high: Box::new(high),
                     negated,
-                };
+                })?;
             } else if self.eat_keyword("LIKE") {
                 let pattern = self.bit_or()?;
                 let escape = if self.eat_keyword("ESCAPE") {
@@ -530,12 +576,12 @@ impl Parser {
                 } else {
                     None
                 };
-                left = Expr::Like {
+                left = self.bounded(Expr::Like {
                     expr: Box::new(left),
                     pattern: Box::new(pattern),
                     escape,
                     negated,
-                };
+                })?;
             } else {
                 return Ok(left);
             }
@@ -593,13 +639,13 @@ impl Parser {
         ops: &[(&str, BinaryOp)],
         next: fn(&mut Self) -> Result<Expr, QueryError>,
     ) -> Result<Expr, QueryError> {
-        let mut left = next(self)?;
+        let first = next(self)?;
+        let mut rest = Vec::new();
         while let Some(&(_, op)) = ops.iter().find(|(sym, _)| self.is_sym(sym)) {
             self.advance();
-            let right = next(self)?;
-            left = Expr::Binary(op, Box::new(left), Box::new(right));
+            rest.push((op, next(self)?));
         }
-        Ok(left)
+        self.chain(first, rest)
     }
 
     fn unary(&mut self) -> Result<Expr, QueryError> {
@@ -629,14 +675,15 @@ impl Parser {
         let mut expr = self.primary()?;
         loop {
             if self.eat_sym(".") {
-                expr = Expr::Property(Box::new(expr), self.property_name()?);
+                let name = self.property_name()?;
+                expr = self.bounded(Expr::Property(Box::new(expr), name))?;
             } else if self.eat_sym("[") {
                 let index = self.expr()?;
                 self.expect_sym("]")?;
-                expr = match index {
+                expr = self.bounded(match index {
                     Expr::Literal(Some(Value::String(s))) => Expr::Property(Box::new(expr), s),
                     index => Expr::Index(Box::new(expr), Box::new(index)),
-                };
+                })?;
             } else {
                 return Ok(expr);
             }
@@ -690,6 +737,7 @@ impl Parser {
                 self.advance();
                 self.enter()?;
                 let mut fields: Vec<(String, Expr)> = Vec::new();
+                let mut keys = std::collections::HashSet::new();
                 if !self.is_sym("}") {
                     loop {
                         let key_at = self.position();
@@ -702,7 +750,7 @@ impl Parser {
                                 ));
                             }
                         };
-                        if fields.iter().any(|(k, _)| *k == key) {
+                        if !keys.insert(key.clone()) {
                             return Err(QueryError::invalid(
                                 Some(key_at),
                                 format!("property '{key}' is given twice in one object"),
@@ -784,6 +832,25 @@ impl Parser {
         self.advance();
         Ok(Expr::Name(word, at))
     }
+}
+
+/// Whether a path from `expr` down its tree (into subqueries too) is longer than `limit`.
+fn deeper_than(expr: &Expr, limit: usize) -> bool {
+    if limit == 0 {
+        return true;
+    }
+    let subquery = match expr {
+        Expr::Exists(q) | Expr::ArraySubquery(q) | Expr::Subquery(q) => Some(q),
+        _ => None,
+    };
+    expr.children()
+        .into_iter()
+        .any(|c| deeper_than(c, limit - 1))
+        || subquery.is_some_and(|q| {
+            q.expressions()
+                .into_iter()
+                .any(|e| deeper_than(e, limit - 1))
+        })
 }
 
 fn is_keyword(word: &str) -> bool {

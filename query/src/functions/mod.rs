@@ -12,6 +12,9 @@ mod math;
 mod string;
 mod type_check;
 
+/// Largest string a query builds (`CONCAT`, `REPLACE`, `||`): a stored document's limit.
+pub(crate) const MAX_STRING_BYTES: usize = string::MAX_REPLACE_BYTES;
+
 /// What a function may read besides its arguments.
 #[derive(Debug)]
 pub struct Context {

@@ -42,9 +42,14 @@ use crate::value::{Val, as_f64, boolean, number, string};
 /// `REPLICATE`'s documented limit on its result, in characters.
 const MAX_REPLICATE_CHARS: usize = 10_000;
 /// The longest string `REPLACE` builds, in bytes.
-const MAX_REPLACE_BYTES: usize = 16 * 1024 * 1024;
+/// Largest string `REPLACE`, `CONCAT` and `||` build: a document's size limit (2 MiB), so no
+/// query builds a value larger than a stored one.
+pub(crate) const MAX_REPLACE_BYTES: usize = 2 * 1024 * 1024;
 /// The most memory a compiled `RegexMatch` pattern may take.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Longest `RegexMatch` pattern, in characters: matching time grows with pattern length times
+/// text length when the regex engine cannot use its DFA, so long patterns are refused.
+pub(crate) const MAX_PATTERN_CHARS: usize = 512;
 /// The largest integer a double holds exactly (2^53).
 const MAX_SAFE_INTEGER: u64 = 1 << 53;
 
@@ -157,6 +162,9 @@ fn concat(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
         let Some(s) = str_arg(args, i) else {
             return Ok(None);
         };
+        if out.len() + s.len() > MAX_REPLACE_BYTES {
+            return Ok(None);
+        }
         out.push_str(s);
     }
     Ok(string(out))
@@ -319,6 +327,11 @@ fn regex_match(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
             "RegexMatch: invalid regular expression {shown:?}: {reason}"
         ))
     };
+    if pattern.chars().count() > MAX_PATTERN_CHARS {
+        return Err(invalid(&format!(
+            "the pattern is longer than {MAX_PATTERN_CHARS} characters"
+        )));
+    }
     let mut builder = RegexBuilder::new(pattern);
     builder
         .size_limit(REGEX_SIZE_LIMIT)
