@@ -28,7 +28,8 @@ pub const MAX_CHAIN_TERMS: usize = 10_000;
 /// Most `JOIN`s in one query.
 pub const MAX_JOINS: usize = 16;
 
-const KEYWORDS: &[&str] = &[
+/// The reserved words, matched in any letter case.
+pub const KEYWORDS: &[&str] = &[
     "SELECT",
     "DISTINCT",
     "TOP",
