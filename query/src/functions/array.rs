@@ -22,7 +22,7 @@ use std::collections::HashSet;
 use serde_json::Value;
 
 use super::string::{count, int_arg, write_json};
-use super::{Context, Function, FunctionError};
+use super::{Context, Function, FunctionError, function};
 use crate::value::{Val, boolean, deep_equal, number};
 
 pub(super) const FUNCTIONS: &[Function] = &[
@@ -41,20 +41,6 @@ pub(super) const FUNCTIONS: &[Function] = &[
     function("SetIntersect", 2, 2, set_intersect),
     function("SetUnion", 2, 2, set_union),
 ];
-
-const fn function(
-    name: &'static str,
-    min_args: usize,
-    max_args: usize,
-    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
-) -> Function {
-    Function {
-        name,
-        min_args,
-        max_args,
-        call,
-    }
-}
 
 /// Argument `i` if it is an array.
 fn array_arg(args: &[Val], i: usize) -> Option<&[Value]> {

@@ -17,52 +17,41 @@ use chrono::{Datelike, Months, NaiveDate};
 use serde_json::Value;
 
 use super::math::{int_arg, int_result};
-use super::{Context, Function, FunctionError};
+use super::{Context, Function, FunctionError, function};
 use crate::value::{Val, string};
 
-type Call = fn(&Context, &[Val]) -> Result<Val, FunctionError>;
-
 pub(super) const FUNCTIONS: &[Function] = &[
-    func("GetCurrentDateTime", 0, 0, |c, _| {
+    function("GetCurrentDateTime", 0, 0, |c, _| {
         Ok(now_ticks(c).and_then(format))
     }),
-    func("GetCurrentTimestamp", 0, 0, |c, _| {
+    function("GetCurrentTimestamp", 0, 0, |c, _| {
         Ok(int_result(Some(c.now_ms)))
     }),
-    func("GetCurrentTicks", 0, 0, |c, _| Ok(int_result(now_ticks(c)))),
-    func("DateTimeAdd", 3, 3, date_time_add),
-    func("DateTimeDiff", 3, 3, date_time_diff),
-    func("DateTimePart", 2, 2, date_time_part),
-    func("DateTimeFromParts", 3, 7, date_time_from_parts),
-    func("DateTimeBin", 2, 4, date_time_bin),
-    func("DateTimeToTicks", 1, 1, |_, a| {
+    function("GetCurrentTicks", 0, 0, |c, _| Ok(int_result(now_ticks(c)))),
+    function("DateTimeAdd", 3, 3, date_time_add),
+    function("DateTimeDiff", 3, 3, date_time_diff),
+    function("DateTimePart", 2, 2, date_time_part),
+    function("DateTimeFromParts", 3, 7, date_time_from_parts),
+    function("DateTimeBin", 2, 4, date_time_bin),
+    function("DateTimeToTicks", 1, 1, |_, a| {
         Ok(int_result(date_arg(&a[0])))
     }),
-    func("DateTimeToTimestamp", 1, 1, |_, a| {
+    function("DateTimeToTimestamp", 1, 1, |_, a| {
         // Whole milliseconds, rounded down (toward the past), as .NET's
         // `ToUnixTimeMilliseconds` does.
         Ok(int_result(
             date_arg(&a[0]).map(|t| t.div_euclid(TICKS_PER_MS)),
         ))
     }),
-    func("TicksToDateTime", 1, 1, |_, a| {
+    function("TicksToDateTime", 1, 1, |_, a| {
         Ok(int_arg(&a[0]).and_then(format))
     }),
-    func("TimestampToDateTime", 1, 1, |_, a| {
+    function("TimestampToDateTime", 1, 1, |_, a| {
         Ok(int_arg(&a[0])
             .and_then(|ms| ms.checked_mul(TICKS_PER_MS))
             .and_then(format))
     }),
 ];
-
-const fn func(name: &'static str, min_args: usize, max_args: usize, call: Call) -> Function {
-    Function {
-        name,
-        min_args,
-        max_args,
-        call,
-    }
-}
 
 const TICKS_PER_US: i64 = 10;
 const TICKS_PER_MS: i64 = 10_000;

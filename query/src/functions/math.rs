@@ -11,84 +11,73 @@
 
 use serde_json::Value;
 
-use super::{Context, Function, FunctionError};
+use super::{Context, Function, FunctionError, function};
 use crate::value::{Val, as_f64, number};
 
-type Call = fn(&Context, &[Val]) -> Result<Val, FunctionError>;
-
 pub(super) const FUNCTIONS: &[Function] = &[
-    func("ABS", 1, 1, |_, a| Ok(unary(a, f64::abs))),
-    func("ACOS", 1, 1, |_, a| Ok(unary(a, f64::acos))),
-    func("ASIN", 1, 1, |_, a| Ok(unary(a, f64::asin))),
-    func("ATAN", 1, 1, |_, a| Ok(unary(a, f64::atan))),
+    function("ABS", 1, 1, |_, a| Ok(unary(a, f64::abs))),
+    function("ACOS", 1, 1, |_, a| Ok(unary(a, f64::acos))),
+    function("ASIN", 1, 1, |_, a| Ok(unary(a, f64::asin))),
+    function("ATAN", 1, 1, |_, a| Ok(unary(a, f64::atan))),
     // ATN2(y, x): the reference's example ATN2(35.175643, 129.44) = 0.265344532064832 is
     // atan2(35.175643, 129.44).
-    func("ATN2", 2, 2, |_, a| Ok(binary(a, f64::atan2))),
-    func("CEILING", 1, 1, |_, a| Ok(unary(a, f64::ceil))),
-    func("COS", 1, 1, |_, a| Ok(unary(a, f64::cos))),
-    func("COT", 1, 1, |_, a| Ok(unary(a, |x| 1.0 / x.tan()))),
-    func("DEGREES", 1, 1, |_, a| Ok(unary(a, f64::to_degrees))),
-    func("EXP", 1, 1, |_, a| Ok(unary(a, f64::exp))),
-    func("FLOOR", 1, 1, |_, a| Ok(unary(a, f64::floor))),
-    func("LOG", 1, 2, log),
-    func("LOG10", 1, 1, |_, a| Ok(unary(a, f64::log10))),
-    func("PI", 0, 0, |_, _| Ok(number(std::f64::consts::PI))),
-    func("POWER", 2, 2, |_, a| Ok(binary(a, f64::powf))),
-    func("RADIANS", 1, 1, |_, a| Ok(unary(a, f64::to_radians))),
-    func("RAND", 0, 0, rand),
-    func("ROUND", 1, 2, round),
-    func("SIGN", 1, 1, |_, a| Ok(unary(a, sign))),
-    func("SIN", 1, 1, |_, a| Ok(unary(a, f64::sin))),
-    func("SQRT", 1, 1, |_, a| Ok(unary(a, f64::sqrt))),
-    func("SQUARE", 1, 1, |_, a| Ok(unary(a, |x| x * x))),
-    func("TAN", 1, 1, |_, a| Ok(unary(a, f64::tan))),
-    func("TRUNC", 1, 1, |_, a| Ok(unary(a, f64::trunc))),
-    func("NumberBin", 1, 2, number_bin),
-    func("IntAdd", 2, 2, |_, a| {
+    function("ATN2", 2, 2, |_, a| Ok(binary(a, f64::atan2))),
+    function("CEILING", 1, 1, |_, a| Ok(unary(a, f64::ceil))),
+    function("COS", 1, 1, |_, a| Ok(unary(a, f64::cos))),
+    function("COT", 1, 1, |_, a| Ok(unary(a, |x| 1.0 / x.tan()))),
+    function("DEGREES", 1, 1, |_, a| Ok(unary(a, f64::to_degrees))),
+    function("EXP", 1, 1, |_, a| Ok(unary(a, f64::exp))),
+    function("FLOOR", 1, 1, |_, a| Ok(unary(a, f64::floor))),
+    function("LOG", 1, 2, log),
+    function("LOG10", 1, 1, |_, a| Ok(unary(a, f64::log10))),
+    function("PI", 0, 0, |_, _| Ok(number(std::f64::consts::PI))),
+    function("POWER", 2, 2, |_, a| Ok(binary(a, f64::powf))),
+    function("RADIANS", 1, 1, |_, a| Ok(unary(a, f64::to_radians))),
+    function("RAND", 0, 0, rand),
+    function("ROUND", 1, 2, round),
+    function("SIGN", 1, 1, |_, a| Ok(unary(a, sign))),
+    function("SIN", 1, 1, |_, a| Ok(unary(a, f64::sin))),
+    function("SQRT", 1, 1, |_, a| Ok(unary(a, f64::sqrt))),
+    function("SQUARE", 1, 1, |_, a| Ok(unary(a, |x| x * x))),
+    function("TAN", 1, 1, |_, a| Ok(unary(a, f64::tan))),
+    function("TRUNC", 1, 1, |_, a| Ok(unary(a, f64::trunc))),
+    function("NumberBin", 1, 2, number_bin),
+    function("IntAdd", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| Some(x.wrapping_add(y))))
     }),
-    func("IntBitAnd", 2, 2, |_, a| {
+    function("IntBitAnd", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| Some(x & y)))
     }),
-    func("IntBitLeftShift", 2, 2, |_, a| {
+    function("IntBitLeftShift", 2, 2, |_, a| {
         Ok(int_binary(a, shift_left))
     }),
-    func("IntBitNot", 1, 1, |_, a| {
+    function("IntBitNot", 1, 1, |_, a| {
         Ok(int_result(int_arg(&a[0]).map(|x| !x)))
     }),
-    func("IntBitOr", 2, 2, |_, a| {
+    function("IntBitOr", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| Some(x | y)))
     }),
-    func("IntBitRightShift", 2, 2, |_, a| {
+    function("IntBitRightShift", 2, 2, |_, a| {
         Ok(int_binary(a, shift_right))
     }),
-    func("IntBitXor", 2, 2, |_, a| {
+    function("IntBitXor", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| Some(x ^ y)))
     }),
     // Division by zero is undefined; i64::MIN / -1 wraps to i64::MIN.
-    func("IntDiv", 2, 2, |_, a| {
+    function("IntDiv", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| (y != 0).then(|| x.wrapping_div(y))))
     }),
     // The remainder takes the dividend's sign, as in C++: IntMod(-12, 5) = -2.
-    func("IntMod", 2, 2, |_, a| {
+    function("IntMod", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| (y != 0).then(|| x.wrapping_rem(y))))
     }),
-    func("IntMul", 2, 2, |_, a| {
+    function("IntMul", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| Some(x.wrapping_mul(y))))
     }),
-    func("IntSub", 2, 2, |_, a| {
+    function("IntSub", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| Some(x.wrapping_sub(y))))
     }),
 ];
-
-const fn func(name: &'static str, min_args: usize, max_args: usize, call: Call) -> Function {
-    Function {
-        name,
-        min_args,
-        max_args,
-        call,
-    }
-}
 
 /// A number argument as a double; `None` for anything else.
 fn num(v: &Val) -> Option<f64> {

@@ -61,6 +61,21 @@ impl PartialEq for Function {
     }
 }
 
+/// A function's entry in its family's table.
+const fn function(
+    name: &'static str,
+    min_args: usize,
+    max_args: usize,
+    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+) -> Function {
+    Function {
+        name,
+        min_args,
+        max_args,
+        call,
+    }
+}
+
 const FAMILIES: &[&[Function]] = &[
     type_check::FUNCTIONS,
     string::FUNCTIONS,

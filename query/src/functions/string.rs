@@ -36,7 +36,7 @@ use std::collections::HashSet;
 use regex::RegexBuilder;
 use serde_json::{Number, Value};
 
-use super::{Context, Function, FunctionError};
+use super::{Context, Function, FunctionError, function};
 use crate::value::{Val, as_f64, boolean, number, string};
 
 /// `REPLICATE`'s documented limit on its result, in characters.
@@ -104,20 +104,6 @@ pub(super) const FUNCTIONS: &[Function] = &[
     function("ToString", 1, 1, to_string),
     function("RegexMatch", 2, 3, regex_match),
 ];
-
-const fn function(
-    name: &'static str,
-    min_args: usize,
-    max_args: usize,
-    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
-) -> Function {
-    Function {
-        name,
-        min_args,
-        max_args,
-        call,
-    }
-}
 
 /// Argument `i`, if given and defined.
 fn arg(args: &[Val], i: usize) -> Option<&Value> {
