@@ -11,11 +11,13 @@ use crate::{
     error::QueryError,
     eval::{Env, Evaluator, truth},
     functions::Context,
-    value::{Val, number, sort_order, type_rank},
+    value::{Val, approximate_size, number, sort_order, type_rank},
 };
 
 /// Most rows a query holds at once to sort, group or de-duplicate.
 pub const MAX_HELD_ROWS: usize = 100_000;
+/// Most bytes (roughly, as JSON) a query holds at once to sort, group or de-duplicate.
+pub const MAX_HELD_BYTES: usize = 64 << 20;
 
 /// Whether a query's results can be produced document by document, so that a page can end
 /// after any document and resume from the next (no `ORDER BY`, grouping, aggregate or
@@ -245,6 +247,8 @@ struct Sink<'q> {
     returned: u64,
     seen: HashSet<String>,
     sorted: Vec<(Vec<Val>, Value)>,
+    /// Approximate bytes of what `sorted`, `groups` and `seen` hold.
+    held_bytes: usize,
     groups: Vec<Group>,
     group_index: HashMap<String, usize>,
     out: Vec<Value>,
@@ -305,6 +309,7 @@ impl<'q> Sink<'q> {
             returned: 0,
             seen: HashSet::new(),
             sorted: Vec::new(),
+            held_bytes: 0,
             groups: Vec::new(),
             group_index: HashMap::new(),
             out: Vec::new(),
@@ -333,6 +338,7 @@ impl<'q> Sink<'q> {
                     .iter()
                     .map(|k| eval.eval(&k.expr, Some(env)))
                     .collect::<Result<Vec<_>, _>>()?;
+                self.held_bytes += row_size(&keys, &v);
                 self.sorted.push((keys, v));
                 if let Some(limit) = self.limit.filter(|_| !self.query.distinct) {
                     // Only the first offset + limit can be returned: keep the buffer small.
@@ -341,9 +347,10 @@ impl<'q> Sink<'q> {
                     if self.sorted.len() > keep.saturating_mul(2).max(1024) {
                         self.sort();
                         self.sorted.truncate(keep);
+                        self.held_bytes = self.sorted.iter().map(|(k, v)| row_size(k, v)).sum();
                     }
                 }
-                held(self.sorted.len())?;
+                held(self.sorted.len(), self.held_bytes)?;
                 Ok(Flow::More)
             }
             Mode::Group => {
@@ -361,7 +368,8 @@ impl<'q> Sink<'q> {
                 let index = match self.group_index.get(&name) {
                     Some(&i) => i,
                     None => {
-                        held(self.groups.len() + 1)?;
+                        self.held_bytes += name.len() + row_size(&keys, &Value::Null);
+                        held(self.groups.len() + 1, self.held_bytes)?;
                         self.groups.push(Group {
                             keys,
                             accumulators: aggregates(self.query)
@@ -387,10 +395,12 @@ impl<'q> Sink<'q> {
         if self.query.distinct {
             let mut key = String::new();
             canonical(Some(&v), &mut key);
+            let size = key.len();
             if !self.seen.insert(key) {
                 return Ok(());
             }
-            held(self.seen.len())?;
+            self.held_bytes += size;
+            held(self.seen.len(), self.held_bytes)?;
         }
         if self.skipped < self.offset {
             self.skipped += 1;
@@ -481,13 +491,18 @@ impl<'q> Sink<'q> {
     }
 }
 
-fn held(rows: usize) -> Result<(), QueryError> {
-    if rows > MAX_HELD_ROWS {
+fn held(rows: usize, bytes: usize) -> Result<(), QueryError> {
+    if rows > MAX_HELD_ROWS || bytes > MAX_HELD_BYTES {
         return Err(QueryError::limit(format!(
-            "the query holds more than {MAX_HELD_ROWS} rows to sort, group or de-duplicate; filter further, or add TOP or OFFSET/LIMIT to an ORDER BY"
+            "the query holds more than {MAX_HELD_ROWS} rows or {} MiB to sort, group or de-duplicate; filter further, select less, or add TOP or OFFSET/LIMIT to an ORDER BY",
+            MAX_HELD_BYTES >> 20
         )));
     }
     Ok(())
+}
+
+fn row_size(keys: &[Val], v: &Value) -> usize {
+    approximate_size(v) + keys.iter().flatten().map(approximate_size).sum::<usize>()
 }
 
 /// A row's result: the `SELECT` applied to it (`None` when `SELECT VALUE` is undefined).

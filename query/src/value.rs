@@ -135,6 +135,21 @@ fn object_order(x: &Map<String, Value>, y: &Map<String, Value>) -> Ordering {
     x.len().cmp(&y.len())
 }
 
+/// Roughly the bytes a value takes as JSON, to bound what a query holds and sends.
+pub fn approximate_size(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|i| approximate_size(i) + 1).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(k, v)| k.len() + 4 + approximate_size(v))
+                .sum::<usize>()
+        }
+        _ => 8,
+    }
+}
+
 /// The name of a value's type, for messages.
 pub fn type_name(v: Option<&Value>) -> &'static str {
     match v {

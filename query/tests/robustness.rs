@@ -1761,3 +1761,28 @@ proptest! {
         }
     }
 }
+
+/// Sorting, grouping and de-duplicating hold rows up to a byte bound, not only a row count:
+/// 70 rows of 1 MiB each (over the 64 MiB bound) are refused, however few rows that is.
+#[test]
+fn held_rows_are_bounded_by_bytes() {
+    let big = "x".repeat(1 << 20);
+    let docs: Vec<Value> = (0..70)
+        .map(|i| json!({"id": i.to_string(), "n": i, "big": format!("{big}{i}")}))
+        .collect();
+    for text in [
+        "SELECT c.big FROM c ORDER BY c.n",
+        "SELECT DISTINCT VALUE c.big FROM c",
+        "SELECT c.big, COUNT(1) AS n FROM c GROUP BY c.big",
+    ] {
+        let r = run_with(text, &no_params(), &docs);
+        assert_limit(text, &r);
+    }
+    // With TOP, ORDER BY holds only what it can return.
+    let r = run_with(
+        "SELECT TOP 2 VALUE c.n FROM c ORDER BY c.n DESC",
+        &no_params(),
+        &docs,
+    );
+    assert_eq!(r.expect("runs"), [json!(69), json!(68)]);
+}

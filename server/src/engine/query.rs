@@ -305,7 +305,7 @@ impl Engine {
                 page.metrics.documents_examined += 1;
                 let flow = run.push(&as_document(view)).map_err(Error::Query)?;
                 for r in run.take_ready() {
-                    bytes += approximate_size(&r);
+                    bytes += mayfly_query::value::approximate_size(&r);
                     page.results.push(r);
                 }
                 if flow == Flow::Done {
@@ -452,19 +452,4 @@ fn as_document(view: &DocumentView) -> Value {
     map.insert("_ts".to_owned(), Value::from(view.last_write / 1000));
     map.insert("_etag".to_owned(), Value::String(view.etag.to_string()));
     Value::Object(map)
-}
-
-/// Roughly the encoded size of a result, to bound pages.
-fn approximate_size(v: &Value) -> usize {
-    match v {
-        Value::String(s) => s.len() + 4,
-        Value::Array(items) => 4 + items.iter().map(approximate_size).sum::<usize>(),
-        Value::Object(map) => {
-            4 + map
-                .iter()
-                .map(|(k, v)| k.len() + 4 + approximate_size(v))
-                .sum::<usize>()
-        }
-        _ => 10,
-    }
 }
