@@ -119,6 +119,7 @@ impl<'a, T: DeserializeOwned + 'a> IntoFuture for Query<'a, T> {
             Ok(QueryResults {
                 stream,
                 buffered: VecDeque::new(),
+                buffered_continuation: None,
                 results: PhantomData,
             })
         })
@@ -152,32 +153,44 @@ pub struct QueryPage<T> {
 #[derive(Debug)]
 pub struct QueryResults<T> {
     stream: Streaming<v1::QueryPage>,
-    buffered: VecDeque<T>,
+    /// Results of a page taken by the `Stream`, not yet handed out (each converted on its
+    /// own, so one that fails does not take the others with it).
+    buffered: VecDeque<Result<T, Error>>,
+    /// The continuation of the page `buffered` came from.
+    buffered_continuation: Option<String>,
     results: PhantomData<fn() -> T>,
 }
 
 // Results are never pinned in place: they are moved out of the buffer.
 impl<T> Unpin for QueryResults<T> {}
 
+/// One result as `T`.
+fn result<T: DeserializeOwned>(v: prost_types::Value) -> Result<T, Error> {
+    let v = json::from_proto_value(v).map_err(|e| Error::Serialization(e.to_string()))?;
+    serde_json::from_value(v).map_err(|e| Error::Serialization(e.to_string()))
+}
+
+fn metrics(page: &v1::QueryPage) -> QueryMetrics {
+    let m = page.metrics.clone().unwrap_or_default();
+    QueryMetrics {
+        documents_examined: m.documents_examined,
+        index_entries_examined: m.index_entries_examined,
+        results_returned: m.results_returned,
+        index: m.index_used.then_some(m.index),
+    }
+}
+
 fn convert<T: DeserializeOwned>(page: v1::QueryPage) -> Result<QueryPage<T>, Error> {
+    let metrics = metrics(&page);
     let results = page
         .results
         .into_iter()
-        .map(|v| {
-            let v = json::from_proto_value(v).map_err(|e| Error::Serialization(e.to_string()))?;
-            serde_json::from_value(v).map_err(|e| Error::Serialization(e.to_string()))
-        })
+        .map(result)
         .collect::<Result<_, _>>()?;
-    let m = page.metrics.unwrap_or_default();
     Ok(QueryPage {
         results,
         continuation: (!page.continuation.is_empty()).then_some(page.continuation),
-        metrics: QueryMetrics {
-            documents_examined: m.documents_examined,
-            index_entries_examined: m.index_entries_examined,
-            results_returned: m.results_returned,
-            index: m.index_used.then_some(m.index),
-        },
+        metrics,
     })
 }
 
@@ -199,6 +212,15 @@ impl<T: DeserializeOwned> QueryResults<T> {
     /// # Ok(()) }
     /// ```
     pub async fn next_page(&mut self) -> Result<Option<QueryPage<T>>, Error> {
+        if !self.buffered.is_empty() {
+            // The rest of a page the `Stream` began.
+            let results = self.buffered.drain(..).collect::<Result<Vec<T>, Error>>()?;
+            return Ok(Some(QueryPage {
+                results,
+                continuation: self.buffered_continuation.take(),
+                metrics: QueryMetrics::default(),
+            }));
+        }
         match self.stream.message().await? {
             Some(page) => convert(page).map(Some),
             None => Ok(None),
@@ -207,7 +229,7 @@ impl<T: DeserializeOwned> QueryResults<T> {
 
     /// Every remaining result.
     pub async fn collect_all(mut self) -> Result<Vec<T>, Error> {
-        let mut all: Vec<T> = self.buffered.drain(..).collect();
+        let mut all: Vec<T> = self.buffered.drain(..).collect::<Result<_, _>>()?;
         while let Some(page) = self.next_page().await? {
             all.extend(page.results);
         }
@@ -222,16 +244,17 @@ impl<T: DeserializeOwned> Stream for QueryResults<T> {
         let this = self.get_mut();
         loop {
             if let Some(next) = this.buffered.pop_front() {
-                return Poll::Ready(Some(Ok(next)));
+                return Poll::Ready(Some(next));
             }
             match Pin::new(&mut this.stream).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status.into()))),
-                Poll::Ready(Some(Ok(page))) => match convert::<T>(page) {
-                    Ok(page) => this.buffered.extend(page.results),
-                    Err(e) => return Poll::Ready(Some(Err(e))),
-                },
+                Poll::Ready(Some(Ok(page))) => {
+                    this.buffered_continuation =
+                        (!page.continuation.is_empty()).then_some(page.continuation);
+                    this.buffered.extend(page.results.into_iter().map(result));
+                }
             }
         }
     }

@@ -82,6 +82,16 @@ impl<'p> Evaluator<'p> {
         self.steps.set(MAX_STEPS_PER_DOCUMENT);
     }
 
+    /// Charges copying (or building) `v`: in proportion to its size, so that no document's
+    /// evaluation can build more than the budget's worth of values (a parameter or literal
+    /// repeated in an array, or copied into every row of a join, included).
+    fn charge_copy(&self, v: &Value) -> Result<(), QueryError> {
+        if matches!(v, Value::Array(_) | Value::Object(_) | Value::String(_)) {
+            self.charge_steps(cost(v))?;
+        }
+        Ok(())
+    }
+
     /// Counts `n` evaluation steps against the document's budget.
     pub(crate) fn charge_steps(&self, n: u64) -> Result<(), QueryError> {
         let left = self.steps.get();
@@ -117,15 +127,23 @@ impl<'p> Evaluator<'p> {
     pub(crate) fn eval(&self, expr: &Expr, env: Option<&Env<'_>>) -> Result<Val, QueryError> {
         self.charge_steps(1)?;
         if let Some(found) = self.path(expr, env)? {
-            // Copying a large value costs in proportion to its size.
-            if let Some(v @ (Value::Array(_) | Value::Object(_) | Value::String(_))) = found {
-                self.charge_steps(cost(v))?;
+            if let Some(v) = found {
+                self.charge_copy(v)?;
             }
             return Ok(found.cloned());
         }
         Ok(match expr {
-            Expr::Literal(v) => v.clone(),
-            Expr::Param(name) => Some(self.param(name)?.clone()),
+            Expr::Literal(v) => {
+                if let Some(v) = v {
+                    self.charge_copy(v)?;
+                }
+                v.clone()
+            }
+            Expr::Param(name) => {
+                let v = self.param(name)?;
+                self.charge_copy(v)?;
+                Some(v.clone())
+            }
             Expr::Name(name, at) => {
                 return Err(QueryError::invalid(
                     Some(*at),
@@ -266,13 +284,17 @@ impl<'p> Evaluator<'p> {
                     .iter()
                     .map(|a| self.eval(a, env))
                     .collect::<Result<Vec<_>, _>>()?;
-                (function.call)(&self.context, &args).map_err(|e| {
+                let result = (function.call)(&self.context, &args).map_err(|e| {
                     QueryError::new(
                         ErrorKind::Evaluation,
                         None,
                         format!("{}: {}", function.name, e.0),
                     )
-                })?
+                })?;
+                if let Some(v) = &result {
+                    self.charge_copy(v)?;
+                }
+                result
             }
             Expr::Aggregate(..) => {
                 return Err(QueryError::invalid(

@@ -403,13 +403,13 @@ impl<'q> Sink<'q> {
             held(self.seen.len(), self.held_bytes)?;
         }
         if self.skipped < self.offset {
-            self.skipped += 1;
+            self.skipped = self.skipped.saturating_add(1);
             return Ok(());
         }
         if self.limit.is_some_and(|l| self.returned >= l) {
             return Ok(());
         }
-        self.returned += 1;
+        self.returned = self.returned.saturating_add(1);
         self.out.push(v);
         Ok(())
     }

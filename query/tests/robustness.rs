@@ -1786,3 +1786,21 @@ fn held_rows_are_bounded_by_bytes() {
     );
     assert_eq!(r.expect("runs"), [json!(69), json!(68)]);
 }
+
+/// A large parameter or literal repeated in an array, or copied into every row of a join,
+/// costs by its size: the document's budget stops it long before memory runs out.
+#[test]
+fn repeated_large_parameters_are_bounded() {
+    let params: Map<String, Value> = [("@p".to_owned(), json!("x".repeat(4 << 20)))]
+        .into_iter()
+        .collect();
+    let docs = vec![json!({"id": "1", "arr": (0..300).collect::<Vec<_>>()})];
+    let many = vec!["@p"; 2_000].join(",");
+    for text in [
+        format!("SELECT VALUE ARRAY_LENGTH([{many}]) FROM c"),
+        "SELECT VALUE LENGTH(@p) FROM c JOIN a IN c.arr JOIN b IN c.arr".to_owned(),
+    ] {
+        let r = run_with(&text, &params, &docs);
+        assert_limit(&text, &r);
+    }
+}

@@ -43,7 +43,9 @@ pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use purge::PurgeGuard;
 pub(crate) use query::QueryCursor;
-pub use query::{MAX_EXAMINED_PER_PAGE, QUERY_TIME_LIMIT, QueryMetrics, QueryPage, QuerySpec};
+pub use query::{
+    MAX_EXAMINED_PER_PAGE, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics, QueryPage, QuerySpec,
+};
 pub use recovery::{ExpiryRebuild, Recovery};
 // The domain types, where the engine's callers have always found them.
 pub use crate::model::{

@@ -33,6 +33,8 @@ const SCAN_BATCH: usize = 256;
 pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
 /// Approximate result bytes per page, as for feed pages.
 const MAX_RESULT_BYTES: usize = feed::MAX_PAGE_BYTES;
+/// How long a streaming page may read before it ends with a continuation (it may end short).
+pub const PAGE_TIME_LIMIT: Duration = Duration::from_secs(2);
 /// How long a query that reads its whole scope may run.
 pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
 const TOKEN_VERSION: u8 = 1;
@@ -121,7 +123,14 @@ pub(crate) enum QueryCursor {
 impl Engine {
     /// The clock reading a query judges expiry at.
     pub fn query_reading(&self) -> Millis {
-        self.inner.clock.now()
+        // The latest reading any shard acted on: shard time never steps back, so a document
+        // a read already found expired stays out of every query.
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.reading(&*self.inner.clock))
+            .max()
+            .unwrap_or_else(|| self.inner.clock.now())
     }
 
     /// Decodes a client's continuation token for `spec` over `scope`.
@@ -164,7 +173,12 @@ impl Engine {
             ));
         }
         match (head[9], spec.is_streaming()) {
-            (0, false) => Ok(QueryCursor::Offset(word(10))),
+            (0, false) => {
+                let feed_token = std::str::from_utf8(rest)
+                    .map_err(|_| bad("it is not a token this server issued"))?;
+                feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
+                Ok(QueryCursor::Offset(word(10)))
+            }
             (1, true) => {
                 let (counts, feed_token) = rest
                     .split_at_checked(8)
@@ -187,7 +201,7 @@ impl Engine {
         }
     }
 
-    fn encode_query_cursor(
+    pub(super) fn encode_query_cursor(
         &self,
         info: &CollectionInfo,
         spec: &QuerySpec,
@@ -200,6 +214,14 @@ impl Engine {
             QueryCursor::Offset(n) => {
                 out.push(0);
                 out.extend_from_slice(&n.to_le_bytes());
+                // Bound to the collection and scope as a feed token is.
+                let start = Cursor {
+                    shard: self.first_shard(info, scope),
+                    after: None,
+                };
+                out.extend_from_slice(
+                    feed::encode_token(info.uid, scope, self.shard_count(), &start).as_bytes(),
+                );
             }
             QueryCursor::Stream {
                 cursor,
@@ -290,6 +312,7 @@ impl Engine {
             metrics: QueryMetrics::default(),
         };
         let mut bytes = 0;
+        let started = Instant::now();
         loop {
             let scanned = self.inner.shards[cursor.shard].scan_page(
                 &info,
@@ -320,7 +343,8 @@ impl Engine {
                     break;
                 }
             }
-            let full = stopped_at.is_some();
+            // Expired and deleted documents cost scanning too: a page also ends on time.
+            let full = stopped_at.is_some() || started.elapsed() > PAGE_TIME_LIMIT;
             if let Some(key) = stopped_at {
                 cursor.after = Some(key);
             } else if !scanned.exhausted {

@@ -1487,3 +1487,42 @@ fn every_query_path_omits_a_document_from_the_instant_it_expires() {
     assert_eq!(query(&f, "SELECT VALUE COUNT(1) FROM c"), [json!(0)]);
     assert!(query(&f, "SELECT * FROM c").is_empty());
 }
+
+#[test]
+fn a_query_token_works_only_for_its_query_collection_and_scope() {
+    let f = Fixture::new(None);
+    let all = FeedScope::Collection;
+    let one = FeedScope::Partition(pk("p"));
+    for text in [
+        "SELECT VALUE c.id FROM c",
+        "SELECT VALUE c.id FROM c ORDER BY c.id",
+    ] {
+        let spec = QuerySpec::parse(text, serde_json::Map::new()).expect("valid");
+        let cursor = f
+            .engine
+            .query_cursor(&f.path, &spec, &all, None)
+            .expect("start");
+        let info = f.engine.get_collection(&f.path).expect("collection");
+        let token = f.engine.encode_query_cursor(&info, &spec, &all, &cursor);
+        assert!(
+            f.engine
+                .query_cursor(&f.path, &spec, &all, Some(&token))
+                .is_ok()
+        );
+        let other_scope = f.engine.query_cursor(&f.path, &spec, &one, Some(&token));
+        assert!(other_scope.is_err(), "{text}: another partition");
+        let other =
+            QuerySpec::parse("SELECT VALUE c.pk FROM c", serde_json::Map::new()).expect("valid");
+        assert!(
+            f.engine
+                .query_cursor(&f.path, &other, &all, Some(&token))
+                .is_err(),
+            "{text}: another query"
+        );
+        assert!(
+            f.engine
+                .query_cursor(&f.path, &spec, &all, Some("AAAA"))
+                .is_err()
+        );
+    }
+}

@@ -59,10 +59,14 @@ impl DocumentsService {
             page_size,
         });
         let token = (!continuation.is_empty()).then_some(continuation);
-        let engine = self.engine()?;
-        let cursor = engine.query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())?;
-        // One clock reading for the whole call: every page judges expiry by it.
-        let read_at = engine.query_reading();
+        let (cursor, read_at) = {
+            // Not held across the pages' awaits: a storage reopen must be able to drop it.
+            let engine = self.engine()?;
+            let cursor =
+                engine.query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())?;
+            // One clock reading for the whole call: every page judges expiry by it.
+            (cursor, engine.query_reading())
+        };
         let (tx, rx) = mpsc::channel(1);
         match cursor {
             QueryCursor::Offset(offset) => {
@@ -148,7 +152,16 @@ impl DocumentsService {
             .into_iter()
             .skip(usize::try_from(at).unwrap_or(usize::MAX));
         loop {
-            let chunk: Vec<Value> = rest.by_ref().take(plan.page_size).collect();
+            // Pages end at the page size or about 4 MB, always with at least one result.
+            let mut chunk: Vec<Value> = Vec::new();
+            let mut bytes = 0;
+            while chunk.len() < plan.page_size
+                && (chunk.is_empty() || bytes < engine::MAX_PAGE_BYTES)
+            {
+                let Some(v) = rest.next() else { break };
+                bytes += mayfly_query::value::approximate_size(&v);
+                chunk.push(v);
+            }
             at += chunk.len() as u64;
             metrics.results_returned = chunk.len() as u64;
             let continuation = if at < total {

@@ -98,6 +98,11 @@ impl Shard {
     }
 
     /// Wakes the purge task: anything may be due now.
+    /// The shard's time now: the clock's reading, never behind one the shard acted on.
+    pub(crate) fn reading(&self, clock: &dyn Clock) -> Millis {
+        self.lock().now(clock)
+    }
+
     pub(crate) fn wake_purge(&self) {
         self.purge_wake.notify_one();
     }
