@@ -103,6 +103,12 @@ impl From<InvalidInput> for Error {
     }
 }
 
+impl From<mayfly_query::QueryError> for Error {
+    fn from(e: mayfly_query::QueryError) -> Self {
+        Error::Query(e)
+    }
+}
+
 impl From<StorageError> for Error {
     fn from(e: StorageError) -> Self {
         match e.kind() {

@@ -52,7 +52,7 @@ pub struct QuerySpec {
 impl QuerySpec {
     /// Parses `text`; refuses parameters the query does not use so a typo is caught.
     pub fn parse(text: &str, params: Map<String, Value>) -> Result<Self, Error> {
-        let query = mayfly_query::parse(text).map_err(Error::Query)?;
+        let query = mayfly_query::parse(text)?;
         let used = query.parameters();
         if let Some(missing) = used.iter().find(|n| !params.contains_key(&format!("@{n}"))) {
             return Err(Error::Query(QueryError {
@@ -303,9 +303,8 @@ impl Engine {
             }));
         };
         let (_, last) = self.shard_range(&info, scope);
-        let mut run = Execution::new(&spec.query, &spec.params, context(read_at))
-            .map_err(Error::Query)?
-            .resume(skipped, returned);
+        let mut run =
+            Execution::new(&spec.query, &spec.params, context(read_at))?.resume(skipped, returned);
         let mut page = QueryPage {
             results: Vec::new(),
             continuation: None,
@@ -314,19 +313,11 @@ impl Engine {
         let mut bytes = 0;
         let started = Instant::now();
         loop {
-            let scanned = self.inner.shards[cursor.shard].scan_page(
-                &info,
-                scope,
-                cursor.after.as_ref(),
-                SCAN_BATCH,
-                (usize::MAX, true),
-                Reading::At(read_at),
-            )?;
-            *settle_at = (*settle_at).max(scanned.settle_at);
+            let scanned = self.scan_batch(&info, scope, &cursor, read_at, settle_at)?;
             let mut stopped_at = None;
             for view in &scanned.documents {
                 page.metrics.documents_examined += 1;
-                let flow = run.push(&as_document(view)).map_err(Error::Query)?;
+                let flow = run.push(&as_document(view))?;
                 for r in run.take_ready() {
                     bytes += mayfly_query::value::approximate_size(&r);
                     page.results.push(r);
@@ -377,6 +368,28 @@ impl Engine {
         Ok(page)
     }
 
+    /// The next batch of live documents at `cursor`, judged at `read_at`; what it reflects is
+    /// folded into `settle_at`.
+    fn scan_batch(
+        &self,
+        info: &CollectionInfo,
+        scope: &FeedScope,
+        cursor: &Cursor,
+        read_at: Millis,
+        settle_at: &mut Lsn,
+    ) -> Result<feed::ShardPage, Error> {
+        let scanned = self.inner.shards[cursor.shard].scan_page(
+            info,
+            scope,
+            cursor.after.as_ref(),
+            SCAN_BATCH,
+            (usize::MAX, true),
+            Reading::At(read_at),
+        )?;
+        *settle_at = (*settle_at).max(scanned.settle_at);
+        Ok(scanned)
+    }
+
     /// Every result of a query that reads its whole scope, judged at `read_at`, with the
     /// metrics of the run. Blocks on storage: call it off the async runtime.
     pub fn query_all(
@@ -402,12 +415,11 @@ impl Engine {
         let started = Instant::now();
         let info = self.get_collection(path)?;
         let (first, last) = self.shard_range(&info, scope);
-        let mut run =
-            Execution::new(&spec.query, &spec.params, context(read_at)).map_err(Error::Query)?;
+        let mut run = Execution::new(&spec.query, &spec.params, context(read_at))?;
         let mut metrics = QueryMetrics::default();
         let mut results = Vec::new();
         'shards: for shard in first..=last {
-            let mut after = None;
+            let mut cursor = Cursor { shard, after: None };
             loop {
                 if started.elapsed() > QUERY_TIME_LIMIT {
                     return Err(Error::Query(QueryError {
@@ -420,18 +432,10 @@ impl Engine {
                         ),
                     }));
                 }
-                let scanned = self.inner.shards[shard].scan_page(
-                    &info,
-                    scope,
-                    after.as_ref(),
-                    SCAN_BATCH,
-                    (usize::MAX, true),
-                    Reading::At(read_at),
-                )?;
-                *settle_at = (*settle_at).max(scanned.settle_at);
+                let scanned = self.scan_batch(&info, scope, &cursor, read_at, settle_at)?;
                 for view in &scanned.documents {
                     metrics.documents_examined += 1;
-                    let flow = run.push(&as_document(view)).map_err(Error::Query)?;
+                    let flow = run.push(&as_document(view))?;
                     results.extend(run.take_ready());
                     if flow == Flow::Done {
                         break 'shards;
@@ -440,10 +444,10 @@ impl Engine {
                 if scanned.exhausted {
                     break;
                 }
-                after = scanned.last;
+                cursor.after = scanned.last;
             }
         }
-        results.extend(run.finish().map_err(Error::Query)?);
+        results.extend(run.finish()?);
         metrics.results_returned = results.len() as u64;
         Ok((results, metrics))
     }
