@@ -203,6 +203,7 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
             partition_key_path: "/pk".into(),
             default_ttl: Some(-1),
             indexing_mode: 0,
+            indexing_paths: None,
         })
         .await?;
     Ok(collection)

@@ -9,7 +9,7 @@ use std::{future::IntoFuture, pin::Pin};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::{
-    collection::{Collection, CollectionInfo, IndexingMode},
+    collection::{Collection, CollectionInfo, IndexingMode, IndexingPaths},
     error::Error,
     ttl::DefaultTtl,
 };
@@ -240,6 +240,7 @@ impl Database {
             partition_key_path: partition_key_path.to_owned(),
             default_ttl: DefaultTtl::Off,
             indexing_mode: IndexingMode::Consistent,
+            indexing_paths: None,
         }
     }
 
@@ -299,9 +300,32 @@ pub struct CreateCollection<'a> {
     partition_key_path: String,
     default_ttl: DefaultTtl,
     indexing_mode: IndexingMode,
+    indexing_paths: Option<IndexingPaths>,
 }
 
 impl CreateCollection<'_> {
+    /// The paths to index (everything but `_etag` if not called).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::IndexingPaths;
+    /// let logs = db
+    ///     .create_collection("logs", "/host")
+    ///     .indexing_paths(IndexingPaths::new(["/*"], ["/message/?"]))
+    ///     .await?;
+    /// let info = logs.info().await?;
+    /// assert_eq!(info.indexing_paths.excluded, ["/message/?"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn indexing_paths(mut self, paths: IndexingPaths) -> Self {
+        self.indexing_paths = Some(paths);
+        self
+    }
+
     /// The collection's default TTL (off if not called).
     ///
     /// ```
@@ -356,6 +380,7 @@ impl<'a> IntoFuture for CreateCollection<'a> {
                 partition_key_path,
                 default_ttl,
                 indexing_mode,
+                indexing_paths,
             } = self;
             let request = CreateCollectionProto {
                 database: database.id.clone(),
@@ -363,6 +388,7 @@ impl<'a> IntoFuture for CreateCollection<'a> {
                 partition_key_path,
                 default_ttl: default_ttl.to_wire(),
                 indexing_mode: indexing_mode.to_wire(),
+                indexing_paths: indexing_paths.as_ref().map(IndexingPaths::to_wire),
             };
             database
                 .client

@@ -40,6 +40,48 @@ impl IndexingMode {
     }
 }
 
+/// Which document paths a collection indexes, as in a Cosmos DB indexing policy: `/*` (the
+/// whole document), `/a/b/?` (the value at exactly that path), `/a/*` (everything under it);
+/// the most precise matching path decides. Both lists empty means the default: everything
+/// but `_etag`.
+///
+/// ```
+/// use mayfly_client::IndexingPaths;
+/// // Only `status` and `owner/*` are indexed:
+/// let paths = IndexingPaths::new(["/status/?", "/owner/*"], ["/*"]);
+/// assert_eq!(paths.excluded, ["/*"]);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IndexingPaths {
+    /// Paths indexed.
+    pub included: Vec<String>,
+    /// Paths not indexed.
+    pub excluded: Vec<String>,
+}
+
+impl IndexingPaths {
+    /// Paths from two lists of strings.
+    pub fn new<I, E>(included: I, excluded: E) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+        E: IntoIterator,
+        E::Item: Into<String>,
+    {
+        IndexingPaths {
+            included: included.into_iter().map(Into::into).collect(),
+            excluded: excluded.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    pub(crate) fn to_wire(&self) -> v1::IndexingPaths {
+        v1::IndexingPaths {
+            included_paths: self.included.clone(),
+            excluded_paths: self.excluded.clone(),
+        }
+    }
+}
+
 /// A collection's description.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CollectionInfo {
@@ -53,6 +95,11 @@ pub struct CollectionInfo {
     pub default_ttl: DefaultTtl,
     /// Indexing mode.
     pub indexing_mode: IndexingMode,
+    /// The paths the index covers.
+    pub indexing_paths: IndexingPaths,
+    /// False while documents may lack entries the paths call for (after the paths changed, or
+    /// indexing was turned on): queries then read documents instead of the index.
+    pub index_complete: bool,
 }
 
 impl From<v1::Collection> for CollectionInfo {
@@ -63,8 +110,16 @@ impl From<v1::Collection> for CollectionInfo {
             partition_key_path,
             default_ttl,
             indexing_mode,
+            indexing_paths,
+            index_complete,
         } = c;
+        let paths = indexing_paths.unwrap_or_default();
         CollectionInfo {
+            indexing_paths: IndexingPaths {
+                included: paths.included_paths,
+                excluded: paths.excluded_paths,
+            },
+            index_complete,
             database,
             id,
             partition_key_path,
@@ -81,10 +136,11 @@ impl From<v1::Collection> for CollectionInfo {
 /// New settings for [`Collection::replace_settings`]. The default TTL is a required argument:
 /// as in Cosmos DB, replacing settings decides the TTL state, and forgetting it must not turn
 /// TTL off silently.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectionSettings {
     default_ttl: DefaultTtl,
     indexing_mode: Option<IndexingMode>,
+    indexing_paths: Option<IndexingPaths>,
 }
 
 impl CollectionSettings {
@@ -98,7 +154,21 @@ impl CollectionSettings {
         CollectionSettings {
             default_ttl,
             indexing_mode: None,
+            indexing_paths: None,
         }
+    }
+
+    /// Also changes the indexed paths. Documents indexed under the old paths lack entries the
+    /// new ones call for, so queries read documents instead of the index until it is rebuilt.
+    ///
+    /// ```
+    /// use mayfly_client::{CollectionSettings, DefaultTtl, IndexingPaths};
+    /// let settings = CollectionSettings::new(DefaultTtl::Off)
+    ///     .indexing_paths(IndexingPaths::new(["/*"], ["/blob/*"]));
+    /// ```
+    pub fn indexing_paths(mut self, paths: IndexingPaths) -> Self {
+        self.indexing_paths = Some(paths);
+        self
     }
 
     /// Also changes the indexing mode.
@@ -233,6 +303,7 @@ impl Collection {
         let CollectionSettings {
             default_ttl,
             indexing_mode,
+            indexing_paths,
         } = settings;
         let state = match default_ttl {
             DefaultTtl::Off => DefaultTtlState::Off(()),
@@ -245,6 +316,7 @@ impl Collection {
             default_ttl: Some(v1::DefaultTtl { state: Some(state) }),
             indexing_mode: indexing_mode
                 .map_or(v1::IndexingMode::Unspecified as i32, IndexingMode::to_wire),
+            indexing_paths: indexing_paths.as_ref().map(IndexingPaths::to_wire),
         };
         Ok(self
             .client

@@ -35,7 +35,7 @@ mod requests;
 mod ttl;
 
 pub use client::{Client, CreateCollection, Database};
-pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMode};
+pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths};
 pub use document::{DeleteOutcome, Document, PartitionKey, TouchOutcome, UpsertOutcome};
 pub use error::Error;
 pub use feed::{Feed, FeedPage, ReadFeed};

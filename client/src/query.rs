@@ -26,6 +26,7 @@ pub struct Query<'a, T> {
     partition_key: Option<PartitionKey>,
     page_size: u32,
     continuation: Option<String>,
+    enable_scan: bool,
     results: PhantomData<fn() -> T>,
 }
 
@@ -38,6 +39,7 @@ impl<'a, T> Query<'a, T> {
             partition_key: None,
             page_size: 0,
             continuation: None,
+            enable_scan: false,
             results: PhantomData,
         }
     }
@@ -86,6 +88,13 @@ impl<'a, T> Query<'a, T> {
         self
     }
 
+    /// Allows reading every document of the scope on a collection without an index (indexing
+    /// mode none); without it such a query fails with `InvalidArgument`.
+    pub fn enable_scan(mut self) -> Self {
+        self.enable_scan = true;
+        self
+    }
+
     /// Resumes after the page that returned this token.
     pub fn continuation(mut self, token: &str) -> Self {
         self.continuation = Some(token.to_owned());
@@ -107,6 +116,7 @@ impl<'a, T: DeserializeOwned + 'a> IntoFuture for Query<'a, T> {
                 partition_key: self.partition_key.map(v1::PartitionKey::from),
                 page_size: self.page_size,
                 continuation: self.continuation.unwrap_or_default(),
+                enable_scan: self.enable_scan,
             };
             let stream = self
                 .collection

@@ -476,6 +476,7 @@ async fn requests_the_typed_client_cannot_make() {
             id: c.id().into(),
             default_ttl: None,
             indexing_mode: 0,
+            indexing_paths: None,
         })
         .await
         .expect_err("a replace must state the TTL");
@@ -492,6 +493,7 @@ async fn requests_the_typed_client_cannot_make() {
             partition_key_path: "/pk".into(),
             default_ttl: None,
             indexing_mode: 42,
+            indexing_paths: None,
         })
         .await
         .expect_err("unknown enum value");
@@ -694,6 +696,27 @@ impl ShardStore for PurgeHeldShard {
     }
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
         self.inner.load(each)
+    }
+    fn load_terms(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, mayfly_server::storage::StoredTerms),
+    ) -> Result<(), StorageError> {
+        self.inner.load_terms(each)
+    }
+    fn get_terms(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<mayfly_server::storage::StoredTerms>, StorageError> {
+        self.inner.get_terms(collection, key)
+    }
+    fn scan_index(
+        &self,
+        collection: CollectionUid,
+        range: mayfly_server::storage::IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<mayfly_server::storage::IndexEntry>, StorageError> {
+        self.inner.scan_index(collection, range, limit)
     }
     fn get(
         &self,

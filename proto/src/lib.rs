@@ -24,7 +24,7 @@ pub mod v1 {
         Database, DefaultTtl, DeleteCollectionRequest, DeleteCollectionResponse,
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
         DeleteDocumentResponse, Document, GetCollectionRequest, GetDatabaseRequest, IndexingMode,
-        ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
+        IndexingPaths, ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
         ListDatabasesResponse, PartitionKey, QueryMetrics, QueryPage, QueryRequest,
         ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest,
         ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest,

@@ -64,6 +64,17 @@ impl<'q, 'p> Execution<'q, 'p> {
         self
     }
 
+    /// Treats `ORDER BY` as satisfied by the order documents arrive in (the caller reads them
+    /// from an index in that order): results stream, and `TOP` ends the run early. Only for a
+    /// query without grouping, aggregates or `DISTINCT`, ordered by one key.
+    #[must_use]
+    pub fn presorted(mut self) -> Self {
+        if self.sink.mode == Mode::Sort {
+            self.sink.mode = Mode::Stream;
+        }
+        self
+    }
+
     /// Rows skipped and results returned so far, for a continuation.
     pub fn counters(&self) -> (u64, u64) {
         (self.sink.skipped, self.sink.returned)

@@ -15,7 +15,7 @@ pub mod parser;
 pub mod value;
 
 pub use error::{ErrorKind, Position, QueryError};
-pub use exec::{Execution, Flow, is_streaming};
+pub use exec::{Execution, Flow, MAX_HELD_ROWS, is_streaming};
 pub use functions::Context;
 pub use parser::parse;
 

@@ -351,6 +351,7 @@ async fn metrics_report_the_purge() {
             id(IdKind::Collection, "c"),
             PartitionKeyPath::parse("/pk").expect("path"),
             settings,
+            Default::default(),
         )
         .expect("collection");
     let path = CollectionPath {

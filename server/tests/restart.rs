@@ -68,6 +68,7 @@ impl Clients {
                 partition_key_path: partition_key_path.into(),
                 default_ttl,
                 indexing_mode: indexing_mode.into(),
+                indexing_paths: None,
             })
             .await
             .unwrap_or_else(|e| panic!("create collection {database}/{id}: {e:?}"))
@@ -86,6 +87,7 @@ impl Clients {
                 id: id.into(),
                 default_ttl: Some(mayfly_proto::v1::DefaultTtl { state: Some(state) }),
                 indexing_mode: 0,
+                indexing_paths: None,
             })
             .await
             .unwrap_or_else(|e| panic!("replace collection {database}/{id}: {e:?}"))
@@ -557,6 +559,7 @@ fn turn_ttl_off_before_any_purge(
                 SettingsChange {
                     default_ttl: DefaultTtl::Off,
                     indexing_mode: None,
+                    index_paths: None,
                 },
             )
             .expect("turn TTL off");

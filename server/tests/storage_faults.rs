@@ -115,6 +115,7 @@ impl Clients {
                 partition_key_path: "/pk".into(),
                 default_ttl: None,
                 indexing_mode: 0,
+                indexing_paths: None,
             })
             .await
             .expect("create collection");

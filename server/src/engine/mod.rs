@@ -12,6 +12,7 @@ mod document;
 mod error;
 mod expiry;
 mod feed;
+mod index;
 mod metrics;
 mod outcome;
 mod purge;
@@ -50,9 +51,9 @@ pub use recovery::{ExpiryRebuild, Recovery};
 // The domain types, where the engine's callers have always found them.
 pub use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
-    DocumentId, DocumentTtl, ExpiredThrough, IdKind, IndexingMode, InvalidInput, MAX_ID_CHARS,
-    MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, PartitionKeyPath, PartitionKeyValue, ResourceId,
-    Rules, SettingsChange, TtlSeconds,
+    DocumentId, DocumentTtl, ExpiredThrough, IdKind, IndexPath, IndexPaths, IndexingMode,
+    InvalidInput, MAX_ID_CHARS, MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, PartitionKeyPath,
+    PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
 };
 // Submodules reach the shared modules by their old names.
 use crate::model::{partition_key, ttl};
@@ -311,6 +312,7 @@ impl Engine {
         id: CollectionId,
         partition_key_path: PartitionKeyPath,
         settings: CollectionSettings,
+        index_paths: Arc<IndexPaths>,
     ) -> Result<Arc<CollectionInfo>, Error> {
         let _ddl = self.inner.ddl.lock();
         let uid = {
@@ -334,6 +336,8 @@ impl Engine {
             partition_key_path,
             settings,
             expired: ExpiredThrough::default(),
+            index_paths,
+            index_complete: true,
         });
         let lsn = self
             .inner
@@ -341,7 +345,7 @@ impl Engine {
             .write_catalog(CatalogChange::PutCollection(&info))?;
         self.catalog_durable(lsn)?;
         for shard in self.shards() {
-            shard.add_collection(uid, info.rules(), &*self.inner.clock);
+            shard.add_collection(&info, &*self.inner.clock);
         }
         self.inner.catalog.write().put_collection(info.clone());
         Ok(info)
@@ -383,6 +387,15 @@ impl Engine {
             .indexing_mode
             .unwrap_or(current.settings.indexing_mode());
         let settings = CollectionSettings::new(change.default_ttl, mode)?;
+        let index_paths = change
+            .index_paths
+            .unwrap_or_else(|| current.index_paths.clone());
+        // Documents written while the collection did not index, or indexed under other paths,
+        // lack entries the new policy has: until a rebuild, queries read documents instead.
+        let was_indexing = current.settings.indexing_mode() != IndexingMode::None;
+        let index_complete = current.index_complete
+            && (was_indexing || mode == IndexingMode::None)
+            && *index_paths == *current.index_paths;
         // Every shard switches at one instant, so the marks below cover everything the old
         // default expired up to that instant.
         let ((info, lsn), turned_on) =
@@ -396,6 +409,8 @@ impl Engine {
                 let info = Arc::new(CollectionInfo {
                     settings,
                     expired,
+                    index_paths,
+                    index_complete,
                     ..(*current).clone()
                 });
                 let lsn = self
@@ -403,7 +418,8 @@ impl Engine {
                     .storage
                     .write_catalog(CatalogChange::PutCollection(&info))?;
                 let rules = info.rules();
-                Ok::<_, Error>(((info, lsn), rules, lsn))
+                let policy = info.indexed_paths_arc();
+                Ok::<_, Error>(((info, lsn), rules, policy, lsn))
             })?;
         self.inner.catalog.write().put_collection(info.clone());
         for (shard, turned_on) in self.shards().iter().zip(turned_on) {
@@ -563,13 +579,21 @@ impl Engine {
         mode: WriteMode,
         if_match: Option<&str>,
     ) -> Outcome<(DocumentView, bool)> {
+        // Terms are computed here, outside the shard lock; the shard recomputes them only if
+        // the policy changed in between.
+        let policy = info.indexed_paths_arc();
+        let terms = policy
+            .as_ref()
+            .map(|p| index::terms::document_terms(body.map(), p))
+            .unwrap_or_default();
+        let map = body.map().clone();
         let (stored, ttl) = body.into_stored();
         let shard = self.shard_for(info.uid, &key.partition_key);
         shard.put(
             info,
             key,
-            stored,
-            ttl,
+            (stored, &map, ttl),
+            (policy, terms),
             mode,
             if_match,
             self.next_version(),

@@ -7,7 +7,8 @@
 //! result; its continuation is the number of results already returned, and resuming runs it
 //! again (at a new clock reading) and skips them.
 //!
-//! No index yet: every query reads every live document of its scope (`index_used` false).
+//! A query on an indexed collection reads the documents its plan's index entries name (see
+//! [`super::index`]); its streaming continuation is then a position among those entries.
 
 use std::{
     hash::{Hash, Hasher},
@@ -22,9 +23,13 @@ use super::{
     CollectionInfo, Engine, Error, FeedScope, InvalidInput, Millis, Outcome,
     document::DocumentView,
     feed::{self, Cursor},
+    index::{
+        plan::{self, IndexPlan, is_plain_count},
+        read::EntryCursor,
+    },
     shard::Reading,
 };
-use crate::storage::Lsn;
+use crate::storage::{IndexEntry, Lsn};
 
 /// Documents read from a shard at a time.
 const SCAN_BATCH: usize = 256;
@@ -45,6 +50,8 @@ pub struct QuerySpec {
     pub query: Query,
     /// Parameter values by name, with their `@`.
     pub params: Map<String, Value>,
+    /// Whether a collection without an index may be read document by document.
+    pub enable_scan: bool,
     /// Identifies the query and parameters in continuation tokens.
     fingerprint: u64,
 }
@@ -79,6 +86,7 @@ impl QuerySpec {
         Ok(QuerySpec {
             query,
             params,
+            enable_scan: false,
             fingerprint: hasher.finish(),
         })
     }
@@ -116,6 +124,12 @@ pub(crate) enum QueryCursor {
         skipped: u64,
         returned: u64,
     },
+    /// A streaming query reading index entries: the next entry, and the counts.
+    Index {
+        at: EntryCursor,
+        skipped: u64,
+        returned: u64,
+    },
     /// A query that reads its whole scope: results already returned.
     Offset(u64),
 }
@@ -142,8 +156,19 @@ impl Engine {
         token: Option<&str>,
     ) -> Result<QueryCursor, Error> {
         let info = self.get_collection(path)?;
+        let plan = self.query_plan(&info, spec)?;
         let Some(token) = token else {
-            return Ok(if spec.is_streaming() {
+            return Ok(if spec.is_streaming() && plan.is_some() {
+                QueryCursor::Index {
+                    at: EntryCursor {
+                        shard: self.first_shard(&info, scope),
+                        range: 0,
+                        after: None,
+                    },
+                    skipped: 0,
+                    returned: 0,
+                }
+            } else if spec.is_streaming() {
                 QueryCursor::Stream {
                     cursor: Cursor {
                         shard: self.first_shard(&info, scope),
@@ -173,6 +198,42 @@ impl Engine {
             ));
         }
         match (head[9], spec.is_streaming()) {
+            (2, true) => {
+                let plan = plan.ok_or_else(|| {
+                    bad("the collection's index changed since the query began; start it again")
+                })?;
+                let (counts, rest) = rest
+                    .split_at_checked(8 + 4 + 2)
+                    .ok_or_else(|| bad("it is not a token this server issued"))?;
+                let returned = u64::from_le_bytes(counts[..8].try_into().unwrap_or_default());
+                let range =
+                    u32::from_le_bytes(counts[8..12].try_into().unwrap_or_default()) as usize;
+                let term_len = usize::from(u16::from_le_bytes(
+                    counts[12..14].try_into().unwrap_or_default(),
+                ));
+                let (term, feed_token) = rest
+                    .split_at_checked(term_len)
+                    .ok_or_else(|| bad("it is not a token this server issued"))?;
+                let feed_token = std::str::from_utf8(feed_token)
+                    .map_err(|_| bad("it is not a token this server issued"))?;
+                let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
+                let (first, last) = self.shard_range(&info, scope);
+                if cursor.shard < first || cursor.shard > last || range >= plan.ranges.len() {
+                    return Err(bad("it does not belong to this query"));
+                }
+                Ok(QueryCursor::Index {
+                    at: EntryCursor {
+                        shard: cursor.shard,
+                        range,
+                        after: cursor.after.map(|key| IndexEntry {
+                            term: term.to_vec(),
+                            key,
+                        }),
+                    },
+                    skipped: word(10),
+                    returned,
+                })
+            }
             (0, false) => {
                 let feed_token = std::str::from_utf8(rest)
                     .map_err(|_| bad("it is not a token this server issued"))?;
@@ -221,6 +282,26 @@ impl Engine {
                 };
                 out.extend_from_slice(
                     feed::encode_token(info.uid, scope, self.shard_count(), &start).as_bytes(),
+                );
+            }
+            QueryCursor::Index {
+                at,
+                skipped,
+                returned,
+            } => {
+                out.push(2);
+                out.extend_from_slice(&skipped.to_le_bytes());
+                out.extend_from_slice(&returned.to_le_bytes());
+                out.extend_from_slice(&(at.range as u32).to_le_bytes());
+                let term = at.after.as_ref().map_or(&[][..], |e| &e.term[..]);
+                out.extend_from_slice(&(term.len() as u16).to_le_bytes());
+                out.extend_from_slice(term);
+                let cursor = Cursor {
+                    shard: at.shard,
+                    after: at.after.as_ref().map(|e| e.key.clone()),
+                };
+                out.extend_from_slice(
+                    feed::encode_token(info.uid, scope, self.shard_count(), &cursor).as_bytes(),
                 );
             }
             QueryCursor::Stream {
@@ -292,15 +373,38 @@ impl Engine {
         settle_at: &mut Lsn,
     ) -> Result<QueryPage, Error> {
         let info = self.get_collection(path)?;
-        let QueryCursor::Stream {
-            mut cursor,
-            skipped,
-            returned,
-        } = cursor
-        else {
-            return Err(Error::Invalid(InvalidInput::Continuation {
-                reason: "it does not belong to this query",
-            }));
+        let (mut cursor, skipped, returned) = match cursor {
+            QueryCursor::Stream {
+                cursor,
+                skipped,
+                returned,
+            } => (cursor, skipped, returned),
+            QueryCursor::Index {
+                at,
+                skipped,
+                returned,
+            } => {
+                let plan = self.query_plan(&info, spec)?.ok_or(Error::Invalid(
+                    InvalidInput::Continuation {
+                        reason: "the collection's index changed since the query began; start it again",
+                    },
+                ))?;
+                return self.index_stream_page(
+                    &info,
+                    spec,
+                    &plan,
+                    scope,
+                    page_size,
+                    (at, skipped, returned),
+                    read_at,
+                    settle_at,
+                );
+            }
+            QueryCursor::Offset(_) => {
+                return Err(Error::Invalid(InvalidInput::Continuation {
+                    reason: "it does not belong to this query",
+                }));
+            }
         };
         let (_, last) = self.shard_range(&info, scope);
         let mut run =
@@ -415,8 +519,51 @@ impl Engine {
         let started = Instant::now();
         let info = self.get_collection(path)?;
         let (first, last) = self.shard_range(&info, scope);
+        let plan = self.query_plan(&info, spec)?;
+        let mut metrics = QueryMetrics {
+            index: plan.as_ref().map(|p| p.name.clone()),
+            ..QueryMetrics::default()
+        };
+        if is_plain_count(&spec.query)
+            && (plan.is_some() || info.indexed_paths().is_some())
+            && let Some(n) = self.count_without_bodies(
+                &info,
+                plan.as_ref(),
+                scope,
+                (first, last),
+                read_at,
+                &mut metrics,
+                settle_at,
+            )?
+        {
+            metrics.results_returned = 1;
+            return Ok((vec![Value::from(n)], metrics));
+        }
+        if let Some(plan) = &plan {
+            let mut run = Execution::new(&spec.query, &spec.params, context(read_at))?;
+            if plan.ordered.is_some() {
+                run = run.presorted();
+            }
+            let mut results = Vec::new();
+            if self.feed_from_index(
+                &info,
+                plan,
+                scope,
+                (first, last),
+                read_at,
+                &mut run,
+                &mut results,
+                &mut metrics,
+                settle_at,
+            )? {
+                results.extend(run.finish()?);
+                metrics.results_returned = results.len() as u64;
+                return Ok((results, metrics));
+            }
+            // An ordered plan some shard cannot serve: read the documents instead.
+            metrics = QueryMetrics::default();
+        }
         let mut run = Execution::new(&spec.query, &spec.params, context(read_at))?;
-        let mut metrics = QueryMetrics::default();
         let mut results = Vec::new();
         'shards: for shard in first..=last {
             let mut cursor = Cursor { shard, after: None };
@@ -465,6 +612,116 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// How `spec` reads `info`: the index plan, or `None` to read every document. A collection
+    /// that does not index is read only if the request allows it.
+    fn query_plan(
+        &self,
+        info: &CollectionInfo,
+        spec: &QuerySpec,
+    ) -> Result<Option<IndexPlan>, Error> {
+        if info.indexed_paths().is_none() && !spec.enable_scan {
+            return Err(Error::Invalid(InvalidInput::ScanNotEnabled {
+                collection: info.id.to_string(),
+            }));
+        }
+        if !info.index_usable() {
+            return Ok(None);
+        }
+        Ok(plan::plan(&spec.query, &spec.params, &info.index_paths))
+    }
+
+    /// One page of a streaming query that reads index entries from `at`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one page's inputs, each distinct"
+    )]
+    fn index_stream_page(
+        &self,
+        info: &CollectionInfo,
+        spec: &QuerySpec,
+        plan: &IndexPlan,
+        scope: &FeedScope,
+        page_size: usize,
+        (at, skipped, returned): (EntryCursor, u64, u64),
+        read_at: Millis,
+        settle_at: &mut Lsn,
+    ) -> Result<QueryPage, Error> {
+        let (_, last) = self.shard_range(info, scope);
+        let mut run =
+            Execution::new(&spec.query, &spec.params, context(read_at))?.resume(skipped, returned);
+        let mut page = QueryPage {
+            results: Vec::new(),
+            continuation: None,
+            metrics: QueryMetrics {
+                index: Some(plan.name.clone()),
+                ..QueryMetrics::default()
+            },
+        };
+        let mut bytes = 0;
+        let started = Instant::now();
+        let mut at = Some(at);
+        while let Some(cursor) = at.take() {
+            let batch = self.entry_batch(
+                info,
+                plan,
+                scope,
+                &cursor,
+                last,
+                &mut page.metrics.index_entries_examined,
+            )?;
+            let docs =
+                self.entry_documents(info, cursor.shard, batch.entries, read_at, settle_at)?;
+            let mut stopped = None;
+            for (entry, view) in docs {
+                page.metrics.documents_examined += 1;
+                let flow = run.push(&as_document(&view))?;
+                for r in run.take_ready() {
+                    bytes += mayfly_query::value::approximate_size(&r);
+                    page.results.push(r);
+                }
+                if flow == Flow::Done {
+                    page.metrics.results_returned = page.results.len() as u64;
+                    return Ok(page);
+                }
+                if page.results.len() >= page_size
+                    || bytes >= MAX_RESULT_BYTES
+                    || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
+                {
+                    stopped = Some(entry);
+                    break;
+                }
+            }
+            let full = stopped.is_some();
+            at = match stopped {
+                Some(entry) => Some(EntryCursor {
+                    after: Some(entry),
+                    ..cursor
+                }),
+                None => batch.next,
+            };
+            if full || started.elapsed() > PAGE_TIME_LIMIT {
+                break;
+            }
+        }
+        page.metrics.results_returned = page.results.len() as u64;
+        if let Some(at) = at {
+            let (skipped, returned) = run.counters();
+            page.continuation = Some(self.encode_query_cursor(
+                info,
+                spec,
+                scope,
+                &QueryCursor::Index {
+                    at,
+                    skipped,
+                    returned,
+                },
+            ));
+        }
+        Ok(page)
+    }
+}
+
 fn context(read_at: Millis) -> Context {
     #[allow(
         clippy::cast_possible_wrap,
@@ -475,7 +732,7 @@ fn context(read_at: Millis) -> Context {
 }
 
 /// A document as queries see it: its body with `_ts` (seconds) and `_etag`.
-fn as_document(view: &DocumentView) -> Value {
+pub(super) fn as_document(view: &DocumentView) -> Value {
     let mut map = view.body_map();
     map.insert("_ts".to_owned(), Value::from(view.last_write / 1000));
     map.insert("_etag".to_owned(), Value::String(view.etag.to_string()));

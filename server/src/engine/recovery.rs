@@ -102,7 +102,7 @@ impl Engine {
                     continue; // Cannot happen: databases are deleted with their collections.
                 }
                 for shard in engine.shards() {
-                    shard.add_collection(info.uid, info.rules(), &*engine.inner.clock);
+                    shard.add_collection(&info, &*engine.inner.clock);
                 }
                 known.insert(info.uid);
                 catalog.put_collection(Arc::new(info));

@@ -75,6 +75,7 @@ impl Fixture {
                 id("c"),
                 PartitionKeyPath::parse("/pk").expect("path"),
                 settings,
+                Default::default(),
             )
             .expect("collection");
         Fixture {
@@ -119,6 +120,7 @@ impl Fixture {
                 SettingsChange {
                     default_ttl: default_ttl(raw),
                     indexing_mode: None,
+                    index_paths: None,
                 },
             )
             .expect("replace settings");
@@ -472,7 +474,7 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
     let none =
         CollectionSettings::new(DefaultTtl::Off, IndexingMode::None).expect("no ttl, no index");
     f.engine
-        .create_collection(&db, id("plain"), path, none)
+        .create_collection(&db, id("plain"), path, none, Default::default())
         .expect("create");
     let plain = CollectionPath {
         database: db,
@@ -486,6 +488,7 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
             SettingsChange {
                 default_ttl: default_ttl(Some(60)),
                 indexing_mode: None,
+                index_paths: None,
             },
         )
         .expect_err("rejected");
@@ -499,6 +502,7 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
             SettingsChange {
                 default_ttl: default_ttl(Some(60)),
                 indexing_mode: Some(IndexingMode::None),
+                index_paths: None,
             },
         )
         .expect_err("rejected");
@@ -808,6 +812,27 @@ impl ShardStore for FlakyShard {
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
         self.inner.load(each)
     }
+    fn load_terms(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, crate::storage::StoredTerms),
+    ) -> Result<(), StorageError> {
+        self.inner.load_terms(each)
+    }
+    fn get_terms(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<crate::storage::StoredTerms>, StorageError> {
+        self.inner.get_terms(collection, key)
+    }
+    fn scan_index(
+        &self,
+        collection: CollectionUid,
+        range: crate::storage::IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<crate::storage::IndexEntry>, StorageError> {
+        self.inner.scan_index(collection, range, limit)
+    }
     fn get(
         &self,
         collection: CollectionUid,
@@ -1057,6 +1082,7 @@ fn a_recreated_collection_starts_empty() {
             id("c"),
             PartitionKeyPath::parse("/pk").expect("path"),
             settings,
+            Default::default(),
         )
         .expect("recreate");
     assert!(!f.visible("d0"), "the recreated collection starts empty");
@@ -1256,6 +1282,7 @@ fn the_purge_serves_every_collection_however_many_there_are() {
                 path.collection.clone(),
                 PartitionKeyPath::parse("/pk").expect("path"),
                 settings,
+                Default::default(),
             )
             .expect("collection");
         engine
@@ -1323,6 +1350,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
                 id("c"),
                 PartitionKeyPath::parse("/pk").expect("path"),
                 settings,
+                Default::default(),
             )
             .expect("collection");
         for (name, ttl) in [("inherits", None), ("own", Some(60)), ("never", Some(-1))] {
@@ -1346,6 +1374,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
                     SettingsChange {
                         default_ttl: default_ttl(ttl),
                         indexing_mode: None,
+                        index_paths: None,
                     },
                 )
                 .expect("settings");
@@ -1373,6 +1402,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
             SettingsChange {
                 default_ttl: default_ttl(Some(-1)),
                 indexing_mode: None,
+                index_paths: None,
             },
         )
         .expect("settings");

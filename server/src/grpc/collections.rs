@@ -38,15 +38,17 @@ impl server::Collections for CollectionsService {
             partition_key_path,
             default_ttl,
             indexing_mode,
+            indexing_paths,
         } = request.into_inner();
         let database = convert::database_id(&database)?;
         let id = convert::collection_id(&id)?;
         let path = PartitionKeyPath::parse(&partition_key_path)?;
         let mode = convert::indexing_mode(indexing_mode)?.unwrap_or_default();
         let settings = CollectionSettings::new(DefaultTtl::from_raw(default_ttl)?, mode)?;
+        let paths = convert::index_paths(indexing_paths)?.unwrap_or_default();
         let engine = self.engine.get()?;
-        let info =
-            blocking(move || engine.create_collection(&database, id, path, settings)).await?;
+        let info = blocking(move || engine.create_collection(&database, id, path, settings, paths))
+            .await?;
         Ok(Response::new(Collection::from(&*info)))
     }
 
@@ -85,11 +87,13 @@ impl server::Collections for CollectionsService {
             id,
             default_ttl,
             indexing_mode,
+            indexing_paths,
         } = request.into_inner();
         let path = convert::collection_path(&database, &id)?;
         let change = SettingsChange {
             default_ttl: convert::default_ttl_change(default_ttl)?,
             indexing_mode: convert::indexing_mode(indexing_mode)?,
+            index_paths: convert::index_paths(indexing_paths)?,
         };
         let engine = self.engine.get()?;
         let info = blocking(move || engine.replace_collection(&path, change)).await?;

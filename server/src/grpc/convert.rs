@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use crate::engine::{
     CollectionId, CollectionInfo, CollectionPath, DatabaseId, DefaultTtl, DocumentBody,
-    DocumentView, IdKind, IndexingMode, InvalidInput, MAX_DEPTH, MAX_DOCUMENT_BYTES, Millis,
-    PartitionKeyValue, ResourceId,
+    DocumentView, IdKind, IndexPaths, IndexingMode, InvalidInput, MAX_DEPTH, MAX_DOCUMENT_BYTES,
+    Millis, PartitionKeyValue, ResourceId,
 };
 use crate::storage::DocKey;
 
@@ -203,6 +203,8 @@ impl From<&CollectionInfo> for v1::Collection {
             settings,
             // Internal: what earlier defaults made final is not a setting a client reads.
             expired: _,
+            index_paths,
+            index_complete,
         } = info;
         v1::Collection {
             database: database.to_string(),
@@ -214,6 +216,20 @@ impl From<&CollectionInfo> for v1::Collection {
                 IndexingMode::Lazy => v1::IndexingMode::Lazy,
                 IndexingMode::None => v1::IndexingMode::None,
             } as i32,
+            indexing_paths: Some(v1::IndexingPaths {
+                included_paths: index_paths.included(),
+                excluded_paths: index_paths.excluded(),
+            }),
+            index_complete: *index_complete,
         }
     }
+}
+
+/// The paths of a request's indexing policy (`None` if absent).
+pub(crate) fn index_paths(
+    paths: Option<v1::IndexingPaths>,
+) -> Result<Option<std::sync::Arc<IndexPaths>>, InvalidInput> {
+    paths
+        .map(|p| IndexPaths::new(&p.included_paths, &p.excluded_paths).map(std::sync::Arc::new))
+        .transpose()
 }

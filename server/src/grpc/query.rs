@@ -43,6 +43,7 @@ impl DocumentsService {
             partition_key,
             page_size,
             continuation,
+            enable_scan,
         } = request;
         let path = convert::collection_path(&database, &collection)?;
         let scope = match convert::partition_key_value(partition_key)? {
@@ -51,7 +52,8 @@ impl DocumentsService {
         };
         let page_size = engine::page_size(page_size)?;
         let params = parameters_json(parameters)?;
-        let spec = QuerySpec::parse(&query, params)?;
+        let mut spec = QuerySpec::parse(&query, params)?;
+        spec.enable_scan = enable_scan;
         let plan = Arc::new(Plan {
             path,
             scope,
@@ -81,7 +83,7 @@ impl DocumentsService {
                         .await
                 });
             }
-            cursor @ QueryCursor::Stream { .. } => {
+            cursor @ (QueryCursor::Stream { .. } | QueryCursor::Index { .. }) => {
                 let p = plan.clone();
                 let first = self
                     .off_runtime(move |e| {

@@ -65,6 +65,10 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         InvalidInput::UnknownEnumValue { .. } => "UNKNOWN_ENUM_VALUE",
         InvalidInput::PageSize { .. } => "INVALID_PAGE_SIZE",
         InvalidInput::Continuation { .. } => "INVALID_CONTINUATION",
+        InvalidInput::IndexPath { .. } | InvalidInput::IndexPolicy { .. } => {
+            "INVALID_INDEXING_POLICY"
+        }
+        InvalidInput::ScanNotEnabled { .. } => "SCAN_NOT_ENABLED",
     }
 }
 

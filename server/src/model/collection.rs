@@ -1,7 +1,10 @@
 //! Collections as the catalog records them: numbers, settings, expiry rules.
 
+use std::sync::Arc;
+
 use super::{
     ids::{CollectionId, DatabaseId},
+    index_paths::IndexPaths,
     invalid::InvalidInput,
     partition_key::PartitionKeyPath,
     ttl::{DefaultTtl, ExpiredThrough, Rules},
@@ -69,6 +72,12 @@ pub struct CollectionInfo {
     pub settings: CollectionSettings,
     /// What earlier default TTLs made final; recorded with every settings change.
     pub expired: ExpiredThrough,
+    /// Which paths the index covers (its mode is in `settings`).
+    pub index_paths: Arc<IndexPaths>,
+    /// Whether the stored index covers every document under `index_paths`. A policy change
+    /// that adds paths (or turns indexing on) clears it: queries then read documents instead
+    /// of the index until a rebuild sets it again.
+    pub index_complete: bool,
 }
 
 impl CollectionInfo {
@@ -79,15 +88,32 @@ impl CollectionInfo {
             expired: self.expired,
         }
     }
+
+    /// The paths documents are indexed under; `None` when the collection does not index.
+    pub fn indexed_paths(&self) -> Option<&IndexPaths> {
+        (self.settings.indexing_mode() != IndexingMode::None).then_some(&*self.index_paths)
+    }
+
+    /// [`CollectionInfo::indexed_paths`], shared.
+    pub fn indexed_paths_arc(&self) -> Option<Arc<IndexPaths>> {
+        (self.settings.indexing_mode() != IndexingMode::None).then(|| self.index_paths.clone())
+    }
+
+    /// Whether queries may answer from the index.
+    pub fn index_usable(&self) -> bool {
+        self.index_complete && self.indexed_paths().is_some()
+    }
 }
 
 /// What `replace_collection` changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SettingsChange {
     /// The new default TTL; always explicit, since Off is what Cosmos DB does with an omitted one.
     pub default_ttl: DefaultTtl,
     /// The new indexing mode; `None` keeps the current one.
     pub indexing_mode: Option<IndexingMode>,
+    /// The new indexed paths; `None` keeps the current ones.
+    pub index_paths: Option<Arc<IndexPaths>>,
 }
 
 #[cfg(test)]

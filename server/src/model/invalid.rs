@@ -55,6 +55,12 @@ pub enum InvalidInput {
     PageSize { value: u32, max: u32 },
     /// A continuation token that this feed did not produce.
     Continuation { reason: &'static str },
+    /// An indexing policy path that cannot be used.
+    IndexPath { path: String, reason: String },
+    /// An indexing policy whose paths do not fit together.
+    IndexPolicy { reason: String },
+    /// A query on a collection without an index, without `enable_scan`.
+    ScanNotEnabled { collection: String },
 }
 
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
@@ -118,6 +124,12 @@ impl fmt::Display for InvalidInput {
                 write!(f, "page_size {value} is out of range; use 1..={max}, or 0 for the default")
             }
             InvalidInput::Continuation { reason } => write!(f, "invalid continuation token: {reason}"),
+            InvalidInput::IndexPath { path, reason } => write!(f, "invalid indexing policy path '{path}': {reason}"),
+            InvalidInput::IndexPolicy { reason } => write!(f, "invalid indexing policy: {reason}"),
+            InvalidInput::ScanNotEnabled { collection } => write!(
+                f,
+                "collection '{collection}' has indexing mode none, so this query would read every document: set enable_scan on the request to allow it, or give the collection an index"
+            ),
         }
     }
 }

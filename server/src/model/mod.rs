@@ -5,6 +5,7 @@
 mod collection;
 mod document;
 mod ids;
+mod index_paths;
 mod invalid;
 pub(crate) mod partition_key;
 pub(crate) mod ttl;
@@ -14,6 +15,7 @@ pub use collection::{
 };
 pub use document::{DocKey, StoredDocument};
 pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
+pub use index_paths::{IndexPath, IndexPaths, MAX_INDEX_PATH_BYTES, MAX_INDEX_PATHS};
 pub use invalid::InvalidInput;
 pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
 pub use ttl::{DefaultTtl, DocumentTtl, ExpiredThrough, MAX_TTL_SECONDS, Rules, TtlSeconds};

@@ -9,8 +9,9 @@ use std::{
 use parking_lot::Mutex;
 
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, Lsn, ShardStore, Storage, StorageError,
-    StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, Lsn, ShardStore,
+    Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term,
+    WriteBatch, index_keys,
 };
 use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
@@ -55,7 +56,22 @@ impl Storage for MemoryStorage {
     }
 }
 
-type Collection = BTreeMap<DocKey, Arc<StoredDocument>>;
+/// One collection's part of a shard: documents, their terms records, and index entries in
+/// the byte layout of [`index_keys`] (without a prefix).
+#[derive(Debug, Default)]
+struct Collection {
+    docs: BTreeMap<DocKey, Arc<StoredDocument>>,
+    terms: HashMap<DocKey, StoredTerms>,
+    entries: BTreeMap<Vec<u8>, [u8; 2]>,
+}
+
+impl Collection {
+    fn remove_entries(&mut self, terms: &[&Term], key: &DocKey) {
+        for term in terms {
+            self.entries.remove(&index_keys::entry_key(&[], term, key));
+        }
+    }
+}
 
 /// The documents of one engine shard. Writes come under that shard's engine lock; reads may
 /// come alongside them, so the maps have a lock of their own (held for map operations only).
@@ -69,15 +85,40 @@ impl ShardStore for MemoryShard {
         let mut collections = self.collections.lock();
         for write in batch.writes {
             match *write {
-                DocumentWrite::Put(doc) => {
-                    collections
-                        .entry(doc.collection)
-                        .or_default()
-                        .insert(doc.key.clone(), doc.clone());
+                DocumentWrite::Put { doc, index } => {
+                    let c = collections.entry(doc.collection).or_default();
+                    c.docs.insert(doc.key.clone(), doc.clone());
+                    if let Some(update) = index {
+                        let (removed, added) = index_keys::changed_terms(update.old, update.new);
+                        c.remove_entries(&removed, &doc.key);
+                        for term in added {
+                            c.entries.insert(
+                                index_keys::entry_key(&[], term, &doc.key),
+                                index_keys::entry_value(term),
+                            );
+                        }
+                        if update.new.is_empty() {
+                            c.terms.remove(&doc.key);
+                        } else {
+                            c.terms.insert(
+                                doc.key.clone(),
+                                StoredTerms {
+                                    version: doc.version,
+                                    terms: update.new.to_vec(),
+                                },
+                            );
+                        }
+                    }
                 }
-                DocumentWrite::Delete { collection, key } => {
-                    if let Some(docs) = collections.get_mut(&collection) {
-                        docs.remove(key);
+                DocumentWrite::Delete {
+                    collection,
+                    key,
+                    terms,
+                } => {
+                    if let Some(c) = collections.get_mut(&collection) {
+                        c.docs.remove(key);
+                        c.terms.remove(key);
+                        c.remove_entries(&terms.iter().collect::<Vec<_>>(), key);
                     }
                 }
             }
@@ -94,7 +135,7 @@ impl ShardStore for MemoryShard {
             .collections
             .lock()
             .values()
-            .flat_map(|docs| docs.values())
+            .flat_map(|c| c.docs.values())
         {
             each(StoredMeta {
                 collection: doc.collection,
@@ -116,8 +157,56 @@ impl ShardStore for MemoryShard {
             .collections
             .lock()
             .get(&collection)
-            .and_then(|docs| docs.get(key))
+            .and_then(|c| c.docs.get(key))
             .cloned())
+    }
+
+    fn load_terms(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
+    ) -> Result<(), StorageError> {
+        for (uid, c) in self.collections.lock().iter() {
+            for (key, terms) in &c.terms {
+                each(*uid, key.clone(), terms.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn get_terms(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<StoredTerms>, StorageError> {
+        Ok(self
+            .collections
+            .lock()
+            .get(&collection)
+            .and_then(|c| c.terms.get(key))
+            .cloned())
+    }
+
+    fn scan_index(
+        &self,
+        collection: CollectionUid,
+        range: IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, StorageError> {
+        let collections = self.collections.lock();
+        let Some(c) = collections.get(&collection) else {
+            return Ok(Vec::new());
+        };
+        let bounds = index_keys::scan_bounds(&[], &range);
+        if index_keys::is_empty(&bounds) {
+            return Ok(Vec::new());
+        }
+        let decode = |(k, v): (&Vec<u8>, &[u8; 2])| index_keys::decode_entry(0, k, v);
+        let entries = c.entries.range::<Vec<u8>, _>(bounds);
+        if range.descending {
+            entries.rev().take(limit).map(decode).collect()
+        } else {
+            entries.take(limit).map(decode).collect()
+        }
     }
 
     fn scan(
@@ -127,7 +216,7 @@ impl ShardStore for MemoryShard {
         limit: usize,
     ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
         let collections = self.collections.lock();
-        let Some(docs) = collections.get(&collection) else {
+        let Some(Collection { docs, .. }) = collections.get(&collection) else {
             return Ok(Vec::new());
         };
         Ok(match range {

@@ -3,6 +3,7 @@
 //! (the default), the in-memory one (caches, tests), a distributed one later.
 
 mod disk;
+mod index_keys;
 mod memory;
 
 use std::{fmt, future::Future, pin::Pin, sync::Arc};
@@ -10,6 +11,7 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc};
 pub use disk::{
     BUFFERED_SYNC_INTERVAL, DiskOptions, DiskStorage, Durability, FORMAT_VERSION, OpenError,
 };
+pub use index_keys::prefix_end;
 pub use memory::MemoryStorage;
 
 use crate::model::{
@@ -17,17 +19,62 @@ use crate::model::{
 };
 pub use crate::model::{DocKey, StoredDocument};
 
+/// An index term: a document path and the value there, encoded by the engine so that byte
+/// order is query order. Opaque to storage, which keeps one entry per term and document.
+pub type Term = Vec<u8>;
+
+/// A change to a document's index entries, made with the change to the document.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexUpdate<'a> {
+    /// The terms stored for the document now (its terms record; empty if it has none).
+    pub old: &'a [Term],
+    /// Its terms from now on (empty: it has no entries and no terms record).
+    pub new: &'a [Term],
+}
+
 /// One change to a shard's documents. Borrowed: the engine already holds every key, and a
 /// purge batch should not allocate a copy of each one just to name it.
 #[derive(Debug, Clone, Copy)]
 pub enum DocumentWrite<'a> {
-    /// Insert or overwrite.
-    Put(&'a Arc<StoredDocument>),
-    /// Remove (absent is not an error).
+    /// Insert or overwrite; with `index`, replace its index entries and terms record too.
+    Put {
+        doc: &'a Arc<StoredDocument>,
+        index: Option<IndexUpdate<'a>>,
+    },
+    /// Remove (absent is not an error), with the index entries of `terms` and its terms record.
     Delete {
         collection: CollectionUid,
         key: &'a DocKey,
+        terms: &'a [Term],
     },
+}
+
+/// The terms recorded for a document: what its index entries are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredTerms {
+    /// The document version they were computed from.
+    pub version: u64,
+    /// Sorted, without duplicates.
+    pub terms: Vec<Term>,
+}
+
+/// One index entry: a term and the document it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub term: Term,
+    pub key: DocKey,
+}
+
+/// Which index entries a scan visits: those whose `term | document key` bytes lie between
+/// `low` and `high` (the engine passes bounds that select whole terms or term prefixes),
+/// ascending or descending, after `after` if given (in the scan's direction).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexRange<'a> {
+    pub low: &'a [u8],
+    /// Exclusive; `None`: up to the end of the collection's entries.
+    pub high: Option<&'a [u8]>,
+    pub descending: bool,
+    pub after: Option<&'a IndexEntry>,
 }
 
 /// Which documents a scan visits, in key order.
@@ -225,6 +272,27 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
     /// Calls `each` with every stored document of this shard, without its body.
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError>;
 
+    /// Calls `each` with every terms record of this shard.
+    fn load_terms(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
+    ) -> Result<(), StorageError>;
+
+    /// A document's terms record, if it has one.
+    fn get_terms(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<StoredTerms>, StorageError>;
+
+    /// Up to `limit` index entries of a collection in `range`, in its order.
+    fn scan_index(
+        &self,
+        collection: CollectionUid,
+        range: IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, StorageError>;
+
     /// The stored version of a document, if any (expired or not: the engine decides).
     fn get(
         &self,
@@ -240,6 +308,7 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
         limit: usize,
     ) -> Result<Vec<Arc<StoredDocument>>, StorageError>;
 
-    /// Removes every document of a collection (one the engine no longer writes to).
+    /// Removes every document, index entry and terms record of a collection (one the engine no
+    /// longer writes to).
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError>;
 }

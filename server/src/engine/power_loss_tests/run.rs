@@ -60,6 +60,7 @@ impl Run {
                 collection.clone(),
                 PartitionKeyPath::parse("/pk").expect("valid path"),
                 settings,
+                Default::default(),
             )
             .map_err(|e| fail(format!("create collection: {e}")))?;
         Ok(Run {
@@ -269,6 +270,7 @@ impl Run {
                         SettingsChange {
                             default_ttl,
                             indexing_mode: None,
+                            index_paths: None,
                         },
                     )
                     .map_err(|e| fail(format!("replace settings: {e}")))?;

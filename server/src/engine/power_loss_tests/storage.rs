@@ -371,10 +371,11 @@ impl ShardStore for PowerLossShard {
             .writes
             .iter()
             .map(|write| match *write {
-                DocumentWrite::Put(doc) => LoggedWrite::Put(doc.clone()),
-                DocumentWrite::Delete { collection, key } => {
-                    LoggedWrite::Delete(collection, key.clone())
-                }
+                // The model keeps documents only: index entries are not what it checks.
+                DocumentWrite::Put { doc, .. } => LoggedWrite::Put(doc.clone()),
+                DocumentWrite::Delete {
+                    collection, key, ..
+                } => LoggedWrite::Delete(collection, key.clone()),
             })
             .collect();
         let lsn = self.shared.append(Entry::Documents {
@@ -390,6 +391,30 @@ impl ShardStore for PowerLossShard {
 
     fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
         self.shared.durable(lsn)
+    }
+
+    fn load_terms(
+        &self,
+        _each: &mut dyn FnMut(CollectionUid, DocKey, crate::storage::StoredTerms),
+    ) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    fn get_terms(
+        &self,
+        _collection: CollectionUid,
+        _key: &DocKey,
+    ) -> Result<Option<crate::storage::StoredTerms>, StorageError> {
+        Ok(None)
+    }
+
+    fn scan_index(
+        &self,
+        _collection: CollectionUid,
+        _range: crate::storage::IndexRange<'_>,
+        _limit: usize,
+    ) -> Result<Vec<crate::storage::IndexEntry>, StorageError> {
+        Ok(Vec::new())
     }
 
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {

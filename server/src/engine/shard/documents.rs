@@ -3,9 +3,13 @@
 
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
+use crate::engine::index::terms::document_terms;
+use serde_json::{Map, Value};
 
 impl Shard {
-    /// Creates, upserts or replaces a document.
+    /// Creates, upserts or replaces a document. `terms` are its index terms under the policy
+    /// given with them. If the version it replaces has index entries, their terms are read
+    /// outside the lock first, and used if that version is still the one there.
     #[allow(
         clippy::too_many_arguments,
         reason = "one argument per part of a write request"
@@ -14,58 +18,97 @@ impl Shard {
         &self,
         info: &CollectionInfo,
         key: DocKey,
-        body: Bytes,
-        ttl: Option<DocumentTtl>,
+        (body, map, ttl): (Bytes, &Map<String, Value>, Option<DocumentTtl>),
+        (policy, mut terms): (Option<Arc<IndexPaths>>, Vec<Term>),
         mode: WriteMode,
         if_match: Option<&str>,
         version: u64,
         clock: &dyn Clock,
     ) -> Outcome<(DocumentView, bool)> {
-        let mut state = self.lock();
-        let st = &mut *state;
-        let now = st.now(clock);
-        let Some(cs) = st.collections.get(&info.uid) else {
-            return Outcome::failed(collection_gone(info));
-        };
-        // A refusal reflects what this shard holds: it settles like a read of it.
-        let seen = observed(st, cs);
-        let slot = cs.index.get(&key).copied();
-        let live = slot.filter(|&s| st.docs.get(s).is_visible(&cs.rules, now));
-        match (mode, live) {
-            (WriteMode::Create, Some(_)) => {
-                return Outcome::new(
-                    Err(Error::DocumentExists {
-                        id: key.id.to_string(),
-                        partition_key: key.partition_key,
-                    }),
-                    seen,
-                );
+        let mut old_terms: Option<(SlotRef, Vec<Term>)> = None;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut state = self.lock();
+            let st = &mut *state;
+            let now = st.now(clock);
+            let Some(cs) = st.collections.get(&info.uid) else {
+                return Outcome::failed(collection_gone(info));
+            };
+            // A refusal reflects what this shard holds: it settles like a read of it.
+            let seen = observed(st, cs);
+            let slot = cs.index.get(&key).copied();
+            let live = slot.filter(|&s| st.docs.get(s).is_visible(&cs.rules, now));
+            match (mode, live) {
+                (WriteMode::Create, Some(_)) => {
+                    return Outcome::new(
+                        Err(Error::DocumentExists {
+                            id: key.id.to_string(),
+                            partition_key: key.partition_key,
+                        }),
+                        seen,
+                    );
+                }
+                (WriteMode::Replace, None) => {
+                    return Outcome::new(
+                        Err(Error::DocumentNotFound {
+                            id: key.id.to_string(),
+                            partition_key: key.partition_key,
+                        }),
+                        seen,
+                    );
+                }
+                _ => {}
             }
-            (WriteMode::Replace, None) => {
-                return Outcome::new(
-                    Err(Error::DocumentNotFound {
-                        id: key.id.to_string(),
-                        partition_key: key.partition_key,
-                    }),
-                    seen,
-                );
+            if let Err(e) = check_if_match(if_match, live.map(|s| st.docs.get(s)), &key) {
+                return Outcome::new(Err(e), seen);
             }
-            _ => {}
+            if !same_policy(cs.policy.as_ref(), policy.as_ref()) {
+                // The policy changed since the terms were computed: a short recompute here.
+                terms = cs
+                    .policy
+                    .as_ref()
+                    .map(|p| document_terms(map, p))
+                    .unwrap_or_default();
+            }
+            let old = match slot {
+                Some(s) if st.docs.get(s).indexed => {
+                    let current = st.docs.current_ref(s);
+                    match old_terms.take() {
+                        Some((r, t)) if r == current => t,
+                        _ if attempt < MAX_OPTIMISTIC_ATTEMPTS => {
+                            drop(state);
+                            match self.store.get_terms(info.uid, &key) {
+                                Ok(t) => {
+                                    old_terms =
+                                        Some((current, t.map(|t| t.terms).unwrap_or_default()))
+                                }
+                                Err(e) => return Outcome::failed(e),
+                            }
+                            continue;
+                        }
+                        // Rewritten under every attempt so far: read while holding the lock, once.
+                        _ => match self.store.get_terms(info.uid, &key) {
+                            Ok(t) => t.map(|t| t.terms).unwrap_or_default(),
+                            Err(e) => return Outcome::failed(e),
+                        },
+                    }
+                }
+                _ => Vec::new(),
+            };
+            let created = live.is_none();
+            let record = StoredDocument {
+                collection: info.uid,
+                key,
+                body,
+                last_write: now,
+                version,
+                ttl,
+            };
+            return self
+                .write_version(state, slot, record, Some((old, terms)))
+                .map(|view| (view, created));
         }
-        if let Err(e) = check_if_match(if_match, live.map(|s| st.docs.get(s)), &key) {
-            return Outcome::new(Err(e), seen);
-        }
-        let created = live.is_none();
-        let record = StoredDocument {
-            collection: info.uid,
-            key,
-            body,
-            last_write: now,
-            version,
-            ttl,
-        };
-        self.write_version(state, slot, record)
-            .map(|view| (view, created))
     }
 
     /// Stores a new version of a document through the commit path, then views it as of its
@@ -75,12 +118,14 @@ impl Shard {
         mut state: MutexGuard<'_, ShardState>,
         slot: Option<u32>,
         record: StoredDocument,
+        index: Option<(Vec<Term>, Vec<Term>)>,
     ) -> Outcome<DocumentView> {
         let st = &mut *state;
         let record = Arc::new(record);
         let change = Change::Put {
             slot,
             record: record.clone(),
+            index,
         };
         let (deadline, lsn) =
             match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
@@ -146,11 +191,13 @@ impl Shard {
                 version,
                 ttl: current.1,
             };
-            return self.write_version(state, Some(slot), record);
+            // The same body: its index entries stay as they are.
+            return self.write_version(state, Some(slot), record, None);
         }
     }
 
-    /// Deletes a live document.
+    /// Deletes a live document, with its index entries (their terms read outside the lock
+    /// first, as for a put).
     pub(crate) fn delete(
         &self,
         info: &CollectionInfo,
@@ -158,16 +205,43 @@ impl Shard {
         if_match: Option<&str>,
         clock: &dyn Clock,
     ) -> Outcome<()> {
-        let mut state = self.lock();
-        let st = &mut *state;
-        let now = st.now(clock);
-        let slot = match writable_slot(st, info, key, if_match, now) {
-            Ok(slot) => slot,
-            Err((e, seen)) => return Outcome::new(Err(e), seen),
+        let mut old_terms: Option<(SlotRef, Vec<Term>)> = None;
+        let mut attempt = 0;
+        let (mut state, slot, terms) = loop {
+            attempt += 1;
+            let mut state = self.lock();
+            let st = &mut *state;
+            let now = st.now(clock);
+            let slot = match writable_slot(st, info, key, if_match, now) {
+                Ok(slot) => slot,
+                Err((e, seen)) => return Outcome::new(Err(e), seen),
+            };
+            if !st.docs.get(slot).indexed {
+                break (state, slot, Vec::new());
+            }
+            let current = st.docs.current_ref(slot);
+            match old_terms.take() {
+                Some((r, t)) if r == current => break (state, slot, t),
+                _ if attempt < MAX_OPTIMISTIC_ATTEMPTS => {
+                    drop(state);
+                    match self.store.get_terms(info.uid, key) {
+                        Ok(t) => {
+                            old_terms = Some((current, t.map(|t| t.terms).unwrap_or_default()))
+                        }
+                        Err(e) => return Outcome::failed(e),
+                    }
+                }
+                _ => match self.store.get_terms(info.uid, key) {
+                    Ok(t) => break (state, slot, t.map(|t| t.terms).unwrap_or_default()),
+                    Err(e) => return Outcome::failed(e),
+                },
+            }
         };
+        let st = &mut *state;
         let change = Change::Remove {
             slot,
             cause: RemoveCause::Deleted,
+            terms,
         };
         match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
             Ok((_, lsn)) => {
@@ -225,6 +299,15 @@ impl Shard {
                 Err(e) => return Outcome::failed(e),
             }
         }
+    }
+}
+
+/// Whether terms computed under `used` are the terms under `current`.
+fn same_policy(current: Option<&Arc<IndexPaths>>, used: Option<&Arc<IndexPaths>>) -> bool {
+    match (current, used) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        (None, None) => true,
+        _ => false,
     }
 }
 

@@ -10,7 +10,10 @@ use crate::engine::{
     error::Error,
     shard::{Shard, collection_gone, observed, view},
 };
-use crate::storage::{DocKey, Lsn, ScanRange, StoredDocument};
+use crate::storage::{DocKey, IndexEntry, IndexRange, Lsn, ScanRange, StoredDocument};
+
+/// Slots [`Shard::count_live`] reads per hold of the lock.
+const COUNT_CHUNK: usize = 16_384;
 
 impl Shard {
     /// Up to `want` live documents of `scope` after `after`, of at most `bytes_left` body bytes
@@ -83,6 +86,111 @@ impl Shard {
             }
         }
         Ok(page)
+    }
+
+    /// The live documents among `keys` (found in the index), in that order, judged at
+    /// `read_at`: fetched outside the lock, judged under it, and fetched once more if written
+    /// in between. Returns them with the position they settle at.
+    pub(crate) fn fetch_live(
+        &self,
+        info: &CollectionInfo,
+        keys: &[DocKey],
+        read_at: Millis,
+    ) -> Result<(Vec<DocumentView>, Lsn), Error> {
+        let mut batch = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(record) = self.store.get(info.uid, key)? {
+                batch.push(record);
+            }
+        }
+        let reading = Reading::At(read_at);
+        let mut judged = self.judge(info, &batch, reading)?;
+        let stale: Vec<usize> = (0..batch.len())
+            .filter(|&i| judged.views[i] == Judged::Changed)
+            .collect();
+        if !stale.is_empty() {
+            for &i in &stale {
+                if let Some(record) = self.store.get(info.uid, &batch[i].key)? {
+                    batch[i] = record;
+                }
+            }
+            let again = self.judge(info, &batch, reading)?;
+            judged.settle_at = judged.settle_at.max(again.settle_at);
+            for i in stale {
+                judged.views[i] = again.views[i].clone();
+            }
+        }
+        let live = judged
+            .views
+            .into_iter()
+            .filter_map(|j| match j {
+                Judged::Live(view) => Some(*view),
+                Judged::Absent | Judged::Changed => None,
+            })
+            .collect();
+        Ok((live, judged.settle_at))
+    }
+
+    /// How many of `keys` are live documents at `read_at`, judged by metadata alone.
+    pub(crate) fn count_live_keys(
+        &self,
+        info: &CollectionInfo,
+        keys: &[DocKey],
+        read_at: Millis,
+    ) -> Result<(u64, Lsn), Error> {
+        let state = self.lock();
+        let cs = state
+            .collections
+            .get(&info.uid)
+            .ok_or_else(|| collection_gone(info))?;
+        let live = keys
+            .iter()
+            .filter_map(|k| cs.index.get(k))
+            .filter(|&&slot| state.docs.get(slot).is_visible(&cs.rules, read_at))
+            .count();
+        Ok((live as u64, observed(&state, cs)))
+    }
+
+    /// How many documents of a collection are live at `read_at`, from metadata alone: the
+    /// slots are read in chunks, each under one short hold of the lock.
+    pub(crate) fn count_live(
+        &self,
+        info: &CollectionInfo,
+        read_at: Millis,
+    ) -> Result<(u64, Lsn), Error> {
+        let (mut live, mut settle_at, mut next) = (0, Lsn::ZERO, 0);
+        loop {
+            let state = self.lock();
+            let cs = state
+                .collections
+                .get(&info.uid)
+                .ok_or_else(|| collection_gone(info))?;
+            settle_at = settle_at.max(observed(&state, cs));
+            let end = (next + COUNT_CHUNK).min(state.docs.slot_count());
+            if next >= end {
+                return Ok((live, settle_at));
+            }
+            live += (next..end)
+                .filter_map(|slot| state.docs.try_get(slot as u32))
+                .filter(|m| m.collection == info.uid && m.is_visible(&cs.rules, read_at))
+                .count() as u64;
+            next = end;
+        }
+    }
+
+    /// See [`ShardState::orderable`].
+    pub(crate) fn orderable(&self, info: &CollectionInfo, path: &[u8]) -> bool {
+        self.lock().orderable(info.uid, path)
+    }
+
+    /// Index entries of a collection, read from storage without the lock.
+    pub(crate) fn scan_index(
+        &self,
+        info: &CollectionInfo,
+        range: IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, Error> {
+        Ok(self.store.scan_index(info.uid, range, limit)?)
     }
 
     /// Judges scanned documents under the shard lock, by one clock reading.

@@ -28,7 +28,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use super::{
-    CollectionInfo, CollectionUid, Outcome,
+    CollectionInfo, CollectionUid, IndexPaths, Outcome,
     clock::{Clock, Millis},
     document::{DocumentView, Etag, WriteMode},
     error::Error,
@@ -37,11 +37,13 @@ use super::{
         queue_heads::QueueHeads,
         wheel::{MAX_PAYLOAD, TimerHandle, TimerWheel},
     },
+    index::path_stats::PathStats,
     metrics::{EngineMetrics, ExpiryStats},
     ttl::{self, DefaultTtl, DocumentTtl, Rules},
 };
 use crate::storage::{
-    DocKey, DocumentWrite, Lsn, ShardStore, StorageError, StoredDocument, WriteBatch,
+    DocKey, DocumentWrite, IndexUpdate, Lsn, ShardStore, StorageError, StoredDocument, Term,
+    WriteBatch,
 };
 
 #[cfg(test)]
@@ -131,7 +133,7 @@ impl Shard {
         shards: &[Arc<Shard>],
         clock: &dyn Clock,
         uid: CollectionUid,
-        change: impl FnOnce(Millis) -> Result<(T, Rules, Lsn), E>,
+        change: impl FnOnce(Millis) -> Result<(T, Rules, Option<Arc<IndexPaths>>, Lsn), E>,
     ) -> Result<(T, Vec<bool>), E> {
         let mut states: Vec<_> = shards.iter().map(|s| s.lock()).collect();
         let at = states
@@ -139,10 +141,10 @@ impl Shard {
             .map(|st| st.now(clock))
             .max()
             .unwrap_or_default();
-        let (decided, rules, lsn) = change(at)?;
+        let (decided, rules, policy, lsn) = change(at)?;
         let turned_on = states
             .iter_mut()
-            .map(|st| st.set_rules(uid, rules, at, lsn))
+            .map(|st| st.set_rules(uid, rules, policy.clone(), at, lsn))
             .collect();
         Ok((decided, turned_on))
     }
@@ -155,14 +157,19 @@ impl Shard {
         }
     }
 
-    pub(crate) fn add_collection(&self, uid: CollectionUid, rules: Rules, clock: &dyn Clock) {
+    pub(crate) fn add_collection(&self, info: &CollectionInfo, clock: &dyn Clock) {
         let mut state = self.lock();
         let now = state.now(clock);
+        let uid = info.uid;
         state.collections.insert(
             uid,
             CollectionShard {
                 uid,
-                rules,
+                rules: info.rules(),
+                policy: info.indexed_paths_arc(),
+                paths: PathStats::default(),
+                indexed_docs: 0,
+                purged_docs: 0,
                 rules_changed_at: now,
                 settings_lsn: Lsn::ZERO,
                 index: HashMap::new(),

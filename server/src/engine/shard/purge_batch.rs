@@ -16,7 +16,7 @@ use crate::engine::{
     },
     ttl::{DefaultTtl, DocumentTtl, Rules},
 };
-use crate::storage::{DocKey, DurableFuture};
+use crate::storage::{DocKey, DurableFuture, Term};
 
 /// Documents removed per batch: bounds how long the purge holds a shard lock.
 pub(crate) const PURGE_BATCH: usize = 512;
@@ -56,71 +56,71 @@ impl Shard {
         budget: usize,
     ) -> (PurgeReport, Option<Undurable>) {
         let mut state = self.lock();
+        let (now, mut candidates) = gather(&mut state, clock, budget);
+        // Documents with index entries lose them in the same batch; their terms are read
+        // outside the lock (the documents are dead meanwhile, invisible to every read), and
+        // each is removed only if it is still the version whose terms were read.
+        let mut terms: Vec<Vec<Term>> = vec![Vec::new(); candidates.len()];
+        let wanted: Vec<(usize, SlotRef, CollectionUid, DocKey)> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, (slot, _))| state.docs.get(*slot).indexed)
+            .map(|(i, &(slot, _))| {
+                let meta = state.docs.get(slot);
+                (
+                    i,
+                    state.docs.current_ref(slot),
+                    meta.collection,
+                    meta.key.clone(),
+                )
+            })
+            .collect();
+        if !wanted.is_empty() {
+            drop(state);
+            let fetched: Result<Vec<_>, _> = wanted
+                .iter()
+                .map(|(_, _, uid, key)| self.store.get_terms(*uid, key))
+                .collect();
+            state = self.lock();
+            let st = &mut *state;
+            let mut keep = vec![true; candidates.len()];
+            match fetched {
+                Ok(fetched) => {
+                    for ((i, r, _, _), stored) in wanted.iter().zip(fetched) {
+                        keep[*i] = st.docs.is_current(*r);
+                        terms[*i] = stored.map(|t| t.terms).unwrap_or_default();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "purge could not read index terms; will retry");
+                    for (i, r, _, _) in &wanted {
+                        keep[*i] = false;
+                        if st.docs.is_current(*r) {
+                            st.pending.push_back((*r, candidates[*i].1));
+                        }
+                    }
+                }
+            }
+            // Overwritten, or their collection detached, while the lock was released.
+            for (i, &(slot, _)) in candidates.iter().enumerate() {
+                keep[i] = keep[i] && st.collections.contains_key(&st.docs.get(slot).collection);
+            }
+            let kept: Vec<_> = candidates
+                .into_iter()
+                .zip(std::mem::take(&mut terms))
+                .zip(keep)
+                .filter_map(|(item, k)| k.then_some(item))
+                .collect();
+            (candidates, terms) = kept.into_iter().unzip();
+        }
         let st = &mut *state;
-        let now = st.now(clock);
-        let mut candidates: Vec<(u32, Millis)> = Vec::new();
-        let mut work = 0;
-
-        while work < budget {
-            let Some((r, expired_at)) = st.pending.pop_front() else {
-                break;
-            };
-            work += 1;
-            // Documents of a collection being deleted belong to its cleanup, which frees them.
-            if st.docs.is_current(r)
-                && st.docs.get(r.slot).dead
-                && st.collections.contains_key(&st.docs.get(r.slot).collection)
-            {
-                candidates.push((r.slot, expired_at));
-            }
-        }
-
-        let mut fired = Vec::new();
-        let docs = &st.docs;
-        st.wheel.poll(now, budget - work, &mut fired, |slot| {
-            docs.get(slot).timer_deadline()
-        });
-        work += fired.len();
-        for slot in fired {
-            if let Some(expired_at) = on_timer_fired(st, slot, now) {
-                candidates.push((slot, expired_at));
-            }
-        }
-
-        // Inherit queues, earliest due head first: each is served until its head is due after
-        // the next queue's, so no collection waits behind another's backlog.
-        while work < budget {
-            let Some((due, uid)) = st.heads.first() else {
-                break;
-            };
-            if due > now {
-                break;
-            }
-            let until = st.heads.second_due().map_or(now, |next| next.min(now));
-            let cs = st
-                .collections
-                .get_mut(&uid)
-                .expect("queue heads name attached collections");
-            loop {
-                work += 1;
-                match take_queue_head(cs, &mut st.docs, now) {
-                    QueueHead::Stale => {}
-                    QueueHead::Due(r, expired_at) => candidates.push((r.slot, expired_at)),
-                    QueueHead::NotDue => break,
-                }
-                let next = cs.inherit.front().and_then(|(w, _)| cs.inheritor_due(w));
-                if work >= budget || next.is_none_or(|d| d > until) {
-                    break;
-                }
-            }
-            cs.refresh_head(&mut st.heads);
-        }
-
         let changes: Vec<Change> = candidates
             .iter()
-            .map(|&(slot, _)| Change::Remove {
+            .zip(terms)
+            .map(|(&(slot, _), terms)| Change::Remove {
                 slot,
                 cause: RemoveCause::Expired,
+                terms,
             })
             .collect();
         let mut undurable = None;
@@ -384,4 +384,68 @@ impl Shard {
             }
         }
     }
+}
+
+/// Picks the documents a purge batch removes (marking them dead), examining at most `budget`
+/// entries: first those already marked dead, then due timers, then due inherit-queue heads.
+fn gather(st: &mut ShardState, clock: &dyn Clock, budget: usize) -> (Millis, Vec<(u32, Millis)>) {
+    let now = st.now(clock);
+    let mut candidates: Vec<(u32, Millis)> = Vec::new();
+    let mut work = 0;
+
+    while work < budget {
+        let Some((r, expired_at)) = st.pending.pop_front() else {
+            break;
+        };
+        work += 1;
+        // Documents of a collection being deleted belong to its cleanup, which frees them.
+        if st.docs.is_current(r)
+            && st.docs.get(r.slot).dead
+            && st.collections.contains_key(&st.docs.get(r.slot).collection)
+        {
+            candidates.push((r.slot, expired_at));
+        }
+    }
+
+    let mut fired = Vec::new();
+    let docs = &st.docs;
+    st.wheel.poll(now, budget - work, &mut fired, |slot| {
+        docs.get(slot).timer_deadline()
+    });
+    work += fired.len();
+    for slot in fired {
+        if let Some(expired_at) = on_timer_fired(st, slot, now) {
+            candidates.push((slot, expired_at));
+        }
+    }
+
+    // Inherit queues, earliest due head first: each is served until its head is due after
+    // the next queue's, so no collection waits behind another's backlog.
+    while work < budget {
+        let Some((due, uid)) = st.heads.first() else {
+            break;
+        };
+        if due > now {
+            break;
+        }
+        let until = st.heads.second_due().map_or(now, |next| next.min(now));
+        let cs = st
+            .collections
+            .get_mut(&uid)
+            .expect("queue heads name attached collections");
+        loop {
+            work += 1;
+            match take_queue_head(cs, &mut st.docs, now) {
+                QueueHead::Stale => {}
+                QueueHead::Due(r, expired_at) => candidates.push((r.slot, expired_at)),
+                QueueHead::NotDue => break,
+            }
+            let next = cs.inherit.front().and_then(|(w, _)| cs.inheritor_due(w));
+            if work >= budget || next.is_none_or(|d| d > until) {
+                break;
+            }
+        }
+        cs.refresh_head(&mut st.heads);
+    }
+    (now, candidates)
 }

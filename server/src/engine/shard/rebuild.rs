@@ -46,8 +46,22 @@ impl Shard {
                 ttl: doc.ttl,
                 tracking: Tracking::Unscheduled,
                 dead: false,
+                indexed: false,
+                purged: false,
             });
             cs.index.insert(doc.key, r.slot);
+        })?;
+        // Index entries are stored, not rebuilt: recovery only learns which documents have
+        // them and counts their paths.
+        self.store.load_terms(&mut |collection, key, stored| {
+            let Some(cs) = st.collections.get_mut(&collection) else {
+                return;
+            };
+            if let Some(&slot) = cs.index.get(&key) {
+                st.docs.get_mut(slot).indexed = true;
+                cs.indexed_docs += 1;
+                cs.paths.update(&[], &stored.terms);
+            }
         })?;
         // Shard time never runs behind a stored write, even if the wall clock stepped back
         // across the restart: nothing stored can come back to life.

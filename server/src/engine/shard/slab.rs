@@ -30,6 +30,11 @@ pub(in crate::engine) struct DocMeta {
     pub(in crate::engine) tracking: Tracking,
     /// Expired and final: a later settings change must not bring it back.
     pub(in crate::engine) dead: bool,
+    /// It has a terms record (and index entries) in storage: changing or removing it must
+    /// remove them, so their terms are read first.
+    pub(in crate::engine) indexed: bool,
+    /// The purge deleted it from storage; it stays until the delete is durable.
+    pub(in crate::engine) purged: bool,
 }
 
 impl DocMeta {
@@ -131,6 +136,10 @@ impl DocSlab {
     }
 
     /// The document in `slot`, if the slot holds one.
+    pub(in crate::engine) fn try_get(&self, slot: u32) -> Option<&DocMeta> {
+        self.slots.get(slot as usize)?.doc.as_ref()
+    }
+
     pub(in crate::engine) fn try_get_mut(&mut self, slot: u32) -> Option<&mut DocMeta> {
         self.slots.get_mut(slot as usize)?.doc.as_mut()
     }

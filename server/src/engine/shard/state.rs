@@ -36,6 +36,15 @@ pub(crate) struct CollectionShard {
     pub(super) settings_lsn: Lsn,
     pub(super) index: HashMap<DocKey, u32>,
     pub(super) inherit: InheritQueue,
+    /// The paths writes index under (`None`: the collection does not index). Replaced with
+    /// the rules, at the same instant.
+    pub(super) policy: Option<Arc<IndexPaths>>,
+    /// What the stored index holds per path (see [`PathStats`]).
+    pub(super) paths: PathStats,
+    /// Documents with index entries.
+    pub(super) indexed_docs: u64,
+    /// Documents the purge deleted whose delete is not durable yet (still in `index`).
+    pub(super) purged_docs: u64,
     /// This collection's entry in [`ShardState::heads`].
     pub(super) head_due: Option<Millis>,
 }
@@ -72,13 +81,19 @@ impl CollectionShard {
 /// A change to one document, as the commit path sees it.
 #[derive(Debug)]
 pub(in crate::engine) enum Change {
-    /// Store this version; `slot` is the slot of the previous version, live or expired.
+    /// Store this version; `slot` is the slot of the previous version, live or expired. With
+    /// `index`, its index entries change from the first terms to the second.
     Put {
         slot: Option<u32>,
         record: Arc<StoredDocument>,
+        index: Option<(Vec<Term>, Vec<Term>)>,
     },
-    /// Remove the document in `slot`.
-    Remove { slot: u32, cause: RemoveCause },
+    /// Remove the document in `slot`, with the index entries of `terms` (its stored terms).
+    Remove {
+        slot: u32,
+        cause: RemoveCause,
+        terms: Vec<Term>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +150,7 @@ impl ShardState {
         &mut self,
         uid: CollectionUid,
         rules: Rules,
+        policy: Option<Arc<IndexPaths>>,
         at: Millis,
         lsn: Lsn,
     ) -> bool {
@@ -144,6 +160,7 @@ impl ShardState {
         };
         let turned_on = !cs.rules.default_ttl.is_on() && rules.default_ttl.is_on();
         cs.rules = rules;
+        cs.policy = policy;
         cs.rules_changed_at = at;
         cs.settings_lsn = lsn;
         cs.refresh_head(&mut self.heads);
@@ -171,12 +188,16 @@ impl ShardState {
         let writes: Vec<DocumentWrite<'_>> = changes
             .iter()
             .map(|change| match change {
-                Change::Put { record, .. } => DocumentWrite::Put(record),
-                Change::Remove { slot, .. } => {
+                Change::Put { record, index, .. } => DocumentWrite::Put {
+                    doc: record,
+                    index: index.as_ref().map(|(old, new)| IndexUpdate { old, new }),
+                },
+                Change::Remove { slot, terms, .. } => {
                     let meta = self.docs.get(*slot);
                     DocumentWrite::Delete {
                         collection: meta.collection,
                         key: &meta.key,
+                        terms,
                     }
                 }
             })
@@ -190,11 +211,18 @@ impl ShardState {
         let mut earliest: Option<Millis> = None;
         for change in changes {
             match change {
-                Change::Put { slot, record } => {
+                Change::Put {
+                    slot,
+                    record,
+                    index,
+                } => {
                     let cs = self
                         .collections
                         .get_mut(&record.collection)
                         .expect("callers hold a collection shard");
+                    if let Some((old, new)) = index {
+                        cs.paths.update(old, new);
+                    }
                     let doc = match *slot {
                         Some(slot) => {
                             let old = self.docs.get(slot);
@@ -210,6 +238,14 @@ impl ShardState {
                             meta.lsn = lsn;
                             meta.ttl = record.ttl;
                             meta.dead = false;
+                            if mem::take(&mut meta.purged) {
+                                cs.purged_docs -= 1;
+                            }
+                            if let Some((_, new)) = index {
+                                let was = mem::replace(&mut meta.indexed, !new.is_empty());
+                                cs.indexed_docs =
+                                    cs.indexed_docs + u64::from(meta.indexed) - u64::from(was);
+                            }
                             r
                         }
                         None => {
@@ -222,7 +258,10 @@ impl ShardState {
                                 ttl: record.ttl,
                                 tracking: Tracking::None,
                                 dead: false,
+                                indexed: index.as_ref().is_some_and(|(_, new)| !new.is_empty()),
+                                purged: false,
                             });
+                            cs.indexed_docs += u64::from(self.docs.get(r.slot).indexed);
                             cs.index.insert(record.key.clone(), r.slot);
                             r
                         }
@@ -233,7 +272,7 @@ impl ShardState {
                         earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
                     }
                 }
-                Change::Remove { slot, cause } => {
+                Change::Remove { slot, cause, terms } => {
                     let collection = self.docs.get(*slot).collection;
                     // Documents of a collection being deleted belong to its cleanup, which
                     // frees their slots; nothing else removes them.
@@ -242,7 +281,18 @@ impl ShardState {
                         .get_mut(&collection)
                         .expect("removals name live collections");
                     detach(&mut self.docs, &mut self.wheel, cs, *slot);
+                    cs.paths.update(terms, &[]);
+                    let meta = self.docs.get_mut(*slot);
+                    if mem::take(&mut meta.indexed) {
+                        cs.indexed_docs -= 1;
+                    }
+                    if *cause == RemoveCause::Expired && !mem::replace(&mut meta.purged, true) {
+                        cs.purged_docs += 1;
+                    }
                     if *cause == RemoveCause::Deleted {
+                        if mem::take(&mut self.docs.get_mut(*slot).purged) {
+                            cs.purged_docs -= 1;
+                        }
                         cs.index.remove(&self.docs.get(*slot).key);
                         self.docs.remove(*slot);
                     }
@@ -269,6 +319,9 @@ impl ShardState {
                 continue;
             };
             cs.index.remove(&self.docs.get(r.slot).key);
+            if self.docs.get(r.slot).purged {
+                cs.purged_docs -= 1;
+            }
             self.docs.remove(r.slot);
             metrics.purged.inc();
             metrics.expired.inc();
@@ -297,6 +350,20 @@ impl ShardState {
                 .values()
                 .map(|c| c.inherit.live())
                 .sum::<usize>()
+    }
+
+    /// Whether every document of the collection that a query could see has an orderable
+    /// index entry at `path`: then its entries, read in order, are the `ORDER BY` order.
+    pub(in crate::engine) fn orderable(&self, uid: CollectionUid, path: &[u8]) -> bool {
+        let Some(cs) = self.collections.get(&uid) else {
+            return false;
+        };
+        // Every slot is indexed or purged (invisible), and every indexed one has the path.
+        cs.indexed_docs + cs.purged_docs == cs.index.len() as u64
+            && cs
+                .paths
+                .get(path)
+                .is_some_and(|c| c.documents == cs.indexed_docs && c.unorderable == 0)
     }
 
     /// Everything the purge could act on, counted entry by entry (tests check the counters

@@ -4,11 +4,13 @@
 //! any tool and open to new fields), `last-uid` and `shards` (u64 BE), `versions/<shard>`
 //! and `versions/catalog` (u64 BE: the version floors recorded with deletions).
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 
 use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
-    ExpiredThrough, IdKind, IndexingMode, PartitionKeyPath,
+    ExpiredThrough, IdKind, IndexPaths, IndexingMode, PartitionKeyPath,
 };
 use crate::storage::StorageError;
 
@@ -63,6 +65,11 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
             "inheritedWrittenBy": info.expired.inherited_written_by,
             "ownExpiredBy": info.expired.own_expired_by,
         },
+        "indexingPolicy": {
+            "includedPaths": info.index_paths.included(),
+            "excludedPaths": info.index_paths.excluded(),
+            "complete": info.index_complete,
+        },
     });
     record.to_string().into_bytes()
 }
@@ -97,6 +104,29 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
         inherited_written_by: mark("inheritedWrittenBy")?,
         own_expired_by: mark("ownExpiredBy")?,
     };
+    // Absent in records written before indexes existed: those collections have documents
+    // without index entries, so their index is incomplete until rebuilt.
+    let policy = &record["indexingPolicy"];
+    let (index_paths, index_complete) = if policy.is_null() {
+        (IndexPaths::default(), indexing_mode == IndexingMode::None)
+    } else {
+        let list = |field: &str| -> Result<Vec<String>, StorageError> {
+            policy[field]
+                .as_array()
+                .ok_or_else(|| bad(field))?
+                .iter()
+                .map(|p| p.as_str().map(str::to_owned).ok_or_else(|| bad(field)))
+                .collect()
+        };
+        let paths = IndexPaths::new(&list("includedPaths")?, &list("excludedPaths")?)
+            .map_err(|_| bad("indexingPolicy"))?;
+        (
+            paths,
+            policy["complete"]
+                .as_bool()
+                .ok_or_else(|| bad("complete"))?,
+        )
+    };
     Ok(CollectionInfo {
         database,
         id,
@@ -104,6 +134,8 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
         partition_key_path,
         settings,
         expired,
+        index_paths: Arc::new(index_paths),
+        index_complete,
     })
 }
 
@@ -139,6 +171,10 @@ mod tests {
                     inherited_written_by: 1_790_000_000_000,
                     own_expired_by: 1_790_000_360_000,
                 },
+                index_paths: Arc::new(
+                    IndexPaths::new(&["/*".to_owned()], &["/a/b/?".to_owned()]).expect("valid"),
+                ),
+                index_complete: mode != IndexingMode::Lazy,
             };
             assert_eq!(
                 decode_collection(&encode_collection(&info)).expect("decodes"),

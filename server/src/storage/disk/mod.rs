@@ -1,8 +1,9 @@
 //! The embedded disk backend, on fjall (a log-structured merge tree in pure Rust).
 //!
-//! Three keyspaces share one journal, so a batch across them is atomic: `documents` (key →
+//! Five keyspaces share one journal, so a batch across them is atomic: `documents` (key →
 //! header and body), `meta` (key → header only: what recovery reads, a few dozen bytes per
-//! document whatever the body size) and `catalog`. Every write goes to the journal; the group
+//! document whatever the body size), `terms` (key → the document's index terms), `index`
+//! (one entry per term and document, see [`super::index_keys`]) and `catalog`. Every write goes to the journal; the group
 //! commit (see [`group_commit`]) makes it durable with an fsync shared by concurrent writers,
 //! or, with `Durability::Buffered`, each write reaches the OS at once and survives a crash of
 //! the process, with an fsync every 100 ms for the machine.
@@ -30,8 +31,9 @@ pub use group_commit::{BUFFERED_SYNC_INTERVAL, Durability};
 
 use self::{codec::Header, data_dir::DataDir, group_commit::GroupCommit};
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, Lsn, ScanRange, ShardStore, Storage,
-    StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, Lsn, ScanRange,
+    ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms,
+    Term, WriteBatch, index_keys,
 };
 use crate::model::CollectionUid;
 
@@ -167,6 +169,8 @@ impl DiskStorage {
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default);
         let docs = keyspace("documents").map_err(engine)?;
         let meta = keyspace("meta").map_err(engine)?;
+        let terms = keyspace("terms").map_err(engine)?;
+        let index = keyspace("index").map_err(engine)?;
         let catalog = keyspace("catalog").map_err(engine)?;
 
         let stored = catalog.get(catalog::SHARDS).map_err(engine)?;
@@ -224,6 +228,8 @@ impl DiskStorage {
                     db: db.clone(),
                     docs: docs.clone(),
                     meta: meta.clone(),
+                    terms: terms.clone(),
+                    entries: index.clone(),
                     catalog: catalog.clone(),
                     group: group.clone(),
                 })
@@ -352,6 +358,8 @@ struct DiskShard {
     db: Database,
     docs: Keyspace,
     meta: Keyspace,
+    terms: Keyspace,
+    entries: Keyspace,
     catalog: Keyspace,
     group: Arc<GroupCommit>,
 }
@@ -410,6 +418,39 @@ impl DiskShard {
         }
         Ok(out)
     }
+
+    fn remove_entries(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        collection: CollectionUid,
+        terms: &[&Term],
+        key: &DocKey,
+    ) {
+        let prefix = codec::collection_prefix(self.index, collection);
+        for term in terms {
+            batch.remove(&self.entries, index_keys::entry_key(&prefix, term, key));
+        }
+    }
+
+    /// Deletes every key of `keyspace` under `prefix`, in batches.
+    fn drop_prefix(&self, keyspace: &Keyspace, prefix: &[u8]) -> Result<(), StorageError> {
+        loop {
+            let keys: Vec<_> = keyspace
+                .prefix(prefix)
+                .take(DROP_BATCH)
+                .map(|item| item.key().map_err(storage_error))
+                .collect::<Result<_, _>>()?;
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let mut batch = self.applied_batch();
+            for key in keys {
+                batch.remove(keyspace, key);
+            }
+            batch.commit().map_err(storage_error)?;
+            self.group.applied();
+        }
+    }
 }
 
 impl ShardStore for DiskShard {
@@ -419,7 +460,7 @@ impl ShardStore for DiskShard {
         let mut deletes = false;
         for write in batch.writes {
             match *write {
-                DocumentWrite::Put(doc) => {
+                DocumentWrite::Put { doc, index } => {
                     let key = codec::document_key(self.index, doc.collection, &doc.key);
                     if key.len() > codec::MAX_KEY_BYTES {
                         // The edge bounds ids and partition keys far below this; a key that
@@ -435,11 +476,39 @@ impl ShardStore for DiskShard {
                         last_write: doc.last_write,
                         ttl: doc.ttl,
                     };
+                    if let Some(update) = index {
+                        let (removed, added) = index_keys::changed_terms(update.old, update.new);
+                        self.remove_entries(&mut out, doc.collection, &removed, &doc.key);
+                        let prefix = codec::collection_prefix(self.index, doc.collection);
+                        for term in added {
+                            out.insert(
+                                &self.entries,
+                                index_keys::entry_key(&prefix, term, &doc.key),
+                                index_keys::entry_value(term),
+                            );
+                        }
+                        if update.new.is_empty() {
+                            out.remove(&self.terms, key.clone());
+                        } else {
+                            out.insert(
+                                &self.terms,
+                                key.clone(),
+                                index_keys::encode_terms(doc.version, update.new),
+                            );
+                        }
+                    }
                     out.insert(&self.meta, key.clone(), header.encode(&[]));
                     out.insert(&self.docs, key, header.encode(&doc.body));
                 }
-                DocumentWrite::Delete { collection, key } => {
-                    let key = codec::document_key(self.index, collection, key);
+                DocumentWrite::Delete {
+                    collection,
+                    key: doc_key,
+                    terms,
+                } => {
+                    let key = codec::document_key(self.index, collection, doc_key);
+                    let terms: Vec<&Term> = terms.iter().collect();
+                    self.remove_entries(&mut out, collection, &terms, doc_key);
+                    out.remove(&self.terms, key.clone());
                     out.remove(&self.meta, key.clone());
                     out.remove(&self.docs, key);
                     deletes = true;
@@ -477,6 +546,54 @@ impl ShardStore for DiskShard {
             });
         }
         Ok(())
+    }
+
+    fn load_terms(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
+    ) -> Result<(), StorageError> {
+        for item in self.terms.prefix(codec::shard_prefix(self.index)) {
+            let (key, value) = item.into_inner().map_err(storage_error)?;
+            let (collection, key) = codec::decode_document_key(&key)?;
+            each(collection, key, index_keys::decode_terms(&value)?);
+        }
+        Ok(())
+    }
+
+    fn get_terms(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<StoredTerms>, StorageError> {
+        let raw = codec::document_key(self.index, collection, key);
+        self.terms
+            .get(&raw)
+            .map_err(storage_error)?
+            .map(|value| index_keys::decode_terms(&value))
+            .transpose()
+    }
+
+    fn scan_index(
+        &self,
+        collection: CollectionUid,
+        range: IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, StorageError> {
+        let prefix = codec::collection_prefix(self.index, collection);
+        let bounds = index_keys::scan_bounds(&prefix, &range);
+        if index_keys::is_empty(&bounds) || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let decode = |item: fjall::Guard| {
+            let (key, value) = item.into_inner().map_err(storage_error)?;
+            index_keys::decode_entry(prefix.len(), &key, &value)
+        };
+        let entries = self.entries.range(bounds);
+        if range.descending {
+            entries.rev().take(limit).map(decode).collect()
+        } else {
+            entries.take(limit).map(decode).collect()
+        }
     }
 
     fn get(
@@ -526,6 +643,8 @@ impl ShardStore for DiskShard {
 
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         let prefix = codec::collection_prefix(self.index, collection);
+        self.drop_prefix(&self.entries, &prefix)?;
+        self.drop_prefix(&self.terms, &prefix)?;
         loop {
             // Keys from the small keyspace; each round deletes what the last one listed.
             let keys: Vec<_> = self
@@ -592,7 +711,16 @@ mod tests {
             let (a, b) = (doc("a", 7), doc("b", 8));
             shard
                 .write(WriteBatch {
-                    writes: &[DocumentWrite::Put(&a), DocumentWrite::Put(&b)],
+                    writes: &[
+                        DocumentWrite::Put {
+                            doc: &a,
+                            index: None,
+                        },
+                        DocumentWrite::Put {
+                            doc: &b,
+                            index: None,
+                        },
+                    ],
                     versions_below: 9,
                 })
                 .expect("writes");
@@ -601,6 +729,7 @@ mod tests {
                     writes: &[DocumentWrite::Delete {
                         collection: CollectionUid(1),
                         key: &b.key,
+                        terms: &[],
                     }],
                     versions_below: 20,
                 })
@@ -644,7 +773,10 @@ mod tests {
             let shard = storage.shard(0);
             let first = shard
                 .write(WriteBatch {
-                    writes: &[DocumentWrite::Put(&doc("a", 1))],
+                    writes: &[DocumentWrite::Put {
+                        doc: &doc("a", 1),
+                        index: None,
+                    }],
                     versions_below: 2,
                 })
                 .expect("writes");
@@ -654,7 +786,10 @@ mod tests {
             storage.fail_next_sync();
             let second = shard
                 .write(WriteBatch {
-                    writes: &[DocumentWrite::Put(&doc("b", 2))],
+                    writes: &[DocumentWrite::Put {
+                        doc: &doc("b", 2),
+                        index: None,
+                    }],
                     versions_below: 3,
                 })
                 .expect("applied before the sync fails");
@@ -689,7 +824,10 @@ mod tests {
             );
             let refused = shard
                 .write(WriteBatch {
-                    writes: &[DocumentWrite::Put(&doc("c", 3))],
+                    writes: &[DocumentWrite::Put {
+                        doc: &doc("c", 3),
+                        index: None,
+                    }],
                     versions_below: 4,
                 })
                 .expect_err("refused");
@@ -701,6 +839,8 @@ mod tests {
                 partition_key_path: crate::model::PartitionKeyPath::parse("/pk").expect("valid"),
                 settings: Default::default(),
                 expired: Default::default(),
+                index_paths: Default::default(),
+                index_complete: true,
             };
             assert!(
                 storage
@@ -737,7 +877,10 @@ mod tests {
         let written = storage
             .shard(0)
             .write(WriteBatch {
-                writes: &[DocumentWrite::Put(&a)],
+                writes: &[DocumentWrite::Put {
+                    doc: &a,
+                    index: None,
+                }],
                 versions_below: 2,
             })
             .expect("writes");

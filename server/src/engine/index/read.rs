@@ -1,0 +1,347 @@
+//! Queries that read the index: the documents a plan's entries name, judged at the query's
+//! clock reading like any scanned document, so an expired one is left out whatever the purge
+//! is doing; and counts from entries or metadata alone, without reading document bodies.
+
+use std::{collections::VecDeque, time::Instant};
+
+use mayfly_query::{Execution, Flow, QueryError};
+use serde_json::Value;
+
+use super::plan::IndexPlan;
+use crate::engine::{
+    CollectionInfo, Engine, Error, FeedScope, Millis,
+    document::DocumentView,
+    query::{QUERY_TIME_LIMIT, QueryMetrics, as_document},
+};
+use crate::storage::{DocKey, IndexEntry, IndexRange, Lsn};
+
+/// Index entries read at a time.
+pub(crate) const ENTRY_BATCH: usize = 256;
+
+/// Where an index read stands in one shard's ranges.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EntryCursor {
+    pub(crate) shard: usize,
+    pub(crate) range: usize,
+    pub(crate) after: Option<IndexEntry>,
+}
+
+/// A batch of entries from one shard and range, and where the next one starts.
+pub(crate) struct EntryBatch {
+    pub(crate) entries: Vec<IndexEntry>,
+    /// `None`: the plan has no entries left in the scope.
+    pub(crate) next: Option<EntryCursor>,
+}
+
+fn in_scope(scope: &FeedScope, key: &DocKey) -> bool {
+    match scope {
+        FeedScope::Collection => true,
+        FeedScope::Partition(pk) => key.partition_key == *pk,
+    }
+}
+
+fn too_long(examined: u64) -> Error {
+    Error::Query(QueryError {
+        kind: mayfly_query::ErrorKind::Limit,
+        position: None,
+        message: format!(
+            "the query ran longer than {} s after reading {examined} documents; filter by partition key or narrow it",
+            QUERY_TIME_LIMIT.as_secs()
+        ),
+    })
+}
+
+impl Engine {
+    /// The next batch of a plan's entries from `at`, ascending, in the scope's shards up to
+    /// `last`. Entries of other partitions are dropped (they still count as examined).
+    pub(crate) fn entry_batch(
+        &self,
+        info: &CollectionInfo,
+        plan: &IndexPlan,
+        scope: &FeedScope,
+        at: &EntryCursor,
+        last: usize,
+        examined: &mut u64,
+    ) -> Result<EntryBatch, Error> {
+        let range = &plan.ranges[at.range];
+        let entries = self.inner.shards[at.shard].scan_index(
+            info,
+            IndexRange {
+                low: &range.low,
+                high: Some(&range.high),
+                descending: false,
+                after: at.after.as_ref(),
+            },
+            ENTRY_BATCH,
+        )?;
+        *examined += entries.len() as u64;
+        let next = if entries.len() == ENTRY_BATCH {
+            Some(EntryCursor {
+                after: entries.last().cloned(),
+                ..at.clone()
+            })
+        } else if at.range + 1 < plan.ranges.len() {
+            Some(EntryCursor {
+                shard: at.shard,
+                range: at.range + 1,
+                after: None,
+            })
+        } else if at.shard < last {
+            Some(EntryCursor {
+                shard: at.shard + 1,
+                range: 0,
+                after: None,
+            })
+        } else {
+            None
+        };
+        let entries = entries
+            .into_iter()
+            .filter(|e| in_scope(scope, &e.key))
+            .collect();
+        Ok(EntryBatch { entries, next })
+    }
+
+    /// The live documents an entry batch names, with the entry each came from.
+    pub(crate) fn entry_documents(
+        &self,
+        info: &CollectionInfo,
+        shard: usize,
+        entries: Vec<IndexEntry>,
+        read_at: Millis,
+        settle_at: &mut Lsn,
+    ) -> Result<Vec<(IndexEntry, DocumentView)>, Error> {
+        let keys: Vec<DocKey> = entries.iter().map(|e| e.key.clone()).collect();
+        let (views, settle) = self.inner.shards[shard].fetch_live(info, &keys, read_at)?;
+        *settle_at = (*settle_at).max(settle);
+        // Views come in entry order, without the entries whose documents are gone.
+        let mut entries = entries.into_iter();
+        let mut out = Vec::with_capacity(views.len());
+        for view in views {
+            for entry in entries.by_ref() {
+                if entry.key == view.key {
+                    out.push((entry, view));
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Feeds a query every document its plan names, in the scope's shards `first..=last`.
+    /// Returns `false` if an ordered plan cannot be used (some shard has documents without an
+    /// orderable entry at its path): nothing was fed then.
+    #[allow(clippy::too_many_arguments, reason = "one run's inputs, each distinct")]
+    pub(crate) fn feed_from_index(
+        &self,
+        info: &CollectionInfo,
+        plan: &IndexPlan,
+        scope: &FeedScope,
+        (first, last): (usize, usize),
+        read_at: Millis,
+        run: &mut Execution<'_, '_>,
+        results: &mut Vec<Value>,
+        metrics: &mut QueryMetrics,
+        settle_at: &mut Lsn,
+    ) -> Result<bool, Error> {
+        let started = Instant::now();
+        if let Some(descending) = plan.ordered {
+            if !(first..=last).all(|s| self.inner.shards[s].orderable(info, &plan.path)) {
+                return Ok(false);
+            }
+            self.feed_ordered(
+                info,
+                plan,
+                scope,
+                (first, last),
+                descending,
+                read_at,
+                run,
+                results,
+                metrics,
+                settle_at,
+            )?;
+            return Ok(true);
+        }
+        let mut at = Some(EntryCursor {
+            shard: first,
+            range: 0,
+            after: None,
+        });
+        while let Some(cursor) = at {
+            if started.elapsed() > QUERY_TIME_LIMIT {
+                return Err(too_long(metrics.documents_examined));
+            }
+            let batch = self.entry_batch(
+                info,
+                plan,
+                scope,
+                &cursor,
+                last,
+                &mut metrics.index_entries_examined,
+            )?;
+            for (_, view) in
+                self.entry_documents(info, cursor.shard, batch.entries, read_at, settle_at)?
+            {
+                metrics.documents_examined += 1;
+                let flow = run.push(&as_document(&view))?;
+                results.extend(run.take_ready());
+                if flow == Flow::Done {
+                    return Ok(true);
+                }
+            }
+            at = batch.next;
+        }
+        Ok(true)
+    }
+
+    /// Merges the shards' entries of one path in term order, feeding each document as its
+    /// entry comes up, until the query is done.
+    #[allow(clippy::too_many_arguments, reason = "one run's inputs, each distinct")]
+    fn feed_ordered(
+        &self,
+        info: &CollectionInfo,
+        plan: &IndexPlan,
+        scope: &FeedScope,
+        (first, last): (usize, usize),
+        descending: bool,
+        read_at: Millis,
+        run: &mut Execution<'_, '_>,
+        results: &mut Vec<Value>,
+        metrics: &mut QueryMetrics,
+        settle_at: &mut Lsn,
+    ) -> Result<(), Error> {
+        let started = Instant::now();
+        let range = &plan.ranges[0];
+        struct Head {
+            shard: usize,
+            buffer: VecDeque<IndexEntry>,
+            after: Option<IndexEntry>,
+            exhausted: bool,
+        }
+        let mut heads: Vec<Head> = (first..=last)
+            .map(|shard| Head {
+                shard,
+                buffer: VecDeque::new(),
+                after: None,
+                exhausted: false,
+            })
+            .collect();
+        loop {
+            if started.elapsed() > QUERY_TIME_LIMIT {
+                return Err(too_long(metrics.documents_examined));
+            }
+            for head in &mut heads {
+                if head.buffer.is_empty() && !head.exhausted {
+                    let entries = self.inner.shards[head.shard].scan_index(
+                        info,
+                        IndexRange {
+                            low: &range.low,
+                            high: Some(&range.high),
+                            descending,
+                            after: head.after.as_ref(),
+                        },
+                        ENTRY_BATCH,
+                    )?;
+                    metrics.index_entries_examined += entries.len() as u64;
+                    head.exhausted = entries.len() < ENTRY_BATCH;
+                    head.after = entries.last().cloned();
+                    head.buffer = entries
+                        .into_iter()
+                        .filter(|e| in_scope(scope, &e.key))
+                        .collect();
+                }
+            }
+            let next = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| h.buffer.front().map(|e| (i, &e.term)))
+                .reduce(|a, b| {
+                    let b_first = if descending { b.1 > a.1 } else { b.1 < a.1 };
+                    if b_first { b } else { a }
+                })
+                .map(|(i, _)| i);
+            let Some(i) = next else {
+                if heads.iter().all(|h| h.exhausted || !h.buffer.is_empty()) {
+                    return Ok(());
+                }
+                continue;
+            };
+            let entry = heads[i].buffer.pop_front().expect("has a front");
+            let shard = heads[i].shard;
+            for (_, view) in self.entry_documents(info, shard, vec![entry], read_at, settle_at)? {
+                metrics.documents_examined += 1;
+                let flow = run.push(&as_document(&view))?;
+                results.extend(run.take_ready());
+                if flow == Flow::Done {
+                    return Ok(());
+                }
+                if results.len() > mayfly_query::MAX_HELD_ROWS {
+                    return Err(Error::Query(QueryError {
+                        kind: mayfly_query::ErrorKind::Limit,
+                        position: None,
+                        message: format!(
+                            "ORDER BY would return more than {} results; add TOP or a filter",
+                            mayfly_query::MAX_HELD_ROWS
+                        ),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// `SELECT VALUE COUNT(1)` with the plan's filter (or none), from entries or metadata
+    /// alone; `None` if it must read documents.
+    #[allow(clippy::too_many_arguments, reason = "one run's inputs, each distinct")]
+    pub(crate) fn count_without_bodies(
+        &self,
+        info: &CollectionInfo,
+        plan: Option<&IndexPlan>,
+        scope: &FeedScope,
+        (first, last): (usize, usize),
+        read_at: Millis,
+        metrics: &mut QueryMetrics,
+        settle_at: &mut Lsn,
+    ) -> Result<Option<u64>, Error> {
+        let mut count = 0;
+        match plan {
+            // Every live document, counted in memory.
+            None if matches!(scope, FeedScope::Collection) => {
+                for shard in first..=last {
+                    let (n, settle) = self.inner.shards[shard].count_live(info, read_at)?;
+                    count += n;
+                    *settle_at = (*settle_at).max(settle);
+                }
+            }
+            Some(plan) if plan.counts_exactly() && plan.ordered.is_none() => {
+                let mut at = Some(EntryCursor {
+                    shard: first,
+                    range: 0,
+                    after: None,
+                });
+                let started = Instant::now();
+                while let Some(cursor) = at {
+                    if started.elapsed() > QUERY_TIME_LIMIT {
+                        return Err(too_long(metrics.index_entries_examined));
+                    }
+                    let batch = self.entry_batch(
+                        info,
+                        plan,
+                        scope,
+                        &cursor,
+                        last,
+                        &mut metrics.index_entries_examined,
+                    )?;
+                    let keys: Vec<DocKey> = batch.entries.into_iter().map(|e| e.key).collect();
+                    let (n, settle) =
+                        self.inner.shards[cursor.shard].count_live_keys(info, &keys, read_at)?;
+                    count += n;
+                    *settle_at = (*settle_at).max(settle);
+                    at = batch.next;
+                }
+            }
+            _ => return Ok(None),
+        }
+        Ok(Some(count))
+    }
+}

@@ -1,0 +1,261 @@
+//! Index terms: a document path and the value there, encoded so that byte order is the order
+//! queries compare in (Cosmos DB's type order, then the value).
+//!
+//! A term is `path | tag | value`. The path is each property name escaped (`0x00` becomes
+//! `0x00 0xFF`) and followed by `0x00 0x01`, then `0x00 0x00`. Tags rank the types as `ORDER BY`
+//! does: null < false < true < numbers < strings < arrays < objects. Numbers are 8 bytes whose
+//! order is `f64::total_cmp`'s; strings are escaped and end with `0x00 0x00`, so a term is
+//! self-delimiting and a string's encoding is a prefix of every string it prefixes (what
+//! `STARTSWITH` scans). Strings longer than [`MAX_STRING_TERM`] get a separate tag and only
+//! their first bytes: lookups that reach them read the document to decide. Arrays and objects
+//! get a term without a value (for `IS_DEFINED`); what is inside an array is not indexed.
+
+use serde_json::{Map, Value};
+
+use crate::model::IndexPaths;
+use crate::storage::Term;
+#[cfg(test)]
+use crate::storage::prefix_end;
+
+/// String bytes a term holds exactly; longer strings are indexed by this prefix.
+pub(crate) const MAX_STRING_TERM: usize = 256;
+/// Encoded path bytes a term may have; deeper or longer paths are not indexed (and the planner
+/// never asks for them).
+pub(crate) const MAX_PATH_TERM: usize = 1024;
+
+pub(crate) const TAG_NULL: u8 = 0x10;
+pub(crate) const TAG_FALSE: u8 = 0x20;
+pub(crate) const TAG_TRUE: u8 = 0x21;
+pub(crate) const TAG_NUMBER: u8 = 0x30;
+pub(crate) const TAG_STRING: u8 = 0x40;
+/// A string longer than [`MAX_STRING_TERM`]: its prefix only.
+pub(crate) const TAG_LONG_STRING: u8 = 0x41;
+pub(crate) const TAG_ARRAY: u8 = 0x50;
+pub(crate) const TAG_OBJECT: u8 = 0x60;
+
+/// Appends `bytes`, escaped so that `0x00` never appears alone.
+pub(crate) fn escape_into(bytes: &[u8], out: &mut Vec<u8>) {
+    for &b in bytes {
+        out.push(b);
+        if b == 0 {
+            out.push(0xFF);
+        }
+    }
+}
+
+/// The encoded path, the prefix of every term at it; `None` if it is too long to index.
+pub(crate) fn path_prefix<S: AsRef<str>>(path: &[S]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    for segment in path {
+        escape_into(segment.as_ref().as_bytes(), &mut out);
+        out.extend_from_slice(&[0, 1]);
+    }
+    out.extend_from_slice(&[0, 0]);
+    (out.len() <= MAX_PATH_TERM).then_some(out)
+}
+
+/// An `f64` as 8 bytes in `total_cmp` order.
+pub(crate) fn number_bytes(n: f64) -> [u8; 8] {
+    let bits = n.to_bits();
+    let ordered = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | (1 << 63)
+    };
+    ordered.to_be_bytes()
+}
+
+/// Appends the tag and value of a scalar or container (the term after its path).
+pub(crate) fn push_value(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.push(TAG_NULL),
+        Value::Bool(false) => out.push(TAG_FALSE),
+        Value::Bool(true) => out.push(TAG_TRUE),
+        Value::Number(n) => {
+            out.push(TAG_NUMBER);
+            out.extend_from_slice(&number_bytes(n.as_f64().unwrap_or(0.0)));
+        }
+        Value::String(s) => push_string(s, out),
+        Value::Array(_) => out.push(TAG_ARRAY),
+        Value::Object(_) => out.push(TAG_OBJECT),
+    }
+}
+
+/// Appends a string's tag and value: exact if short, else its prefix under the long tag.
+pub(crate) fn push_string(s: &str, out: &mut Vec<u8>) {
+    if s.len() <= MAX_STRING_TERM {
+        out.push(TAG_STRING);
+        escape_into(s.as_bytes(), out);
+    } else {
+        out.push(TAG_LONG_STRING);
+        escape_into(&s.as_bytes()[..MAX_STRING_TERM], out);
+    }
+    out.extend_from_slice(&[0, 0]);
+}
+
+/// Appends the bytes every string starting with `prefix` begins with, after `push_string`'s
+/// tag (no terminator): the lower bound of a `STARTSWITH` scan.
+pub(crate) fn push_string_prefix(tag: u8, prefix: &str, out: &mut Vec<u8>) {
+    out.push(tag);
+    escape_into(prefix.as_bytes(), out);
+}
+
+/// The terms of a document body under `paths`, sorted and without duplicates.
+pub(crate) fn document_terms(body: &Map<String, Value>, paths: &IndexPaths) -> Vec<Term> {
+    let mut terms = Vec::new();
+    let mut path = Vec::new();
+    walk(body, paths, &mut path, &mut terms);
+    terms.sort_unstable();
+    terms.dedup();
+    terms
+}
+
+fn walk<'a>(
+    object: &'a Map<String, Value>,
+    paths: &IndexPaths,
+    path: &mut Vec<&'a str>,
+    terms: &mut Vec<Term>,
+) {
+    for (name, value) in object {
+        path.push(name);
+        if paths.includes(path)
+            && let Some(mut term) = path_prefix(path)
+        {
+            push_value(value, &mut term);
+            terms.push(term);
+        }
+        if let Value::Object(inner) = value {
+            walk(inner, paths, path, terms);
+        }
+        path.pop();
+    }
+}
+
+/// The path part of a term.
+pub(crate) fn term_path(term: &[u8]) -> &[u8] {
+    let mut i = 0;
+    while i + 1 < term.len() {
+        if term[i] == 0 {
+            match term[i + 1] {
+                0 => return &term[..i + 2],
+                _ => i += 2,
+            }
+        } else {
+            i += 1;
+        }
+    }
+    term
+}
+
+/// Whether a term's value sorts among others by its bytes (exact scalars); long strings,
+/// arrays and objects do not.
+pub(crate) fn is_orderable(term: &[u8]) -> bool {
+    let path = term_path(term);
+    term.get(path.len())
+        .is_some_and(|&tag| tag < TAG_LONG_STRING)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn term(path: &[&str], value: &Value) -> Vec<u8> {
+        let mut t = path_prefix(path).expect("short");
+        push_value(value, &mut t);
+        t
+    }
+
+    #[test]
+    fn terms_sort_in_the_query_type_order() {
+        let values = [
+            json!(null),
+            json!(false),
+            json!(true),
+            json!(-1e300),
+            json!(-2),
+            json!(-0.5),
+            json!(0),
+            json!(0.25),
+            json!(3),
+            json!(1e300),
+            json!(""),
+            json!("A"),
+            json!("a"),
+            json!("a\u{0}"),
+            json!("ab"),
+            json!("b"),
+            json!("é"),
+            json!("x".repeat(MAX_STRING_TERM + 1)),
+            json!([1]),
+            json!({"a": 1}),
+        ];
+        let terms: Vec<_> = values.iter().map(|v| term(&["p"], v)).collect();
+        for pair in terms.windows(2) {
+            assert!(pair[0] < pair[1], "{pair:?}");
+        }
+        // Each is self-delimiting: no term is a prefix of another.
+        for (i, a) in terms.iter().enumerate() {
+            for b in &terms[i + 1..] {
+                assert!(!b.starts_with(a));
+            }
+        }
+    }
+
+    #[test]
+    fn a_string_prefix_bounds_the_strings_it_starts() {
+        let mut low = path_prefix(&["p"]).expect("short");
+        push_string_prefix(TAG_STRING, "ab", &mut low);
+        let high = prefix_end(&low).expect("bounded");
+        for (s, inside) in [
+            ("ab", true),
+            ("abc", true),
+            ("ab\u{0}", true),
+            ("aa", false),
+            ("ac", false),
+            ("a", false),
+        ] {
+            let t = term(&["p"], &json!(s));
+            assert_eq!(t >= low && t < high, inside, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn documents_give_a_term_per_included_path() {
+        let body = json!({"id": "1", "a": {"b": 2, "c": [1, 2]}, "_etag": "x", "s": "t"});
+        let Value::Object(body) = body else {
+            unreachable!()
+        };
+        let terms = document_terms(&body, &IndexPaths::default());
+        let mut expected = vec![
+            term(&["id"], &json!("1")),
+            term(&["a"], &json!({})),
+            term(&["a", "b"], &json!(2)),
+            term(&["a", "c"], &json!([])),
+            term(&["s"], &json!("t")),
+        ];
+        expected.sort();
+        assert_eq!(terms, expected);
+        assert!(
+            terms
+                .iter()
+                .all(|t| term_path(t) != path_prefix(&["_etag"]).expect("short"))
+        );
+        assert_eq!(
+            term_path(&terms[0]),
+            &path_prefix(&["a"]).expect("short")[..]
+        );
+        assert!(is_orderable(&term(&["a"], &json!(1))));
+        assert!(!is_orderable(&term(&["a"], &json!([]))));
+        assert!(!is_orderable(&term(&["a"], &json!("y".repeat(300)))));
+    }
+
+    #[test]
+    fn paths_do_not_prefix_each_other() {
+        let a = path_prefix(&["a"]).expect("short");
+        let ab = path_prefix(&["a", "b"]).expect("short");
+        let a0 = path_prefix(&["a\u{0}"]).expect("short");
+        assert!(!ab.starts_with(&a) && !a0.starts_with(&a));
+        assert!(path_prefix(&["x".repeat(MAX_PATH_TERM)]).is_none());
+    }
+}
