@@ -1421,6 +1421,11 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
 /// Results of `text` at the clock's current reading, through the engine's query paths: a
 /// streaming query page by page (page size 2), any other query in one run.
 fn query(f: &Fixture, text: &str) -> Vec<Value> {
+    run_query(f, text).0
+}
+
+/// A query's results, with its metrics summed over its pages.
+fn run_query(f: &Fixture, text: &str) -> (Vec<Value>, QueryMetrics) {
     let spec = QuerySpec::parse(text, serde_json::Map::new()).expect("valid query");
     let scope = FeedScope::Collection;
     let read_at = f.engine.query_reading();
@@ -1429,10 +1434,10 @@ fn query(f: &Fixture, text: &str) -> Vec<Value> {
             .engine
             .query_all(&f.path, &spec, &scope, read_at)
             .result
-            .expect("runs")
-            .0;
+            .expect("runs");
     }
     let mut results = Vec::new();
+    let mut metrics = QueryMetrics::default();
     let mut token: Option<String> = None;
     loop {
         let cursor = f
@@ -1446,9 +1451,12 @@ fn query(f: &Fixture, text: &str) -> Vec<Value> {
             .expect("page");
         assert!(page.results.len() <= 2, "a page holds at most its size");
         results.extend(page.results);
+        metrics.index = page.metrics.index;
+        metrics.documents_examined += page.metrics.documents_examined;
+        metrics.index_entries_examined += page.metrics.index_entries_examined;
         match page.continuation {
             Some(t) => token = Some(t),
-            None => return results,
+            None => return (results, metrics),
         }
     }
 }
@@ -1469,41 +1477,145 @@ fn every_query_path_omits_a_document_from_the_instant_it_expires() {
             .result
             .expect("upsert");
     }
+    // (query, results before, results after, the index it reads).
     let paths = [
-        ("SELECT VALUE c.id FROM c", 6, 3),
-        ("SELECT VALUE c.id FROM c WHERE c.kind = 'short'", 3, 0),
-        ("SELECT VALUE c.id FROM c WHERE c.n >= 0", 6, 3),
-        ("SELECT VALUE c.id FROM c ORDER BY c.n DESC", 6, 3),
-        ("SELECT VALUE t FROM c JOIN t IN c.tags", 12, 6),
-        ("SELECT DISTINCT VALUE c.kind FROM c", 2, 1),
-        ("SELECT c.kind, COUNT(1) AS n FROM c GROUP BY c.kind", 2, 1),
-        ("SELECT TOP 100 VALUE c.id FROM c", 6, 3),
-        ("SELECT VALUE c.id FROM c OFFSET 0 LIMIT 100", 6, 3),
+        ("SELECT VALUE c.id FROM c", 6, 3, None),
+        (
+            "SELECT VALUE c.id FROM c WHERE c.kind = 'short'",
+            3,
+            0,
+            Some("/kind/?"),
+        ),
+        (
+            "SELECT VALUE c.id FROM c WHERE c.kind IN ('short', 'x')",
+            3,
+            0,
+            Some("/kind/?"),
+        ),
+        (
+            "SELECT VALUE c.id FROM c WHERE c.n >= 0",
+            6,
+            3,
+            Some("/n/?"),
+        ),
+        (
+            "SELECT VALUE c.id FROM c WHERE c.n BETWEEN 0 AND 2",
+            3,
+            1,
+            Some("/n/?"),
+        ),
+        (
+            "SELECT VALUE c.id FROM c WHERE STARTSWITH(c.kind, 'sh')",
+            3,
+            0,
+            Some("/kind/?"),
+        ),
+        (
+            "SELECT VALUE c.id FROM c WHERE IS_DEFINED(c.n)",
+            6,
+            3,
+            Some("/n/?"),
+        ),
+        (
+            "SELECT VALUE c.id FROM c ORDER BY c.n DESC",
+            6,
+            3,
+            Some("/n/?"),
+        ),
+        (
+            "SELECT TOP 2 VALUE c.id FROM c ORDER BY c.n",
+            2,
+            2,
+            Some("/n/?"),
+        ),
+        (
+            "SELECT VALUE c.n FROM c WHERE c.kind = 'short' ORDER BY c.n",
+            3,
+            0,
+            Some("/kind/?"),
+        ),
+        (
+            "SELECT VALUE COUNT(1) FROM c WHERE c.kind = 'short'",
+            1,
+            1,
+            Some("/kind/?"),
+        ),
+        (
+            "SELECT VALUE t FROM c JOIN t IN c.tags WHERE c.kind = 'short'",
+            6,
+            0,
+            Some("/kind/?"),
+        ),
+        ("SELECT VALUE t FROM c JOIN t IN c.tags", 12, 6, None),
+        ("SELECT DISTINCT VALUE c.kind FROM c", 2, 1, None),
+        (
+            "SELECT DISTINCT VALUE c.kind FROM c WHERE c.n > 0",
+            2,
+            1,
+            Some("/n/?"),
+        ),
+        (
+            "SELECT c.kind, COUNT(1) AS n FROM c GROUP BY c.kind",
+            2,
+            1,
+            None,
+        ),
+        (
+            "SELECT c.kind, COUNT(1) AS n FROM c WHERE c.n < 10 GROUP BY c.kind",
+            2,
+            1,
+            Some("/n/?"),
+        ),
+        ("SELECT TOP 100 VALUE c.id FROM c", 6, 3, None),
+        ("SELECT VALUE c.id FROM c OFFSET 0 LIMIT 100", 6, 3, None),
         (
             "SELECT VALUE c.id FROM c WHERE EXISTS(SELECT VALUE t FROM t IN c.tags WHERE t = 'a')",
             6,
             3,
+            None,
         ),
     ];
     f.advance(5 * SEC - 1);
-    for (text, before, _) in paths {
+    for (text, before, _, index) in paths {
+        let (results, metrics) = run_query(&f, text);
         assert_eq!(
-            query(&f, text).len(),
+            results.len(),
             before,
             "{text}: 1 ms before the short ones expire"
         );
+        assert_eq!(metrics.index.as_deref(), index, "{text}: the plan");
     }
+    assert_eq!(
+        query(&f, "SELECT VALUE COUNT(1) FROM c WHERE c.kind = 'short'"),
+        [json!(3)]
+    );
     assert_eq!(query(&f, "SELECT VALUE COUNT(1) FROM c"), [json!(6)]);
     assert_eq!(query(&f, "SELECT VALUE SUM(c.n) FROM c"), [json!(15)]);
     f.advance(1);
-    for (text, _, after) in paths {
-        assert_eq!(
-            query(&f, text).len(),
-            after,
-            "{text}: at the instant they expire"
-        );
+    for (text, _, after, index) in paths {
+        let (results, metrics) = run_query(&f, text);
+        assert_eq!(results.len(), after, "{text}: at the instant they expire");
+        assert_eq!(metrics.index.as_deref(), index, "{text}: the plan");
     }
     assert_eq!(query(&f, "SELECT VALUE COUNT(1) FROM c"), [json!(3)]);
+    let (count, metrics) = run_query(&f, "SELECT VALUE COUNT(1) FROM c WHERE c.kind = 'short'");
+    assert_eq!(count, [json!(0)]);
+    assert_eq!(
+        (metrics.documents_examined, metrics.index_entries_examined),
+        (0, 3),
+        "counted from the entries, which stay until the purge"
+    );
+    assert_eq!(
+        query(&f, "SELECT VALUE c.n FROM c ORDER BY c.n DESC"),
+        [json!(5), json!(3), json!(1)]
+    );
+    assert_eq!(f.engine.purge_now(), 3);
+    let (count, metrics) = run_query(&f, "SELECT VALUE COUNT(1) FROM c WHERE c.kind = 'short'");
+    assert_eq!(count, [json!(0)]);
+    assert_eq!(
+        metrics.index_entries_examined, 0,
+        "the purge removed their entries"
+    );
     assert_eq!(query(&f, "SELECT VALUE SUM(c.n) FROM c"), [json!(9)]);
     assert_eq!(query(&f, "SELECT VALUE MIN(c.n) FROM c"), [json!(1)]);
     assert_eq!(query(&f, "SELECT VALUE AVG(c.n) FROM c"), [json!(3)]);
@@ -1516,6 +1628,7 @@ fn every_query_path_omits_a_document_from_the_instant_it_expires() {
     f.advance(5 * SEC);
     assert_eq!(query(&f, "SELECT VALUE COUNT(1) FROM c"), [json!(0)]);
     assert!(query(&f, "SELECT * FROM c").is_empty());
+    assert!(query(&f, "SELECT * FROM c WHERE c.kind = 'long'").is_empty());
 }
 
 #[test]
@@ -1555,4 +1668,208 @@ fn a_query_token_works_only_for_its_query_collection_and_scope() {
                 .is_err()
         );
     }
+}
+
+/// Results and metrics of a query run in one call (any query shape), on `engine`.
+fn query_on(
+    engine: &Engine,
+    path: &CollectionPath,
+    text: &str,
+    enable_scan: bool,
+) -> Result<(Vec<Value>, QueryMetrics), Error> {
+    let mut spec = QuerySpec::parse(text, serde_json::Map::new())?;
+    spec.enable_scan = enable_scan;
+    let scope = FeedScope::Collection;
+    let read_at = engine.query_reading();
+    if !spec.is_streaming() {
+        return engine.query_all(path, &spec, &scope, read_at).result;
+    }
+    let (mut results, mut metrics, mut token) = (Vec::new(), QueryMetrics::default(), None);
+    loop {
+        let cursor = engine.query_cursor(path, &spec, &scope, token.as_deref())?;
+        let page = engine
+            .query_stream_page(path, &spec, &scope, 100, cursor, read_at)
+            .result?;
+        results.extend(page.results);
+        metrics.index = page.metrics.index;
+        metrics.documents_examined += page.metrics.documents_examined;
+        metrics.index_entries_examined += page.metrics.index_entries_examined;
+        match page.continuation {
+            Some(t) => token = Some(t),
+            None => return Ok((results, metrics)),
+        }
+    }
+}
+
+fn status_doc(name: &str, status: &str, n: i64) -> DocumentBody {
+    body(json!({"id": name, "pk": format!("p{n}"), "status": status, "n": n}))
+}
+
+/// The index is stored, not rebuilt: after a restart the planner uses it at once, and it
+/// holds exactly the current versions' entries (an overwrite and a delete left none behind).
+#[tokio::test]
+async fn an_index_survives_a_restart_with_exactly_the_current_entries() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let (engine, path) = disk_engine(dir.path(), clock.clone());
+        engine.create_database(id("db")).expect("database");
+        let settings = CollectionSettings::new(default_ttl(Some(-1)), IndexingMode::Consistent)
+            .expect("valid");
+        engine
+            .create_collection(
+                &id("db"),
+                id("c"),
+                PartitionKeyPath::parse("/pk").expect("path"),
+                settings,
+                Default::default(),
+            )
+            .expect("collection");
+        for i in 0..20 {
+            let status = if i % 2 == 0 { "open" } else { "closed" };
+            engine
+                .upsert_document(&path, status_doc(&format!("d{i}"), status, i), None, None)
+                .result
+                .expect("upsert");
+        }
+        // d0 moves to "closed", d2 is deleted: neither may leave an "open" entry behind.
+        engine
+            .upsert_document(&path, status_doc("d0", "closed", 0), None, None)
+            .result
+            .expect("overwrite");
+        engine
+            .delete_document(&path, &key("p2", "d2"), None)
+            .result
+            .expect("delete");
+        engine.durable().await.expect("durable");
+    }
+    let (engine, path) = disk_engine(dir.path(), clock.clone());
+    let (open, metrics) = query_on(
+        &engine,
+        &path,
+        "SELECT VALUE c.n FROM c WHERE c.status = 'open'",
+        false,
+    )
+    .expect("runs");
+    let mut open: Vec<i64> = open.iter().filter_map(Value::as_i64).collect();
+    open.sort_unstable();
+    assert_eq!(open, [4, 6, 8, 10, 12, 14, 16, 18]);
+    assert_eq!(metrics.index.as_deref(), Some("/status/?"));
+    assert_eq!(
+        metrics.index_entries_examined, 8,
+        "no entry of an old version or a deleted document"
+    );
+    let (count, metrics) = query_on(
+        &engine,
+        &path,
+        "SELECT VALUE COUNT(1) FROM c WHERE c.status = 'closed'",
+        false,
+    )
+    .expect("runs");
+    assert_eq!(count, [json!(11)]);
+    assert_eq!(
+        metrics.documents_examined, 0,
+        "counted without reading bodies"
+    );
+    let (top, metrics) = query_on(
+        &engine,
+        &path,
+        "SELECT TOP 3 VALUE c.n FROM c ORDER BY c.n DESC",
+        false,
+    )
+    .expect("runs");
+    assert_eq!(top, [json!(19), json!(18), json!(17)]);
+    assert_eq!(metrics.index.as_deref(), Some("/n/?"));
+    assert!(metrics.documents_examined <= 4, "{metrics:?}");
+}
+
+#[test]
+fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
+    let f = Fixture::new(None);
+    let db = f.path.database.clone();
+    let none = CollectionSettings::new(DefaultTtl::Off, IndexingMode::None).expect("valid");
+    let info = f
+        .engine
+        .create_collection(
+            &db,
+            id("plain"),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            none,
+            Default::default(),
+        )
+        .expect("collection");
+    let plain = CollectionPath {
+        database: db.clone(),
+        collection: info.id.clone(),
+    };
+    for i in 0..4 {
+        f.engine
+            .upsert_document(&plain, status_doc(&format!("d{i}"), "open", i), None, None)
+            .result
+            .expect("upsert");
+    }
+    let text = "SELECT VALUE c.n FROM c WHERE c.status = 'open'";
+    let err = query_on(&f.engine, &plain, text, false).expect_err("needs enable_scan");
+    assert!(
+        matches!(err, Error::Invalid(InvalidInput::ScanNotEnabled { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("enable_scan"), "{err}");
+    let (rows, metrics) = query_on(&f.engine, &plain, text, true).expect("scans");
+    assert_eq!((rows.len(), metrics.index), (4, None));
+
+    // Turning indexing on: documents written without it have no entries, so queries read
+    // documents (and stay complete) until a rebuild.
+    let info = f
+        .engine
+        .replace_collection(
+            &plain,
+            SettingsChange {
+                default_ttl: DefaultTtl::Off,
+                indexing_mode: Some(IndexingMode::Consistent),
+                index_paths: None,
+            },
+        )
+        .expect("settings");
+    assert!(!info.index_complete);
+    let (rows, metrics) = query_on(&f.engine, &plain, text, false).expect("runs");
+    assert_eq!((rows.len(), metrics.index), (4, None));
+
+    // An excluded path is never read from the index; an included one is.
+    let paths = IndexPaths::new(&["/*".to_owned()], &["/status/?".to_owned()]).expect("valid");
+    let info = f
+        .engine
+        .create_collection(
+            &db,
+            id("partial"),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            CollectionSettings::default(),
+            Arc::new(paths),
+        )
+        .expect("collection");
+    let partial = CollectionPath {
+        database: db,
+        collection: info.id.clone(),
+    };
+    for i in 0..4 {
+        f.engine
+            .upsert_document(
+                &partial,
+                status_doc(&format!("d{i}"), "open", i),
+                None,
+                None,
+            )
+            .result
+            .expect("upsert");
+    }
+    let (rows, metrics) = query_on(&f.engine, &partial, text, false).expect("runs");
+    assert_eq!((rows.len(), metrics.index), (4, None));
+    let (rows, metrics) = query_on(
+        &f.engine,
+        &partial,
+        "SELECT VALUE c.n FROM c WHERE c.n > 1",
+        false,
+    )
+    .expect("runs");
+    assert_eq!((rows.len(), metrics.index.as_deref()), (2, Some("/n/?")));
 }
