@@ -6,7 +6,9 @@
 //!   instant (so nothing was extended), unless that instant has passed;
 //! - nothing is visible once its expiry instant has passed;
 //! - acknowledged deletes stay deleted;
-//! - a write in flight at the kill is either wholly there or wholly absent.
+//! - a write in flight at the kill is either wholly there or wholly absent;
+//! - a query answered from the index returns exactly the live documents, at the versions just
+//!   read back (the index entries were written and removed in the documents' own batches).
 //!
 //! The seed is printed; `MAYFLY_CRASH_SEED` replays it, `MAYFLY_CRASH_ROUNDS` sets the rounds.
 
@@ -22,7 +24,7 @@ use mayfly_proto::{
     json::JsonObject,
     v1::{
         CreateCollectionRequest, CreateDatabaseRequest, DeleteDocumentRequest, Document,
-        PartitionKey, ReadDocumentRequest, UpsertDocumentRequest,
+        PartitionKey, QueryRequest, ReadDocumentRequest, UpsertDocumentRequest,
         client::{CollectionsClient, DatabasesClient, DocumentsClient},
         oneofs::PartitionKeyKind,
     },
@@ -249,6 +251,7 @@ struct Checked {
     expired: u64,
     deleted: u64,
     resolved_in_flight: u64,
+    queried: usize,
 }
 
 /// Reads every id back and checks it against the ledger; resolves writes that were in flight
@@ -337,6 +340,66 @@ async fn verify(channel: Channel, ledger: &Ledger, killed_at: i64) -> Checked {
     checked
 }
 
+/// Runs an index query over every document and checks it against the ledger as `verify`
+/// resolved it: each result is a live version (id and marker), and every version that cannot
+/// have expired while the query ran is among them. Returns the results checked.
+async fn verify_query(channel: Channel, ledger: &Ledger) -> usize {
+    let mut docs = DocumentsClient::new(channel);
+    let before = now_ms();
+    let mut pages = docs
+        .query(QueryRequest {
+            database: DATABASE.into(),
+            collection: COLLECTION.into(),
+            query: "SELECT c.id, c.marker FROM c WHERE c.marker >= 0".into(),
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("query after restart")
+        .into_inner();
+    let mut found: HashMap<String, u64> = HashMap::new();
+    while let Some(page) = pages.message().await.expect("query page") {
+        let metrics = page.metrics.expect("metrics");
+        assert_eq!(metrics.index, "/marker/?", "the query reads the index");
+        for result in page.results {
+            let Some(prost_types::value::Kind::StructValue(row)) = result.kind else {
+                panic!("a row is an object: {result:?}");
+            };
+            let field = |name: &str| row.fields.get(name).and_then(|v| v.kind.clone());
+            let Some(prost_types::value::Kind::StringValue(id)) = field("id") else {
+                panic!("a row has its id: {row:?}");
+            };
+            let Some(prost_types::value::Kind::NumberValue(marker)) = field("marker") else {
+                panic!("a row has its marker: {row:?}");
+            };
+            assert!(
+                found.insert(id.clone(), marker as u64).is_none(),
+                "{id} returned twice"
+            );
+        }
+    }
+    let after = now_ms();
+    let ledger = ledger.lock().expect("ledger");
+    for (id, marker) in &found {
+        let acked = ledger.get(id).and_then(|e| e.acked.as_ref());
+        assert!(
+            acked.is_some_and(|a| a.marker == *marker && a.expires_ms.is_none_or(|e| e > before)),
+            "the query returned {id} (marker {marker}), which is not live as acknowledged: {acked:?}"
+        );
+    }
+    for (id, entry) in ledger.iter() {
+        if let Some(a) = &entry.acked
+            && a.expires_ms.is_none_or(|e| e > after)
+        {
+            assert!(
+                found.contains_key(id),
+                "the query missed {id}, live as acknowledged: {a:?}"
+            );
+        }
+    }
+    found.len()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
     let seed = std::env::var("MAYFLY_CRASH_SEED")
@@ -379,6 +442,7 @@ async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
         } else {
             // Straight after the restart: reads must already be right.
             let checked = verify(channel.clone(), &ledger, killed_at).await;
+            totals.queried += verify_query(channel.clone(), &ledger).await;
             totals.present += checked.present;
             totals.expired += checked.expired;
             totals.deleted += checked.deleted;
@@ -408,7 +472,9 @@ async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
         }
     }
     let server = support::Mayfly::start(&data, &[]);
-    let checked = verify(connect(&server.url()).await, &ledger, killed_at).await;
+    let channel = connect(&server.url()).await;
+    let checked = verify(channel.clone(), &ledger, killed_at).await;
+    totals.queried += verify_query(channel, &ledger).await;
     totals.present += checked.present;
     totals.expired += checked.expired;
     totals.deleted += checked.deleted;
@@ -419,8 +485,8 @@ async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
     eprintln!(
         "crash test: {rounds} SIGKILL rounds, {acked_total} acknowledged writes over {ids} ids; \
          checks after restarts: {} present exactly as acknowledged, {} expired and invisible, \
-         {} deleted and absent, {} in-flight writes resolved",
-        totals.present, totals.expired, totals.deleted, totals.resolved_in_flight
+         {} deleted and absent, {} in-flight writes resolved; {} index query results checked",
+        totals.present, totals.expired, totals.deleted, totals.resolved_in_flight, totals.queried
     );
     assert!(acked_total > 0, "the load must have written something");
     assert!(
