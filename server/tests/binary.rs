@@ -191,6 +191,11 @@ fn the_readme_grpcurl_session_works_as_written() {
                 serde_json::json!([{"id": "SO05", "total": 42.5}]),
                 "the query's results as JSON: {page}"
             );
+            assert_eq!(
+                (&page["metrics"]["indexUsed"], &page["metrics"]["index"]),
+                (&serde_json::json!(true), &serde_json::json!("/total/?")),
+                "the range filter reads the default index: {page}"
+            );
         } else if command.contains("Documents/ReadDocument") {
             if read_before.is_none() {
                 read_before = Some(output);
