@@ -50,22 +50,7 @@ impl Shard {
             };
             let mut batch = self.store.scan(info.uid, range, limit)?;
             scanned += batch.len();
-            let mut judged = self.judge(info, &batch, reading)?;
-            let stale: Vec<usize> = (0..batch.len())
-                .filter(|&i| judged.views[i] == Judged::Changed)
-                .collect();
-            if !stale.is_empty() {
-                for &i in &stale {
-                    if let Some(record) = self.store.get(info.uid, &batch[i].key)? {
-                        batch[i] = record;
-                    }
-                }
-                let again = self.judge(info, &batch, reading)?;
-                judged.settle_at = judged.settle_at.max(again.settle_at);
-                for i in stale {
-                    judged.views[i] = again.views[i].clone();
-                }
-            }
+            let judged = self.judge_fetched(info, &mut batch, reading)?;
             page.settle_at = page.settle_at.max(judged.settle_at);
             for (record, judged) in batch.iter().zip(judged.views) {
                 if let Judged::Live(view) = judged {
@@ -103,23 +88,7 @@ impl Shard {
                 batch.push(record);
             }
         }
-        let reading = Reading::At(read_at);
-        let mut judged = self.judge(info, &batch, reading)?;
-        let stale: Vec<usize> = (0..batch.len())
-            .filter(|&i| judged.views[i] == Judged::Changed)
-            .collect();
-        if !stale.is_empty() {
-            for &i in &stale {
-                if let Some(record) = self.store.get(info.uid, &batch[i].key)? {
-                    batch[i] = record;
-                }
-            }
-            let again = self.judge(info, &batch, reading)?;
-            judged.settle_at = judged.settle_at.max(again.settle_at);
-            for i in stale {
-                judged.views[i] = again.views[i].clone();
-            }
-        }
+        let judged = self.judge_fetched(info, &mut batch, Reading::At(read_at))?;
         let live = judged
             .views
             .into_iter()
@@ -191,6 +160,33 @@ impl Shard {
         limit: usize,
     ) -> Result<Vec<IndexEntry>, Error> {
         Ok(self.store.scan_index(info.uid, range, limit)?)
+    }
+
+    /// Judges fetched documents, then fetches those written in between once more and judges
+    /// them again (one rewritten even then counts as written during the read).
+    fn judge_fetched(
+        &self,
+        info: &CollectionInfo,
+        batch: &mut [Arc<StoredDocument>],
+        reading: Reading<'_>,
+    ) -> Result<JudgedBatch, Error> {
+        let mut judged = self.judge(info, batch, reading)?;
+        let stale: Vec<usize> = (0..batch.len())
+            .filter(|&i| judged.views[i] == Judged::Changed)
+            .collect();
+        if !stale.is_empty() {
+            for &i in &stale {
+                if let Some(record) = self.store.get(info.uid, &batch[i].key)? {
+                    batch[i] = record;
+                }
+            }
+            let again = self.judge(info, batch, reading)?;
+            judged.settle_at = judged.settle_at.max(again.settle_at);
+            for i in stale {
+                judged.views[i] = again.views[i].clone();
+            }
+        }
+        Ok(judged)
     }
 
     /// Judges scanned documents under the shard lock, by one clock reading.
