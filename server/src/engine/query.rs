@@ -524,8 +524,10 @@ impl Engine {
             index: plan.as_ref().map(|p| p.name.clone()),
             ..QueryMetrics::default()
         };
+        // Without a plan, only an unfiltered count may be answered from metadata.
         if is_plain_count(&spec.query)
-            && (plan.is_some() || info.indexed_paths().is_some())
+            && info.indexed_paths().is_some()
+            && (plan.is_some() || spec.query.filter.is_none())
             && let Some(n) = self.count_without_bodies(
                 &info,
                 plan.as_ref(),

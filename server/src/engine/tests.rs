@@ -1873,3 +1873,41 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
     .expect("runs");
     assert_eq!((rows.len(), metrics.index.as_deref()), (2, Some("/n/?")));
 }
+
+/// Regressions from review: a COUNT whose filter the index cannot answer counted every
+/// document; `_ts` (never stored, so never indexed) was looked up in the index and found
+/// nothing; `IN ()` planned zero ranges and panicked.
+#[test]
+fn filters_the_index_cannot_answer_are_evaluated_on_documents() {
+    let f = Fixture::new(None);
+    for i in 0..4 {
+        let status = if i == 0 { "open" } else { "closed" };
+        f.engine
+            .upsert_document(&f.path, status_doc(&format!("d{i}"), status, i), None, None)
+            .result
+            .expect("upsert");
+    }
+    for (text, expected) in [
+        (
+            "SELECT VALUE COUNT(1) FROM c WHERE c.status != 'open'",
+            json!([3]),
+        ),
+        (
+            "SELECT VALUE COUNT(1) FROM c WHERE c.n = 1 OR c.n = 2",
+            json!([2]),
+        ),
+        ("SELECT VALUE COUNT(1) FROM c WHERE c._ts > 0", json!([4])),
+        ("SELECT VALUE COUNT(1) FROM c WHERE c.n IN ()", json!([0])),
+    ] {
+        let (rows, _) = query_on(&f.engine, &f.path, text, false).expect(text);
+        assert_eq!(Value::Array(rows), expected, "{text}");
+    }
+    let (rows, metrics) = query_on(
+        &f.engine,
+        &f.path,
+        "SELECT VALUE c.id FROM c WHERE c._ts > 0",
+        false,
+    )
+    .expect("runs");
+    assert_eq!((rows.len(), metrics.index), (4, None));
+}

@@ -61,6 +61,10 @@ impl Shard {
         // outside the lock (the documents are dead meanwhile, invisible to every read), and
         // each is removed only if it is still the version whose terms were read.
         let mut terms: Vec<Vec<Term>> = vec![Vec::new(); candidates.len()];
+        let refs: Vec<SlotRef> = candidates
+            .iter()
+            .map(|&(slot, _)| state.docs.current_ref(slot))
+            .collect();
         let wanted: Vec<(usize, SlotRef, CollectionUid, DocKey)> = candidates
             .iter()
             .enumerate()
@@ -101,9 +105,16 @@ impl Shard {
                     }
                 }
             }
-            // Overwritten, or their collection detached, while the lock was released.
-            for (i, &(slot, _)) in candidates.iter().enumerate() {
-                keep[i] = keep[i] && st.collections.contains_key(&st.docs.get(slot).collection);
+            // Every candidate, indexed or not, may have been rewritten (or its collection
+            // deleted and its slot freed) while the lock was released: only documents still
+            // the same version, dead, in an attached collection are removed.
+            for (i, r) in refs.iter().enumerate() {
+                keep[i] = keep[i]
+                    && st.docs.is_current(*r)
+                    && st
+                        .docs
+                        .try_get(r.slot)
+                        .is_some_and(|m| m.dead && st.collections.contains_key(&m.collection));
             }
             let kept: Vec<_> = candidates
                 .into_iter()
