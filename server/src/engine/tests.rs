@@ -1424,41 +1424,9 @@ fn query(f: &Fixture, text: &str) -> Vec<Value> {
     run_query(f, text).0
 }
 
-/// A query's results, with its metrics summed over its pages.
+/// A query's results, with its metrics summed over its pages of 2.
 fn run_query(f: &Fixture, text: &str) -> (Vec<Value>, QueryMetrics) {
-    let spec = QuerySpec::parse(text, serde_json::Map::new()).expect("valid query");
-    let scope = FeedScope::Collection;
-    let read_at = f.engine.query_reading();
-    if !spec.is_streaming() {
-        return f
-            .engine
-            .query_all(&f.path, &spec, &scope, read_at)
-            .result
-            .expect("runs");
-    }
-    let mut results = Vec::new();
-    let mut metrics = QueryMetrics::default();
-    let mut token: Option<String> = None;
-    loop {
-        let cursor = f
-            .engine
-            .query_cursor(&f.path, &spec, &scope, token.as_deref())
-            .expect("cursor");
-        let page = f
-            .engine
-            .query_stream_page(&f.path, &spec, &scope, 2, cursor, read_at)
-            .result
-            .expect("page");
-        assert!(page.results.len() <= 2, "a page holds at most its size");
-        results.extend(page.results);
-        metrics.index = page.metrics.index;
-        metrics.documents_examined += page.metrics.documents_examined;
-        metrics.index_entries_examined += page.metrics.index_entries_examined;
-        match page.continuation {
-            Some(t) => token = Some(t),
-            None => return (results, metrics),
-        }
-    }
+    query_on(&f.engine, &f.path, text, false, 2).expect("runs")
 }
 
 #[test]
@@ -1670,12 +1638,14 @@ fn a_query_token_works_only_for_its_query_collection_and_scope() {
     }
 }
 
-/// Results and metrics of a query run in one call (any query shape), on `engine`.
+/// Results and metrics of a query run in one call (any query shape), on `engine`, streaming
+/// queries in pages of `page_size`.
 fn query_on(
     engine: &Engine,
     path: &CollectionPath,
     text: &str,
     enable_scan: bool,
+    page_size: usize,
 ) -> Result<(Vec<Value>, QueryMetrics), Error> {
     let mut spec = QuerySpec::parse(text, serde_json::Map::new())?;
     spec.enable_scan = enable_scan;
@@ -1688,8 +1658,12 @@ fn query_on(
     loop {
         let cursor = engine.query_cursor(path, &spec, &scope, token.as_deref())?;
         let page = engine
-            .query_stream_page(path, &spec, &scope, 100, cursor, read_at)
+            .query_stream_page(path, &spec, &scope, page_size, cursor, read_at)
             .result?;
+        assert!(
+            page.results.len() <= page_size,
+            "a page holds at most its size"
+        );
         results.extend(page.results);
         metrics.index = page.metrics.index;
         metrics.documents_examined += page.metrics.documents_examined;
@@ -1749,6 +1723,7 @@ async fn an_index_survives_a_restart_with_exactly_the_current_entries() {
         &path,
         "SELECT VALUE c.n FROM c WHERE c.status = 'open'",
         false,
+        100,
     )
     .expect("runs");
     let mut open: Vec<i64> = open.iter().filter_map(Value::as_i64).collect();
@@ -1764,6 +1739,7 @@ async fn an_index_survives_a_restart_with_exactly_the_current_entries() {
         &path,
         "SELECT VALUE COUNT(1) FROM c WHERE c.status = 'closed'",
         false,
+        100,
     )
     .expect("runs");
     assert_eq!(count, [json!(11)]);
@@ -1776,6 +1752,7 @@ async fn an_index_survives_a_restart_with_exactly_the_current_entries() {
         &path,
         "SELECT TOP 3 VALUE c.n FROM c ORDER BY c.n DESC",
         false,
+        100,
     )
     .expect("runs");
     assert_eq!(top, [json!(19), json!(18), json!(17)]);
@@ -1809,13 +1786,13 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
             .expect("upsert");
     }
     let text = "SELECT VALUE c.n FROM c WHERE c.status = 'open'";
-    let err = query_on(&f.engine, &plain, text, false).expect_err("needs enable_scan");
+    let err = query_on(&f.engine, &plain, text, false, 100).expect_err("needs enable_scan");
     assert!(
         matches!(err, Error::Invalid(InvalidInput::ScanNotEnabled { .. })),
         "{err}"
     );
     assert!(err.to_string().contains("enable_scan"), "{err}");
-    let (rows, metrics) = query_on(&f.engine, &plain, text, true).expect("scans");
+    let (rows, metrics) = query_on(&f.engine, &plain, text, true, 100).expect("scans");
     assert_eq!((rows.len(), metrics.index), (4, None));
 
     // Turning indexing on: documents written without it have no entries, so queries read
@@ -1832,7 +1809,7 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
         )
         .expect("settings");
     assert!(!info.index_complete);
-    let (rows, metrics) = query_on(&f.engine, &plain, text, false).expect("runs");
+    let (rows, metrics) = query_on(&f.engine, &plain, text, false, 100).expect("runs");
     assert_eq!((rows.len(), metrics.index), (4, None));
 
     // An excluded path is never read from the index; an included one is.
@@ -1862,13 +1839,14 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
             .result
             .expect("upsert");
     }
-    let (rows, metrics) = query_on(&f.engine, &partial, text, false).expect("runs");
+    let (rows, metrics) = query_on(&f.engine, &partial, text, false, 100).expect("runs");
     assert_eq!((rows.len(), metrics.index), (4, None));
     let (rows, metrics) = query_on(
         &f.engine,
         &partial,
         "SELECT VALUE c.n FROM c WHERE c.n > 1",
         false,
+        100,
     )
     .expect("runs");
     assert_eq!((rows.len(), metrics.index.as_deref()), (2, Some("/n/?")));
@@ -1899,7 +1877,7 @@ fn filters_the_index_cannot_answer_are_evaluated_on_documents() {
         ("SELECT VALUE COUNT(1) FROM c WHERE c._ts > 0", json!([4])),
         ("SELECT VALUE COUNT(1) FROM c WHERE c.n IN ()", json!([0])),
     ] {
-        let (rows, _) = query_on(&f.engine, &f.path, text, false).expect(text);
+        let (rows, _) = query_on(&f.engine, &f.path, text, false, 100).expect(text);
         assert_eq!(Value::Array(rows), expected, "{text}");
     }
     let (rows, metrics) = query_on(
@@ -1907,6 +1885,7 @@ fn filters_the_index_cannot_answer_are_evaluated_on_documents() {
         &f.path,
         "SELECT VALUE c.id FROM c WHERE c._ts > 0",
         false,
+        100,
     )
     .expect("runs");
     assert_eq!((rows.len(), metrics.index), (4, None));
