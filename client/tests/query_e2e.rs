@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use mayfly_client::{Client, Collection, DefaultTtl, Error};
+use mayfly_client::{
+    Client, Collection, CollectionSettings, DefaultTtl, Error, IndexingMode, IndexingPaths,
+};
 use mayfly_server::RunningServer;
 use serde_json::{Value, json};
 
@@ -153,4 +155,75 @@ async fn hostile_queries_are_refused_and_the_server_keeps_serving() {
         results(&c, "SELECT VALUE ARRAY_LENGTH(c.a) FROM c").await,
         [json!(1000)]
     );
+}
+
+/// Polls until `done` holds (every 20 ms, at most 10 s): the background indexer's progress.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut done: impl FnMut() -> F,
+) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what} did not happen within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The server runs the background indexer: a `lazy` collection's writes reach its index, and
+/// a path change is rebuilt and recorded complete, after which queries read the index again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_indexer_catches_up_and_rebuilds() {
+    let server = RunningServer::start(Default::default())
+        .await
+        .expect("server");
+    let client = Client::connect(server.local_addr().to_string())
+        .await
+        .expect("client");
+    let db = client.create_database("db").await.expect("db");
+    let lazy = db
+        .create_collection("lazy", "/pk")
+        .indexing_mode(IndexingMode::Lazy)
+        .await
+        .expect("collection");
+    for i in 0..50 {
+        lazy.create(&json!({"id": format!("d{i}"), "pk": "p", "k": "x"}))
+            .await
+            .expect("create");
+    }
+    let count = "SELECT VALUE COUNT(1) FROM c WHERE c.k = 'x'";
+    eventually("the lazy catch-up", || async {
+        results(&lazy, count).await == [json!(50)]
+    })
+    .await;
+
+    let c = db
+        .create_collection("c", "/pk")
+        .indexing_paths(IndexingPaths::new(["/*"], ["/k/?"]))
+        .await
+        .expect("collection");
+    for i in 0..50 {
+        c.create(&json!({"id": format!("d{i}"), "pk": "p", "k": "x"}))
+            .await
+            .expect("create");
+    }
+    let info = c
+        .replace_settings(
+            CollectionSettings::new(DefaultTtl::Off)
+                .indexing_paths(IndexingPaths::new(["/*"], [] as [&str; 0])),
+        )
+        .await
+        .expect("settings");
+    assert!(!info.index_complete);
+    eventually("the rebuild", || async {
+        c.info().await.expect("info").index_complete
+    })
+    .await;
+    let mut pages = c.query::<Value>(count).await.expect("query runs");
+    let page = pages.next_page().await.expect("page").expect("one page");
+    assert_eq!(page.results, [json!(50)]);
+    assert_eq!(page.metrics.index.as_deref(), Some("/k/?"));
+    assert_eq!(page.metrics.documents_examined, 0);
 }

@@ -362,9 +362,9 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("", status).await;
 }
 
-/// Runs the purge of the engine in service and watches its storage. Once storage fails, every
-/// service reports NOT_SERVING while reads go on; once the data directory takes a durable write
-/// again, the engine is taken out of service, the storage closed and opened anew (recovery
+/// Runs the purge and the indexer of the engine in service and watches its storage. Once
+/// storage fails, every service reports NOT_SERVING while reads go on; once the data directory
+/// takes a durable write again, the engine is taken out of service, the storage closed and opened anew (recovery
 /// from the journal decides every write whose outcome was unknown), and SERVING returns.
 async fn keep_storage_writable(
     current: CurrentEngine,
@@ -376,6 +376,7 @@ async fn keep_storage_writable(
     };
     loop {
         let purge = engine.spawn_purge();
+        let indexer = engine.spawn_indexer();
         let mut tick = tokio::time::interval(STORAGE_HEALTH_INTERVAL);
         let failure = loop {
             tick.tick().await;
@@ -399,6 +400,7 @@ async fn keep_storage_writable(
 
         tracing::warn!("the data directory takes durable writes again; reopening it");
         drop(purge);
+        drop(indexer);
         current.take();
         drop(engine);
         // Requests still running on the old engine hold its storage (and the directory's

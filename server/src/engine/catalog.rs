@@ -33,6 +33,11 @@ impl Catalog {
             })
     }
 
+    /// Every collection of every database.
+    pub(crate) fn all_collections(&self) -> impl Iterator<Item = &Arc<CollectionInfo>> {
+        self.databases.values().flat_map(|c| c.values())
+    }
+
     pub(crate) fn collection(
         &self,
         database: &DatabaseId,

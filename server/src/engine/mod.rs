@@ -13,6 +13,7 @@ mod error;
 mod expiry;
 mod feed;
 mod index;
+mod indexer;
 mod metrics;
 mod outcome;
 mod purge;
@@ -40,6 +41,7 @@ pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use document::{DocumentView, Etag, UpsertOutcome};
 pub use error::Error;
 pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_SIZE, page_size};
+pub use indexer::IndexerGuard;
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use purge::PurgeGuard;
@@ -97,6 +99,8 @@ struct Inner {
     /// Next document version; etags are versions, unique across the engine and its restarts.
     versions: Arc<AtomicU64>,
     metrics: Arc<EngineMetrics>,
+    /// Wakes the background indexer (see [`Engine::spawn_indexer`]).
+    indexer_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Engine {
@@ -115,12 +119,14 @@ impl Engine {
     ) -> Self {
         let versions = Arc::new(AtomicU64::new(1));
         let now = clock.now();
+        let indexer_wake = Arc::new(tokio::sync::Notify::new());
         let shards = (0..config.shards.max(1))
             .map(|i| {
                 Arc::new(Shard::new(
                     storage.shard(i),
                     metrics.clone(),
                     versions.clone(),
+                    indexer_wake.clone(),
                     now,
                 ))
             })
@@ -134,6 +140,7 @@ impl Engine {
                 storage,
                 versions,
                 metrics,
+                indexer_wake,
             }),
         }
     }
@@ -390,12 +397,27 @@ impl Engine {
         let index_paths = change
             .index_paths
             .unwrap_or_else(|| current.index_paths.clone());
-        // Documents written while the collection did not index, or indexed under other paths,
-        // lack entries the new policy has: until a rebuild, queries read documents instead.
-        let was_indexing = current.settings.indexing_mode() != IndexingMode::None;
-        let index_complete = current.index_complete
-            && (was_indexing || mode == IndexingMode::None)
-            && *index_paths == *current.index_paths;
+        // Documents written under another policy need their entries made again (a rebuild by
+        // the background indexer); so do all in a `lazy` collection whose TTL is switched on
+        // or off, as in Cosmos DB. Until it is done, or while a `lazy` collection's owed
+        // updates remain on the way to `consistent`, the index is incomplete: `consistent`
+        // queries read documents instead.
+        let new_paths = (mode != IndexingMode::None).then(|| index_paths.clone());
+        let paths_changed = match (current.indexed_paths(), new_paths.as_deref()) {
+            (None, None) => false,
+            (Some(a), Some(b)) => a != b,
+            _ => true,
+        };
+        let ttl_switched = current.settings.default_ttl().is_on() != settings.default_ttl().is_on();
+        let rebuild = paths_changed || (mode == IndexingMode::Lazy && ttl_switched);
+        let leaves_lazy = current.settings.indexing_mode() == IndexingMode::Lazy
+            && mode == IndexingMode::Consistent;
+        let index_complete = current.index_complete && !rebuild && !leaves_lazy;
+        let index = shard::IndexSettings {
+            paths: new_paths,
+            lazy: mode == IndexingMode::Lazy,
+            rebuild,
+        };
         // Every shard switches at one instant, so the marks below cover everything the old
         // default expired up to that instant.
         let ((info, lsn), turned_on) =
@@ -418,10 +440,10 @@ impl Engine {
                     .storage
                     .write_catalog(CatalogChange::PutCollection(&info))?;
                 let rules = info.rules();
-                let policy = info.indexed_paths_arc();
-                Ok::<_, Error>(((info, lsn), rules, policy, lsn))
+                Ok::<_, Error>(((info, lsn), rules, index, lsn))
             })?;
         self.inner.catalog.write().put_collection(info.clone());
+        self.inner.indexer_wake.notify_one();
         for (shard, turned_on) in self.shards().iter().zip(turned_on) {
             // Anything may be due now: inheritors under a lower default, or marked ones.
             shard.wake_purge();
@@ -582,10 +604,13 @@ impl Engine {
         // Terms are computed here, outside the shard lock; the shard recomputes them only if
         // the policy changed in between.
         let policy = info.indexed_paths_arc();
-        let terms = policy
-            .as_ref()
-            .map(|p| index::terms::document_terms(body.map(), p))
-            .unwrap_or_default();
+        // A `lazy` collection's writes leave their entries to the background indexer.
+        let terms = (info.settings.indexing_mode() != IndexingMode::Lazy).then(|| {
+            policy
+                .as_ref()
+                .map(|p| index::terms::document_terms(body.map(), p))
+                .unwrap_or_default()
+        });
         let map = body.map().clone();
         let (stored, ttl) = body.into_stored();
         let shard = self.shard_for(info.uid, &key.partition_key);

@@ -25,7 +25,7 @@ use super::{
     feed::{self, Cursor},
     index::{
         plan::{self, IndexPlan, is_plain_count},
-        read::EntryCursor,
+        read::{EntryCursor, named_by},
     },
     shard::Reading,
 };
@@ -677,7 +677,10 @@ impl Engine {
             let mut stopped = None;
             for (entry, view) in docs {
                 page.metrics.documents_examined += 1;
-                let flow = run.push(&as_document(&view))?;
+                let Some(doc) = named_by(&entry, view, plan) else {
+                    continue;
+                };
+                let flow = run.push(&doc)?;
                 for r in run.take_ready() {
                     bytes += mayfly_query::value::approximate_size(&r);
                     page.results.push(r);

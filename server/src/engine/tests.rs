@@ -1811,6 +1811,28 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
     assert!(!info.index_complete);
     let (rows, metrics) = query_on(&f.engine, &plain, text, false, 100).expect("runs");
     assert_eq!((rows.len(), metrics.index), (4, None));
+    // The background indexer rebuilds it and records it complete: the index is read again.
+    f.engine.index_now();
+    assert!(
+        f.engine
+            .get_collection(&plain)
+            .expect("exists")
+            .index_complete
+    );
+    let (rows, metrics) = query_on(&f.engine, &plain, text, false, 100).expect("runs");
+    assert_eq!(
+        (rows.len(), metrics.index.as_deref()),
+        (4, Some("/status/?"))
+    );
+    let (rows, _) = query_on(
+        &f.engine,
+        &plain,
+        "SELECT VALUE COUNT(1) FROM c WHERE c.status = 'open'",
+        false,
+        100,
+    )
+    .expect("runs");
+    assert_eq!(rows, [json!(4)]);
 
     // An excluded path is never read from the index; an included one is.
     let paths = IndexPaths::new(&["/*".to_owned()], &["/status/?".to_owned()]).expect("valid");
@@ -1889,4 +1911,264 @@ fn filters_the_index_cannot_answer_are_evaluated_on_documents() {
     )
     .expect("runs");
     assert_eq!((rows.len(), metrics.index), (4, None));
+}
+
+/// A collection in `lazy` mode: writes leave their entries to the background indexer, so
+/// index-answered queries miss what it has not reached (never returning a document for a value
+/// it no longer has), and are complete once it has.
+#[test]
+fn lazy_writes_are_indexed_in_the_background() {
+    let f = Fixture::new(None);
+    let db = f.path.database.clone();
+    let lazy = CollectionSettings::new(DefaultTtl::Off, IndexingMode::Lazy).expect("valid");
+    let info = f
+        .engine
+        .create_collection(
+            &db,
+            id("lazy"),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            lazy,
+            Default::default(),
+        )
+        .expect("collection");
+    let path = CollectionPath {
+        database: db,
+        collection: info.id.clone(),
+    };
+    for i in 0..6 {
+        f.engine
+            .upsert_document(&path, status_doc(&format!("d{i}"), "open", i), None, None)
+            .result
+            .expect("upsert");
+    }
+    let open = "SELECT VALUE c.n FROM c WHERE c.status = 'open'";
+    let count = "SELECT VALUE COUNT(1) FROM c WHERE c.status = 'open'";
+    let (rows, metrics) = query_on(&f.engine, &path, open, false, 100).expect("runs");
+    assert_eq!(
+        (rows.len(), metrics.index.as_deref()),
+        (0, Some("/status/?"))
+    );
+    f.engine.index_now();
+    let (rows, _) = query_on(&f.engine, &path, open, false, 100).expect("runs");
+    assert_eq!(rows.len(), 6);
+
+    // d0 moves to "closed", d1 is deleted: until indexed, d0's old entry does not return it.
+    f.engine
+        .upsert_document(&path, status_doc("d0", "closed", 0), None, None)
+        .result
+        .expect("overwrite");
+    f.engine
+        .delete_document(&path, &key("p1", "d1"), None)
+        .result
+        .expect("delete");
+    let (rows, _) = query_on(&f.engine, &path, open, false, 100).expect("runs");
+    let mut n: Vec<i64> = rows.iter().filter_map(Value::as_i64).collect();
+    n.sort_unstable();
+    assert_eq!(n, [2, 3, 4, 5]);
+    let (rows, _) = query_on(&f.engine, &path, count, false, 100).expect("runs");
+    assert_eq!(
+        rows,
+        [json!(4)],
+        "an owed document is not counted by its old entry"
+    );
+    let closed = "SELECT VALUE c.n FROM c WHERE c.status = 'closed'";
+    let (rows, _) = query_on(&f.engine, &path, closed, false, 100).expect("runs");
+    assert!(rows.is_empty(), "not indexed yet: {rows:?}");
+    f.engine.index_now();
+    let (rows, _) = query_on(&f.engine, &path, closed, false, 100).expect("runs");
+    assert_eq!(rows, [json!(0)]);
+    let (rows, metrics) = query_on(
+        &f.engine,
+        &path,
+        "SELECT TOP 2 VALUE c.n FROM c ORDER BY c.n DESC",
+        false,
+        100,
+    )
+    .expect("runs");
+    assert_eq!(rows, [json!(5), json!(4)]);
+    assert_eq!(metrics.index.as_deref(), Some("/n/?"));
+    // d5 rewritten to n = -1: its entry at 5 no longer names it, so an ordered read skips it
+    // there rather than returning -1 out of order.
+    f.engine
+        .upsert_document(
+            &path,
+            body(json!({"id": "d5", "pk": "p5", "status": "open", "n": -1})),
+            None,
+            None,
+        )
+        .result
+        .expect("overwrite");
+    let (rows, metrics) = query_on(
+        &f.engine,
+        &path,
+        "SELECT TOP 2 VALUE c.n FROM c ORDER BY c.n DESC",
+        false,
+        100,
+    )
+    .expect("runs");
+    assert_eq!(rows, [json!(4), json!(3)]);
+    assert_eq!(metrics.index.as_deref(), Some("/n/?"));
+    f.engine.index_now();
+    for shard in f.engine.shards() {
+        let [stale, indexed, docs, _] = shard.lock().index_census(info.uid, &[]);
+        assert_eq!((stale, indexed), (0, docs));
+    }
+
+    // SPEC §5: switching TTL on in a lazy collection rebuilds its index; it stays usable
+    // (lazy queries may be incomplete meanwhile) and is recorded complete once rebuilt.
+    let info = f
+        .engine
+        .replace_collection(
+            &path,
+            SettingsChange {
+                default_ttl: default_ttl(Some(-1)),
+                indexing_mode: None,
+                index_paths: None,
+            },
+        )
+        .expect("settings");
+    assert!(!info.index_complete);
+    let (_, metrics) = query_on(&f.engine, &path, open, false, 100).expect("runs");
+    assert_eq!(metrics.index.as_deref(), Some("/status/?"));
+    f.engine.index_now();
+    assert!(
+        f.engine
+            .get_collection(&path)
+            .expect("exists")
+            .index_complete
+    );
+    let (rows, _) = query_on(&f.engine, &path, open, false, 100).expect("runs");
+    assert_eq!(rows.len(), 4);
+}
+
+/// Changing the paths rebuilds the index: `consistent` queries read documents until it is
+/// done; entries of paths no longer included are removed, those of new ones written; writes
+/// during the rebuild are indexed under the new paths at once.
+#[test]
+fn a_path_change_rebuilds_the_index() {
+    let f = Fixture::new(None);
+    for i in 0..40 {
+        f.engine
+            .upsert_document(&f.path, status_doc(&format!("d{i}"), "open", i), None, None)
+            .result
+            .expect("upsert");
+    }
+    let only_n = IndexPaths::new(&["/n/?".to_owned()], &["/*".to_owned()]).expect("valid");
+    let info = f
+        .engine
+        .replace_collection(
+            &f.path,
+            SettingsChange {
+                default_ttl: DefaultTtl::Off,
+                indexing_mode: None,
+                index_paths: Some(Arc::new(only_n)),
+            },
+        )
+        .expect("settings");
+    assert!(!info.index_complete);
+    let by_n = "SELECT VALUE c.id FROM c WHERE c.n = 7";
+    let (rows, metrics) = query_on(&f.engine, &f.path, by_n, false, 100).expect("runs");
+    assert_eq!((rows, metrics.index), (vec![json!("d7")], None));
+    // Written during the rebuild: indexed at once under the new paths.
+    f.engine
+        .upsert_document(&f.path, status_doc("late", "open", 99), None, None)
+        .result
+        .expect("upsert");
+    f.engine.index_now();
+    assert!(
+        f.engine
+            .get_collection(&f.path)
+            .expect("exists")
+            .index_complete
+    );
+    let (rows, metrics) = query_on(&f.engine, &f.path, by_n, false, 100).expect("runs");
+    assert_eq!(
+        (rows, metrics.index.as_deref()),
+        (vec![json!("d7")], Some("/n/?"))
+    );
+    let (rows, metrics) = query_on(
+        &f.engine,
+        &f.path,
+        "SELECT VALUE c.id FROM c WHERE c.status = 'open'",
+        false,
+        100,
+    )
+    .expect("runs");
+    assert_eq!(
+        (rows.len(), metrics.index),
+        (41, None),
+        "/status/? is excluded now"
+    );
+    let status = super::index::terms::path_prefix(&["status"]).expect("short");
+    for shard in f.engine.shards() {
+        let [stale, indexed, docs, with_status] = shard.lock().index_census(info.uid, &status);
+        assert_eq!((stale, indexed, with_status), (0, docs, 0));
+    }
+}
+
+/// A crash in the middle of a lazy catch-up or of a rebuild resumes it: a `lazy` document whose
+/// terms record is not of its version is owed again, and an index recorded incomplete is
+/// rebuilt.
+#[tokio::test]
+async fn an_interrupted_catch_up_or_rebuild_resumes_after_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let lazy_path = CollectionPath {
+        database: id("db"),
+        collection: id("lazy"),
+    };
+    {
+        let (engine, path) = disk_engine(dir.path(), clock.clone());
+        engine.create_database(id("db")).expect("database");
+        for (name, mode) in [("c", IndexingMode::None), ("lazy", IndexingMode::Lazy)] {
+            engine
+                .create_collection(
+                    &id("db"),
+                    id(name),
+                    PartitionKeyPath::parse("/pk").expect("path"),
+                    CollectionSettings::new(DefaultTtl::Off, mode).expect("valid"),
+                    Default::default(),
+                )
+                .expect("collection");
+        }
+        for i in 0..10 {
+            for p in [&path, &lazy_path] {
+                engine
+                    .upsert_document(p, status_doc(&format!("d{i}"), "open", i), None, None)
+                    .result
+                    .expect("upsert");
+            }
+        }
+        // Half of the lazy ones indexed before the "crash", then one rewritten.
+        engine.shards()[0].index_batch(1000).expect("indexes");
+        engine
+            .upsert_document(&lazy_path, status_doc("d3", "closed", 3), None, None)
+            .result
+            .expect("overwrite");
+        let info = engine
+            .replace_collection(
+                &path,
+                SettingsChange {
+                    default_ttl: DefaultTtl::Off,
+                    indexing_mode: Some(IndexingMode::Consistent),
+                    index_paths: None,
+                },
+            )
+            .expect("settings");
+        assert!(!info.index_complete);
+        engine.durable().await.expect("durable");
+    }
+    let (engine, path) = disk_engine(dir.path(), clock.clone());
+    assert!(!engine.get_collection(&path).expect("exists").index_complete);
+    engine.index_now();
+    assert!(engine.get_collection(&path).expect("exists").index_complete);
+    let open = "SELECT VALUE c.n FROM c WHERE c.status = 'open'";
+    for (p, expected) in [(&path, 10), (&lazy_path, 9)] {
+        let (rows, metrics) = query_on(&engine, p, open, false, 100).expect("runs");
+        assert_eq!(
+            (rows.len(), metrics.index.as_deref()),
+            (expected, Some("/status/?")),
+            "{p:?}"
+        );
+    }
 }

@@ -99,9 +99,11 @@ impl CollectionInfo {
         (self.settings.indexing_mode() != IndexingMode::None).then(|| self.index_paths.clone())
     }
 
-    /// Whether queries may answer from the index.
+    /// Whether queries may answer from the index: when it is complete, or in `lazy` mode,
+    /// whose queries may miss what the background indexer has not reached yet.
     pub fn index_usable(&self) -> bool {
-        self.index_complete && self.indexed_paths().is_some()
+        self.indexed_paths().is_some()
+            && (self.index_complete || self.settings.indexing_mode() == IndexingMode::Lazy)
     }
 }
 

@@ -9,9 +9,9 @@ use std::{
 use parking_lot::Mutex;
 
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, Lsn, ShardStore,
-    Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term,
-    WriteBatch, index_keys,
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, Lsn,
+    ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms,
+    Term, WriteBatch, index_keys,
 };
 use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
@@ -66,6 +66,29 @@ struct Collection {
 }
 
 impl Collection {
+    /// Replaces a document's index entries (`update.old` → `update.new`) and its terms record.
+    fn write_index(&mut self, key: &DocKey, version: u64, update: IndexUpdate<'_>) {
+        let (removed, added) = index_keys::changed_terms(update.old, update.new);
+        self.remove_entries(&removed, key);
+        for term in added {
+            self.entries.insert(
+                index_keys::entry_key(&[], term, key),
+                index_keys::entry_value(term),
+            );
+        }
+        if update.new.is_empty() {
+            self.terms.remove(key);
+        } else {
+            self.terms.insert(
+                key.clone(),
+                StoredTerms {
+                    version,
+                    terms: update.new.to_vec(),
+                },
+            );
+        }
+    }
+
     fn remove_entries(&mut self, terms: &[&Term], key: &DocKey) {
         for term in terms {
             self.entries.remove(&index_keys::entry_key(&[], term, key));
@@ -89,26 +112,19 @@ impl ShardStore for MemoryShard {
                     let c = collections.entry(doc.collection).or_default();
                     c.docs.insert(doc.key.clone(), doc.clone());
                     if let Some(update) = index {
-                        let (removed, added) = index_keys::changed_terms(update.old, update.new);
-                        c.remove_entries(&removed, &doc.key);
-                        for term in added {
-                            c.entries.insert(
-                                index_keys::entry_key(&[], term, &doc.key),
-                                index_keys::entry_value(term),
-                            );
-                        }
-                        if update.new.is_empty() {
-                            c.terms.remove(&doc.key);
-                        } else {
-                            c.terms.insert(
-                                doc.key.clone(),
-                                StoredTerms {
-                                    version: doc.version,
-                                    terms: update.new.to_vec(),
-                                },
-                            );
-                        }
+                        c.write_index(&doc.key, doc.version, update);
                     }
+                }
+                DocumentWrite::Index {
+                    collection,
+                    key,
+                    version,
+                    update,
+                } => {
+                    collections
+                        .entry(collection)
+                        .or_default()
+                        .write_index(key, version, update);
                 }
                 DocumentWrite::Delete {
                     collection,

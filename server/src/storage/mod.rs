@@ -41,6 +41,14 @@ pub enum DocumentWrite<'a> {
         doc: &'a Arc<StoredDocument>,
         index: Option<IndexUpdate<'a>>,
     },
+    /// Replace a stored document's index entries and terms record only (the background
+    /// indexer's write): `version` is the document version the new terms were computed from.
+    Index {
+        collection: CollectionUid,
+        key: &'a DocKey,
+        version: u64,
+        update: IndexUpdate<'a>,
+    },
     /// Remove (absent is not an error), with the index entries of `terms` and its terms record.
     Delete {
         collection: CollectionUid,

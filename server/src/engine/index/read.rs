@@ -7,7 +7,7 @@ use std::{collections::VecDeque, time::Instant};
 use mayfly_query::{Execution, Flow, QueryError};
 use serde_json::Value;
 
-use super::plan::IndexPlan;
+use super::{plan::IndexPlan, terms::term_at};
 use crate::engine::{
     CollectionInfo, Engine, Error, FeedScope, Millis,
     document::DocumentView,
@@ -49,6 +49,16 @@ fn too_long(examined: u64) -> Error {
             QUERY_TIME_LIMIT.as_secs()
         ),
     })
+}
+
+/// A fetched document as queries see it, if it still has the entry it was found by. One
+/// rewritten after its entry was read (or, in a `lazy` collection, not yet indexed since) may
+/// have left that term: it is skipped there, so a document is never fed twice (at its old and
+/// new entry) nor out of an ordered read's order.
+pub(crate) fn named_by(entry: &IndexEntry, view: DocumentView, plan: &IndexPlan) -> Option<Value> {
+    let doc = as_document(&view);
+    let body = doc.as_object().expect("documents are objects");
+    (term_at(body, &plan.path).as_ref() == Some(&entry.term)).then_some(doc)
 }
 
 impl Engine {
@@ -180,11 +190,14 @@ impl Engine {
                 last,
                 &mut metrics.index_entries_examined,
             )?;
-            for (_, view) in
+            for (entry, view) in
                 self.entry_documents(info, cursor.shard, batch.entries, read_at, settle_at)?
             {
                 metrics.documents_examined += 1;
-                let flow = run.push(&as_document(&view))?;
+                let Some(doc) = named_by(&entry, view, plan) else {
+                    continue;
+                };
+                let flow = run.push(&doc)?;
                 results.extend(run.take_ready());
                 if flow == Flow::Done {
                     return Ok(true);
@@ -269,9 +282,14 @@ impl Engine {
             };
             let entry = heads[i].buffer.pop_front().expect("has a front");
             let shard = heads[i].shard;
-            for (_, view) in self.entry_documents(info, shard, vec![entry], read_at, settle_at)? {
+            for (entry, view) in
+                self.entry_documents(info, shard, vec![entry], read_at, settle_at)?
+            {
                 metrics.documents_examined += 1;
-                let flow = run.push(&as_document(&view))?;
+                let Some(doc) = named_by(&entry, view, plan) else {
+                    continue;
+                };
+                let flow = run.push(&doc)?;
                 results.extend(run.take_ready());
                 if flow == Flow::Done {
                     return Ok(());

@@ -147,6 +147,40 @@ pub(crate) fn term_path(term: &[u8]) -> &[u8] {
     term
 }
 
+/// The term a document has at an encoded path (see [`path_prefix`]); `None` where the path is
+/// undefined. What a query checks an entry against: an entry read before its document was
+/// rewritten no longer names it.
+pub(crate) fn term_at(body: &Map<String, Value>, path: &[u8]) -> Option<Term> {
+    let mut object = body;
+    let mut segment = Vec::new();
+    let mut i = 0;
+    loop {
+        match (path.get(i)?, path.get(i + 1)) {
+            (0, Some(0xFF)) => {
+                segment.push(0);
+                i += 2;
+            }
+            (0, Some(1)) => {
+                let value = object.get(std::str::from_utf8(&segment).ok()?)?;
+                segment.clear();
+                i += 2;
+                if path[i..] == [0, 0] {
+                    let mut term = path.to_vec();
+                    push_value(value, &mut term);
+                    return Some(term);
+                }
+                object = value.as_object()?;
+            }
+            // The end of an empty path, or not a path.
+            (0, _) => return None,
+            (&b, _) => {
+                segment.push(b);
+                i += 1;
+            }
+        }
+    }
+}
+
 /// Whether a term's value sorts among others by its bytes (exact scalars); long strings,
 /// arrays and objects do not.
 pub(crate) fn is_orderable(term: &[u8]) -> bool {
@@ -164,6 +198,20 @@ mod tests {
         let mut t = path_prefix(path).expect("short");
         push_value(value, &mut t);
         t
+    }
+
+    #[test]
+    fn term_at_finds_what_document_terms_indexed() {
+        let body = json!({"a": {"b\u{0}c": "x", "n": 2}, "s": "y".repeat(300), "arr": [1]});
+        let body = body.as_object().expect("object");
+        let all = document_terms(body, &IndexPaths::default());
+        for path in [&["a", "b\u{0}c"][..], &["a", "n"], &["a"], &["s"], &["arr"]] {
+            let found = term_at(body, &path_prefix(path).expect("short")).expect("defined");
+            assert!(all.contains(&found), "{path:?}");
+        }
+        for path in [&["a", "zz"][..], &["s", "t"], &["none"]] {
+            assert_eq!(term_at(body, &path_prefix(path).expect("short")), None);
+        }
     }
 
     #[test]

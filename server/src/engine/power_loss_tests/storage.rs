@@ -370,12 +370,13 @@ impl ShardStore for PowerLossShard {
         let writes = batch
             .writes
             .iter()
-            .map(|write| match *write {
+            .filter_map(|write| match *write {
                 // The model keeps documents only: index entries are not what it checks.
-                DocumentWrite::Put { doc, .. } => LoggedWrite::Put(doc.clone()),
+                DocumentWrite::Put { doc, .. } => Some(LoggedWrite::Put(doc.clone())),
+                DocumentWrite::Index { .. } => None,
                 DocumentWrite::Delete {
                     collection, key, ..
-                } => LoggedWrite::Delete(collection, key.clone()),
+                } => Some(LoggedWrite::Delete(collection, key.clone())),
             })
             .collect();
         let lsn = self.shared.append(Entry::Documents {

@@ -8,8 +8,9 @@ use serde_json::{Map, Value};
 
 impl Shard {
     /// Creates, upserts or replaces a document. `terms` are its index terms under the policy
-    /// given with them. If the version it replaces has index entries, their terms are read
-    /// outside the lock first, and used if that version is still the one there.
+    /// given with them, if computed. If the version it replaces has index entries, their terms
+    /// are read outside the lock first, and used if that version is still the one there. In a
+    /// `lazy` collection neither is needed: the background indexer updates the entries.
     #[allow(
         clippy::too_many_arguments,
         reason = "one argument per part of a write request"
@@ -19,13 +20,13 @@ impl Shard {
         info: &CollectionInfo,
         key: DocKey,
         (body, map, ttl): (Bytes, &Map<String, Value>, Option<DocumentTtl>),
-        (policy, mut terms): (Option<Arc<IndexPaths>>, Vec<Term>),
+        (policy, mut terms): (Option<Arc<IndexPaths>>, Option<Vec<Term>>),
         mode: WriteMode,
         if_match: Option<&str>,
         version: u64,
         clock: &dyn Clock,
     ) -> Outcome<(DocumentView, bool)> {
-        let mut old_terms: Option<(SlotRef, Vec<Term>)> = None;
+        let mut old_terms: Option<(TermsRef, Vec<Term>)> = None;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -63,17 +64,32 @@ impl Shard {
             if let Err(e) = check_if_match(if_match, live.map(|s| st.docs.get(s)), &key) {
                 return Outcome::new(Err(e), seen);
             }
-            if !same_policy(cs.policy.as_ref(), policy.as_ref()) {
-                // The policy changed since the terms were computed: a short recompute here.
-                terms = cs
-                    .policy
-                    .as_ref()
-                    .map(|p| document_terms(map, p))
-                    .unwrap_or_default();
+            let created = live.is_none();
+            let record = |key, body| StoredDocument {
+                collection: info.uid,
+                key,
+                body,
+                last_write: now,
+                version,
+                ttl,
+            };
+            if cs.lazy && cs.policy.is_some() {
+                return self
+                    .write_version(state, slot, record(key, body), IndexChange::Owed)
+                    .map(|view| (view, created));
+            }
+            if terms.is_none() || !same_policy(cs.policy.as_ref(), policy.as_ref()) {
+                // Not computed, or under another policy: a short compute here.
+                terms = Some(
+                    cs.policy
+                        .as_ref()
+                        .map(|p| document_terms(map, p))
+                        .unwrap_or_default(),
+                );
             }
             let old = match slot {
                 Some(s) if st.docs.get(s).indexed => {
-                    let current = st.docs.current_ref(s);
+                    let current = st.docs.terms_ref(s);
                     match old_terms.take() {
                         Some((r, t)) if r == current => t,
                         _ if attempt < MAX_OPTIMISTIC_ATTEMPTS => {
@@ -96,17 +112,14 @@ impl Shard {
                 }
                 _ => Vec::new(),
             };
-            let created = live.is_none();
-            let record = StoredDocument {
-                collection: info.uid,
-                key,
-                body,
-                last_write: now,
-                version,
-                ttl,
-            };
+            let new = terms.take().unwrap_or_default();
             return self
-                .write_version(state, slot, record, Some((old, terms)))
+                .write_version(
+                    state,
+                    slot,
+                    record(key, body),
+                    IndexChange::Replace(old, new),
+                )
                 .map(|view| (view, created));
         }
     }
@@ -118,8 +131,9 @@ impl Shard {
         mut state: MutexGuard<'_, ShardState>,
         slot: Option<u32>,
         record: StoredDocument,
-        index: Option<(Vec<Term>, Vec<Term>)>,
+        index: IndexChange,
     ) -> Outcome<DocumentView> {
+        let owed = matches!(index, IndexChange::Owed);
         let st = &mut *state;
         let record = Arc::new(record);
         let change = Change::Put {
@@ -138,6 +152,9 @@ impl Shard {
         let settle_at = lsn.max(cs.settings_lsn);
         drop(state);
         self.wake_purge_for(deadline);
+        if owed {
+            self.indexer_wake.notify_one();
+        }
         Outcome::new(Ok(view), settle_at)
     }
 
@@ -192,7 +209,7 @@ impl Shard {
                 ttl: current.1,
             };
             // The same body: its index entries stay as they are.
-            return self.write_version(state, Some(slot), record, None);
+            return self.write_version(state, Some(slot), record, IndexChange::Unchanged);
         }
     }
 
@@ -205,7 +222,7 @@ impl Shard {
         if_match: Option<&str>,
         clock: &dyn Clock,
     ) -> Outcome<()> {
-        let mut old_terms: Option<(SlotRef, Vec<Term>)> = None;
+        let mut old_terms: Option<(TermsRef, Vec<Term>)> = None;
         let mut attempt = 0;
         let (mut state, slot, terms) = loop {
             attempt += 1;
@@ -219,7 +236,7 @@ impl Shard {
             if !st.docs.get(slot).indexed {
                 break (state, slot, Vec::new());
             }
-            let current = st.docs.current_ref(slot);
+            let current = st.docs.terms_ref(slot);
             match old_terms.take() {
                 Some((r, t)) if r == current => break (state, slot, t),
                 _ if attempt < MAX_OPTIMISTIC_ATTEMPTS => {
@@ -303,7 +320,10 @@ impl Shard {
 }
 
 /// Whether terms computed under `used` are the terms under `current`.
-fn same_policy(current: Option<&Arc<IndexPaths>>, used: Option<&Arc<IndexPaths>>) -> bool {
+pub(super) fn same_policy(
+    current: Option<&Arc<IndexPaths>>,
+    used: Option<&Arc<IndexPaths>>,
+) -> bool {
     match (current, used) {
         (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
         (None, None) => true,

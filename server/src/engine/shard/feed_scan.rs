@@ -100,7 +100,9 @@ impl Shard {
         Ok((live, judged.settle_at))
     }
 
-    /// How many of `keys` are live documents at `read_at`, judged by metadata alone.
+    /// How many of `keys` are live documents at `read_at`, judged by metadata alone. A
+    /// document owed an index update (`lazy` mode) is left out: its entry may be of a version
+    /// it no longer is, and without its body there is no telling.
     pub(crate) fn count_live_keys(
         &self,
         info: &CollectionInfo,
@@ -115,7 +117,8 @@ impl Shard {
         let live = keys
             .iter()
             .filter_map(|k| cs.index.get(k))
-            .filter(|&&slot| state.docs.get(slot).is_visible(&cs.rules, read_at))
+            .map(|&slot| state.docs.get(slot))
+            .filter(|m| !m.stale && m.is_visible(&cs.rules, read_at))
             .count();
         Ok((live as u64, observed(&state, cs)))
     }

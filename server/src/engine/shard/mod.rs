@@ -8,6 +8,7 @@
 
 mod documents;
 mod feed_scan;
+mod index_batch;
 pub(super) mod purge_batch;
 mod rebuild;
 mod slab;
@@ -28,7 +29,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use super::{
-    CollectionInfo, CollectionUid, IndexPaths, Outcome,
+    CollectionInfo, CollectionUid, IndexPaths, IndexingMode, Outcome,
     clock::{Clock, Millis},
     document::{DocumentView, Etag, WriteMode},
     error::Error,
@@ -51,8 +52,8 @@ pub(super) use self::state::Census;
 pub(super) use self::{
     documents::{collection_gone, observed, view},
     feed_scan::Reading,
-    slab::{DocMeta, DocSlab, Tracking},
-    state::{Change, CollectionShard, RemoveCause, ShardState},
+    slab::{DocMeta, DocSlab, TermsRef, Tracking},
+    state::{Change, CollectionShard, IndexChange, IndexSettings, RemoveCause, ShardState},
     tracking::{attach, detach, time_own_ttl},
 };
 
@@ -73,6 +74,8 @@ pub(crate) struct Shard {
     backlog: AtomicU64,
     /// The engine's version counter: every version handed out is below its value.
     versions: Arc<AtomicU64>,
+    /// Wakes the engine's background indexer (shared by every shard).
+    indexer_wake: Arc<Notify>,
 }
 
 impl Shard {
@@ -80,6 +83,7 @@ impl Shard {
         store: Arc<dyn ShardStore>,
         metrics: Arc<EngineMetrics>,
         versions: Arc<AtomicU64>,
+        indexer_wake: Arc<Notify>,
         now: Millis,
     ) -> Self {
         Shard {
@@ -90,6 +94,7 @@ impl Shard {
             purge_sleeps_until: AtomicU64::new(u64::MAX),
             backlog: AtomicU64::new(0),
             versions,
+            indexer_wake,
         }
     }
 
@@ -133,7 +138,7 @@ impl Shard {
         shards: &[Arc<Shard>],
         clock: &dyn Clock,
         uid: CollectionUid,
-        change: impl FnOnce(Millis) -> Result<(T, Rules, Option<Arc<IndexPaths>>, Lsn), E>,
+        change: impl FnOnce(Millis) -> Result<(T, Rules, IndexSettings, Lsn), E>,
     ) -> Result<(T, Vec<bool>), E> {
         let mut states: Vec<_> = shards.iter().map(|s| s.lock()).collect();
         let at = states
@@ -141,10 +146,10 @@ impl Shard {
             .map(|st| st.now(clock))
             .max()
             .unwrap_or_default();
-        let (decided, rules, policy, lsn) = change(at)?;
+        let (decided, rules, index, lsn) = change(at)?;
         let turned_on = states
             .iter_mut()
-            .map(|st| st.set_rules(uid, rules, policy.clone(), at, lsn))
+            .map(|st| st.set_rules(uid, rules, &index, at, lsn))
             .collect();
         Ok((decided, turned_on))
     }
@@ -167,8 +172,12 @@ impl Shard {
                 uid,
                 rules: info.rules(),
                 policy: info.indexed_paths_arc(),
+                lazy: info.settings.indexing_mode() == IndexingMode::Lazy,
                 paths: PathStats::default(),
                 indexed_docs: 0,
+                stale_docs: 0,
+                // A collection loaded with an incomplete index resumes its rebuild.
+                rebuild_from: (!info.index_complete).then_some(0),
                 purged_docs: 0,
                 rules_changed_at: now,
                 settings_lsn: Lsn::ZERO,

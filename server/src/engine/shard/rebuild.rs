@@ -7,7 +7,7 @@ use crate::engine::{
     CollectionUid,
     clock::{Clock, Millis},
     expiry::inherit_queue::SlotRef,
-    shard::{DocMeta, Shard, Tracking, time_own_ttl},
+    shard::{DocMeta, Shard, Tracking, state::mark_stale, time_own_ttl},
     ttl::DocumentTtl,
 };
 use crate::storage::{Lsn, StorageError, StoredMeta};
@@ -48,8 +48,15 @@ impl Shard {
                 dead: false,
                 indexed: false,
                 purged: false,
+                stale: false,
+                index_epoch: 0,
             });
             cs.index.insert(doc.key, r.slot);
+            // In a `lazy` collection a document is owed its entries unless its terms record
+            // (below) is of its version: a crash may have come before the indexer's write.
+            if cs.lazy && cs.policy.is_some() {
+                mark_stale(&mut st.docs, &mut st.unindexed, cs, r.slot);
+            }
         })?;
         // Index entries are stored, not rebuilt: recovery only learns which documents have
         // them and counts their paths.
@@ -58,7 +65,12 @@ impl Shard {
                 return;
             };
             if let Some(&slot) = cs.index.get(&key) {
-                st.docs.get_mut(slot).indexed = true;
+                let meta = st.docs.get_mut(slot);
+                meta.indexed = true;
+                if meta.stale && meta.version == stored.version {
+                    meta.stale = false;
+                    cs.stale_docs -= 1;
+                }
                 cs.indexed_docs += 1;
                 cs.paths.update(&[], &stored.terms);
             }

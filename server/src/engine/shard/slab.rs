@@ -35,6 +35,14 @@ pub(in crate::engine) struct DocMeta {
     pub(in crate::engine) indexed: bool,
     /// The purge deleted it from storage; it stays until the delete is durable.
     pub(in crate::engine) purged: bool,
+    /// Its index entries (if any) are not this version's under the collection's policy: the
+    /// background indexer owes it an update (a lazy write, or a rebuild). Every such document
+    /// is in its shard's `unindexed` queue.
+    pub(in crate::engine) stale: bool,
+    /// Counts the background indexer's writes of its terms record, which leave the slot's
+    /// generation alone (its expiry tracking holds that): with the generation, it tells a
+    /// writer whether the terms it read outside the lock are still the stored ones.
+    pub(in crate::engine) index_epoch: u32,
 }
 
 impl DocMeta {
@@ -65,6 +73,13 @@ impl DocMeta {
     }
 }
 
+/// Where a document's stored terms stand: equal readings mean the terms record is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::engine) struct TermsRef {
+    at: SlotRef,
+    epoch: u32,
+}
+
 /// Slots for document metadata, addressed by index. Every write and every free bumps a slot's
 /// generation, so a `SlotRef` taken earlier can tell that its document changed.
 #[derive(Debug, Default)]
@@ -80,6 +95,14 @@ struct Slot {
 }
 
 impl DocSlab {
+    /// See [`TermsRef`].
+    pub(in crate::engine) fn terms_ref(&self, slot: u32) -> TermsRef {
+        TermsRef {
+            at: self.current_ref(slot),
+            epoch: self.get(slot).index_epoch,
+        }
+    }
+
     pub(in crate::engine) fn insert(&mut self, doc: DocMeta) -> SlotRef {
         let slot = match self.free.pop() {
             Some(slot) => slot,

@@ -12,6 +12,9 @@ pub(crate) struct ShardState {
     /// Documents known to be expired (marked dead) and waiting to be purged, with their expiry
     /// instants. Entries go stale when the document is written again.
     pub(super) pending: VecDeque<(SlotRef, Millis)>,
+    /// Slots of documents the background indexer owes an update ([`DocMeta::stale`]); a slot
+    /// whose document is no longer stale is skipped.
+    pub(super) unindexed: VecDeque<u32>,
     /// When each collection's inherit queue is next due: the purge serves the earliest first.
     pub(super) heads: QueueHeads,
     /// The position of the latest client write to this shard: an answer that something is
@@ -41,8 +44,15 @@ pub(crate) struct CollectionShard {
     pub(super) policy: Option<Arc<IndexPaths>>,
     /// What the stored index holds per path (see [`PathStats`]).
     pub(super) paths: PathStats,
+    /// Writes leave index entries to the background indexer (`lazy` mode).
+    pub(super) lazy: bool,
     /// Documents with index entries.
     pub(super) indexed_docs: u64,
+    /// Documents marked [`DocMeta::stale`].
+    pub(super) stale_docs: u64,
+    /// A rebuild's walk over the slots: the next slot whose document (of this collection) it
+    /// marks stale. `None`: not rebuilding, or the walk is done.
+    pub(super) rebuild_from: Option<u32>,
     /// Documents the purge deleted whose delete is not durable yet (still in `index`).
     pub(super) purged_docs: u64,
     /// This collection's entry in [`ShardState::heads`].
@@ -78,15 +88,32 @@ impl CollectionShard {
     }
 }
 
+/// What a new version of a document does to its index entries.
+#[derive(Debug)]
+pub(in crate::engine) enum IndexChange {
+    /// They stay (the same body, or a collection that does not index).
+    Unchanged,
+    /// They change from the first terms to the second, in the same batch.
+    Replace(Vec<Term>, Vec<Term>),
+    /// They stay, and the background indexer owes the document an update (`lazy` mode).
+    Owed,
+}
+
 /// A change to one document, as the commit path sees it.
 #[derive(Debug)]
 pub(in crate::engine) enum Change {
-    /// Store this version; `slot` is the slot of the previous version, live or expired. With
-    /// `index`, its index entries change from the first terms to the second.
+    /// Store this version; `slot` is the slot of the previous version, live or expired.
     Put {
         slot: Option<u32>,
         record: Arc<StoredDocument>,
-        index: Option<(Vec<Term>, Vec<Term>)>,
+        index: IndexChange,
+    },
+    /// Replace the index entries of the document in `slot` (its current version) from the
+    /// first terms to the second: the background indexer's write.
+    Index {
+        slot: u32,
+        old: Vec<Term>,
+        new: Vec<Term>,
     },
     /// Remove the document in `slot`, with the index entries of `terms` (its stored terms).
     Remove {
@@ -108,6 +135,7 @@ impl ShardState {
     pub(super) fn new(now: Millis) -> Self {
         ShardState {
             collections: HashMap::new(),
+            unindexed: VecDeque::new(),
             docs: DocSlab::default(),
             wheel: TimerWheel::new(now),
             pending: VecDeque::new(),
@@ -150,7 +178,7 @@ impl ShardState {
         &mut self,
         uid: CollectionUid,
         rules: Rules,
-        policy: Option<Arc<IndexPaths>>,
+        index: &IndexSettings,
         at: Millis,
         lsn: Lsn,
     ) -> bool {
@@ -160,7 +188,11 @@ impl ShardState {
         };
         let turned_on = !cs.rules.default_ttl.is_on() && rules.default_ttl.is_on();
         cs.rules = rules;
-        cs.policy = policy;
+        cs.policy = index.paths.clone();
+        cs.lazy = index.lazy;
+        if index.rebuild {
+            cs.rebuild_from = Some(0);
+        }
         cs.rules_changed_at = at;
         cs.settings_lsn = lsn;
         cs.refresh_head(&mut self.heads);
@@ -190,8 +222,20 @@ impl ShardState {
             .map(|change| match change {
                 Change::Put { record, index, .. } => DocumentWrite::Put {
                     doc: record,
-                    index: index.as_ref().map(|(old, new)| IndexUpdate { old, new }),
+                    index: match index {
+                        IndexChange::Replace(old, new) => Some(IndexUpdate { old, new }),
+                        IndexChange::Unchanged | IndexChange::Owed => None,
+                    },
                 },
+                Change::Index { slot, old, new } => {
+                    let meta = self.docs.get(*slot);
+                    DocumentWrite::Index {
+                        collection: meta.collection,
+                        key: &meta.key,
+                        version: meta.version,
+                        update: IndexUpdate { old, new },
+                    }
+                }
                 Change::Remove { slot, terms, .. } => {
                     let meta = self.docs.get(*slot);
                     DocumentWrite::Delete {
@@ -220,7 +264,7 @@ impl ShardState {
                         .collections
                         .get_mut(&record.collection)
                         .expect("callers hold a collection shard");
-                    if let Some((old, new)) = index {
+                    if let IndexChange::Replace(old, new) = index {
                         cs.paths.update(old, new);
                     }
                     let doc = match *slot {
@@ -241,7 +285,7 @@ impl ShardState {
                             if mem::take(&mut meta.purged) {
                                 cs.purged_docs -= 1;
                             }
-                            if let Some((_, new)) = index {
+                            if let IndexChange::Replace(_, new) = index {
                                 let was = mem::replace(&mut meta.indexed, !new.is_empty());
                                 cs.indexed_docs =
                                     cs.indexed_docs + u64::from(meta.indexed) - u64::from(was);
@@ -258,19 +302,40 @@ impl ShardState {
                                 ttl: record.ttl,
                                 tracking: Tracking::None,
                                 dead: false,
-                                indexed: index.as_ref().is_some_and(|(_, new)| !new.is_empty()),
+                                indexed: matches!(index, IndexChange::Replace(_, new) if !new.is_empty()),
                                 purged: false,
+                                stale: false,
+                                index_epoch: 0,
                             });
                             cs.indexed_docs += u64::from(self.docs.get(r.slot).indexed);
                             cs.index.insert(record.key.clone(), r.slot);
                             r
                         }
                     };
+                    match index {
+                        IndexChange::Replace(..) => unstale(&mut self.docs, cs, doc.slot),
+                        IndexChange::Owed => {
+                            mark_stale(&mut self.docs, &mut self.unindexed, cs, doc.slot)
+                        }
+                        IndexChange::Unchanged => {}
+                    }
                     if let Some(deadline) =
                         attach(&mut self.docs, &mut self.wheel, &mut self.heads, cs, doc)
                     {
                         earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
                     }
+                }
+                Change::Index { slot, old, new } => {
+                    let cs = self
+                        .collections
+                        .get_mut(&self.docs.get(*slot).collection)
+                        .expect("the indexer names attached collections");
+                    cs.paths.update(old, new);
+                    let meta = self.docs.get_mut(*slot);
+                    let was = mem::replace(&mut meta.indexed, !new.is_empty());
+                    meta.index_epoch = meta.index_epoch.wrapping_add(1);
+                    cs.indexed_docs = cs.indexed_docs + u64::from(meta.indexed) - u64::from(was);
+                    unstale(&mut self.docs, cs, *slot);
                 }
                 Change::Remove { slot, cause, terms } => {
                     let collection = self.docs.get(*slot).collection;
@@ -282,6 +347,7 @@ impl ShardState {
                         .expect("removals name live collections");
                     detach(&mut self.docs, &mut self.wheel, cs, *slot);
                     cs.paths.update(terms, &[]);
+                    unstale(&mut self.docs, cs, *slot);
                     let meta = self.docs.get_mut(*slot);
                     if mem::take(&mut meta.indexed) {
                         cs.indexed_docs -= 1;
@@ -366,6 +432,20 @@ impl ShardState {
                 .is_some_and(|c| c.documents == cs.indexed_docs && c.unorderable == 0)
     }
 
+    /// A collection's index bookkeeping in this shard: documents owed an update, documents
+    /// with entries, documents, and documents with an entry at `path`.
+    #[cfg(test)]
+    pub(in crate::engine) fn index_census(&self, uid: CollectionUid, path: &[u8]) -> [u64; 4] {
+        let cs = &self.collections[&uid];
+        let at_path = cs.paths.get(path).map_or(0, |c| c.documents);
+        [
+            cs.stale_docs,
+            cs.indexed_docs,
+            cs.index.len() as u64,
+            at_path,
+        ]
+    }
+
     /// Everything the purge could act on, counted entry by entry (tests check the counters
     /// against it).
     #[cfg(test)]
@@ -382,6 +462,39 @@ impl ShardState {
             census.queue_bytes += cs.inherit.allocated_bytes();
         }
         census
+    }
+}
+
+/// How a collection's shards index, installed with its rules.
+#[derive(Debug, Clone)]
+pub(crate) struct IndexSettings {
+    /// The paths writes index under (`None`: it does not index).
+    pub(in crate::engine) paths: Option<Arc<IndexPaths>>,
+    /// Writes leave their entries to the background indexer.
+    pub(in crate::engine) lazy: bool,
+    /// Every document's entries must be made again (the paths changed, indexing was turned
+    /// on or off, or TTL was switched on or off in `lazy` mode).
+    pub(in crate::engine) rebuild: bool,
+}
+
+/// Marks a document as owed an index update, queueing it unless it already is.
+pub(in crate::engine) fn mark_stale(
+    docs: &mut DocSlab,
+    unindexed: &mut VecDeque<u32>,
+    cs: &mut CollectionShard,
+    slot: u32,
+) {
+    let meta = docs.get_mut(slot);
+    if !mem::replace(&mut meta.stale, true) {
+        cs.stale_docs += 1;
+        unindexed.push_back(slot);
+    }
+}
+
+/// A document's entries are its current version's now (or it is gone).
+fn unstale(docs: &mut DocSlab, cs: &mut CollectionShard, slot: u32) {
+    if mem::take(&mut docs.get_mut(slot).stale) {
+        cs.stale_docs -= 1;
     }
 }
 

@@ -31,9 +31,9 @@ pub use group_commit::{BUFFERED_SYNC_INTERVAL, Durability};
 
 use self::{codec::Header, data_dir::DataDir, group_commit::GroupCommit};
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, Lsn, ScanRange,
-    ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms,
-    Term, WriteBatch, index_keys,
+    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, Lsn,
+    ScanRange, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta,
+    StoredTerms, Term, WriteBatch, index_keys,
 };
 use crate::model::CollectionUid;
 
@@ -419,6 +419,37 @@ impl DiskShard {
         Ok(out)
     }
 
+    /// Replaces a document's index entries (`update.old` → `update.new`) and its terms record.
+    fn write_index(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        collection: CollectionUid,
+        key: &DocKey,
+        version: u64,
+        update: IndexUpdate<'_>,
+    ) {
+        let (removed, added) = index_keys::changed_terms(update.old, update.new);
+        self.remove_entries(batch, collection, &removed, key);
+        let prefix = codec::collection_prefix(self.index, collection);
+        for term in added {
+            batch.insert(
+                &self.entries,
+                index_keys::entry_key(&prefix, term, key),
+                index_keys::entry_value(term),
+            );
+        }
+        let record = codec::document_key(self.index, collection, key);
+        if update.new.is_empty() {
+            batch.remove(&self.terms, record);
+        } else {
+            batch.insert(
+                &self.terms,
+                record,
+                index_keys::encode_terms(version, update.new),
+            );
+        }
+    }
+
     fn remove_entries(
         &self,
         batch: &mut fjall::OwnedWriteBatch,
@@ -477,29 +508,17 @@ impl ShardStore for DiskShard {
                         ttl: doc.ttl,
                     };
                     if let Some(update) = index {
-                        let (removed, added) = index_keys::changed_terms(update.old, update.new);
-                        self.remove_entries(&mut out, doc.collection, &removed, &doc.key);
-                        let prefix = codec::collection_prefix(self.index, doc.collection);
-                        for term in added {
-                            out.insert(
-                                &self.entries,
-                                index_keys::entry_key(&prefix, term, &doc.key),
-                                index_keys::entry_value(term),
-                            );
-                        }
-                        if update.new.is_empty() {
-                            out.remove(&self.terms, key.clone());
-                        } else {
-                            out.insert(
-                                &self.terms,
-                                key.clone(),
-                                index_keys::encode_terms(doc.version, update.new),
-                            );
-                        }
+                        self.write_index(&mut out, doc.collection, &doc.key, doc.version, update);
                     }
                     out.insert(&self.meta, key.clone(), header.encode(&[]));
                     out.insert(&self.docs, key, header.encode(&doc.body));
                 }
+                DocumentWrite::Index {
+                    collection,
+                    key,
+                    version,
+                    update,
+                } => self.write_index(&mut out, collection, key, version, update),
                 DocumentWrite::Delete {
                     collection,
                     key: doc_key,
