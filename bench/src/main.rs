@@ -15,6 +15,7 @@
 mod etcd;
 mod metrics;
 mod payload;
+mod query;
 mod recovery;
 
 use std::{
@@ -53,6 +54,9 @@ enum Workload {
     Expiry,
     /// Load --documents into a new --data-dir, SIGKILL, restart: measure recovery.
     Recovery,
+    /// Preload, then run each query shape (indexed equality, ORDER BY TOP 10, COUNT, a
+    /// full-scan filter) at --concurrency and at 1 in flight.
+    Query,
     /// etcd: plain puts of --doc-bytes values under unique keys.
     EtcdPut,
     /// etcd: LeaseGrant(--ttl) then a put with that lease; the pair counts as one leased put.
@@ -107,6 +111,13 @@ struct Args {
     /// Seconds from the start of loading to the first expiry: must exceed the load time.
     #[arg(long, default_value_t = 45)]
     lead_secs: u64,
+    /// The collection's indexing mode: consistent, lazy or none (none turns collection TTL
+    /// off, since Cosmos DB refuses TTL without an index: documents' ttls are then ignored).
+    #[arg(long, default_value = "consistent")]
+    indexing: String,
+    /// Properties per document (at least 5: id, pk, payload, n, g; the rest small scalars).
+    #[arg(long, default_value_t = 5)]
+    properties: usize,
     /// The `mayfly` binary that recovery starts.
     #[arg(long)]
     server_bin: Option<std::path::PathBuf>,
@@ -156,6 +167,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bench.timed(bench.args.read_percent).await?
         }
         Workload::Expiry => bench.expiry().await?,
+        Workload::Query => {
+            bench.preload().await?;
+            bench.queries().await?
+        }
         Workload::EtcdPut | Workload::EtcdLeasePut | Workload::EtcdExpiry | Workload::Recovery => {
             unreachable!("etcd and recovery workloads return before connecting")
         }
@@ -196,13 +211,23 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
         })
         .await?;
     let collection = format!("{:?}", args.workload).to_lowercase();
+    let (indexing_mode, default_ttl) = match args.indexing.as_str() {
+        "consistent" => (v1::IndexingMode::Consistent, Some(-1)),
+        "lazy" => (v1::IndexingMode::Lazy, Some(-1)),
+        "none" => (v1::IndexingMode::None, None),
+        other => {
+            return Err(tonic::Status::invalid_argument(format!(
+                "--indexing {other}: expected consistent, lazy or none"
+            )));
+        }
+    };
     CollectionsClient::new(channel.clone())
         .create_collection(CreateCollectionRequest {
             database: DATABASE.into(),
             id: collection.clone(),
             partition_key_path: "/pk".into(),
-            default_ttl: Some(-1),
-            indexing_mode: 0,
+            default_ttl,
+            indexing_mode: indexing_mode as i32,
             indexing_paths: None,
         })
         .await?;
@@ -214,6 +239,11 @@ struct Bench {
     collection: String,
     payloads: Payloads,
     args: Args,
+}
+
+/// Groups of 10 documents among `preload` (field `g`).
+fn group_count(preload: u64) -> u64 {
+    (preload / 10).max(1)
 }
 
 fn partition(n: u64) -> String {
@@ -246,6 +276,15 @@ impl Bench {
             Value::String(self.payloads.get(n).to_owned()),
         );
         body.insert("n".into(), json!(n));
+        body.insert("g".into(), json!(n % group_count(self.args.preload)));
+        for i in 5..self.args.properties {
+            let value = if i % 2 == 0 {
+                json!(n.wrapping_mul(i as u64) % 1000)
+            } else {
+                json!(format!("v{}", n % 97))
+            };
+            body.insert(format!("f{i}"), value);
+        }
         CreateDocumentRequest {
             database: DATABASE.into(),
             collection: self.collection.clone(),

@@ -74,7 +74,7 @@ impl Engine {
 
     /// Records complete, durably, the index of every collection whose shards have all caught
     /// up with its policy: from then on `consistent` queries read it again.
-    fn finish_rebuilds(&self) -> Result<(), Error> {
+    pub(crate) fn finish_rebuilds(&self) -> Result<(), Error> {
         let incomplete: Vec<Arc<CollectionInfo>> = self
             .inner
             .catalog

@@ -2028,6 +2028,13 @@ fn lazy_writes_are_indexed_in_the_background() {
         )
         .expect("settings");
     assert!(!info.index_complete);
+    // One batch of budget 0: the walk marks every document owed an update, takes none.
+    let mut owed = 0;
+    for shard in f.engine.shards() {
+        shard.index_batch(0).expect("walks");
+        owed += shard.lock().index_census(info.uid, &[])[0];
+    }
+    assert_eq!(owed, 5, "every live document is rebuilt");
     let (_, metrics) = query_on(&f.engine, &path, open, false, 100).expect("runs");
     assert_eq!(metrics.index.as_deref(), Some("/status/?"));
     f.engine.index_now();
@@ -2039,6 +2046,29 @@ fn lazy_writes_are_indexed_in_the_background() {
     );
     let (rows, _) = query_on(&f.engine, &path, open, false, 100).expect("runs");
     assert_eq!(rows.len(), 4);
+
+    // Written, deleted and written again before the indexer came: the slot is reused while
+    // still queued, and the document is indexed once (per-path counts stay exact).
+    for _ in 0..3 {
+        f.engine
+            .upsert_document(&path, status_doc("d9", "open", 9), None, None)
+            .result
+            .expect("upsert");
+        f.engine
+            .delete_document(&path, &key("p9", "d9"), None)
+            .result
+            .expect("delete");
+    }
+    f.engine
+        .upsert_document(&path, status_doc("d9", "open", 9), None, None)
+        .result
+        .expect("upsert");
+    f.engine.index_now();
+    let n = super::index::terms::path_prefix(&["n"]).expect("short");
+    for shard in f.engine.shards() {
+        let [stale, indexed, docs, with_n] = shard.lock().index_census(info.uid, &n);
+        assert_eq!((stale, indexed, with_n), (0, docs, docs));
+    }
 }
 
 /// Changing the paths rebuilds the index: `consistent` queries read documents until it is
@@ -2066,6 +2096,15 @@ fn a_path_change_rebuilds_the_index() {
         )
         .expect("settings");
     assert!(!info.index_complete);
+    // One small batch: documents are still owed updates, so the index is not complete.
+    f.engine.shards()[0].index_batch(3).expect("indexes");
+    f.engine.finish_rebuilds().expect("checks");
+    assert!(
+        !f.engine
+            .get_collection(&f.path)
+            .expect("exists")
+            .index_complete
+    );
     let by_n = "SELECT VALUE c.id FROM c WHERE c.n = 7";
     let (rows, metrics) = query_on(&f.engine, &f.path, by_n, false, 100).expect("runs");
     assert_eq!((rows, metrics.index), (vec![json!("d7")], None));
@@ -2160,7 +2199,34 @@ async fn an_interrupted_catch_up_or_rebuild_resumes_after_a_restart() {
     }
     let (engine, path) = disk_engine(dir.path(), clock.clone());
     assert!(!engine.get_collection(&path).expect("exists").index_complete);
+    let lazy_uid = engine.get_collection(&lazy_path).expect("exists").uid;
+    let owed = |engine: &Engine| -> u64 {
+        engine
+            .shards()
+            .iter()
+            .map(|s| s.lock().index_census(lazy_uid, &[])[0])
+            .sum()
+    };
+    let after_restart = owed(&engine);
+    assert!(
+        (1..=10).contains(&after_restart),
+        "the unindexed and the rewritten ones are owed again: {after_restart}"
+    );
     engine.index_now();
+    assert_eq!(owed(&engine), 0);
+    let (rows, _) = query_on(
+        &engine,
+        &lazy_path,
+        "SELECT VALUE c.n FROM c WHERE c.status = 'closed'",
+        false,
+        100,
+    )
+    .expect("runs");
+    assert_eq!(
+        rows,
+        [json!(3)],
+        "the rewrite reached the index after the restart"
+    );
     assert!(engine.get_collection(&path).expect("exists").index_complete);
     let open = "SELECT VALUE c.n FROM c WHERE c.status = 'open'";
     for (p, expected) in [(&path, 10), (&lazy_path, 9)] {

@@ -17,6 +17,8 @@ use crate::storage::{DocKey, IndexEntry, IndexRange, Lsn};
 
 /// Index entries read at a time.
 pub(crate) const ENTRY_BATCH: usize = 256;
+/// Entries an ordered read first asks each shard for.
+const FIRST_ORDERED_BATCH: usize = 16;
 
 /// Where an index read stands in one shard's ranges.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,6 +233,9 @@ impl Engine {
             buffer: VecDeque<IndexEntry>,
             after: Option<IndexEntry>,
             exhausted: bool,
+            /// Entries the next read asks for: few at first (a `TOP 10` needs about 10 in
+            /// all), doubling up to [`ENTRY_BATCH`].
+            batch: usize,
         }
         let mut heads: Vec<Head> = (first..=last)
             .map(|shard| Head {
@@ -238,6 +243,7 @@ impl Engine {
                 buffer: VecDeque::new(),
                 after: None,
                 exhausted: false,
+                batch: FIRST_ORDERED_BATCH,
             })
             .collect();
         loop {
@@ -254,10 +260,11 @@ impl Engine {
                             descending,
                             after: head.after.as_ref(),
                         },
-                        ENTRY_BATCH,
+                        head.batch,
                     )?;
                     metrics.index_entries_examined += entries.len() as u64;
-                    head.exhausted = entries.len() < ENTRY_BATCH;
+                    head.exhausted = entries.len() < head.batch;
+                    head.batch = (head.batch * 2).min(ENTRY_BATCH);
                     head.after = entries.last().cloned();
                     head.buffer = entries
                         .into_iter()

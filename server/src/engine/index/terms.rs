@@ -54,8 +54,10 @@ pub(crate) fn path_prefix<S: AsRef<str>>(path: &[S]) -> Option<Vec<u8>> {
     (out.len() <= MAX_PATH_TERM).then_some(out)
 }
 
-/// An `f64` as 8 bytes in `total_cmp` order.
+/// An `f64` as 8 bytes in `total_cmp` order, with -0 as 0 (they are equal in queries, and
+/// stored bodies may carry either).
 pub(crate) fn number_bytes(n: f64) -> [u8; 8] {
+    let n = if n == 0.0 { 0.0 } else { n };
     let bits = n.to_bits();
     let ordered = if bits >> 63 == 1 {
         !bits

@@ -6,11 +6,15 @@
 
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
+use std::collections::HashSet;
+
 use crate::engine::index::terms::document_terms;
 use crate::engine::shard::{documents::same_policy, state::mark_stale};
 
 /// Slots a rebuild's walk marks per hold of the shard lock.
 const WALK_CHUNK: usize = 4096;
+/// Queue entries [`pick`] may examine per document it takes.
+const PICK_FACTOR: usize = 8;
 
 /// What one indexer batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,9 +46,9 @@ impl Shard {
         let candidates = {
             let mut state = self.lock();
             let st = &mut *state;
-            if st.unindexed.len() < budget {
-                walk_rebuilds(st);
-            }
+            // A chunk every batch, whatever is queued, so that one collection's backlog cannot
+            // hold off another's rebuild; the queue grows by at most a slot per document.
+            walk_rebuilds(st);
             pick(st, budget)
         };
         if candidates.is_empty() {
@@ -120,13 +124,15 @@ impl Shard {
     }
 
     /// Whether this shard's part of a collection's index is caught up with its policy: the
-    /// rebuild's walk is done and, unless the collection is `lazy` (whose queries may miss
-    /// what is owed), no document is owed an update.
+    /// rebuild's walk is done and no document is owed an update. In a `lazy` collection too:
+    /// a restart trusts a terms record of the document's version only once the index is
+    /// recorded complete, so it must not be recorded so while documents still hold entries
+    /// of an older policy (under steady writes, it waits for a moment the indexer is level).
     pub(crate) fn index_caught_up(&self, uid: CollectionUid) -> bool {
         self.lock()
             .collections
             .get(&uid)
-            .is_none_or(|cs| cs.rebuild_from.is_none() && (cs.lazy || cs.stale_docs == 0))
+            .is_none_or(|cs| cs.rebuild_from.is_none() && cs.stale_docs == 0)
     }
 
     /// A candidate's stored terms and its terms under the policy, read without the lock;
@@ -181,19 +187,24 @@ fn walk_rebuilds(st: &mut ShardState) {
     }
 }
 
-/// Takes up to `budget` documents owed an update off the queue. Expired ones are no longer
-/// owed one: the purge removes their entries with them.
+/// Takes up to `budget` documents owed an update off the queue, examining at most
+/// [`PICK_FACTOR`] entries per document taken (entries no longer owed anything are skipped), so
+/// one hold of the lock stays short. Expired ones are no longer owed one: the purge removes
+/// their entries with them. A slot may be queued twice (freed and reused while queued); it is
+/// taken once.
 fn pick(st: &mut ShardState, budget: usize) -> Vec<Candidate> {
-    let mut out = Vec::new();
-    while out.len() < budget {
+    let mut out: Vec<Candidate> = Vec::new();
+    let mut taken = HashSet::new();
+    let mut examined = 0;
+    while out.len() < budget && examined < budget * PICK_FACTOR {
         let Some(slot) = st.unindexed.pop_front() else {
             break;
         };
+        examined += 1;
         let Some(meta) = st.docs.try_get(slot) else {
             continue;
         };
-        let at = st.docs.terms_ref(slot);
-        if !meta.stale {
+        if !meta.stale || taken.contains(&slot) {
             continue;
         }
         // A detached collection's documents are being freed; nothing is owed them.
@@ -205,9 +216,10 @@ fn pick(st: &mut ShardState, budget: usize) -> Vec<Candidate> {
             cs.stale_docs -= 1;
             continue;
         }
+        taken.insert(slot);
         out.push(Candidate {
             slot,
-            at,
+            at: st.docs.terms_ref(slot),
             collection: meta.collection,
             key: meta.key.clone(),
             version: meta.version,

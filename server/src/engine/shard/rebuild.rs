@@ -1,6 +1,9 @@
 //! A shard's part of recovery: loading stored metadata, and rebuilding expiry tracking.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    mem,
+};
 
 use crate::engine::recovery::{ExpiryRebuild, ShardLoad};
 use crate::engine::{
@@ -54,8 +57,9 @@ impl Shard {
             cs.index.insert(doc.key, r.slot);
             // In a `lazy` collection a document is owed its entries unless its terms record
             // (below) is of its version: a crash may have come before the indexer's write.
+            // Marked here without queueing; those still marked after the terms are queued.
             if cs.lazy && cs.policy.is_some() {
-                mark_stale(&mut st.docs, &mut st.unindexed, cs, r.slot);
+                st.docs.get_mut(r.slot).stale = true;
             }
         })?;
         // Index entries are stored, not rebuilt: recovery only learns which documents have
@@ -67,14 +71,25 @@ impl Shard {
             if let Some(&slot) = cs.index.get(&key) {
                 let meta = st.docs.get_mut(slot);
                 meta.indexed = true;
-                if meta.stale && meta.version == stored.version {
+                if meta.version == stored.version {
                     meta.stale = false;
-                    cs.stale_docs -= 1;
                 }
                 cs.indexed_docs += 1;
                 cs.paths.update(&[], &stored.terms);
             }
         })?;
+        for slot in 0..st.docs.slot_count() as u32 {
+            let Some(meta) = st.docs.try_get_mut(slot) else {
+                continue;
+            };
+            if mem::take(&mut meta.stale) {
+                let cs = st
+                    .collections
+                    .get_mut(&meta.collection)
+                    .expect("only attached collections' documents are loaded");
+                mark_stale(&mut st.docs, &mut st.unindexed, cs, slot);
+            }
+        }
         // Shard time never runs behind a stored write, even if the wall clock stepped back
         // across the restart: nothing stored can come back to life.
         st.advance_to(latest);
