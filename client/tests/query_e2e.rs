@@ -4,12 +4,14 @@
 use std::time::{Duration, Instant};
 
 use mayfly_client::{
-    Client, Collection, CollectionSettings, DefaultTtl, Error, IndexingMode, IndexingPaths,
+    Client, Collection, CollectionSettings, Database, DefaultTtl, Error, IndexingMode,
+    IndexingPaths,
 };
 use mayfly_server::RunningServer;
 use serde_json::{Value, json};
 
-async fn setup(ttl: DefaultTtl) -> (RunningServer, Collection) {
+/// A server on 127.0.0.1:0 and its database "db".
+async fn server_with_database() -> (RunningServer, Database) {
     let server = RunningServer::start(Default::default())
         .await
         .expect("server");
@@ -17,6 +19,11 @@ async fn setup(ttl: DefaultTtl) -> (RunningServer, Collection) {
         .await
         .expect("client");
     let db = client.create_database("db").await.expect("db");
+    (server, db)
+}
+
+async fn setup(ttl: DefaultTtl) -> (RunningServer, Collection) {
+    let (server, db) = server_with_database().await;
     let c = db
         .create_collection("events", "/pk")
         .default_ttl(ttl)
@@ -176,13 +183,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(
 /// a path change is rebuilt and recorded complete, after which queries read the index again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_background_indexer_catches_up_and_rebuilds() {
-    let server = RunningServer::start(Default::default())
-        .await
-        .expect("server");
-    let client = Client::connect(server.local_addr().to_string())
-        .await
-        .expect("client");
-    let db = client.create_database("db").await.expect("db");
+    let (_server, db) = server_with_database().await;
     let lazy = db
         .create_collection("lazy", "/pk")
         .indexing_mode(IndexingMode::Lazy)

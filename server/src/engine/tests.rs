@@ -58,6 +58,31 @@ fn default_ttl(raw: Option<i64>) -> DefaultTtl {
 }
 
 impl Fixture {
+    /// Another collection in the fixture's database, partitioned on `/pk`, TTL off.
+    fn collection(
+        &self,
+        name: &str,
+        mode: IndexingMode,
+        paths: IndexPaths,
+    ) -> (Arc<CollectionInfo>, CollectionPath) {
+        let settings = CollectionSettings::new(DefaultTtl::Off, mode).expect("valid");
+        let info = self
+            .engine
+            .create_collection(
+                &self.path.database,
+                id(name),
+                PartitionKeyPath::parse("/pk").expect("path"),
+                settings,
+                Arc::new(paths),
+            )
+            .expect("collection");
+        let path = CollectionPath {
+            database: self.path.database.clone(),
+            collection: info.id.clone(),
+        };
+        (info, path)
+    }
+
     fn new(default: Option<i64>) -> Self {
         Self::with_storage(default, Arc::new(MemoryStorage::new()))
     }
@@ -1763,22 +1788,7 @@ async fn an_index_survives_a_restart_with_exactly_the_current_entries() {
 #[test]
 fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
     let f = Fixture::new(None);
-    let db = f.path.database.clone();
-    let none = CollectionSettings::new(DefaultTtl::Off, IndexingMode::None).expect("valid");
-    let info = f
-        .engine
-        .create_collection(
-            &db,
-            id("plain"),
-            PartitionKeyPath::parse("/pk").expect("path"),
-            none,
-            Default::default(),
-        )
-        .expect("collection");
-    let plain = CollectionPath {
-        database: db.clone(),
-        collection: info.id.clone(),
-    };
+    let (_, plain) = f.collection("plain", IndexingMode::None, IndexPaths::default());
     for i in 0..4 {
         f.engine
             .upsert_document(&plain, status_doc(&format!("d{i}"), "open", i), None, None)
@@ -1836,20 +1846,7 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
 
     // An excluded path is never read from the index; an included one is.
     let paths = IndexPaths::new(&["/*".to_owned()], &["/status/?".to_owned()]).expect("valid");
-    let info = f
-        .engine
-        .create_collection(
-            &db,
-            id("partial"),
-            PartitionKeyPath::parse("/pk").expect("path"),
-            CollectionSettings::default(),
-            Arc::new(paths),
-        )
-        .expect("collection");
-    let partial = CollectionPath {
-        database: db,
-        collection: info.id.clone(),
-    };
+    let (_, partial) = f.collection("partial", IndexingMode::Consistent, paths);
     for i in 0..4 {
         f.engine
             .upsert_document(
@@ -1919,22 +1916,7 @@ fn filters_the_index_cannot_answer_are_evaluated_on_documents() {
 #[test]
 fn lazy_writes_are_indexed_in_the_background() {
     let f = Fixture::new(None);
-    let db = f.path.database.clone();
-    let lazy = CollectionSettings::new(DefaultTtl::Off, IndexingMode::Lazy).expect("valid");
-    let info = f
-        .engine
-        .create_collection(
-            &db,
-            id("lazy"),
-            PartitionKeyPath::parse("/pk").expect("path"),
-            lazy,
-            Default::default(),
-        )
-        .expect("collection");
-    let path = CollectionPath {
-        database: db,
-        collection: info.id.clone(),
-    };
+    let (info, path) = f.collection("lazy", IndexingMode::Lazy, IndexPaths::default());
     for i in 0..6 {
         f.engine
             .upsert_document(&path, status_doc(&format!("d{i}"), "open", i), None, None)
