@@ -603,14 +603,17 @@ impl Engine {
     ) -> Outcome<(DocumentView, bool)> {
         // Terms are computed here, outside the shard lock; the shard recomputes them only if
         // the policy changed in between.
+        // The bound on terms is checked for `lazy` writes too, whose entries the background
+        // indexer writes later; their terms are not kept.
         let policy = info.indexed_paths_arc();
-        // A `lazy` collection's writes leave their entries to the background indexer.
-        let terms = (info.settings.indexing_mode() != IndexingMode::Lazy).then(|| {
-            policy
-                .as_ref()
-                .map(|p| index::terms::document_terms(body.map(), p))
-                .unwrap_or_default()
-        });
+        let terms = match &policy {
+            Some(p) => match index::terms::bounded_document_terms(body.map(), p) {
+                Ok(terms) => terms,
+                Err(e) => return Outcome::failed(e),
+            },
+            None => Vec::new(),
+        };
+        let terms = (info.settings.indexing_mode() != IndexingMode::Lazy).then_some(terms);
         let map = body.map().clone();
         let (stored, ttl) = body.into_stored();
         let shard = self.shard_for(info.uid, &key.partition_key);

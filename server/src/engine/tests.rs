@@ -2220,3 +2220,40 @@ async fn an_interrupted_catch_up_or_rebuild_resumes_after_a_restart() {
         );
     }
 }
+
+/// A write whose index terms would pass the per-document bound is refused and changes
+/// nothing, in `lazy` mode too; a collection that does not index takes the same document.
+#[test]
+fn writes_with_too_many_index_terms_are_refused() {
+    let f = Fixture::new(None);
+    let mut inner = Value::Object((0..20_000).map(|i| (format!("p{i}"), json!(i))).collect());
+    for level in 0..40 {
+        inner = json!({ format!("level-{level:013}"): inner });
+    }
+    inner["id"] = json!("big");
+    inner["pk"] = json!("p");
+    let (_, lazy) = f.collection("lazy", IndexingMode::Lazy, IndexPaths::default());
+    let (_, plain) = f.collection("plain", IndexingMode::None, IndexPaths::default());
+    for path in [&f.path, &lazy] {
+        let err = f
+            .engine
+            .upsert_document(path, body(inner.clone()), None, None)
+            .result
+            .expect_err("refused");
+        assert!(
+            matches!(err, Error::Invalid(InvalidInput::IndexTermsTooLarge { .. })),
+            "{err}"
+        );
+        assert!(
+            f.engine
+                .read_document(path, &key("p", "big"))
+                .result
+                .is_err(),
+            "nothing written"
+        );
+    }
+    f.engine
+        .upsert_document(&plain, body(inner), None, None)
+        .result
+        .expect("no index, no terms");
+}

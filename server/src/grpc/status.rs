@@ -69,6 +69,7 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
             "INVALID_INDEXING_POLICY"
         }
         InvalidInput::ScanNotEnabled { .. } => "SCAN_NOT_ENABLED",
+        InvalidInput::IndexTermsTooLarge { .. } => "INDEX_TERMS_TOO_LARGE",
     }
 }
 

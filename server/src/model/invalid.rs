@@ -61,6 +61,8 @@ pub enum InvalidInput {
     IndexPolicy { reason: String },
     /// A query on a collection without an index, without `enable_scan`.
     ScanNotEnabled { collection: String },
+    /// A document whose index terms would exceed the per-document limit.
+    IndexTermsTooLarge { limit: usize },
 }
 
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
@@ -129,6 +131,10 @@ impl fmt::Display for InvalidInput {
             InvalidInput::ScanNotEnabled { collection } => write!(
                 f,
                 "collection '{collection}' has indexing mode none, so this query would read every document: set enable_scan on the request to allow it, or give the collection an index"
+            ),
+            InvalidInput::IndexTermsTooLarge { limit } => write!(
+                f,
+                "the document's index terms (each indexed path with its value) would exceed {limit} bytes: many properties under long nested paths; exclude those paths from the collection's indexing policy or flatten the document"
             ),
         }
     }

@@ -12,7 +12,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::model::IndexPaths;
+use crate::model::{IndexPaths, InvalidInput};
 use crate::storage::Term;
 #[cfg(test)]
 use crate::storage::prefix_end;
@@ -102,35 +102,66 @@ pub(crate) fn push_string_prefix(tag: u8, prefix: &str, out: &mut Vec<u8>) {
     escape_into(prefix.as_bytes(), out);
 }
 
+/// Bytes of index terms a write may give one document (its entries' keys hold about as many
+/// again). Without a bound, a 2 MiB document of many properties under a 1 KiB nested path
+/// would write hundreds of MiB of entries.
+pub(crate) const MAX_DOCUMENT_TERM_BYTES: usize = 4 << 20;
+
 /// The terms of a document body under `paths`, sorted and without duplicates.
 pub(crate) fn document_terms(body: &Map<String, Value>, paths: &IndexPaths) -> Vec<Term> {
-    let mut terms = Vec::new();
-    let mut path = Vec::new();
-    walk(body, paths, &mut path, &mut terms);
+    let (mut terms, mut unbounded) = (Vec::new(), usize::MAX);
+    walk(body, paths, &mut Vec::new(), &mut terms, &mut unbounded);
     terms.sort_unstable();
     terms.dedup();
     terms
 }
 
+/// [`document_terms`], refused past [`MAX_DOCUMENT_TERM_BYTES`] (what writes compute; the
+/// walk stops there, so a refusal costs no more than the limit).
+pub(crate) fn bounded_document_terms(
+    body: &Map<String, Value>,
+    paths: &IndexPaths,
+) -> Result<Vec<Term>, InvalidInput> {
+    let mut terms = Vec::new();
+    let mut budget = MAX_DOCUMENT_TERM_BYTES;
+    if !walk(body, paths, &mut Vec::new(), &mut terms, &mut budget) {
+        return Err(InvalidInput::IndexTermsTooLarge {
+            limit: MAX_DOCUMENT_TERM_BYTES,
+        });
+    }
+    terms.sort_unstable();
+    terms.dedup();
+    Ok(terms)
+}
+
+/// Appends the terms under `object`; `false` once they would take more than `budget` bytes.
 fn walk<'a>(
     object: &'a Map<String, Value>,
     paths: &IndexPaths,
     path: &mut Vec<&'a str>,
     terms: &mut Vec<Term>,
-) {
+    budget: &mut usize,
+) -> bool {
     for (name, value) in object {
         path.push(name);
         if paths.includes(path)
             && let Some(mut term) = path_prefix(path)
         {
             push_value(value, &mut term);
+            match budget.checked_sub(term.len()) {
+                Some(left) => *budget = left,
+                None => return false,
+            }
             terms.push(term);
         }
-        if let Value::Object(inner) = value {
-            walk(inner, paths, path, terms);
+        if let Value::Object(inner) = value
+            && !walk(inner, paths, path, terms, budget)
+        {
+            return false;
         }
         path.pop();
     }
+    true
 }
 
 /// The path part of a term.
@@ -200,6 +231,27 @@ mod tests {
         let mut t = path_prefix(path).expect("short");
         push_value(value, &mut t);
         t
+    }
+
+    #[test]
+    fn writes_refuse_documents_whose_terms_pass_the_limit() {
+        // 20,000 properties under an 840-byte path: ~17 MB of terms from a ~250 KB document.
+        let mut inner = Value::Object((0..20_000).map(|i| (format!("p{i}"), json!(i))).collect());
+        for level in 0..40 {
+            inner = json!({ format!("level-{level:013}"): inner });
+        }
+        let body = inner.as_object().expect("object");
+        let refused = bounded_document_terms(body, &IndexPaths::default());
+        assert!(matches!(
+            refused,
+            Err(InvalidInput::IndexTermsTooLarge { .. })
+        ));
+        let small = json!({"a": {"b": 1}, "c": "x"});
+        let small = small.as_object().expect("object");
+        assert_eq!(
+            bounded_document_terms(small, &IndexPaths::default()).expect("fits"),
+            document_terms(small, &IndexPaths::default())
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
-use crate::engine::index::terms::document_terms;
+use crate::engine::index::terms::bounded_document_terms;
 use serde_json::{Map, Value};
 
 impl Shard {
@@ -80,12 +80,13 @@ impl Shard {
             }
             if terms.is_none() || !same_policy(cs.policy.as_ref(), policy.as_ref()) {
                 // Not computed, or under another policy: a short compute here.
-                terms = Some(
-                    cs.policy
-                        .as_ref()
-                        .map(|p| document_terms(map, p))
-                        .unwrap_or_default(),
-                );
+                terms = Some(match &cs.policy {
+                    Some(p) => match bounded_document_terms(map, p) {
+                        Ok(terms) => terms,
+                        Err(e) => return Outcome::new(Err(e.into()), seen),
+                    },
+                    None => Vec::new(),
+                });
             }
             let old = match slot {
                 Some(s) if st.docs.get(s).indexed => {
