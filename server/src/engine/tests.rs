@@ -1704,6 +1704,16 @@ fn status_doc(name: &str, status: &str, n: i64) -> DocumentBody {
     body(json!({"id": name, "pk": format!("p{n}"), "status": status, "n": n}))
 }
 
+/// Upserts documents d0.. d{count - 1}, each "open" with `n` its number.
+fn write_open(engine: &Engine, path: &CollectionPath, count: i64) {
+    for i in 0..count {
+        engine
+            .upsert_document(path, status_doc(&format!("d{i}"), "open", i), None, None)
+            .result
+            .expect("upsert");
+    }
+}
+
 /// The index is stored, not rebuilt: after a restart the planner uses it at once, and it
 /// holds exactly the current versions' entries (an overwrite and a delete left none behind).
 #[tokio::test]
@@ -1789,12 +1799,7 @@ async fn an_index_survives_a_restart_with_exactly_the_current_entries() {
 fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
     let f = Fixture::new(None);
     let (_, plain) = f.collection("plain", IndexingMode::None, IndexPaths::default());
-    for i in 0..4 {
-        f.engine
-            .upsert_document(&plain, status_doc(&format!("d{i}"), "open", i), None, None)
-            .result
-            .expect("upsert");
-    }
+    write_open(&f.engine, &plain, 4);
     let text = "SELECT VALUE c.n FROM c WHERE c.status = 'open'";
     let err = query_on(&f.engine, &plain, text, false, 100).expect_err("needs enable_scan");
     assert!(
@@ -1847,17 +1852,7 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
     // An excluded path is never read from the index; an included one is.
     let paths = IndexPaths::new(&["/*".to_owned()], &["/status/?".to_owned()]).expect("valid");
     let (_, partial) = f.collection("partial", IndexingMode::Consistent, paths);
-    for i in 0..4 {
-        f.engine
-            .upsert_document(
-                &partial,
-                status_doc(&format!("d{i}"), "open", i),
-                None,
-                None,
-            )
-            .result
-            .expect("upsert");
-    }
+    write_open(&f.engine, &partial, 4);
     let (rows, metrics) = query_on(&f.engine, &partial, text, false, 100).expect("runs");
     assert_eq!((rows.len(), metrics.index), (4, None));
     let (rows, metrics) = query_on(
@@ -1917,12 +1912,7 @@ fn filters_the_index_cannot_answer_are_evaluated_on_documents() {
 fn lazy_writes_are_indexed_in_the_background() {
     let f = Fixture::new(None);
     let (info, path) = f.collection("lazy", IndexingMode::Lazy, IndexPaths::default());
-    for i in 0..6 {
-        f.engine
-            .upsert_document(&path, status_doc(&format!("d{i}"), "open", i), None, None)
-            .result
-            .expect("upsert");
-    }
+    write_open(&f.engine, &path, 6);
     let open = "SELECT VALUE c.n FROM c WHERE c.status = 'open'";
     let count = "SELECT VALUE COUNT(1) FROM c WHERE c.status = 'open'";
     let (rows, metrics) = query_on(&f.engine, &path, open, false, 100).expect("runs");
@@ -2059,12 +2049,7 @@ fn lazy_writes_are_indexed_in_the_background() {
 #[test]
 fn a_path_change_rebuilds_the_index() {
     let f = Fixture::new(None);
-    for i in 0..40 {
-        f.engine
-            .upsert_document(&f.path, status_doc(&format!("d{i}"), "open", i), None, None)
-            .result
-            .expect("upsert");
-    }
+    write_open(&f.engine, &f.path, 40);
     let only_n = IndexPaths::new(&["/n/?".to_owned()], &["/*".to_owned()]).expect("valid");
     let info = f
         .engine
@@ -2152,13 +2137,8 @@ async fn an_interrupted_catch_up_or_rebuild_resumes_after_a_restart() {
                 )
                 .expect("collection");
         }
-        for i in 0..10 {
-            for p in [&path, &lazy_path] {
-                engine
-                    .upsert_document(p, status_doc(&format!("d{i}"), "open", i), None, None)
-                    .result
-                    .expect("upsert");
-            }
+        for p in [&path, &lazy_path] {
+            write_open(&engine, p, 10);
         }
         // Half of the lazy ones indexed before the "crash", then one rewritten.
         engine.shards()[0].index_batch(1000).expect("indexes");
