@@ -21,6 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Bodies decode straight into JSON with Mayfly's own depth limit (prost's recursion
         // limit of 100 would cap documents at ~33 levels; SPEC allows 128).
         .extern_path(".google.protobuf.Struct", "crate::json::JsonObject")
+        // Undecodable requests are INVALID_ARGUMENT, not tonic's INTERNAL.
+        .codec_path("crate::codec::MayflyCodec")
         .compile_fds(fds)?;
     Ok(())
 }

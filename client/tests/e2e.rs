@@ -749,7 +749,7 @@ async fn changing_the_default_applies_at_once_over_grpc() {
         inner: MemoryStorage::new(),
         hold: hold.clone(),
     });
-    let engine = Engine::new(EngineConfig { shards: 2 }, storage, Arc::new(SystemClock));
+    let engine = Engine::new(EngineConfig::new(2), storage, Arc::new(SystemClock));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binds");

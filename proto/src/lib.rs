@@ -3,6 +3,7 @@
 //!
 //! Generated code lives in a private module; this facade re-exports what users need.
 
+pub mod codec;
 pub mod json;
 
 #[allow(

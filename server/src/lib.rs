@@ -4,6 +4,7 @@
 //! [`engine`] (shards, TTL rules, expiry, feed) → [`storage`] (where records live).
 //! [`RunningServer`] assembles them; the `mayfly` binary only parses flags and calls it.
 
+pub mod auth;
 pub mod current_engine;
 pub mod engine;
 pub mod grpc;

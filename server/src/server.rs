@@ -12,8 +12,9 @@ use tonic::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
+    auth::{SecretsDir, random_secret, secret_bytes},
     current_engine::CurrentEngine,
-    engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock},
+    engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock, TokenKey},
     grpc::{CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
     storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
@@ -198,25 +199,39 @@ fn open_engine(storage: &StorageConfig, metrics: Arc<EngineMetrics>) -> Result<E
         StorageConfig::Disk(options) => {
             let disk = DiskStorage::open(options).map_err(ServeError::Storage)?;
             let shards = disk.shard_count();
-            (Arc::new(disk), shards)
+            let mut config = EngineConfig::new(shards);
+            config.token_key = continuation_key(&options.path)?;
+            return load_engine(Arc::new(disk), config, metrics);
         }
     };
-    load_engine(storage, shards, metrics)
+    load_engine(storage, EngineConfig::new(shards), metrics)
+}
+
+/// The data directory's secret for continuation tokens (made on first start), so that a
+/// client paging through a feed or query goes on across a restart.
+fn continuation_key(data_dir: &std::path::Path) -> Result<TokenKey, ServeError> {
+    const NAME: &str = "continuation";
+    let secrets = SecretsDir::open(data_dir)?;
+    let text = secrets.get_or_create(NAME, || random_secret(32))?;
+    let bytes = secret_bytes(&text).ok_or_else(|| {
+        io::Error::other(format!(
+            "{} is not a secret this server wrote (32 bytes of URL-safe base64); delete it to \
+             make a new one (continuation tokens issued so far stop working)",
+            secrets.path_of(NAME).display()
+        ))
+    })?;
+    Ok(TokenKey::from_bytes(bytes))
 }
 
 /// Loads what `storage` holds into a new engine (see [`open_engine`]).
 fn load_engine(
     storage: Arc<dyn Storage>,
-    shards: usize,
+    config: EngineConfig,
     metrics: Arc<EngineMetrics>,
 ) -> Result<Engine, ServeError> {
-    let (engine, recovery) = Engine::open_counting_into(
-        EngineConfig { shards },
-        storage,
-        Arc::new(SystemClock),
-        metrics,
-    )
-    .map_err(ServeError::Recovery)?;
+    let (engine, recovery) =
+        Engine::open_counting_into(config, storage, Arc::new(SystemClock), metrics)
+            .map_err(ServeError::Recovery)?;
     if recovery.documents > 0 || recovery.collections > 0 {
         tracing::info!(
             databases = recovery.databases,
@@ -471,8 +486,8 @@ mod tests {
             cache_bytes: 1 << 20,
         };
         let storage = Arc::new(DiskStorage::open(&options).expect("opens"));
-        let engine =
-            load_engine(storage.clone(), 1, Arc::default()).expect("loads an empty directory");
+        let engine = load_engine(storage.clone(), EngineConfig::new(1), Arc::default())
+            .expect("loads an empty directory");
         let current = CurrentEngine::new(engine.clone());
         let health = HealthReporter::new();
         let service = tonic_health::server::HealthService::from_health_reporter(health.clone());

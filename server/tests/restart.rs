@@ -542,7 +542,7 @@ fn turn_ttl_off_before_any_purge(
     );
     let shards = storage.shard_count();
     let (engine, _) = Engine::open(
-        EngineConfig { shards },
+        EngineConfig::new(shards),
         storage.clone(),
         Arc::new(SystemClock),
     )

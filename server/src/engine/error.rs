@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::model::{InvalidInput, PartitionKeyValue};
+use crate::model::{Echo, InvalidInput, PartitionKeyValue};
 use crate::storage::{StorageError, StorageErrorKind};
 
 /// Every failure an engine call can report.
@@ -52,16 +52,20 @@ impl fmt::Display for Error {
         match self {
             Error::Invalid(e) => e.fmt(f),
             Error::DatabaseNotFound { database } => {
-                write!(f, "database '{database}' does not exist")
+                write!(f, "database '{}' does not exist", Echo(database))
             }
-            Error::DatabaseExists { database } => write!(f, "database '{database}' already exists"),
+            Error::DatabaseExists { database } => {
+                write!(f, "database '{}' already exists", Echo(database))
+            }
             Error::CollectionNotFound {
                 database,
                 collection,
             } => {
                 write!(
                     f,
-                    "collection '{collection}' does not exist in database '{database}'"
+                    "collection '{}' does not exist in database '{}'",
+                    Echo(collection),
+                    Echo(database)
                 )
             }
             Error::CollectionExists {
@@ -70,20 +74,26 @@ impl fmt::Display for Error {
             } => {
                 write!(
                     f,
-                    "collection '{collection}' already exists in database '{database}'"
+                    "collection '{}' already exists in database '{}'",
+                    Echo(collection),
+                    Echo(database)
                 )
             }
             Error::DocumentNotFound { id, partition_key } => write!(
                 f,
-                "document '{id}' does not exist in partition {partition_key} (never written, deleted, or expired)"
+                "document '{}' does not exist in partition {partition_key} (never written, deleted, or expired)",
+                Echo(id)
             ),
             Error::DocumentExists { id, partition_key } => write!(
                 f,
-                "document '{id}' already exists in partition {partition_key}; use upsert or replace to overwrite it"
+                "document '{}' already exists in partition {partition_key}; use upsert or replace to overwrite it",
+                Echo(id)
             ),
             Error::PreconditionFailed { id, if_match } => write!(
                 f,
-                "document '{id}' no longer has etag '{if_match}' (it was written, deleted or expired since); read it again and retry"
+                "document '{}' no longer has etag '{}' (it was written, deleted or expired since); read it again and retry",
+                Echo(id),
+                Echo(if_match)
             ),
             Error::Storage(e) => write!(f, "storage failure, nothing was written: {e}"),
             Error::Query(e) => write!(f, "query: {e}"),

@@ -6,8 +6,6 @@
 //! written during it may or may not. A page can hold fewer documents than asked (expired ones
 //! are skipped within a bounded amount of work); only an empty continuation means the end.
 
-use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
-
 use super::{
     CollectionUid, IdKind, InvalidInput, ResourceId, document::DocumentView,
     partition_key::PartitionKeyValue,
@@ -79,13 +77,14 @@ pub(crate) struct ShardPage {
     pub(crate) exhausted: bool,
 }
 
-/// Encodes a cursor, bound to the collection and scope it belongs to.
+/// Encodes a cursor, bound to the collection and scope it belongs to (sealed by the caller:
+/// see [`super::TokenKey`]).
 pub(crate) fn encode_token(
     uid: CollectionUid,
     scope: &FeedScope,
     shards: usize,
     cursor: &Cursor,
-) -> String {
+) -> Vec<u8> {
     let mut out = vec![TOKEN_VERSION];
     out.extend_from_slice(&uid.0.to_le_bytes());
     // Shards decide the feed's order: a token is only valid with the same number of them.
@@ -106,21 +105,18 @@ pub(crate) fn encode_token(
             put_str(&mut out, key.id.as_str());
         }
     }
-    URL_SAFE_NO_PAD.encode(out)
+    out
 }
 
 /// Decodes a token made by [`encode_token`] for the same collection and scope.
 pub(crate) fn decode_token(
-    token: &str,
+    bytes: &[u8],
     uid: CollectionUid,
     scope: &FeedScope,
     shards: usize,
 ) -> Result<Cursor, InvalidInput> {
     let bad = |reason| InvalidInput::Continuation { reason };
-    let bytes = URL_SAFE_NO_PAD
-        .decode(token)
-        .map_err(|_| bad("it is not a token this server issued"))?;
-    let mut r = Reader(&bytes);
+    let mut r = Reader(bytes);
     if r.u8()? != TOKEN_VERSION {
         return Err(bad("it was issued by an incompatible server version"));
     }
@@ -259,7 +255,9 @@ mod tests {
         assert!(decode_token(&token, CollectionUid(2), &FeedScope::Collection, 2).is_err());
         let other = FeedScope::Partition(PartitionKeyValue::Null);
         assert!(decode_token(&token, CollectionUid(1), &other, 2).is_err());
-        assert!(decode_token("not a token!", CollectionUid(1), &FeedScope::Collection, 2).is_err());
+        assert!(
+            decode_token(b"not a token!", CollectionUid(1), &FeedScope::Collection, 2).is_err()
+        );
         assert!(
             decode_token(
                 &token[..token.len() - 2],

@@ -20,6 +20,7 @@ mod purge;
 mod query;
 mod recovery;
 mod shard;
+mod token_seal;
 
 #[cfg(test)]
 mod power_loss_tests;
@@ -50,6 +51,7 @@ pub use query::{
     MAX_EXAMINED_PER_PAGE, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics, QueryPage, QuerySpec,
 };
 pub use recovery::{ExpiryRebuild, Recovery};
+pub use token_seal::TokenKey;
 // The domain types, where the engine's callers have always found them.
 pub use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
@@ -76,10 +78,22 @@ pub struct CollectionPath {
 }
 
 /// Engine settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Number of shards (at least 1).
     pub shards: usize,
+    /// Seals the continuation tokens the engine hands out.
+    pub token_key: TokenKey,
+}
+
+impl EngineConfig {
+    /// `shards` shards, tokens sealed with a key of this process's own.
+    pub fn new(shards: usize) -> Self {
+        EngineConfig {
+            shards,
+            token_key: TokenKey::random(),
+        }
+    }
 }
 
 /// The engine. Cheap to clone: clones share state.
@@ -101,6 +115,8 @@ struct Inner {
     metrics: Arc<EngineMetrics>,
     /// Wakes the background indexer (see [`Engine::spawn_indexer`]).
     indexer_wake: Arc<tokio::sync::Notify>,
+    /// Seals continuation tokens.
+    token_key: TokenKey,
 }
 
 impl Engine {
@@ -141,6 +157,7 @@ impl Engine {
                 versions,
                 metrics,
                 indexer_wake,
+                token_key: config.token_key,
             }),
         }
     }
@@ -708,7 +725,9 @@ impl Engine {
             }
         };
         let mut cursor = match continuation {
-            Some(token) => feed::decode_token(token, info.uid, scope, shards)?,
+            Some(token) => {
+                feed::decode_token(&self.inner.token_key.open(token)?, info.uid, scope, shards)?
+            }
             None => Cursor {
                 shard: first,
                 after: None,
@@ -755,7 +774,11 @@ impl Engine {
         }
         Ok(FeedPage {
             documents,
-            continuation: Some(feed::encode_token(info.uid, scope, shards, &cursor)),
+            continuation: Some(
+                self.inner
+                    .token_key
+                    .seal(&feed::encode_token(info.uid, scope, shards, &cursor)),
+            ),
         })
     }
 }

@@ -15,7 +15,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use mayfly_query::{Context, Execution, Flow, QueryError, ast::Query};
 use serde_json::{Map, Value};
 
@@ -182,9 +181,7 @@ impl Engine {
             });
         };
         let bad = |reason| Error::Invalid(InvalidInput::Continuation { reason });
-        let bytes = URL_SAFE_NO_PAD
-            .decode(token)
-            .map_err(|_| bad("it is not a token this server issued"))?;
+        let bytes = self.inner.token_key.open(token)?;
         let (head, rest) = bytes
             .split_at_checked(18)
             .ok_or_else(|| bad("it is not a token this server issued"))?;
@@ -214,8 +211,6 @@ impl Engine {
                 let (term, feed_token) = rest
                     .split_at_checked(term_len)
                     .ok_or_else(|| bad("it is not a token this server issued"))?;
-                let feed_token = std::str::from_utf8(feed_token)
-                    .map_err(|_| bad("it is not a token this server issued"))?;
                 let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
                 let (first, last) = self.shard_range(&info, scope);
                 if cursor.shard < first || cursor.shard > last || range >= plan.ranges.len() {
@@ -235,9 +230,7 @@ impl Engine {
                 })
             }
             (0, false) => {
-                let feed_token = std::str::from_utf8(rest)
-                    .map_err(|_| bad("it is not a token this server issued"))?;
-                feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
+                feed::decode_token(rest, info.uid, scope, self.shard_count())?;
                 Ok(QueryCursor::Offset(word(10)))
             }
             (1, true) => {
@@ -245,8 +238,6 @@ impl Engine {
                     .split_at_checked(8)
                     .ok_or_else(|| bad("it is not a token this server issued"))?;
                 let returned = u64::from_le_bytes(counts.try_into().unwrap_or_default());
-                let feed_token = std::str::from_utf8(feed_token)
-                    .map_err(|_| bad("it is not a token this server issued"))?;
                 let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
                 let (first, last) = self.shard_range(&info, scope);
                 if cursor.shard < first || cursor.shard > last {
@@ -280,9 +271,12 @@ impl Engine {
                     shard: self.first_shard(info, scope),
                     after: None,
                 };
-                out.extend_from_slice(
-                    feed::encode_token(info.uid, scope, self.shard_count(), &start).as_bytes(),
-                );
+                out.extend_from_slice(&feed::encode_token(
+                    info.uid,
+                    scope,
+                    self.shard_count(),
+                    &start,
+                ));
             }
             QueryCursor::Index {
                 at,
@@ -300,9 +294,12 @@ impl Engine {
                     shard: at.shard,
                     after: at.after.as_ref().map(|e| e.key.clone()),
                 };
-                out.extend_from_slice(
-                    feed::encode_token(info.uid, scope, self.shard_count(), &cursor).as_bytes(),
-                );
+                out.extend_from_slice(&feed::encode_token(
+                    info.uid,
+                    scope,
+                    self.shard_count(),
+                    &cursor,
+                ));
             }
             QueryCursor::Stream {
                 cursor,
@@ -312,12 +309,15 @@ impl Engine {
                 out.push(1);
                 out.extend_from_slice(&skipped.to_le_bytes());
                 out.extend_from_slice(&returned.to_le_bytes());
-                out.extend_from_slice(
-                    feed::encode_token(info.uid, scope, self.shard_count(), cursor).as_bytes(),
-                );
+                out.extend_from_slice(&feed::encode_token(
+                    info.uid,
+                    scope,
+                    self.shard_count(),
+                    cursor,
+                ));
             }
         }
-        URL_SAFE_NO_PAD.encode(out)
+        self.inner.token_key.seal(&out)
     }
 
     fn shard_range(&self, info: &CollectionInfo, scope: &FeedScope) -> (usize, usize) {

@@ -89,7 +89,7 @@ impl Fixture {
 
     fn with_storage(default: Option<i64>, storage: Arc<dyn Storage>) -> Self {
         let clock = Arc::new(ManualClock::new(T0));
-        let engine = Engine::new(EngineConfig { shards: 4 }, storage, clock.clone());
+        let engine = Engine::new(EngineConfig::new(4), storage, clock.clone());
         let db = id("db");
         engine.create_database(db.clone()).expect("database");
         let settings = CollectionSettings::new(default_ttl(default), IndexingMode::Consistent)
@@ -1287,7 +1287,7 @@ fn turning_ttl_on_times_every_own_ttl_document() {
 fn the_purge_serves_every_collection_however_many_there_are() {
     let clock = Arc::new(ManualClock::new(T0));
     let engine = Engine::new(
-        EngineConfig { shards: 1 },
+        EngineConfig::new(1),
         Arc::new(MemoryStorage::new()),
         clock.clone(),
     );
@@ -1346,8 +1346,7 @@ fn disk_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> (Engine, Colle
         cache_bytes: 1 << 20,
     })
     .expect("opens");
-    let (engine, _) =
-        Engine::open(EngineConfig { shards: 2 }, Arc::new(storage), clock).expect("loads");
+    let (engine, _) = Engine::open(EngineConfig::new(2), Arc::new(storage), clock).expect("loads");
     engine.rebuild_expiry();
     let path = CollectionPath {
         database: id("db"),

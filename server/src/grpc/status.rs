@@ -73,12 +73,34 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
     }
 }
 
+/// Longest status message, in bytes. The message travels twice (percent-encoded in
+/// `grpc-message`, inside the base64 details), and gRPC-core clients refuse trailers past
+/// 8 KiB: echoed input is already cut to [`crate::model::ECHO_CHARS`] characters, this bounds
+/// the rest (a query error quoting a long token, several echoes in one message).
+pub(crate) const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+/// `message`, cut at a character boundary to fit [`MAX_STATUS_MESSAGE_BYTES`].
+fn bounded(mut message: String) -> String {
+    if message.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return message;
+    }
+    let marker = |n: usize| format!("…({n} more bytes)");
+    let mut cut = MAX_STATUS_MESSAGE_BYTES - marker(message.len()).len();
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let rest = message.len() - cut;
+    message.truncate(cut);
+    message.push_str(&marker(rest));
+    message
+}
+
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         let (code, reason) = code_and_reason(&error);
         let details =
             ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
-        Status::with_error_details(code, error.to_string(), details)
+        Status::with_error_details(code, bounded(error.to_string()), details)
     }
 }
 
@@ -92,6 +114,33 @@ impl From<InvalidInput> for Status {
 mod tests {
     use super::*;
     use crate::{engine::PartitionKeyValue, storage::StorageError};
+
+    #[test]
+    fn messages_echoing_long_input_stay_small() {
+        let long = "ü".repeat(10_000);
+        let status = Status::from(Error::DocumentNotFound {
+            id: long.clone(),
+            partition_key: PartitionKeyValue::string(&long[..2000]).expect("fits"),
+        });
+        assert!(status.message().len() < 800, "{}", status.message().len());
+        assert!(
+            status.message().contains("…(9872 more)"),
+            "{}",
+            status.message()
+        );
+        let query = Status::from(Error::Query(mayfly_query::QueryError {
+            kind: ErrorKind::Invalid,
+            position: None,
+            message: format!("unknown name {long}"),
+        }));
+        assert!(query.message().len() <= MAX_STATUS_MESSAGE_BYTES);
+        assert!(
+            query.message().ends_with(" more bytes)"),
+            "{}",
+            query.message()
+        );
+        assert_eq!(bounded("fits".to_owned()), "fits");
+    }
 
     #[test]
     fn every_error_kind_has_its_code_and_reason() {

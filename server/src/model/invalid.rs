@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{ids::IdKind, partition_key::PartitionKeyValue};
+use super::{echo::Echo, ids::IdKind, partition_key::PartitionKeyValue};
 
 /// Why a request's input was rejected.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,13 +70,13 @@ const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer
 impl fmt::Display for InvalidInput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            InvalidInput::DefaultTtl { raw } => write!(f, "The input defaultTtl '{raw}' {TTL_RULE}"),
-            InvalidInput::DocumentTtl { raw } => write!(f, "The input ttl '{raw}' {TTL_RULE}"),
+            InvalidInput::DefaultTtl { raw } => write!(f, "The input defaultTtl '{}' {TTL_RULE}", Echo(raw)),
+            InvalidInput::DocumentTtl { raw } => write!(f, "The input ttl '{}' {TTL_RULE}", Echo(raw)),
             InvalidInput::TtlWithoutIndex => {
                 f.write_str("Indexing mode value cannot be 'none' when 'defaultTtl' is specified in the collection")
             }
             InvalidInput::Id { kind, value, chars, bad_char } => {
-                write!(f, "invalid {kind} id {value:?}: ")?;
+                write!(f, "invalid {kind} id {:?}: ", Echo(value))?;
                 match bad_char {
                     Some(c) => write!(f, "it contains {c:?}; ids cannot contain '/', '\\', '?' or '#'"),
                     None if *chars == 0 => f.write_str("ids must not be empty"),
@@ -84,12 +84,12 @@ impl fmt::Display for InvalidInput {
                 }
             }
             InvalidInput::PartitionKeyPath { path, reason } => {
-                write!(f, "invalid partition key path {path:?}: {reason}")
+                write!(f, "invalid partition key path {:?}: {reason}", Echo(path))
             }
             InvalidInput::PartitionKeyValueType { path, found } => write!(
                 f,
                 "the partition key value{} is {found}; it must be a string, number, bool or null",
-                if path.is_empty() { String::new() } else { format!(" at {path}") }
+                if path.is_empty() { String::new() } else { format!(" at {}", Echo(path)) }
             ),
             InvalidInput::PartitionKeyTooLong { bytes, limit } => write!(
                 f,
@@ -97,10 +97,11 @@ impl fmt::Display for InvalidInput {
             ),
             InvalidInput::PartitionKeyMismatch { request, body, path } => write!(
                 f,
-                "the request's partition key {request} does not match the body's value at {path}, which is {body}"
+                "the request's partition key {request} does not match the body's value at {}, which is {body}",
+                Echo(path)
             ),
             InvalidInput::IdMismatch { request, body } => {
-                write!(f, "the request's id '{request}' does not match the body's \"id\" '{body}'")
+                write!(f, "the request's id '{}' does not match the body's \"id\" '{}'", Echo(request), Echo(body))
             }
             InvalidInput::MissingId { found: None } => f.write_str("the document body needs a string \"id\" property"),
             InvalidInput::MissingId { found: Some(t) } => {
@@ -108,7 +109,8 @@ impl fmt::Display for InvalidInput {
             }
             InvalidInput::ConflictingTtl { field, body } => write!(
                 f,
-                "the request's ttl field ({field}) and the body's \"ttl\" property ({body}) differ; send one of them, or the same value in both"
+                "the request's ttl field ({field}) and the body's \"ttl\" property ({}) differ; send one of them, or the same value in both",
+                Echo(body)
             ),
             InvalidInput::DocumentTooLarge { bytes, limit } => {
                 write!(f, "the document is {bytes} bytes of JSON; the limit is {limit} bytes (2 MiB)")
@@ -117,7 +119,7 @@ impl fmt::Display for InvalidInput {
                 f,
                 "the document is nested deeper than {limit} levels; flatten it or move deep parts to another document"
             ),
-            InvalidInput::BadJson { reason } => f.write_str(reason),
+            InvalidInput::BadJson { reason } => write!(f, "{}", Echo(reason)),
             InvalidInput::MissingField { field, hint } => write!(f, "the request needs '{field}': {hint}"),
             InvalidInput::UnknownEnumValue { field, value } => {
                 write!(f, "'{field}' has the value {value}, which this server does not know")
@@ -126,11 +128,12 @@ impl fmt::Display for InvalidInput {
                 write!(f, "page_size {value} is out of range; use 1..={max}, or 0 for the default")
             }
             InvalidInput::Continuation { reason } => write!(f, "invalid continuation token: {reason}"),
-            InvalidInput::IndexPath { path, reason } => write!(f, "invalid indexing policy path '{path}': {reason}"),
+            InvalidInput::IndexPath { path, reason } => write!(f, "invalid indexing policy path '{}': {reason}", Echo(path)),
             InvalidInput::IndexPolicy { reason } => write!(f, "invalid indexing policy: {reason}"),
             InvalidInput::ScanNotEnabled { collection } => write!(
                 f,
-                "collection '{collection}' has indexing mode none, so this query would read every document: set enable_scan on the request to allow it, or give the collection an index"
+                "collection '{}' has indexing mode none, so this query would read every document: set enable_scan on the request to allow it, or give the collection an index",
+                Echo(collection)
             ),
             InvalidInput::IndexTermsTooLarge { limit } => write!(
                 f,

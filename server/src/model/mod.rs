@@ -4,6 +4,7 @@
 
 mod collection;
 mod document;
+mod echo;
 mod ids;
 mod index_paths;
 mod invalid;
@@ -14,6 +15,8 @@ pub use collection::{
     CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange,
 };
 pub use document::{DocKey, StoredDocument};
+pub use echo::ECHO_CHARS;
+pub(crate) use echo::Echo;
 pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
 pub use index_paths::{IndexPath, IndexPaths, MAX_INDEX_PATH_BYTES, MAX_INDEX_PATHS};
 pub use invalid::InvalidInput;

@@ -305,7 +305,7 @@ impl fmt::Display for PartitionKeyValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.to_json() {
             None => f.write_str("undefined"),
-            Some(v) => write!(f, "{v}"),
+            Some(v) => write!(f, "{}", super::echo::Echo(&v.to_string())),
         }
     }
 }

@@ -38,7 +38,7 @@ impl Run {
         let clock = Arc::new(ManualClock::new(T0));
         let storage = PowerLossStorage::new(mutation);
         let (engine, _) = Engine::open(
-            EngineConfig { shards: SHARDS },
+            EngineConfig::new(SHARDS),
             Arc::new(storage.clone()),
             clock.clone(),
         )
@@ -320,7 +320,7 @@ impl Run {
         self.purges.clear();
         let (storage, kept) = self.storage.crash(crash);
         let (engine, _) = Engine::open(
-            EngineConfig { shards: SHARDS },
+            EngineConfig::new(SHARDS),
             Arc::new(storage.clone()),
             self.clock.clone(),
         )

@@ -1,0 +1,62 @@
+//! The protobuf codec of every Mayfly service: prost's, except that a message that does not
+//! decode is INVALID_ARGUMENT naming the field (prost's error says `Message.field: why`).
+//! tonic's default reports it as INTERNAL, which Mayfly reserves for storage failures.
+
+use std::marker::PhantomData;
+
+use prost::Message;
+use tonic::{
+    Status,
+    codec::{Codec, DecodeBuf, Decoder},
+};
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+/// [`ProstCodec`] with undecodable messages reported as INVALID_ARGUMENT.
+#[derive(Debug, Clone)]
+pub struct MayflyCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for MayflyCodec<T, U> {
+    fn default() -> Self {
+        MayflyCodec(PhantomData)
+    }
+}
+
+impl<T, U> Codec for MayflyCodec<T, U>
+where
+    T: Message + Send + 'static,
+    U: Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProstEncoder<T>;
+    type Decoder = MayflyDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<T, U>::default().encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        MayflyDecoder(ProstCodec::<T, U>::default().decoder())
+    }
+}
+
+/// Decodes with prost; a failure is INVALID_ARGUMENT.
+#[derive(Debug, Clone)]
+pub struct MayflyDecoder<U>(ProstDecoder<U>);
+
+impl<U: Message + Default> Decoder for MayflyDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        U::decode(buf).map(Some).map_err(|e| {
+            // prost's message names the message and field ("QueryRequest.query: invalid
+            // string value: data is not UTF-8 encoded"); it quotes no input.
+            Status::invalid_argument(format!("the message does not decode: {e}"))
+        })
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        self.0.buffer_settings()
+    }
+}
