@@ -6,6 +6,7 @@ use std::{env, fs, path::PathBuf};
 use protox::prost::Message as _;
 
 const PROTOS: &[&str] = &[
+    "proto/mayfly/v1/admin.proto",
     "proto/mayfly/v1/database.proto",
     "proto/mayfly/v1/collection.proto",
     "proto/mayfly/v1/document.proto",

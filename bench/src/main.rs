@@ -124,7 +124,42 @@ struct Args {
     /// A new data directory for recovery.
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// Key sent as `authorization: Bearer <key>` (a disk server's is in its data directory,
+    /// `keys/primary`).
+    #[arg(long, env = "MAYFLY_KEY", hide_env_values = true)]
+    key: Option<String>,
 }
+
+/// Adds the `--key` to every request.
+#[derive(Clone, Debug)]
+struct KeyHeader(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl KeyHeader {
+    fn of(args: &Args) -> Self {
+        KeyHeader(args.key.as_ref().map(|key| {
+            format!("Bearer {key}")
+                .parse()
+                .expect("--key is printable ASCII")
+        }))
+    }
+}
+
+impl tonic::service::Interceptor for KeyHeader {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A channel sending the `--key`.
+type Authorized = tonic::service::interceptor::InterceptedService<Channel, KeyHeader>;
 
 const DATABASE: &str = "bench";
 
@@ -176,7 +211,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     // Leave the server as it was.
-    DatabasesClient::new(bench.channels[0].clone())
+    DatabasesClient::with_interceptor(bench.channels[0].clone(), KeyHeader::of(&bench.args))
         .delete_database(DeleteDatabaseRequest {
             id: DATABASE.into(),
         })
@@ -199,7 +234,7 @@ async fn connect(args: &Args) -> Result<Vec<Channel>, tonic::transport::Error> {
 
 /// A fresh database with one collection whose TTL is on (-1): documents expire by their own ttl.
 async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> {
-    let mut databases = DatabasesClient::new(channel.clone());
+    let mut databases = DatabasesClient::with_interceptor(channel.clone(), KeyHeader::of(args));
     let _ = databases
         .delete_database(DeleteDatabaseRequest {
             id: DATABASE.into(),
@@ -221,7 +256,7 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
             )));
         }
     };
-    CollectionsClient::new(channel.clone())
+    CollectionsClient::with_interceptor(channel.clone(), KeyHeader::of(args))
         .create_collection(CreateCollectionRequest {
             database: DATABASE.into(),
             id: collection.clone(),
@@ -263,8 +298,11 @@ fn split(n: u64, parts: usize) -> impl Iterator<Item = (usize, std::ops::Range<u
 }
 
 impl Bench {
-    fn documents(&self, worker: usize) -> DocumentsClient<Channel> {
-        DocumentsClient::new(self.channels[worker % self.channels.len()].clone())
+    fn documents(&self, worker: usize) -> DocumentsClient<Authorized> {
+        DocumentsClient::with_interceptor(
+            self.channels[worker % self.channels.len()].clone(),
+            KeyHeader::of(&self.args),
+        )
     }
 
     fn create_request(&self, n: u64, ttl: i64) -> CreateDocumentRequest {

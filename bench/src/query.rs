@@ -13,7 +13,6 @@ use std::{
 
 use hdrhistogram::Histogram;
 use mayfly_proto::v1::{self, client::DocumentsClient};
-use tonic::transport::Channel;
 
 use crate::{Bench, group_count};
 
@@ -163,7 +162,7 @@ impl Bench {
     /// Runs one query to its last page.
     async fn query(
         &self,
-        client: &mut DocumentsClient<Channel>,
+        client: &mut DocumentsClient<crate::Authorized>,
         shape: &Shape,
         group: u64,
     ) -> Result<(Seen, String), tonic::Status> {

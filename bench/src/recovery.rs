@@ -27,6 +27,8 @@ fn start(bin: &Path, data_dir: &Path, cache_mb: u64) -> Result<Server, Box<dyn s
             "127.0.0.1:0",
             "--cache-mb",
             &cache_mb.to_string(),
+            // Measures recovery, not access: no keys to make or send.
+            "--insecure-no-auth",
         ])
         .arg("--data-dir")
         .arg(data_dir)

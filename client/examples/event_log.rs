@@ -105,7 +105,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|s| s.local_addr().to_string())
             .unwrap_or_default()
     });
-    let client = Client::connect(&address).await?;
+    // A server keeping its data on disk needs its key: MAYFLY_KEY=$(cat mayfly-data/keys/primary).
+    let client = match std::env::var("MAYFLY_KEY") {
+        Ok(key) => Client::builder(&address).key(&key).connect().await?,
+        Err(_) => Client::connect(&address).await?,
+    };
     let events = open(&client, ttl).await?;
 
     for seq in 0..20u64 {

@@ -6,7 +6,12 @@ use mayfly_proto::v1::{
     client::{CollectionsClient, DatabasesClient, DocumentsClient},
 };
 use std::{future::IntoFuture, pin::Pin};
-use tonic::transport::{Channel, Endpoint};
+use tonic::{
+    Status,
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::{Channel, Endpoint},
+};
 
 use crate::{
     collection::{Collection, CollectionInfo, IndexingMode, IndexingPaths},
@@ -20,16 +25,102 @@ const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
+/// What the service stubs send through: the channel, adding the client's credentials.
+pub(crate) type Transport = InterceptedService<Channel, Credentials>;
+
 /// A connection to a Mayfly server. Cheap to clone; clones share the connection.
 #[derive(Clone, Debug)]
 pub struct Client {
-    pub(crate) databases: DatabasesClient<Channel>,
-    pub(crate) collections: CollectionsClient<Channel>,
-    pub(crate) documents: DocumentsClient<Channel>,
+    pub(crate) databases: DatabasesClient<Transport>,
+    pub(crate) collections: CollectionsClient<Transport>,
+    pub(crate) documents: DocumentsClient<Transport>,
+}
+
+/// The `authorization` metadata every request carries, if any.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Credentials(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Options for [`Client::builder`]: credentials, TLS.
+#[derive(Debug)]
+pub struct ClientBuilder {
+    address: String,
+    credential: Option<String>,
+}
+
+impl ClientBuilder {
+    /// Sends an account key (read-write or read-only) with every request. The key of a server
+    /// keeping its data on disk is in its data directory, `keys/primary`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let key = "a-key-of-at-least-16-characters".to_owned();
+    /// # let server = mayfly_server::RunningServer::start(mayfly_server::Config {
+    /// #     auth: mayfly_server::AuthConfig::Given([Some(key.clone()), None, None, None]),
+    /// #     ..Default::default()
+    /// # }).await?;
+    /// # let address = server.local_addr().to_string();
+    /// let client = mayfly_client::Client::builder(&address).key(&key).connect().await?;
+    /// client.create_database("salesdb").await?;
+    ///
+    /// let anonymous = mayfly_client::Client::connect(&address).await?;
+    /// let refused = anonymous.list_databases().await.unwrap_err();
+    /// assert!(matches!(refused, mayfly_client::Error::Unauthenticated(_)));
+    /// # Ok(()) }
+    /// ```
+    pub fn key(mut self, key: &str) -> Self {
+        self.credential = Some(key.to_owned());
+        self
+    }
+
+    /// Sends a resource token (minted by `mayfly.v1.Admin/CreateResourceToken` with a
+    /// read-write key) with every request.
+    pub fn token(self, token: &str) -> Self {
+        self.key(token)
+    }
+
+    /// Connects.
+    pub async fn connect(self) -> Result<Client, Error> {
+        let address = self.address.as_str();
+        let uri = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("http://{address}")
+        };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| Error::InvalidArgument(format!("bad server address {address:?}: {e}")))?
+            .tcp_nodelay(true);
+        let credentials = match self.credential {
+            None => Credentials(None),
+            Some(credential) => Credentials(Some(format!("Bearer {credential}").parse().map_err(
+                |_| {
+                    Error::InvalidArgument(
+                        "a key or token is printable ASCII; this one is not".into(),
+                    )
+                },
+            )?)),
+        };
+        Ok(Client::with_credentials(
+            endpoint.connect().await?,
+            credentials,
+        ))
+    }
 }
 
 impl Client {
-    /// Connects to a server: `"127.0.0.1:7070"` or `"http://127.0.0.1:7070"`.
+    /// Connects to a server: `"127.0.0.1:7070"` or `"http://127.0.0.1:7070"`, without
+    /// credentials (see [`Client::builder`] for a key or token).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -40,16 +131,15 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn connect(address: impl AsRef<str>) -> Result<Self, Error> {
-        let address = address.as_ref();
-        let uri = if address.contains("://") {
-            address.to_owned()
-        } else {
-            format!("http://{address}")
-        };
-        let endpoint = Endpoint::from_shared(uri)
-            .map_err(|e| Error::InvalidArgument(format!("bad server address {address:?}: {e}")))?
-            .tcp_nodelay(true);
-        Ok(Self::from_channel(endpoint.connect().await?))
+        Self::builder(address).connect().await
+    }
+
+    /// A client with options: a key or token, TLS.
+    pub fn builder(address: impl AsRef<str>) -> ClientBuilder {
+        ClientBuilder {
+            address: address.as_ref().to_owned(),
+            credential: None,
+        }
     }
 
     /// Uses an existing tonic channel (for TLS, timeouts, load balancing, ...).
@@ -67,10 +157,14 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn from_channel(channel: Channel) -> Self {
+        Self::with_credentials(channel, Credentials::default())
+    }
+
+    fn with_credentials(channel: Channel, credentials: Credentials) -> Self {
         Client {
-            databases: DatabasesClient::new(channel.clone()),
-            collections: CollectionsClient::new(channel.clone()),
-            documents: DocumentsClient::new(channel)
+            databases: DatabasesClient::with_interceptor(channel.clone(), credentials.clone()),
+            collections: CollectionsClient::with_interceptor(channel.clone(), credentials.clone()),
+            documents: DocumentsClient::with_interceptor(channel, credentials)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         }

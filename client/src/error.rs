@@ -24,6 +24,12 @@ pub enum Error {
     Unavailable(String),
     /// A document body could not be converted to or from JSON.
     Serialization(String),
+    /// The server needs a key or resource token, and none was given, or the one given is
+    /// not valid (unknown, altered, regenerated since, or an expired token).
+    Unauthenticated(String),
+    /// The key or token is valid but does not allow this request: a read-only key asked to
+    /// write, or a token used outside its database, collection or partition.
+    PermissionDenied(String),
     /// Any other gRPC failure.
     Other {
         /// The gRPC status code.
@@ -58,6 +64,8 @@ impl Error {
             | Error::InvalidArgument(m)
             | Error::Unavailable(m)
             | Error::Serialization(m)
+            | Error::Unauthenticated(m)
+            | Error::PermissionDenied(m)
             | Error::Other { message: m, .. } => m,
         }
     }
@@ -74,6 +82,8 @@ impl fmt::Display for Error {
             Error::InvalidArgument(_) => "invalid argument",
             Error::Unavailable(_) => "unavailable",
             Error::Serialization(_) => "serialization",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::PermissionDenied(_) => "permission denied",
             Error::Other { .. } => "error",
         };
         write!(f, "{kind}: {}", self.message())
@@ -98,6 +108,8 @@ impl From<Status> for Error {
             Code::FailedPrecondition => Error::PreconditionFailed(message),
             Code::InvalidArgument => Error::InvalidArgument(message),
             Code::Unavailable => Error::Unavailable(message),
+            Code::Unauthenticated => Error::Unauthenticated(message),
+            Code::PermissionDenied => Error::PermissionDenied(message),
             code => Error::Other { code, message },
         }
     }

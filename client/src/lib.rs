@@ -34,7 +34,7 @@ mod query;
 mod requests;
 mod ttl;
 
-pub use client::{Client, CreateCollection, Database};
+pub use client::{Client, ClientBuilder, CreateCollection, Database};
 pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths};
 pub use document::{DeleteOutcome, Document, PartitionKey, TouchOutcome, UpsertOutcome};
 pub use error::Error;

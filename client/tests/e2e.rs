@@ -760,6 +760,7 @@ async fn changing_the_default_applies_at_once_over_grpc() {
         None,
         CurrentEngine::new(engine.clone()),
         mayfly_server::StorageConfig::Memory { shards: Some(2) },
+        mayfly_server::auth::Authenticator::open(Arc::new(SystemClock)),
         async {
             let _ = stopped.await;
         },

@@ -31,6 +31,10 @@ pub mod v1 {
         ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest,
         UpsertDocumentResponse, UpsertOutcome,
     };
+    pub use crate::generated::{
+        CreateResourceTokenRequest, KeyKind, RegenerateKeyRequest, RegenerateKeyResponse,
+        ResourceToken, TokenPermission,
+    };
 
     /// Oneof types nested in messages.
     pub mod oneofs {
@@ -40,6 +44,7 @@ pub mod v1 {
 
     /// Client stubs, one per service.
     pub mod client {
+        pub use crate::generated::admin_client::AdminClient;
         pub use crate::generated::collections_client::CollectionsClient;
         pub use crate::generated::databases_client::DatabasesClient;
         pub use crate::generated::documents_client::DocumentsClient;
@@ -47,6 +52,7 @@ pub mod v1 {
 
     /// Server traits and their tonic services, one per service.
     pub mod server {
+        pub use crate::generated::admin_server::{Admin, AdminServer};
         pub use crate::generated::collections_server::{Collections, CollectionsServer};
         pub use crate::generated::databases_server::{Databases, DatabasesServer};
         pub use crate::generated::documents_server::{Documents, DocumentsServer};
@@ -71,7 +77,7 @@ mod tests {
             .filter(|f| f.package() == "mayfly.v1")
             .flat_map(|f| f.service.iter().map(|s| s.name().to_owned()))
             .collect();
-        assert_eq!(services, ["Databases", "Collections", "Documents"]);
+        assert_eq!(services, ["Databases", "Collections", "Documents", "Admin"]);
         // Reflection clients need the well-known types the API imports.
         assert!(
             fds.file

@@ -15,5 +15,6 @@ pub mod storage;
 
 pub use current_engine::CurrentEngine;
 pub use server::{
-    Config, MAX_MESSAGE_BYTES, RunningServer, ServeError, StorageConfig, default_shards, serve,
+    AuthConfig, Config, MAX_MESSAGE_BYTES, RunningServer, ServeError, StorageConfig,
+    default_shards, serve,
 };

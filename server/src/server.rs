@@ -3,7 +3,7 @@
 
 use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread, time::Duration};
 
-use mayfly_proto::v1::server::{CollectionsServer, DatabasesServer, DocumentsServer};
+use mayfly_proto::v1::server::{AdminServer, CollectionsServer, DatabasesServer, DocumentsServer};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use tonic::{
     server::NamedService,
@@ -12,10 +12,10 @@ use tonic::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
-    auth::{SecretsDir, random_secret, secret_bytes},
+    auth::{Authenticator, KeyRing, SecretsDir, random_secret, secret_bytes},
     current_engine::CurrentEngine,
     engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock, TokenKey},
-    grpc::{CollectionsService, DatabasesService, DocumentsService},
+    grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
     storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
 };
@@ -33,6 +33,22 @@ pub struct Config {
     pub storage: StorageConfig,
     /// Address for `GET /metrics`; `None` serves no metrics.
     pub metrics_listen: Option<SocketAddr>,
+    /// Who may call.
+    pub auth: AuthConfig,
+}
+
+/// Who may call a server.
+#[derive(Debug, Clone, Default)]
+pub enum AuthConfig {
+    /// No keys: every caller may do everything (tests, loopback, `--insecure-no-auth`).
+    #[default]
+    Open,
+    /// The four keys in the data directory's `keys/`, generated on first start (disk storage
+    /// only).
+    DataDir,
+    /// Keys given for this run (primary, secondary, primary read-only, secondary read-only; a
+    /// slot without one accepts nothing). They cannot be regenerated.
+    Given([Option<String>; 4]),
 }
 
 /// Where a server keeps its documents.
@@ -52,6 +68,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             storage: StorageConfig::Memory { shards: None },
             metrics_listen: None,
+            auth: AuthConfig::Open,
         }
     }
 }
@@ -74,6 +91,8 @@ pub enum ServeError {
     Storage(OpenError),
     /// What the data directory holds could not be loaded.
     Recovery(engine::Error),
+    /// The configuration cannot be served (say, keys kept in a data directory without one).
+    Config(String),
 }
 
 impl fmt::Display for ServeError {
@@ -84,6 +103,7 @@ impl fmt::Display for ServeError {
             ServeError::Reflection(e) => write!(f, "reflection descriptors: {e}"),
             ServeError::Storage(e) => write!(f, "{e}"),
             ServeError::Recovery(e) => write!(f, "cannot load the data directory: {e}"),
+            ServeError::Config(e) => f.write_str(e),
         }
     }
 }
@@ -116,6 +136,8 @@ impl RunningServer {
             None => None,
         };
         let engine = open_engine_blocking(&config.storage, Arc::default()).await?;
+        // After the storage: the data directory is created and locked by then.
+        let auth = authenticator(&config.auth, &config.storage)?;
         let engine = CurrentEngine::new(engine);
         let local_addr = listener.local_addr()?;
         let metrics_addr = metrics_listener
@@ -128,6 +150,7 @@ impl RunningServer {
             metrics_listener,
             engine.clone(),
             config.storage,
+            auth,
             async {
                 // A dropped sender stops the server too.
                 let _ = stopped.await;
@@ -174,6 +197,25 @@ impl Drop for RunningServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// The authenticator `auth` asks for.
+fn authenticator(auth: &AuthConfig, storage: &StorageConfig) -> Result<Authenticator, ServeError> {
+    let clock = Arc::new(SystemClock);
+    match (auth, storage) {
+        (AuthConfig::Open, _) => Ok(Authenticator::open(clock)),
+        (AuthConfig::Given(keys), _) => Ok(Authenticator::with_keys(
+            KeyRing::given(keys.clone()),
+            clock,
+        )),
+        (AuthConfig::DataDir, StorageConfig::Disk(options)) => {
+            let keys = KeyRing::kept_in(SecretsDir::open(&options.path)?)?;
+            Ok(Authenticator::with_keys(keys, clock))
+        }
+        (AuthConfig::DataDir, StorageConfig::Memory { .. }) => Err(ServeError::Config(
+            "keys kept in the data directory need disk storage: give the keys instead".into(),
+        )),
     }
 }
 
@@ -279,6 +321,7 @@ pub async fn serve(
     metrics_listener: Option<TcpListener>,
     current: CurrentEngine,
     storage: StorageConfig,
+    auth: Authenticator,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -319,12 +362,20 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(DatabasesServer::new(DatabasesService::new(current.clone())))
+        .add_service(DatabasesServer::new(DatabasesService::new(
+            current.clone(),
+            auth.clone(),
+        )))
         .add_service(CollectionsServer::new(CollectionsService::new(
             current.clone(),
+            auth.clone(),
+        )))
+        .add_service(AdminServer::new(AdminService::new(
+            current.clone(),
+            auth.clone(),
         )))
         .add_service(
-            DocumentsServer::new(DocumentsService::new(current.clone()))
+            DocumentsServer::new(DocumentsService::new(current.clone(), auth))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )

@@ -41,6 +41,16 @@ impl Mayfly {
         Self::start_with_stderr(Stdio::null())
     }
 
+    /// As the README runs it: keys in force, data in `mayfly-data` (under `self._data`).
+    fn start_as_in_the_readme() -> Self {
+        let data = tempfile::tempdir().expect("temp dir");
+        let server = support::Mayfly::start_with_keys(&data.path().join("mayfly-data"), &[]);
+        Mayfly {
+            server,
+            _data: data,
+        }
+    }
+
     fn start_with_stderr(stderr: Stdio) -> Self {
         let data = tempfile::tempdir().expect("temp dir");
         let server = support::Mayfly::spawn(&data.path().join("data"), &[], stderr)
@@ -121,7 +131,7 @@ fn readme_session() -> Vec<String> {
     commands
 }
 
-fn run(command: &str, grpcurl: &Path, addr: &str) -> Output {
+fn run(command: &str, grpcurl: &Path, addr: &str, dir: &Path) -> Output {
     let command = command.replace("127.0.0.1:7070", addr);
     let command = match command.strip_prefix("grpcurl ") {
         Some(rest) => format!("'{}' {rest}", grpcurl.display()),
@@ -130,6 +140,7 @@ fn run(command: &str, grpcurl: &Path, addr: &str) -> Output {
     Command::new("sh")
         .arg("-c")
         .arg(&command)
+        .current_dir(dir)
         .output()
         .expect("sh runs")
 }
@@ -147,7 +158,7 @@ fn json(output: &Output) -> Value {
 #[test]
 fn the_readme_grpcurl_session_works_as_written() {
     let grpcurl = grpcurl();
-    let server = Mayfly::start();
+    let server = Mayfly::start_as_in_the_readme();
     let commands = readme_session();
     assert!(
         commands.iter().any(|c| c.starts_with("sleep")),
@@ -156,7 +167,7 @@ fn the_readme_grpcurl_session_works_as_written() {
     let mut read_before = None;
     let mut read_after = None;
     for command in &commands {
-        let output = run(command, &grpcurl, &server.addr);
+        let output = run(command, &grpcurl, &server.addr, server._data.path());
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         eprintln!("$ {command}\n{stdout}{stderr}");

@@ -1,6 +1,13 @@
-//! Who may do what: the secrets a data directory keeps, account keys, resource tokens, and
-//! the check every RPC makes.
+//! Who may do what: the secrets a data directory keeps, the four account keys, resource
+//! tokens, and the check every RPC makes ([`Authenticator`], [`Principal::allow`]). Nothing here
+//! knows gRPC: the edge hands in the `authorization` value and maps [`Denied`] to a status.
 
+mod access;
+mod keys;
 mod secrets;
+mod token;
 
+pub use access::{Action, Authenticator, Denied, Principal, Target};
+pub use keys::{KeyAdminError, KeyRing, KeySlot, MIN_GIVEN_KEY_CHARS};
 pub use secrets::{SECRETS_DIR, SecretsDir, random_secret, secret_bytes};
+pub use token::{DEFAULT_TOKEN_SECS, MAX_TOKEN_SECS, ResourceToken, TokenError};

@@ -4,7 +4,8 @@ use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, ValueEnum};
 use mayfly_server::{
-    Config, RunningServer, StorageConfig,
+    AuthConfig, Config, RunningServer, StorageConfig,
+    auth::MIN_GIVEN_KEY_CHARS,
     storage::{DiskOptions, Durability},
 };
 use tokio::signal::unix::{SignalKind, signal};
@@ -47,6 +48,66 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (off by default).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Serve every caller without a key. Without keys a server listens on loopback only,
+    /// unless this is given.
+    #[arg(long, conflicts_with_all = ["primary_key", "secondary_key", "primary_readonly_key", "secondary_readonly_key"])]
+    insecure_no_auth: bool,
+    /// Read-write key for this run, instead of the data directory's `keys/` (at least 16
+    /// characters; keys given here cannot be regenerated through the Admin service).
+    #[arg(long, env = "MAYFLY_PRIMARY_KEY", hide_env_values = true)]
+    primary_key: Option<String>,
+    /// Second read-write key for this run.
+    #[arg(long, env = "MAYFLY_SECONDARY_KEY", hide_env_values = true)]
+    secondary_key: Option<String>,
+    /// Read-only key for this run.
+    #[arg(long, env = "MAYFLY_PRIMARY_READONLY_KEY", hide_env_values = true)]
+    primary_readonly_key: Option<String>,
+    /// Second read-only key for this run.
+    #[arg(long, env = "MAYFLY_SECONDARY_READONLY_KEY", hide_env_values = true)]
+    secondary_readonly_key: Option<String>,
+}
+
+/// Who may call, from the flags: keys given, `--insecure-no-auth`, the data directory's keys,
+/// or (memory storage on loopback only) nobody needs one.
+fn auth_config(args: &Args) -> Result<(AuthConfig, &'static str), String> {
+    let given = [
+        args.primary_key.clone(),
+        args.secondary_key.clone(),
+        args.primary_readonly_key.clone(),
+        args.secondary_readonly_key.clone(),
+    ];
+    if given.iter().any(Option::is_some) {
+        let keys: Vec<&String> = given.iter().flatten().collect();
+        if keys.iter().any(|k| k.chars().count() < MIN_GIVEN_KEY_CHARS) {
+            return Err(format!(
+                "keys must have at least {MIN_GIVEN_KEY_CHARS} characters (a short key is a guessable one)"
+            ));
+        }
+        if keys.iter().enumerate().any(|(i, k)| keys[..i].contains(k)) {
+            return Err("each key must differ from the others".into());
+        }
+        return Ok((
+            AuthConfig::Given(given),
+            "keys given on the command line or environment",
+        ));
+    }
+    if args.insecure_no_auth {
+        return Ok((
+            AuthConfig::Open,
+            "NO AUTHENTICATION (--insecure-no-auth): anyone who reaches the port may read, write and delete everything",
+        ));
+    }
+    match args.storage {
+        StorageKind::Disk => Ok((AuthConfig::DataDir, "keys in the data directory's keys/")),
+        StorageKind::Memory if args.listen.ip().is_loopback() => Ok((
+            AuthConfig::Open,
+            "no keys (memory storage on loopback): give --primary-key to require one",
+        )),
+        StorageKind::Memory => Err(format!(
+            "--storage memory has no data directory to keep keys in, and {} is reachable beyond this machine: give --primary-key (or MAYFLY_PRIMARY_KEY), or --insecure-no-auth to serve everyone",
+            args.listen
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,10 +160,18 @@ async fn main() -> ExitCode {
             }
         ),
     };
+    let (auth, auth_described) = match auth_config(&args) {
+        Ok(auth) => auth,
+        Err(e) => {
+            eprintln!("mayfly: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
         listen: args.listen,
         storage,
         metrics_listen: args.metrics_listen,
+        auth,
     };
     // Handlers first: a supervisor may signal as soon as it reads the address line, and a
     // signal arriving before them would kill the process instead of stopping it gracefully.
@@ -129,7 +198,7 @@ async fn main() -> ExitCode {
         listen = %server.local_addr(),
         shards = server.engine().get().map_or(0, |e| e.shard_count()),
         metrics = ?server.metrics_addr(),
-        "serving ({described})"
+        "serving ({described}; {auth_described})"
     );
     tokio::select! {
         _ = signals.0.recv() => {}

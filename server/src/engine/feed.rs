@@ -35,6 +35,16 @@ pub enum FeedScope {
     Partition(PartitionKeyValue),
 }
 
+impl FeedScope {
+    /// The partition, if the scope is one.
+    pub fn partition(&self) -> Option<&PartitionKeyValue> {
+        match self {
+            FeedScope::Partition(pk) => Some(pk),
+            FeedScope::Collection => None,
+        }
+    }
+}
+
 /// One page of a feed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeedPage {

@@ -7,8 +7,9 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{blocking, convert};
+use super::{blocking, caller, convert};
 use crate::{
+    auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
     engine::{CollectionSettings, DefaultTtl, PartitionKeyPath, SettingsChange},
 };
@@ -17,12 +18,13 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct CollectionsService {
     engine: CurrentEngine,
+    auth: Authenticator,
 }
 
 impl CollectionsService {
-    /// A service over whichever engine `engine` holds.
-    pub fn new(engine: CurrentEngine) -> Self {
-        CollectionsService { engine }
+    /// A service over whichever engine `engine` holds, for callers `auth` accepts.
+    pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
+        CollectionsService { engine, auth }
     }
 }
 
@@ -32,6 +34,7 @@ impl server::Collections for CollectionsService {
         &self,
         request: Request<CreateCollectionRequest>,
     ) -> Result<Response<Collection>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let CreateCollectionRequest {
             database,
             id,
@@ -40,6 +43,7 @@ impl server::Collections for CollectionsService {
             indexing_mode,
             indexing_paths,
         } = request.into_inner();
+        caller.allow(Action::Manage, Target::Database(&database))?;
         let database = convert::database_id(&database)?;
         let id = convert::collection_id(&id)?;
         let path = PartitionKeyPath::parse(&partition_key_path)?;
@@ -56,7 +60,15 @@ impl server::Collections for CollectionsService {
         &self,
         request: Request<GetCollectionRequest>,
     ) -> Result<Response<Collection>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let GetCollectionRequest { database, id } = request.into_inner();
+        caller.allow(
+            Action::Read,
+            Target::Collection {
+                database: &database,
+                collection: &id,
+            },
+        )?;
         let info = self
             .engine
             .get()?
@@ -68,7 +80,9 @@ impl server::Collections for CollectionsService {
         &self,
         request: Request<ListCollectionsRequest>,
     ) -> Result<Response<ListCollectionsResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let ListCollectionsRequest { database } = request.into_inner();
+        caller.allow(Action::Read, Target::Database(&database))?;
         let collections = self
             .engine
             .get()?
@@ -82,6 +96,7 @@ impl server::Collections for CollectionsService {
         &self,
         request: Request<ReplaceCollectionRequest>,
     ) -> Result<Response<Collection>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let ReplaceCollectionRequest {
             database,
             id,
@@ -89,6 +104,13 @@ impl server::Collections for CollectionsService {
             indexing_mode,
             indexing_paths,
         } = request.into_inner();
+        caller.allow(
+            Action::Manage,
+            Target::Collection {
+                database: &database,
+                collection: &id,
+            },
+        )?;
         let path = convert::collection_path(&database, &id)?;
         let change = SettingsChange {
             default_ttl: convert::default_ttl_change(default_ttl)?,
@@ -104,7 +126,15 @@ impl server::Collections for CollectionsService {
         &self,
         request: Request<DeleteCollectionRequest>,
     ) -> Result<Response<DeleteCollectionResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let DeleteCollectionRequest { database, id } = request.into_inner();
+        caller.allow(
+            Action::Manage,
+            Target::Collection {
+                database: &database,
+                collection: &id,
+            },
+        )?;
         let path = convert::collection_path(&database, &id)?;
         let engine = self.engine.get()?;
         blocking(move || engine.delete_collection(&path)).await?;

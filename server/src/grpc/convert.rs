@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use crate::engine::{
     CollectionId, CollectionInfo, CollectionPath, DatabaseId, DefaultTtl, DocumentBody,
-    DocumentView, IdKind, IndexPaths, IndexingMode, InvalidInput, MAX_DEPTH, MAX_DOCUMENT_BYTES,
-    Millis, PartitionKeyValue, ResourceId,
+    DocumentView, FeedScope, IdKind, IndexPaths, IndexingMode, InvalidInput, MAX_DEPTH,
+    MAX_DOCUMENT_BYTES, Millis, PartitionKeyValue, ResourceId,
 };
 use crate::storage::DocKey;
 
@@ -47,6 +47,14 @@ pub(crate) fn doc_key(
     Ok(DocKey {
         partition_key,
         id: ResourceId::parse(IdKind::Document, id)?,
+    })
+}
+
+/// A feed's or query's scope: one partition if the request names it, else the collection.
+pub(crate) fn feed_scope(pk: Option<v1::PartitionKey>) -> Result<FeedScope, InvalidInput> {
+    Ok(match partition_key_value(pk)? {
+        Some(pk) => FeedScope::Partition(pk),
+        None => FeedScope::Collection,
     })
 }
 
@@ -123,7 +131,7 @@ pub(crate) fn document_body(
     DocumentBody::parse(map, ttl)
 }
 
-fn timestamp(ms: Millis) -> prost_types::Timestamp {
+pub(crate) fn timestamp(ms: Millis) -> prost_types::Timestamp {
     prost_types::Timestamp {
         seconds: (ms / 1_000) as i64,
         nanos: ((ms % 1_000) * 1_000_000) as i32,

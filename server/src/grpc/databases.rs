@@ -6,19 +6,23 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{blocking, convert};
-use crate::current_engine::CurrentEngine;
+use super::{blocking, caller, convert};
+use crate::{
+    auth::{Action, Authenticator, Target},
+    current_engine::CurrentEngine,
+};
 
 /// Serves databases from the engine.
 #[derive(Debug, Clone)]
 pub struct DatabasesService {
     engine: CurrentEngine,
+    auth: Authenticator,
 }
 
 impl DatabasesService {
-    /// A service over whichever engine `engine` holds.
-    pub fn new(engine: CurrentEngine) -> Self {
-        DatabasesService { engine }
+    /// A service over whichever engine `engine` holds, for callers `auth` accepts.
+    pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
+        DatabasesService { engine, auth }
     }
 }
 
@@ -28,8 +32,10 @@ impl server::Databases for DatabasesService {
         &self,
         request: Request<CreateDatabaseRequest>,
     ) -> Result<Response<Database>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let CreateDatabaseRequest { id } = request.into_inner();
         let database = convert::database_id(&id)?;
+        caller.allow(Action::Manage, Target::Database(&id))?;
         let engine = self.engine.get()?;
         blocking(move || engine.create_database(database)).await?;
         Ok(Response::new(Database { id }))
@@ -39,7 +45,9 @@ impl server::Databases for DatabasesService {
         &self,
         request: Request<GetDatabaseRequest>,
     ) -> Result<Response<Database>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let GetDatabaseRequest { id } = request.into_inner();
+        caller.allow(Action::Read, Target::Database(&id))?;
         self.engine
             .get()?
             .get_database(&convert::database_id(&id)?)?;
@@ -50,7 +58,9 @@ impl server::Databases for DatabasesService {
         &self,
         request: Request<ListDatabasesRequest>,
     ) -> Result<Response<ListDatabasesResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let ListDatabasesRequest {} = request.into_inner();
+        caller.allow(Action::Read, Target::Account)?;
         let databases = self
             .engine
             .get()?
@@ -65,8 +75,10 @@ impl server::Databases for DatabasesService {
         &self,
         request: Request<DeleteDatabaseRequest>,
     ) -> Result<Response<DeleteDatabaseResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let DeleteDatabaseRequest { id } = request.into_inner();
         let database = convert::database_id(&id)?;
+        caller.allow(Action::Manage, Target::Database(&id))?;
         let engine = self.engine.get()?;
         blocking(move || engine.delete_database(&database)).await?;
         Ok(Response::new(DeleteDatabaseResponse {}))

@@ -11,22 +11,24 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::convert;
+use super::{caller, convert};
 use crate::{
+    auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
-    engine::{self, FeedScope},
+    engine,
 };
 
 /// Serves documents from the engine.
 #[derive(Debug, Clone)]
 pub struct DocumentsService {
     engine: CurrentEngine,
+    auth: Authenticator,
 }
 
 impl DocumentsService {
-    /// A service over whichever engine `engine` holds.
-    pub fn new(engine: CurrentEngine) -> Self {
-        DocumentsService { engine }
+    /// A service over whichever engine `engine` holds, for callers `auth` accepts.
+    pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
+        DocumentsService { engine, auth }
     }
 
     /// The engine in service.
@@ -59,6 +61,7 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<CreateDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let CreateDocumentRequest {
             database,
             collection,
@@ -69,6 +72,10 @@ impl server::Documents for DocumentsService {
         let path = convert::collection_path(&database, &collection)?;
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, partition_key.as_ref()),
+        )?;
         let view = self
             .settle(|e| e.create_document(&path, body, partition_key))
             .await?;
@@ -79,6 +86,7 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<UpsertDocumentRequest>,
     ) -> Result<Response<UpsertDocumentResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let UpsertDocumentRequest {
             database,
             collection,
@@ -90,6 +98,10 @@ impl server::Documents for DocumentsService {
         let path = convert::collection_path(&database, &collection)?;
         let body = convert::document_body(body, ttl)?;
         let partition_key = convert::partition_key_value(partition_key)?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, partition_key.as_ref()),
+        )?;
         let (outcome, view) = self
             .settle(|e| e.upsert_document(&path, body, partition_key, if_match(&etag)))
             .await?;
@@ -107,6 +119,7 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<ReplaceDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let ReplaceDocumentRequest {
             database,
             collection,
@@ -118,6 +131,10 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+        )?;
         let body = convert::document_body(body, ttl)?;
         let view = self
             .settle(|e| e.replace_document(&path, key, body, if_match(&etag)))
@@ -129,6 +146,7 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<ReadDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let ReadDocumentRequest {
             database,
             collection,
@@ -137,6 +155,10 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
+        caller.allow(
+            Action::Read,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+        )?;
         let view = self.settle(|e| e.read_document(&path, &key)).await?;
         Ok(Response::new(view.into()))
     }
@@ -145,6 +167,7 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<DeleteDocumentRequest>,
     ) -> Result<Response<DeleteDocumentResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let DeleteDocumentRequest {
             database,
             collection,
@@ -154,6 +177,10 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+        )?;
         self.settle(|e| e.delete_document(&path, &key, if_match(&etag)))
             .await?;
         Ok(Response::new(DeleteDocumentResponse {}))
@@ -163,6 +190,7 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<TouchDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let TouchDocumentRequest {
             database,
             collection,
@@ -172,6 +200,10 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
         let key = convert::doc_key(&id, partition_key)?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+        )?;
         let view = self
             .settle(|e| e.touch_document(&path, &key, if_match(&etag)))
             .await?;
@@ -185,7 +217,8 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<QueryRequest>,
     ) -> Result<Response<Self::QueryStream>, Status> {
-        let rx = self.start_query(request.into_inner()).await?;
+        let caller = caller(&self.auth, &request)?;
+        let rx = self.start_query(&caller, request.into_inner()).await?;
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -193,6 +226,7 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<ReadFeedRequest>,
     ) -> Result<Response<Self::ReadFeedStream>, Status> {
+        let caller = caller(&self.auth, &request)?;
         let ReadFeedRequest {
             database,
             collection,
@@ -201,10 +235,11 @@ impl server::Documents for DocumentsService {
             continuation,
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection)?;
-        let scope = match convert::partition_key_value(partition_key)? {
-            Some(pk) => FeedScope::Partition(pk),
-            None => FeedScope::Collection,
-        };
+        let scope = convert::feed_scope(partition_key)?;
+        caller.allow(
+            Action::Read,
+            Target::documents(&database, &collection, scope.partition()),
+        )?;
         let page_size = engine::page_size(page_size)?;
         let token = (!continuation.is_empty()).then_some(continuation);
         // The first page is read before answering, so a bad request fails the call itself.

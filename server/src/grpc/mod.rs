@@ -1,6 +1,7 @@
 //! The gRPC edge: request validation and proto ↔ domain conversion around the engine, with
 //! one error → status mapping. It knows nothing of locks or shards.
 
+mod admin;
 mod collections;
 mod convert;
 mod databases;
@@ -8,13 +9,28 @@ mod documents;
 mod query;
 mod status;
 
+pub use admin::AdminService;
 pub use collections::CollectionsService;
 pub use databases::DatabasesService;
 pub use documents::DocumentsService;
 
-use tonic::Status;
+use tonic::{Request, Status};
 
-use crate::engine::Error;
+use crate::{
+    auth::{Authenticator, Denied, Principal},
+    engine::Error,
+};
+
+/// Who sent `request`: UNAUTHENTICATED unless its `authorization` metadata names a key or a
+/// valid token (or the server runs without keys). Checked before the request is read, so that
+/// an unknown caller learns nothing from validation errors.
+fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Principal, Status> {
+    let authorization = match request.metadata().get("authorization") {
+        None => None,
+        Some(value) => Some(value.to_str().map_err(|_| Denied::Malformed)?),
+    };
+    Ok(auth.authenticate(authorization)?)
+}
 
 /// Runs catalog changes off the async worker threads: each waits for its change to be durable,
 /// and deleting a collection frees every document.

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::{convert, documents::DocumentsService};
+use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, CollectionPath, Engine, FeedScope, InvalidInput, Outcome, QueryCursor, QuerySpec,
 };
@@ -33,6 +34,7 @@ impl DocumentsService {
     /// a bad query fails the call itself.
     pub(crate) async fn start_query(
         &self,
+        caller: &Principal,
         request: QueryRequest,
     ) -> Result<mpsc::Receiver<Result<QueryPage, Status>>, Status> {
         let QueryRequest {
@@ -46,10 +48,11 @@ impl DocumentsService {
             enable_scan,
         } = request;
         let path = convert::collection_path(&database, &collection)?;
-        let scope = match convert::partition_key_value(partition_key)? {
-            Some(pk) => FeedScope::Partition(pk),
-            None => FeedScope::Collection,
-        };
+        let scope = convert::feed_scope(partition_key)?;
+        caller.allow(
+            Action::Read,
+            Target::documents(&database, &collection, scope.partition()),
+        )?;
         let page_size = engine::page_size(page_size)?;
         let params = parameters_json(parameters)?;
         let mut spec = QuerySpec::parse(&query, params)?;

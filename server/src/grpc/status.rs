@@ -9,6 +9,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::{
+    auth::{Denied, KeyAdminError},
     engine::{Error, InvalidInput},
     storage::StorageErrorKind,
 };
@@ -70,6 +71,7 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         }
         InvalidInput::ScanNotEnabled { .. } => "SCAN_NOT_ENABLED",
         InvalidInput::IndexTermsTooLarge { .. } => "INDEX_TERMS_TOO_LARGE",
+        InvalidInput::TokenTtl { .. } => "INVALID_TOKEN_TTL",
     }
 }
 
@@ -98,6 +100,35 @@ fn bounded(mut message: String) -> String {
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         let (code, reason) = code_and_reason(&error);
+        let details =
+            ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
+        Status::with_error_details(code, bounded(error.to_string()), details)
+    }
+}
+
+impl From<Denied> for Status {
+    fn from(denied: Denied) -> Self {
+        let code = if denied.unauthenticated() {
+            Code::Unauthenticated
+        } else {
+            Code::PermissionDenied
+        };
+        let details = ErrorDetails::with_error_info(
+            denied.reason(),
+            ERROR_DOMAIN,
+            HashMap::<String, String>::new(),
+        );
+        Status::with_error_details(code, bounded(denied.to_string()), details)
+    }
+}
+
+impl From<KeyAdminError> for Status {
+    fn from(error: KeyAdminError) -> Self {
+        let (code, reason) = match &error {
+            KeyAdminError::NoKeys => (Code::FailedPrecondition, "NO_KEYS"),
+            KeyAdminError::Given => (Code::FailedPrecondition, "KEYS_GIVEN"),
+            KeyAdminError::Io(_) => (Code::Unavailable, "KEY_NOT_WRITTEN"),
+        };
         let details =
             ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
         Status::with_error_details(code, bounded(error.to_string()), details)

@@ -63,6 +63,8 @@ pub enum InvalidInput {
     ScanNotEnabled { collection: String },
     /// A document whose index terms would exceed the per-document limit.
     IndexTermsTooLarge { limit: usize },
+    /// A resource token lifetime out of range.
+    TokenTtl { value: u32, max: u32 },
 }
 
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
@@ -134,6 +136,10 @@ impl fmt::Display for InvalidInput {
                 f,
                 "collection '{}' has indexing mode none, so this query would read every document: set enable_scan on the request to allow it, or give the collection an index",
                 Echo(collection)
+            ),
+            InvalidInput::TokenTtl { value, max } => write!(
+                f,
+                "ttl_seconds {value} is out of range for a resource token: use 1..={max}, or leave it unset for an hour"
             ),
             InvalidInput::IndexTermsTooLarge { limit } => write!(
                 f,

@@ -2,7 +2,7 @@
 
 use mayfly_proto::v1::{
     PartitionKey,
-    client::{CollectionsClient, DatabasesClient, DocumentsClient},
+    client::{AdminClient, CollectionsClient, DatabasesClient, DocumentsClient},
     oneofs::PartitionKeyKind,
 };
 use tonic::transport::{Channel, Endpoint};
@@ -16,6 +16,7 @@ pub(crate) struct Clients {
     pub(crate) collections: CollectionsClient<Channel>,
     pub(crate) documents: DocumentsClient<Channel>,
     pub(crate) health: HealthClient<Channel>,
+    pub(crate) admin: AdminClient<Channel>,
 }
 
 pub(crate) async fn connect(server: &Mayfly) -> Clients {
@@ -28,6 +29,7 @@ pub(crate) async fn connect(server: &Mayfly) -> Clients {
         databases: DatabasesClient::new(channel.clone()),
         collections: CollectionsClient::new(channel.clone()),
         documents: DocumentsClient::new(channel.clone()),
+        admin: AdminClient::new(channel.clone()),
         health: HealthClient::new(channel),
     }
 }

@@ -48,8 +48,29 @@ impl Mayfly {
         Ok(server)
     }
 
+    /// Starts `mayfly` with `--listen 127.0.0.1:0 --shards 2` and the keys of its data
+    /// directory (made on first start, under `keys/`) in force.
+    pub(crate) fn start_with_keys(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::spawn_with(data_dir, extra, Stdio::null(), true).unwrap_or_else(|f| {
+            panic!("mayfly did not start: {f:?}");
+        })
+    }
+
+    /// Without keys (`--insecure-no-auth`): tests of other things than access.
     pub(crate) fn spawn(data_dir: &Path, extra: &[&str], stderr: Stdio) -> Result<Self, Failed> {
+        Self::spawn_with(data_dir, extra, stderr, false)
+    }
+
+    fn spawn_with(
+        data_dir: &Path,
+        extra: &[&str],
+        stderr: Stdio,
+        keys: bool,
+    ) -> Result<Self, Failed> {
         let mut args = vec!["--listen", "127.0.0.1:0"];
+        if !keys {
+            args.push("--insecure-no-auth");
+        }
         let data_dir = data_dir.to_str().expect("utf-8 temp path");
         args.extend(["--data-dir", data_dir]);
         if !extra.contains(&"--shards") {

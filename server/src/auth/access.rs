@@ -1,0 +1,327 @@
+//! Who is calling (from the `authorization` metadata) and whether they may do what they ask.
+//! Every RPC handler asks both before it touches the engine.
+
+use std::{fmt, sync::Arc};
+
+use super::{
+    keys::{KeyRing, KeySlot},
+    token::{ResourceToken, TokenError},
+};
+use crate::{
+    engine::Clock,
+    model::{Echo, Millis, PartitionKeyValue},
+};
+
+/// Who sent a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Principal {
+    /// The server runs without keys: everyone may do everything.
+    Open,
+    /// An account key.
+    Key(KeySlot),
+    /// A resource token.
+    Token(ResourceToken),
+}
+
+/// What a request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Reads documents or settings, lists, feeds, queries.
+    Read,
+    /// Creates, replaces, touches or deletes documents.
+    Write,
+    /// Creates or deletes databases and collections, changes settings, keys and tokens.
+    Manage,
+}
+
+/// What a request is about.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// Every database (listing them, keys, tokens).
+    Account,
+    Database(&'a str),
+    Collection {
+        database: &'a str,
+        collection: &'a str,
+    },
+    /// Documents of a collection; `partition` when the request names one.
+    Documents {
+        database: &'a str,
+        collection: &'a str,
+        partition: Option<&'a PartitionKeyValue>,
+    },
+}
+
+impl<'a> Target<'a> {
+    /// Documents of `database/collection`, of one partition if the request names it.
+    pub fn documents(
+        database: &'a str,
+        collection: &'a str,
+        partition: Option<&'a PartitionKeyValue>,
+    ) -> Self {
+        Target::Documents {
+            database,
+            collection,
+            partition,
+        }
+    }
+}
+
+impl fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Account => f.write_str("the whole account"),
+            Target::Database(d) => write!(f, "database '{}'", Echo(d)),
+            Target::Collection {
+                database,
+                collection,
+            } => write!(f, "collection '{}/{}'", Echo(database), Echo(collection)),
+            Target::Documents {
+                database,
+                collection,
+                partition: None,
+            } => write!(
+                f,
+                "every partition of collection '{}/{}'",
+                Echo(database),
+                Echo(collection)
+            ),
+            Target::Documents {
+                database,
+                collection,
+                partition: Some(pk),
+            } => write!(
+                f,
+                "partition {pk} of collection '{}/{}'",
+                Echo(database),
+                Echo(collection)
+            ),
+        }
+    }
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Denied {
+    /// No `authorization` metadata.
+    Missing,
+    /// `authorization` is not `Bearer <key-or-token>`.
+    Malformed,
+    /// Not one of the server's keys.
+    UnknownKey,
+    /// A token that is altered or whose key was regenerated.
+    InvalidToken,
+    /// A token past its expiry.
+    ExpiredToken { at: Millis, now: Millis },
+    /// A read-only key asked to write or manage.
+    ReadOnlyKey { action: Action },
+    /// A read-only token asked to write.
+    ReadOnlyToken,
+    /// A token asked to manage.
+    TokenCannotManage,
+    /// A token asked for something outside its scope.
+    OutOfScope { scope: String, target: String },
+}
+
+impl Denied {
+    /// UNAUTHENTICATED (who is calling is unknown) rather than PERMISSION_DENIED.
+    pub fn unauthenticated(&self) -> bool {
+        matches!(
+            self,
+            Denied::Missing
+                | Denied::Malformed
+                | Denied::UnknownKey
+                | Denied::InvalidToken
+                | Denied::ExpiredToken { .. }
+        )
+    }
+
+    /// The `ErrorInfo.reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Denied::Missing => "MISSING_CREDENTIALS",
+            Denied::Malformed | Denied::UnknownKey | Denied::InvalidToken => "INVALID_CREDENTIALS",
+            Denied::ExpiredToken { .. } => "TOKEN_EXPIRED",
+            Denied::ReadOnlyKey { .. } => "READ_ONLY_KEY",
+            Denied::ReadOnlyToken => "READ_ONLY_TOKEN",
+            Denied::TokenCannotManage => "KEY_REQUIRED",
+            Denied::OutOfScope { .. } => "OUT_OF_TOKEN_SCOPE",
+        }
+    }
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denied::Missing => f.write_str(
+                "this server needs a key or resource token: send the metadata `authorization: Bearer <key-or-token>`",
+            ),
+            Denied::Malformed => f.write_str(
+                "the `authorization` metadata must be `Bearer <key-or-token>`",
+            ),
+            Denied::UnknownKey => f.write_str(
+                "the key is not one of this server's keys (it may have been regenerated)",
+            ),
+            Denied::InvalidToken => f.write_str(
+                "the resource token is not valid: it was altered, or the key that minted it has been regenerated since",
+            ),
+            Denied::ExpiredToken { at, now } => write!(
+                f,
+                "the resource token expired {:.1} s ago (at {at} ms since the Unix epoch); mint a new one",
+                now.saturating_sub(*at) as f64 / 1000.0
+            ),
+            Denied::ReadOnlyKey { action } => write!(
+                f,
+                "a read-only key can only read; {} needs a read-write key",
+                match action {
+                    Action::Manage => "managing databases, collections, keys and tokens",
+                    Action::Write | Action::Read => "writing documents",
+                }
+            ),
+            Denied::ReadOnlyToken => f.write_str(
+                "this resource token is read-only; writing needs a token minted with permission ALL",
+            ),
+            Denied::TokenCannotManage => f.write_str(
+                "resource tokens give access to documents only; managing databases, collections, keys and tokens needs a read-write key",
+            ),
+            Denied::OutOfScope { scope, target } => write!(
+                f,
+                "this resource token is scoped to {scope}; the request is for {target}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Denied {}
+
+/// Turns `authorization` metadata into a [`Principal`].
+#[derive(Debug, Clone)]
+pub struct Authenticator {
+    keys: Option<Arc<KeyRing>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Authenticator {
+    /// No keys: every request is allowed (loopback or `--insecure-no-auth`).
+    pub fn open(clock: Arc<dyn Clock>) -> Self {
+        Authenticator { keys: None, clock }
+    }
+
+    /// Requests need one of `keys`, or a token one of them minted.
+    pub fn with_keys(keys: KeyRing, clock: Arc<dyn Clock>) -> Self {
+        Authenticator {
+            keys: Some(Arc::new(keys)),
+            clock,
+        }
+    }
+
+    /// The keys, unless the server runs open.
+    pub fn keys(&self) -> Option<&KeyRing> {
+        self.keys.as_deref()
+    }
+
+    /// Now, by the clock tokens expire by.
+    pub fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    /// Who sent a request with this `authorization` value.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, Denied> {
+        let Some(keys) = &self.keys else {
+            return Ok(Principal::Open);
+        };
+        let value = authorization.ok_or(Denied::Missing)?;
+        let credential = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .map(str::trim)
+            .ok_or(Denied::Malformed)?;
+        if ResourceToken::is_token(credential) {
+            let now = self.clock.now();
+            return match ResourceToken::verify(credential, keys, now) {
+                Ok(token) => Ok(Principal::Token(token)),
+                Err(TokenError::Invalid) => Err(Denied::InvalidToken),
+                Err(TokenError::Expired { at }) => Err(Denied::ExpiredToken { at, now }),
+            };
+        }
+        keys.slot_of(credential)
+            .map(Principal::Key)
+            .ok_or(Denied::UnknownKey)
+    }
+}
+
+impl Principal {
+    /// Whether this principal may do `action` on `target`.
+    pub fn allow(&self, action: Action, target: Target<'_>) -> Result<(), Denied> {
+        match self {
+            Principal::Open => Ok(()),
+            Principal::Key(slot) if slot.read_write() || action == Action::Read => Ok(()),
+            Principal::Key(_) => Err(Denied::ReadOnlyKey { action }),
+            Principal::Token(token) => {
+                match action {
+                    Action::Manage => return Err(Denied::TokenCannotManage),
+                    Action::Write if !token.write => return Err(Denied::ReadOnlyToken),
+                    Action::Write | Action::Read => {}
+                }
+                if token_covers(token, target) {
+                    Ok(())
+                } else {
+                    Err(Denied::OutOfScope {
+                        scope: token_scope(token),
+                        target: target.to_string(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+fn token_covers(token: &ResourceToken, target: Target<'_>) -> bool {
+    let collection_matches =
+        |collection: &str| token.collection.as_deref().is_none_or(|c| c == collection);
+    match target {
+        Target::Account => false,
+        // Listing a database's collections shows more than one collection.
+        Target::Database(database) => token.database == database && token.collection.is_none(),
+        // Any token within a collection may read its settings (clients need its partition
+        // key path).
+        Target::Collection {
+            database,
+            collection,
+        } => token.database == database && collection_matches(collection),
+        Target::Documents {
+            database,
+            collection,
+            partition,
+        } => {
+            token.database == database
+                && collection_matches(collection)
+                && match (&token.partition_key, partition) {
+                    (None, _) => true,
+                    (Some(scoped), Some(asked)) => scoped == asked,
+                    // A request without a partition key may reach every partition.
+                    (Some(_), None) => false,
+                }
+        }
+    }
+}
+
+fn token_scope(token: &ResourceToken) -> String {
+    let database = Target::Database(&token.database);
+    match (&token.collection, &token.partition_key) {
+        (None, _) => database.to_string(),
+        (Some(collection), None) => Target::Collection {
+            database: &token.database,
+            collection,
+        }
+        .to_string(),
+        (Some(collection), Some(pk)) => format!(
+            "{}: set partition_key on the request",
+            Target::Documents {
+                database: &token.database,
+                collection,
+                partition: Some(pk),
+            }
+        ),
+    }
+}

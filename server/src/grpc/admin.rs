@@ -1,0 +1,140 @@
+//! `mayfly.v1.Admin`: account keys and resource tokens, for read-write keys only.
+
+use mayfly_proto::v1::{
+    CreateResourceTokenRequest, KeyKind, RegenerateKeyRequest, RegenerateKeyResponse,
+    ResourceToken as ResourceTokenProto, TokenPermission, server,
+};
+use tonic::{Request, Response, Status};
+
+use super::{caller, convert};
+use crate::{
+    auth::{
+        Action, Authenticator, DEFAULT_TOKEN_SECS, KeyAdminError, KeySlot, MAX_TOKEN_SECS,
+        Principal, ResourceToken, Target,
+    },
+    current_engine::CurrentEngine,
+    engine::InvalidInput,
+};
+
+/// Serves key regeneration and token minting.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    engine: CurrentEngine,
+    auth: Authenticator,
+}
+
+impl AdminService {
+    /// A service minting tokens for the resources of `engine`, for callers `auth` accepts.
+    pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
+        AdminService { engine, auth }
+    }
+}
+
+fn key_slot(kind: i32) -> Result<KeySlot, InvalidInput> {
+    match KeyKind::try_from(kind) {
+        Ok(KeyKind::Primary) => Ok(KeySlot::Primary),
+        Ok(KeyKind::Secondary) => Ok(KeySlot::Secondary),
+        Ok(KeyKind::PrimaryReadOnly) => Ok(KeySlot::PrimaryReadOnly),
+        Ok(KeyKind::SecondaryReadOnly) => Ok(KeySlot::SecondaryReadOnly),
+        Ok(KeyKind::Unspecified) => Err(InvalidInput::MissingField {
+            field: "kind",
+            hint: "name the key to regenerate (KEY_KIND_PRIMARY, KEY_KIND_SECONDARY, ...)",
+        }),
+        Err(_) => Err(InvalidInput::UnknownEnumValue {
+            field: "kind",
+            value: kind,
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl server::Admin for AdminService {
+    async fn regenerate_key(
+        &self,
+        request: Request<RegenerateKeyRequest>,
+    ) -> Result<Response<RegenerateKeyResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        caller.allow(Action::Manage, Target::Account)?;
+        let RegenerateKeyRequest { kind } = request.into_inner();
+        let slot = key_slot(kind)?;
+        let auth = self.auth.clone();
+        // Writes and fsyncs the key file.
+        let key = tokio::task::spawn_blocking(move || {
+            auth.keys().ok_or(KeyAdminError::NoKeys)?.regenerate(slot)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("key task failed: {e}")))??;
+        tracing::info!(key = %slot, "key regenerated");
+        Ok(Response::new(RegenerateKeyResponse { kind, key }))
+    }
+
+    async fn create_resource_token(
+        &self,
+        request: Request<CreateResourceTokenRequest>,
+    ) -> Result<Response<ResourceTokenProto>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        caller.allow(Action::Manage, Target::Account)?;
+        let keys = self.auth.keys().ok_or(KeyAdminError::NoKeys)?;
+        let Principal::Key(minted_by) = caller else {
+            // `allow` let through only read-write keys, or everyone on an open server.
+            return Err(KeyAdminError::NoKeys.into());
+        };
+        let CreateResourceTokenRequest {
+            database,
+            collection,
+            partition_key,
+            permission,
+            ttl_seconds,
+        } = request.into_inner();
+        let engine = self.engine.get()?;
+        let collection = if collection.is_empty() {
+            engine.get_database(&convert::database_id(&database)?)?;
+            None
+        } else {
+            engine.get_collection(&convert::collection_path(&database, &collection)?)?;
+            Some(collection)
+        };
+        let partition_key = convert::partition_key_value(partition_key)?;
+        if partition_key.is_some() && collection.is_none() {
+            return Err(InvalidInput::MissingField {
+                field: "collection",
+                hint: "a token scoped to a partition names its collection",
+            }
+            .into());
+        }
+        let write = match TokenPermission::try_from(permission) {
+            Ok(TokenPermission::Unspecified | TokenPermission::Read) => false,
+            Ok(TokenPermission::All) => true,
+            Err(_) => {
+                return Err(InvalidInput::UnknownEnumValue {
+                    field: "permission",
+                    value: permission,
+                }
+                .into());
+            }
+        };
+        let secs = ttl_seconds.unwrap_or(DEFAULT_TOKEN_SECS);
+        if !(1..=MAX_TOKEN_SECS).contains(&secs) {
+            return Err(InvalidInput::TokenTtl {
+                value: secs,
+                max: MAX_TOKEN_SECS,
+            }
+            .into());
+        }
+        let expires_at = self.auth.now() + u64::from(secs) * 1000;
+        let key = keys.key(minted_by).ok_or(KeyAdminError::NoKeys)?;
+        let token = ResourceToken {
+            minted_by,
+            database,
+            collection,
+            partition_key,
+            write,
+            expires_at,
+        }
+        .mint(&key);
+        Ok(Response::new(ResourceTokenProto {
+            token,
+            expires_at: Some(convert::timestamp(expires_at)),
+        }))
+    }
+}

@@ -1,0 +1,619 @@
+//! Keys and resource tokens against the real binary, for every RPC: no credentials, a key that
+//! is not the server's, a read-only key, tokens out of scope or expired, and key rotation.
+
+mod support;
+
+use std::{path::Path, time::Duration};
+
+use mayfly_proto::{
+    json::JsonObject,
+    v1::{
+        CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
+        CreateResourceTokenRequest, DeleteCollectionRequest, DeleteDatabaseRequest,
+        DeleteDocumentRequest, GetCollectionRequest, GetDatabaseRequest, KeyKind,
+        ListCollectionsRequest, ListDatabasesRequest, QueryRequest, ReadDocumentRequest,
+        ReadFeedRequest, RegenerateKeyRequest, ReplaceCollectionRequest, ReplaceDocumentRequest,
+        TokenPermission, TouchDocumentRequest, UpsertDocumentRequest,
+    },
+};
+use tonic::{Code, Request, Status};
+use tonic_types::StatusExt as _;
+
+use support::{
+    Mayfly,
+    clients::{self, Clients, string_pk},
+};
+
+/// Every RPC of the Mayfly services.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Rpc {
+    CreateDatabase,
+    GetDatabase,
+    ListDatabases,
+    DeleteDatabase,
+    CreateCollection,
+    GetCollection,
+    ListCollections,
+    ReplaceCollection,
+    DeleteCollection,
+    CreateDocument,
+    UpsertDocument,
+    ReplaceDocument,
+    ReadDocument,
+    DeleteDocument,
+    TouchDocument,
+    ReadFeed,
+    Query,
+    RegenerateKey,
+    CreateResourceToken,
+}
+
+/// What an RPC needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Needs {
+    Read,
+    Write,
+    Manage,
+}
+
+const EVERY_RPC: [(Rpc, Needs); 19] = [
+    (Rpc::CreateDatabase, Needs::Manage),
+    (Rpc::GetDatabase, Needs::Read),
+    (Rpc::ListDatabases, Needs::Read),
+    (Rpc::DeleteDatabase, Needs::Manage),
+    (Rpc::CreateCollection, Needs::Manage),
+    (Rpc::GetCollection, Needs::Read),
+    (Rpc::ListCollections, Needs::Read),
+    (Rpc::ReplaceCollection, Needs::Manage),
+    (Rpc::DeleteCollection, Needs::Manage),
+    (Rpc::CreateDocument, Needs::Write),
+    (Rpc::UpsertDocument, Needs::Write),
+    (Rpc::ReplaceDocument, Needs::Write),
+    (Rpc::ReadDocument, Needs::Read),
+    (Rpc::DeleteDocument, Needs::Write),
+    (Rpc::TouchDocument, Needs::Write),
+    (Rpc::ReadFeed, Needs::Read),
+    (Rpc::Query, Needs::Read),
+    (Rpc::RegenerateKey, Needs::Manage),
+    (Rpc::CreateResourceToken, Needs::Manage),
+];
+
+fn key(data_dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(data_dir.join("keys").join(name))
+        .expect("key file")
+        .trim()
+        .to_owned()
+}
+
+fn with<T>(credential: Option<&str>, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(credential) = credential {
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {credential}").parse().expect("ascii"),
+        );
+    }
+    request
+}
+
+fn body(id: &str, pk: &str) -> Option<JsonObject> {
+    let serde_json::Value::Object(map) = serde_json::json!({"id": id, "pk": pk}) else {
+        unreachable!("an object")
+    };
+    Some(JsonObject::new(map))
+}
+
+/// Calls `rpc` on database `d`, collection `c` (documents of partition `pk`, or of every
+/// partition where the RPC allows it and `pk` is `None`). Targets are chosen so that a call
+/// let through changes nothing the other calls rely on: deletes name absent things, creates
+/// existing ones.
+async fn call(
+    c: &mut Clients,
+    rpc: Rpc,
+    credential: Option<&str>,
+    collection: &str,
+    pk: Option<&str>,
+) -> Result<(), Status> {
+    let cred = credential;
+    let partition = pk.map(string_pk);
+    let doc_pk = || partition.clone().or_else(|| Some(string_pk("p1")));
+    let (d, coll) = ("d".to_owned(), collection.to_owned());
+    match rpc {
+        Rpc::CreateDatabase => c
+            .databases
+            .create_database(with(cred, CreateDatabaseRequest { id: d }))
+            .await
+            .map(drop),
+        Rpc::GetDatabase => c
+            .databases
+            .get_database(with(cred, GetDatabaseRequest { id: d }))
+            .await
+            .map(drop),
+        Rpc::ListDatabases => c
+            .databases
+            .list_databases(with(cred, ListDatabasesRequest {}))
+            .await
+            .map(drop),
+        Rpc::DeleteDatabase => c
+            .databases
+            .delete_database(with(
+                cred,
+                DeleteDatabaseRequest {
+                    id: "absent".into(),
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::CreateCollection => c
+            .collections
+            .create_collection(with(
+                cred,
+                CreateCollectionRequest {
+                    database: d,
+                    id: coll,
+                    partition_key_path: "/pk".into(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::GetCollection => c
+            .collections
+            .get_collection(with(
+                cred,
+                GetCollectionRequest {
+                    database: d,
+                    id: coll,
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::ListCollections => c
+            .collections
+            .list_collections(with(cred, ListCollectionsRequest { database: d }))
+            .await
+            .map(drop),
+        Rpc::ReplaceCollection => c
+            .collections
+            .replace_collection(with(
+                cred,
+                ReplaceCollectionRequest {
+                    database: d,
+                    id: "absent".into(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::DeleteCollection => c
+            .collections
+            .delete_collection(with(
+                cred,
+                DeleteCollectionRequest {
+                    database: d,
+                    id: "absent".into(),
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::CreateDocument => c
+            .documents
+            .create_document(with(
+                cred,
+                CreateDocumentRequest {
+                    database: d,
+                    collection: coll,
+                    body: body("x", pk.unwrap_or("p1")),
+                    partition_key: partition,
+                    ttl: None,
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::UpsertDocument => c
+            .documents
+            .upsert_document(with(
+                cred,
+                UpsertDocumentRequest {
+                    database: d,
+                    collection: coll,
+                    body: body("x", pk.unwrap_or("p1")),
+                    partition_key: partition,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::ReplaceDocument => c
+            .documents
+            .replace_document(with(
+                cred,
+                ReplaceDocumentRequest {
+                    database: d,
+                    collection: coll,
+                    id: "x".into(),
+                    partition_key: doc_pk(),
+                    body: body("x", pk.unwrap_or("p1")),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::ReadDocument => c
+            .documents
+            .read_document(with(
+                cred,
+                ReadDocumentRequest {
+                    database: d,
+                    collection: coll,
+                    id: "x".into(),
+                    partition_key: doc_pk(),
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::DeleteDocument => c
+            .documents
+            .delete_document(with(
+                cred,
+                DeleteDocumentRequest {
+                    database: d,
+                    collection: coll,
+                    id: "absent".into(),
+                    partition_key: doc_pk(),
+                    if_match: String::new(),
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::TouchDocument => c
+            .documents
+            .touch_document(with(
+                cred,
+                TouchDocumentRequest {
+                    database: d,
+                    collection: coll,
+                    id: "absent".into(),
+                    partition_key: doc_pk(),
+                    if_match: String::new(),
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::ReadFeed => {
+            let mut pages = c
+                .documents
+                .read_feed(with(
+                    cred,
+                    ReadFeedRequest {
+                        database: d,
+                        collection: coll,
+                        partition_key: partition,
+                        page_size: 10,
+                        continuation: String::new(),
+                    },
+                ))
+                .await?
+                .into_inner();
+            while pages.message().await?.is_some() {}
+            Ok(())
+        }
+        Rpc::Query => {
+            let mut pages = c
+                .documents
+                .query(with(
+                    cred,
+                    QueryRequest {
+                        database: d,
+                        collection: coll,
+                        query: "SELECT * FROM c".into(),
+                        partition_key: partition,
+                        ..Default::default()
+                    },
+                ))
+                .await?
+                .into_inner();
+            while pages.message().await?.is_some() {}
+            Ok(())
+        }
+        // Only the secondary read-only key, which no test here uses.
+        Rpc::RegenerateKey => c
+            .admin
+            .regenerate_key(with(
+                cred,
+                RegenerateKeyRequest {
+                    kind: KeyKind::SecondaryReadOnly as i32,
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::CreateResourceToken => c
+            .admin
+            .create_resource_token(with(
+                cred,
+                CreateResourceTokenRequest {
+                    database: d,
+                    collection: coll,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map(drop),
+    }
+}
+
+fn reason(status: &Status) -> String {
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+        .unwrap_or_default()
+}
+
+/// Let through: whatever else happened, it was not refused for access.
+fn let_through(result: &Result<(), Status>) -> bool {
+    !matches!(result, Err(s) if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied))
+}
+
+async fn mint(
+    c: &mut Clients,
+    credential: &str,
+    collection: &str,
+    pk: Option<&str>,
+    permission: TokenPermission,
+    ttl_seconds: Option<u32>,
+) -> String {
+    c.admin
+        .create_resource_token(with(
+            Some(credential),
+            CreateResourceTokenRequest {
+                database: "d".into(),
+                collection: collection.into(),
+                partition_key: pk.map(string_pk),
+                permission: permission as i32,
+                ttl_seconds,
+            },
+        ))
+        .await
+        .expect("minted")
+        .into_inner()
+        .token
+}
+
+/// A server with its keys, database `d` and collections `c` and `c2` (partition key `/pk`).
+async fn secured() -> (tempfile::TempDir, Mayfly, Clients, String, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start_with_keys(dir.path(), &[]);
+    let mut c = clients::connect(&server).await;
+    let (primary, read_only) = (
+        key(dir.path(), "primary"),
+        key(dir.path(), "primary-readonly"),
+    );
+    for rpc in [Rpc::CreateDatabase, Rpc::CreateCollection] {
+        for collection in ["c", "c2"] {
+            let _ = call(&mut c, rpc, Some(&primary), collection, None).await;
+        }
+    }
+    (dir, server, c, primary, read_only)
+}
+
+#[tokio::test]
+async fn every_rpc_needs_a_key_and_read_only_keys_only_read() {
+    let (dir, _server, mut c, primary, read_only) = secured().await;
+    assert_eq!(primary.len(), 43, "32 random bytes");
+    for (rpc, needs) in EVERY_RPC {
+        let none = call(&mut c, rpc, None, "c", None)
+            .await
+            .expect_err("refused");
+        assert_eq!(none.code(), Code::Unauthenticated, "{rpc:?}: {none:?}");
+        assert_eq!(reason(&none), "MISSING_CREDENTIALS", "{rpc:?}");
+        let wrong = call(&mut c, rpc, Some("not-a-key-of-this-server"), "c", None)
+            .await
+            .expect_err("refused");
+        assert_eq!(wrong.code(), Code::Unauthenticated, "{rpc:?}: {wrong:?}");
+
+        let result = call(&mut c, rpc, Some(&read_only), "c", None).await;
+        if needs == Needs::Read {
+            assert!(
+                let_through(&result),
+                "{rpc:?} with a read-only key: {result:?}"
+            );
+        } else {
+            let denied = result.expect_err("refused");
+            assert_eq!(denied.code(), Code::PermissionDenied, "{rpc:?}: {denied:?}");
+            assert_eq!(reason(&denied), "READ_ONLY_KEY", "{rpc:?}");
+        }
+        let result = call(&mut c, rpc, Some(&primary), "c", None).await;
+        assert!(
+            let_through(&result),
+            "{rpc:?} with the primary key: {result:?}"
+        );
+    }
+    // Keys are files of their own, readable by the server's user only.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(dir.path().join("keys/primary"))
+        .expect("key file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[tokio::test]
+async fn resource_tokens_are_held_to_their_scope_permission_and_expiry() {
+    let (_dir, _server, mut c, primary, _) = secured().await;
+    let collection_read = mint(&mut c, &primary, "c", None, TokenPermission::Read, None).await;
+    let partition_all = mint(
+        &mut c,
+        &primary,
+        "c",
+        Some("p1"),
+        TokenPermission::All,
+        None,
+    )
+    .await;
+    for (rpc, needs) in EVERY_RPC {
+        // A read token for collection c: reads of c only.
+        let result = call(&mut c, rpc, Some(&collection_read), "c", None).await;
+        let expected = match (rpc, needs) {
+            (Rpc::GetCollection | Rpc::ReadDocument | Rpc::ReadFeed | Rpc::Query, _) => None,
+            (_, Needs::Write) => Some("READ_ONLY_TOKEN"),
+            (_, Needs::Manage) => Some("KEY_REQUIRED"),
+            // Listing databases or collections reaches beyond one collection.
+            (_, Needs::Read) => Some("OUT_OF_TOKEN_SCOPE"),
+        };
+        match expected {
+            None => assert!(let_through(&result), "{rpc:?}: {result:?}"),
+            Some(why) => {
+                let denied = result.expect_err("refused");
+                assert_eq!(denied.code(), Code::PermissionDenied, "{rpc:?}: {denied:?}");
+                assert_eq!(reason(&denied), why, "{rpc:?}: {}", denied.message());
+            }
+        }
+        if needs != Needs::Manage && rpc != Rpc::ListDatabases && rpc != Rpc::ListCollections {
+            let other = call(&mut c, rpc, Some(&collection_read), "c2", None)
+                .await
+                .expect_err("another collection");
+            assert_eq!(
+                other.code(),
+                Code::PermissionDenied,
+                "{rpc:?} on c2: {other:?}"
+            );
+        }
+
+        // A read-write token for partition p1 of c.
+        if needs == Needs::Manage
+            || matches!(
+                rpc,
+                Rpc::ListDatabases | Rpc::ListCollections | Rpc::GetDatabase
+            )
+        {
+            continue;
+        }
+        let inside = call(&mut c, rpc, Some(&partition_all), "c", Some("p1")).await;
+        assert!(let_through(&inside), "{rpc:?} in p1: {inside:?}");
+        if rpc == Rpc::GetCollection {
+            continue;
+        }
+        let outside = call(&mut c, rpc, Some(&partition_all), "c", Some("p2"))
+            .await
+            .expect_err("another partition");
+        assert_eq!(
+            reason(&outside),
+            "OUT_OF_TOKEN_SCOPE",
+            "{rpc:?}: {outside:?}"
+        );
+        assert!(
+            outside.message().contains("\"p1\""),
+            "{}",
+            outside.message()
+        );
+    }
+    // Without a partition key, a feed or query could reach every partition.
+    for rpc in [Rpc::ReadFeed, Rpc::Query, Rpc::CreateDocument] {
+        let unscoped = call(&mut c, rpc, Some(&partition_all), "c", None)
+            .await
+            .expect_err("no partition named");
+        assert_eq!(reason(&unscoped), "OUT_OF_TOKEN_SCOPE", "{rpc:?}");
+        assert!(
+            unscoped.message().contains("set partition_key"),
+            "{}",
+            unscoped.message()
+        );
+    }
+
+    let short = mint(&mut c, &primary, "c", None, TokenPermission::All, Some(1)).await;
+    assert!(let_through(
+        &call(&mut c, Rpc::ReadDocument, Some(&short), "c", None).await
+    ));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let expired = call(&mut c, Rpc::ReadDocument, Some(&short), "c", None)
+        .await
+        .expect_err("expired");
+    assert_eq!(expired.code(), Code::Unauthenticated);
+    assert_eq!(reason(&expired), "TOKEN_EXPIRED", "{}", expired.message());
+
+    // An altered token is not one.
+    let mut altered = collection_read.clone().into_bytes();
+    let at = altered.len() / 2;
+    altered[at] = if altered[at] == b'x' { b'y' } else { b'x' };
+    let altered = String::from_utf8(altered).expect("ascii");
+    let refused = call(&mut c, Rpc::ReadDocument, Some(&altered), "c", None)
+        .await
+        .expect_err("altered");
+    assert_eq!(refused.code(), Code::Unauthenticated);
+
+    // Tokens live at most a day.
+    let too_long = c
+        .admin
+        .create_resource_token(with(
+            Some(&primary),
+            CreateResourceTokenRequest {
+                database: "d".into(),
+                ttl_seconds: Some(86_401),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("too long");
+    assert_eq!(too_long.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn rotating_keys_never_refuses_a_client_holding_the_current_key() {
+    let (dir, _server, mut c, primary, _) = secured().await;
+    let regenerate = async |c: &mut Clients, credential: &str, kind: KeyKind| {
+        c.admin
+            .regenerate_key(with(
+                Some(credential),
+                RegenerateKeyRequest { kind: kind as i32 },
+            ))
+            .await
+            .expect("regenerated")
+            .into_inner()
+            .key
+    };
+    let token = mint(&mut c, &primary, "c", None, TokenPermission::Read, None).await;
+    // 1. A fresh secondary; clients on the primary go on meanwhile.
+    let secondary = regenerate(&mut c, &primary, KeyKind::Secondary).await;
+    assert_eq!(
+        secondary,
+        key(dir.path(), "secondary"),
+        "written to the key file"
+    );
+    for credential in [&primary, &secondary, &token] {
+        let read = call(&mut c, Rpc::ReadDocument, Some(credential), "c", None).await;
+        assert!(let_through(&read), "{read:?}");
+    }
+    // 2. Clients move to the secondary; 3. the primary is regenerated.
+    let new_primary = regenerate(&mut c, &secondary, KeyKind::Primary).await;
+    for credential in [&secondary, &new_primary] {
+        let read = call(&mut c, Rpc::ReadDocument, Some(credential), "c", None).await;
+        assert!(let_through(&read), "{read:?}");
+    }
+    for revoked in [&primary, &token] {
+        let refused = call(&mut c, Rpc::ReadDocument, Some(revoked), "c", None)
+            .await
+            .expect_err("the old primary and its tokens are revoked");
+        assert_eq!(refused.code(), Code::Unauthenticated);
+    }
+}
+
+#[test]
+fn a_server_without_keys_stays_on_loopback_unless_told_otherwise() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mayfly"))
+        .args(["--storage", "memory", "--listen", "0.0.0.0:0"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--primary-key") && stderr.contains("--insecure-no-auth"),
+        "{stderr}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mayfly"))
+        .args(["--storage", "memory", "--primary-key", "short"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
+}
