@@ -108,10 +108,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or_default()
     });
     // A server keeping its data on disk needs its key: MAYFLY_KEY=$(cat mayfly-data/keys/primary).
-    let client = match std::env::var("MAYFLY_KEY") {
-        Ok(key) => Client::builder(&address).key(&key).connect().await?,
-        Err(_) => Client::connect(&address).await?,
-    };
+    let client = Client::builder(&address).key_from_env().connect().await?;
     let store = SessionStore::open(&client, idle).await?;
 
     println!("sessions expire after {idle:?} without a request");

@@ -84,6 +84,14 @@ impl ClientBuilder {
         self
     }
 
+    /// Sends the key or token in the environment variable `MAYFLY_KEY`, if it is set.
+    pub fn key_from_env(self) -> Self {
+        match std::env::var("MAYFLY_KEY") {
+            Ok(key) => self.key(&key),
+            Err(_) => self,
+        }
+    }
+
     /// Sends a resource token (minted by `mayfly.v1.Admin/CreateResourceToken` with a
     /// read-write key) with every request.
     pub fn token(self, token: &str) -> Self {

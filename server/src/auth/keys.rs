@@ -4,7 +4,7 @@
 
 use std::{fmt, io};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use subtle::ConstantTimeEq;
 
 use super::secrets::{SecretsDir, random_secret};
@@ -70,6 +70,8 @@ pub struct KeyRing {
     keys: RwLock<[Option<String>; 4]>,
     /// `None`: the keys were given for this run and cannot be regenerated.
     kept_in: Option<SecretsDir>,
+    /// One regeneration at a time, so that the files and `keys` agree.
+    regenerating: Mutex<()>,
 }
 
 /// Why a key could not be regenerated or a token minted.
@@ -110,6 +112,7 @@ impl KeyRing {
         Ok(KeyRing {
             keys: RwLock::new(keys),
             kept_in: Some(secrets),
+            regenerating: Mutex::new(()),
         })
     }
 
@@ -118,6 +121,7 @@ impl KeyRing {
         KeyRing {
             keys: RwLock::new(keys),
             kept_in: None,
+            regenerating: Mutex::new(()),
         }
     }
 
@@ -148,13 +152,13 @@ impl KeyRing {
             return Err(KeyAdminError::Given);
         };
         let key = random_secret(KEY_BYTES);
-        // The write lock is held across the file write so that two regenerations of one slot
-        // cannot leave the file and memory disagreeing; regenerations are rare.
-        let mut keys = self.keys.write();
+        // The file first (fsynced), then memory: requests authenticating meanwhile take the
+        // read lock and never wait on the disk.
+        let _one_at_a_time = self.regenerating.lock();
         secrets
             .replace(slot.file_name(), &key)
             .map_err(KeyAdminError::Io)?;
-        keys[slot.index()] = Some(key.clone());
+        self.keys.write()[slot.index()] = Some(key.clone());
         Ok(key)
     }
 }
