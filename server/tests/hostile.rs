@@ -150,19 +150,7 @@ async fn errors_quoting_long_input_fit_in_small_trailers() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = Mayfly::start(dir.path(), &["--storage", "memory"]);
     let mut c = clients::connect(&server).await;
-    c.databases
-        .create_database(CreateDatabaseRequest { id: "d".into() })
-        .await
-        .expect("database");
-    c.collections
-        .create_collection(CreateCollectionRequest {
-            database: "d".into(),
-            id: "c".into(),
-            partition_key_path: "/pk".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("collection");
+    seeded(&mut c, 0).await;
     let read = |id: String, pk: String, collection: &str| ReadDocumentRequest {
         database: "d".into(),
         collection: collection.into(),

@@ -53,6 +53,14 @@ pub enum Target<'a> {
 }
 
 impl<'a> Target<'a> {
+    /// Collection `database/collection` itself (its settings).
+    pub fn collection(database: &'a str, collection: &'a str) -> Self {
+        Target::Collection {
+            database,
+            collection,
+        }
+    }
+
     /// Documents of `database/collection`, of one partition if the request names it.
     pub fn documents(
         database: &'a str,
@@ -310,11 +318,7 @@ fn token_scope(token: &ResourceToken) -> String {
     let database = Target::Database(&token.database);
     match (&token.collection, &token.partition_key) {
         (None, _) => database.to_string(),
-        (Some(collection), None) => Target::Collection {
-            database: &token.database,
-            collection,
-        }
-        .to_string(),
+        (Some(collection), None) => Target::collection(&token.database, collection).to_string(),
         (Some(collection), Some(pk)) => format!(
             "{}: set partition_key on the request",
             Target::Documents {

@@ -62,13 +62,7 @@ impl server::Collections for CollectionsService {
     ) -> Result<Response<Collection>, Status> {
         let caller = caller(&self.auth, &request)?;
         let GetCollectionRequest { database, id } = request.into_inner();
-        caller.allow(
-            Action::Read,
-            Target::Collection {
-                database: &database,
-                collection: &id,
-            },
-        )?;
+        caller.allow(Action::Read, Target::collection(&database, &id))?;
         let info = self
             .engine
             .get()?
@@ -104,13 +98,7 @@ impl server::Collections for CollectionsService {
             indexing_mode,
             indexing_paths,
         } = request.into_inner();
-        caller.allow(
-            Action::Manage,
-            Target::Collection {
-                database: &database,
-                collection: &id,
-            },
-        )?;
+        caller.allow(Action::Manage, Target::collection(&database, &id))?;
         let path = convert::collection_path(&database, &id)?;
         let change = SettingsChange {
             default_ttl: convert::default_ttl_change(default_ttl)?,
@@ -128,13 +116,7 @@ impl server::Collections for CollectionsService {
     ) -> Result<Response<DeleteCollectionResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
         let DeleteCollectionRequest { database, id } = request.into_inner();
-        caller.allow(
-            Action::Manage,
-            Target::Collection {
-                database: &database,
-                collection: &id,
-            },
-        )?;
+        caller.allow(Action::Manage, Target::collection(&database, &id))?;
         let path = convert::collection_path(&database, &id)?;
         let engine = self.engine.get()?;
         blocking(move || engine.delete_collection(&path)).await?;
