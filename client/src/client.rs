@@ -16,6 +16,7 @@ use tonic::{
 use crate::{
     collection::{Collection, CollectionInfo, IndexingMode, IndexingPaths},
     error::Error,
+    tls::Tls,
     ttl::DefaultTtl,
 };
 
@@ -56,6 +57,7 @@ impl Interceptor for Credentials {
 pub struct ClientBuilder {
     address: String,
     credential: Option<String>,
+    tls: Option<Tls>,
 }
 
 impl ClientBuilder {
@@ -98,17 +100,58 @@ impl ClientBuilder {
         self.key(token)
     }
 
+    /// Connects over TLS, checking the server's certificate as `tls` says. An address
+    /// without a scheme then means `https://`.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use mayfly_client::{Client, Tls};
+    ///
+    /// let client = Client::builder("db.example.com:7070")
+    ///     .tls(Tls::ca_file("ca.pem")?)
+    ///     .key_from_env()
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Connects.
     pub async fn connect(self) -> Result<Client, Error> {
         let address = self.address.as_str();
-        let uri = if address.contains("://") {
-            address.to_owned()
-        } else {
-            format!("http://{address}")
+        let uri = match (address.split_once("://"), &self.tls) {
+            (None, None) => format!("http://{address}"),
+            (None, Some(_)) => format!("https://{address}"),
+            (Some(("http", _)), None) | (Some(("https", _)), Some(_)) => address.to_owned(),
+            (Some(("https", _)), None) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{address} asks for TLS: give .tls(Tls::system_roots()) or a CA, so that \
+                     the server's certificate is checked"
+                )));
+            }
+            (Some(("http", _)), Some(_)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{address} asks for plaintext but TLS is configured: use https:// or no scheme"
+                )));
+            }
+            (Some((scheme, _)), _) => {
+                return Err(Error::InvalidArgument(format!(
+                    "bad server address {address:?}: the scheme {scheme:?} is neither http nor https"
+                )));
+            }
         };
-        let endpoint = Endpoint::from_shared(uri)
+        let mut endpoint = Endpoint::from_shared(uri)
             .map_err(|e| Error::InvalidArgument(format!("bad server address {address:?}: {e}")))?
             .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.config()).map_err(|e| {
+                Error::InvalidArgument(format!("TLS settings: {}", with_sources(&e)))
+            })?;
+        }
         let credentials = match self.credential {
             None => Credentials(None),
             Some(credential) => Credentials(Some(format!("Bearer {credential}").parse().map_err(
@@ -119,11 +162,23 @@ impl ClientBuilder {
                 },
             )?)),
         };
-        Ok(Client::with_credentials(
-            endpoint.connect().await?,
-            credentials,
-        ))
+        let channel = endpoint.connect().await.map_err(|e| {
+            Error::Unavailable(format!("cannot connect to {address}: {}", with_sources(&e)))
+        })?;
+        Ok(Client::with_credentials(channel, credentials))
     }
+}
+
+/// An error and its causes, one after the other: a transport error's own text says little.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 impl Client {
@@ -147,6 +202,7 @@ impl Client {
         ClientBuilder {
             address: address.as_ref().to_owned(),
             credential: None,
+            tls: None,
         }
     }
 

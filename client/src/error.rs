@@ -98,6 +98,19 @@ impl From<Status> for Error {
         let details = status.get_error_details();
         let reason = details.error_info().map(|info| info.reason.as_str());
         let message = status.message().to_owned();
+        // A status made on this side from a failed connection (TLS refused, connection reset)
+        // carries its cause: the server was not reached, or not to the end.
+        if status.code() == Code::Unknown
+            && let Some(cause) = std::error::Error::source(&status)
+        {
+            let mut text = format!("{message}: {cause}");
+            let mut next = cause.source();
+            while let Some(e) = next {
+                text.push_str(&format!(": {e}"));
+                next = e.source();
+            }
+            return Error::Unavailable(text);
+        }
         match status.code() {
             Code::NotFound => match reason {
                 Some("DATABASE_NOT_FOUND") => Error::DatabaseNotFound(message),

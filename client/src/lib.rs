@@ -32,6 +32,7 @@ mod error;
 mod feed;
 mod query;
 mod requests;
+mod tls;
 mod ttl;
 
 pub use client::{Client, ClientBuilder, CreateCollection, Database};
@@ -43,4 +44,5 @@ pub use query::{Query, QueryMetrics, QueryPage, QueryResults};
 pub use requests::{
     CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
 };
+pub use tls::Tls;
 pub use ttl::{DefaultTtl, DocumentTtl};

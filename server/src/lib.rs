@@ -10,11 +10,12 @@ pub mod engine;
 pub mod grpc;
 mod metrics_http;
 pub mod model;
+pub mod net;
 mod server;
 pub mod storage;
 
 pub use current_engine::CurrentEngine;
 pub use server::{
-    AuthConfig, Config, MAX_MESSAGE_BYTES, RunningServer, ServeError, StorageConfig,
+    AuthConfig, Config, MAX_MESSAGE_BYTES, Network, RunningServer, ServeError, StorageConfig,
     default_shards, serve,
 };

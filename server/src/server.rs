@@ -5,10 +5,7 @@ use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread, time::Dur
 
 use mayfly_proto::v1::server::{AdminServer, CollectionsServer, DatabasesServer, DocumentsServer};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
-use tonic::{
-    server::NamedService,
-    transport::{Server, server::TcpIncoming},
-};
+use tonic::{server::NamedService, transport::Server};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
@@ -17,6 +14,7 @@ use crate::{
     engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock, TokenKey},
     grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
+    net::{self, Limits, RequestLimitsLayer, ServerTls, TlsError, TlsFiles},
     storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
 };
 
@@ -35,6 +33,34 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Who may call.
     pub auth: AuthConfig,
+    /// TLS for the gRPC listener; `None` serves plaintext.
+    pub tls: Option<TlsFiles>,
+    /// What clients may hold of the server.
+    pub limits: Limits,
+    /// Serve reflection (grpcurl's view of the API); it stays open to callers without keys.
+    pub reflection: bool,
+}
+
+/// How the gRPC listener meets its clients.
+#[derive(Debug, Clone)]
+pub struct Network {
+    /// TLS for every connection, if any.
+    pub tls: Option<Arc<ServerTls>>,
+    /// What clients may hold of the server.
+    pub limits: Limits,
+    /// Whether the reflection services (what grpcurl reads the API from) are served.
+    pub reflection: bool,
+}
+
+impl Default for Network {
+    /// Plaintext, default limits, reflection on.
+    fn default() -> Self {
+        Network {
+            tls: None,
+            limits: Limits::default(),
+            reflection: true,
+        }
+    }
 }
 
 /// Who may call a server.
@@ -69,6 +95,9 @@ impl Default for Config {
             storage: StorageConfig::Memory { shards: None },
             metrics_listen: None,
             auth: AuthConfig::Open,
+            tls: None,
+            limits: Limits::default(),
+            reflection: true,
         }
     }
 }
@@ -93,6 +122,8 @@ pub enum ServeError {
     Recovery(engine::Error),
     /// The configuration cannot be served (say, keys kept in a data directory without one).
     Config(String),
+    /// The TLS certificate, key or client CA could not be loaded.
+    Tls(TlsError),
 }
 
 impl fmt::Display for ServeError {
@@ -104,6 +135,7 @@ impl fmt::Display for ServeError {
             ServeError::Storage(e) => write!(f, "{e}"),
             ServeError::Recovery(e) => write!(f, "cannot load the data directory: {e}"),
             ServeError::Config(e) => f.write_str(e),
+            ServeError::Tls(e) => write!(f, "{e}"),
         }
     }
 }
@@ -122,6 +154,7 @@ pub struct RunningServer {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     engine: CurrentEngine,
+    tls: Option<Arc<ServerTls>>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -130,12 +163,18 @@ impl RunningServer {
     /// Binds the listeners, then serves in a background task. Clients may connect as soon as
     /// this returns.
     pub async fn start(config: Config) -> Result<Self, ServeError> {
+        config.limits.check().map_err(ServeError::Config)?;
+        let tls = match config.tls {
+            Some(files) => Some(Arc::new(ServerTls::load(files).map_err(ServeError::Tls)?)),
+            None => None,
+        };
         let listener = TcpListener::bind(config.listen).await?;
         let metrics_listener = match config.metrics_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let engine = open_engine_blocking(&config.storage, Arc::default()).await?;
+        let engine =
+            open_engine_blocking(&config.storage, config.limits.page_bytes, Arc::default()).await?;
         // After the storage: the data directory is created and locked by then.
         let auth = authenticator(&config.auth, &config.storage)?;
         let engine = CurrentEngine::new(engine);
@@ -151,6 +190,11 @@ impl RunningServer {
             engine.clone(),
             config.storage,
             auth,
+            Network {
+                tls: tls.clone(),
+                limits: config.limits,
+                reflection: config.reflection,
+            },
             async {
                 // A dropped sender stops the server too.
                 let _ = stopped.await;
@@ -160,6 +204,7 @@ impl RunningServer {
             local_addr,
             metrics_addr,
             engine,
+            tls,
             stop: Some(stop),
             task,
         })
@@ -178,6 +223,16 @@ impl RunningServer {
     /// The engine behind the server: a new one each time the server reopens failed storage.
     pub fn engine(&self) -> &CurrentEngine {
         &self.engine
+    }
+
+    /// Reads the TLS certificate and key files again (as on SIGHUP): new connections use
+    /// them, connections already up are left alone. Without TLS there is nothing to do. On
+    /// error the certificate in use stays in use.
+    pub fn reload_tls(&self) -> Result<bool, TlsError> {
+        match &self.tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Stops accepting requests, lets in-flight ones finish, and waits for the server to end.
@@ -222,17 +277,22 @@ fn authenticator(auth: &AuthConfig, storage: &StorageConfig) -> Result<Authentic
 /// [`open_engine`] on a blocking thread.
 async fn open_engine_blocking(
     storage: &StorageConfig,
+    page_bytes: usize,
     metrics: Arc<EngineMetrics>,
 ) -> Result<Engine, ServeError> {
     let storage = storage.clone();
-    tokio::task::spawn_blocking(move || open_engine(&storage, metrics))
+    tokio::task::spawn_blocking(move || open_engine(&storage, page_bytes, metrics))
         .await
         .map_err(|e| ServeError::Io(io::Error::other(e)))?
 }
 
 /// Opens the storage and loads what it holds, then rebuilds expiry tracking on a thread of its
 /// own: the engine serves correctly while it runs.
-fn open_engine(storage: &StorageConfig, metrics: Arc<EngineMetrics>) -> Result<Engine, ServeError> {
+fn open_engine(
+    storage: &StorageConfig,
+    page_bytes: usize,
+    metrics: Arc<EngineMetrics>,
+) -> Result<Engine, ServeError> {
     let (storage, shards): (Arc<dyn Storage>, usize) = match storage {
         StorageConfig::Memory { shards } => (
             Arc::new(MemoryStorage::new()),
@@ -243,10 +303,13 @@ fn open_engine(storage: &StorageConfig, metrics: Arc<EngineMetrics>) -> Result<E
             let shards = disk.shard_count();
             let mut config = EngineConfig::new(shards);
             config.token_key = continuation_key(&options.path)?;
+            config.page_bytes = page_bytes;
             return load_engine(Arc::new(disk), config, metrics);
         }
     };
-    load_engine(storage, EngineConfig::new(shards), metrics)
+    let mut config = EngineConfig::new(shards);
+    config.page_bytes = page_bytes;
+    load_engine(storage, config, metrics)
 }
 
 /// The data directory's secret for continuation tokens (made on first start), so that a
@@ -322,8 +385,14 @@ pub async fn serve(
     current: CurrentEngine,
     storage: StorageConfig,
     auth: Authenticator,
+    network: Network,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let Network {
+        tls,
+        limits,
+        reflection,
+    } = network;
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, tonic_health::ServingStatus::Serving).await;
 
@@ -333,18 +402,27 @@ pub async fn serve(
     let storage_watch = tokio::spawn(keep_storage_writable(
         current.clone(),
         storage,
+        limits.page_bytes,
         health.clone(),
     ));
 
-    let reflection = || {
+    let descriptors = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(mayfly_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = reflection().build_v1().map_err(ServeError::Reflection)?;
-    let reflection_v1alpha = reflection()
-        .build_v1alpha()
-        .map_err(ServeError::Reflection)?;
+    let (reflection_v1, reflection_v1alpha) = if reflection {
+        (
+            Some(descriptors().build_v1().map_err(ServeError::Reflection)?),
+            Some(
+                descriptors()
+                    .build_v1alpha()
+                    .map_err(ServeError::Reflection)?,
+            ),
+        )
+    } else {
+        (None, None)
+    };
 
     // Both listeners stop on the same signal.
     let (stop_metrics, metrics_stopped) = oneshot::channel::<()>();
@@ -359,9 +437,16 @@ pub async fn serve(
     });
 
     let result = Server::builder()
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(RequestLimitsLayer::new(
+            limits.request_read_timeout,
+            limits.response_budget_bytes,
+        ))
         .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(DatabasesServer::new(DatabasesService::new(
             current.clone(),
             auth.clone(),
@@ -379,11 +464,7 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
-        // Small request/response exchanges must not wait on Nagle's algorithm.
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(net::incoming(listener, tls, &limits), shutdown)
         .await
         .map_err(ServeError::Transport);
 
@@ -435,6 +516,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 async fn keep_storage_writable(
     current: CurrentEngine,
     storage: StorageConfig,
+    page_bytes: usize,
     health: HealthReporter,
 ) {
     let Ok(mut engine) = current.get() else {
@@ -473,7 +555,7 @@ async fn keep_storage_writable(
         // locks) for a moment: opening is retried until they are done.
         let mut backoff = Backoff::new();
         engine = loop {
-            match open_engine_blocking(&storage, current.metrics().clone()).await {
+            match open_engine_blocking(&storage, page_bytes, current.metrics().clone()).await {
                 Ok(engine) => break engine,
                 Err(e) => backoff.note(&e.to_string()),
             }
@@ -562,6 +644,7 @@ mod tests {
         let watch = tokio::spawn(keep_storage_writable(
             current.clone(),
             StorageConfig::Disk(options),
+            engine::MAX_PAGE_BYTES,
             health,
         ));
         let database = |id: &str| ResourceId::parse(IdKind::Database, id).expect("valid");

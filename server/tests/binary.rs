@@ -99,15 +99,15 @@ fn grpcurl() -> PathBuf {
     binary
 }
 
-/// The commands of the README's grpcurl session (between the `grpcurl-session` markers).
-fn readme_session() -> Vec<String> {
+/// The commands of a README session (between its `<name>:start` and `<name>:end` markers).
+fn readme_session(name: &str) -> Vec<String> {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md");
     let start = readme
-        .find("<!-- grpcurl-session:start -->")
+        .find(&format!("<!-- {name}:start -->"))
         .expect("session start marker");
     let end = readme
-        .find("<!-- grpcurl-session:end -->")
+        .find(&format!("<!-- {name}:end -->"))
         .expect("session end marker");
     let mut commands = Vec::new();
     let mut current = String::new();
@@ -159,7 +159,7 @@ fn json(output: &Output) -> Value {
 fn the_readme_grpcurl_session_works_as_written() {
     let grpcurl = grpcurl();
     let server = Mayfly::start_as_in_the_readme();
-    let commands = readme_session();
+    let commands = readme_session("grpcurl-session");
     assert!(
         commands.iter().any(|c| c.starts_with("sleep")),
         "the session waits for the TTL"
@@ -230,6 +230,63 @@ fn the_readme_grpcurl_session_works_as_written() {
     );
 }
 
+/// The README's TLS session: OpenSSL makes a CA and a server certificate, the server starts
+/// with the flags the README gives, and grpcurl talks to it with `-cacert`.
+#[test]
+fn the_readme_tls_session_works_as_written() {
+    let grpcurl = grpcurl();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let commands = readme_session("tls-session");
+    let mut server = None;
+    let mut listed = false;
+    let mut created = false;
+    for command in &commands {
+        if let Some((_, flags)) = command.split_once(" -- ") {
+            // The server line: started here on a free port with the README's flags.
+            let flags: Vec<String> = flags
+                .trim_end_matches('&')
+                .split_whitespace()
+                .map(|f| match dir.path().join(f) {
+                    file if file.exists() => file.display().to_string(),
+                    _ => f.to_owned(),
+                })
+                .collect();
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            server = Some(support::Mayfly::start_with_keys(
+                &dir.path().join("mayfly-data"),
+                &flags,
+            ));
+            continue;
+        }
+        let addr = server.as_ref().map_or("", |s| s.addr.as_str());
+        let output = run(command, &grpcurl, addr, dir.path());
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        eprintln!("$ {command}\n{stdout}{stderr}");
+        assert!(output.status.success(), "{command} failed: {stderr}");
+        if command.contains(" list") {
+            listed = stdout.lines().any(|l| l == "mayfly.v1.Documents");
+        }
+        if command.contains("CreateDatabase") {
+            created = json(&output)["id"].is_string();
+        }
+    }
+    assert!(server.is_some(), "the session starts the server");
+    assert!(
+        listed && created,
+        "listed over TLS, then created a database"
+    );
+    // The same server refuses grpcurl in plaintext.
+    let addr = server.as_ref().map_or("", |s| s.addr.as_str());
+    let plaintext = run(
+        "grpcurl -plaintext 127.0.0.1:7070 list",
+        &grpcurl,
+        addr,
+        dir.path(),
+    );
+    assert!(!plaintext.status.success(), "plaintext is refused");
+}
+
 #[tokio::test]
 async fn reflection_v1_is_served_too() {
     let server = Mayfly::start();
@@ -265,6 +322,28 @@ async fn reflection_v1_is_served_too() {
     ] {
         assert!(names.iter().any(|n| n == service), "{service} in {names:?}");
     }
+}
+
+#[tokio::test]
+async fn no_reflection_closes_reflection() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = support::Mayfly::start(&data.path().join("data"), &["--no-reflection"]);
+    let mut client = ServerReflectionClient::new(
+        tonic::transport::Endpoint::from_shared(server.url())
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connects"),
+    );
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let refused = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect_err("no reflection service");
+    assert_eq!(refused.code(), tonic::Code::Unimplemented);
 }
 
 #[test]

@@ -1,11 +1,12 @@
 //! `mayfly`: parses flags, starts the server, stops it on SIGINT or SIGTERM.
 
-use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
+use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, ValueEnum};
 use mayfly_server::{
     AuthConfig, Config, RunningServer, StorageConfig,
     auth::MIN_GIVEN_KEY_CHARS,
+    net::{Limits, TlsFiles},
     storage::{DiskOptions, Durability},
 };
 use tokio::signal::unix::{SignalKind, signal};
@@ -65,6 +66,80 @@ struct Args {
     /// Second read-only key for this run.
     #[arg(long, env = "MAYFLY_SECONDARY_READONLY_KEY", hide_env_values = true)]
     secondary_readonly_key: Option<String>,
+    /// Do not serve gRPC reflection (the API description grpcurl reads).
+    #[arg(long)]
+    no_reflection: bool,
+    /// Serve TLS with this certificate chain (PEM, leaf first); reloaded on SIGHUP.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate issued by a CA in this PEM file.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve plaintext on an address reachable beyond this machine (keys and data travel in
+    /// clear). Without TLS a server listens on loopback only, unless this is given.
+    #[arg(long, conflicts_with = "tls_cert")]
+    insecure_plaintext: bool,
+    /// Connections open at once; more are closed as soon as accepted.
+    #[arg(long, default_value_t = Limits::default().max_connections)]
+    max_connections: usize,
+    /// Requests in flight on one connection (HTTP/2 concurrent streams).
+    #[arg(long, default_value_t = Limits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Seconds between HTTP/2 PINGs on a quiet connection.
+    #[arg(long, default_value_t = Limits::default().keepalive_interval.as_secs())]
+    keepalive_secs: u64,
+    /// Seconds a PING's answer may take before the connection is closed.
+    #[arg(long, default_value_t = Limits::default().keepalive_timeout.as_secs())]
+    keepalive_timeout_secs: u64,
+    /// Seconds a connection may go without a request in flight before it is closed.
+    #[arg(long, default_value_t = Limits::default().idle_timeout.as_secs())]
+    idle_timeout_secs: u64,
+    /// Seconds a request message may take to arrive (a stalled upload is ended after this).
+    #[arg(long, default_value_t = Limits::default().request_read_timeout.as_secs())]
+    request_read_timeout_secs: u64,
+    /// KiB at which a feed or query page ends: what a stream whose reader stalls holds.
+    #[arg(long, default_value_t = Limits::default().page_bytes / 1024)]
+    page_kib: usize,
+    /// MiB of responses held for all clients while they wait to be read; beyond it a
+    /// response ends with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = Limits::default().response_budget_bytes / (1024 * 1024))]
+    response_budget_mb: usize,
+}
+
+impl Args {
+    fn limits(&self) -> Limits {
+        Limits {
+            max_connections: self.max_connections,
+            max_streams_per_connection: self.max_streams_per_connection,
+            keepalive_interval: Duration::from_secs(self.keepalive_secs),
+            keepalive_timeout: Duration::from_secs(self.keepalive_timeout_secs),
+            idle_timeout: Duration::from_secs(self.idle_timeout_secs),
+            request_read_timeout: Duration::from_secs(self.request_read_timeout_secs),
+            page_bytes: self.page_kib.saturating_mul(1024),
+            response_budget_bytes: self.response_budget_mb.saturating_mul(1024 * 1024),
+        }
+    }
+
+    fn tls(&self) -> Result<Option<TlsFiles>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            })),
+            (None, None) if self.listen.ip().is_loopback() || self.insecure_plaintext => Ok(None),
+            (None, None) => Err(format!(
+                "{} is reachable beyond this machine and keys and documents would travel in \
+                 clear: give --tls-cert and --tls-key, or --insecure-plaintext (say, behind a \
+                 TLS-terminating proxy)",
+                self.listen
+            )),
+            _ => Err("--tls-cert and --tls-key go together".into()),
+        }
+    }
 }
 
 /// Who may call, from the flags: keys given, `--insecure-no-auth`, the data directory's keys,
@@ -167,20 +242,36 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let tls = match args.tls() {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("mayfly: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let transport = match &tls {
+        Some(files) if files.client_ca.is_some() => "TLS, client certificates required",
+        Some(_) => "TLS",
+        None => "plaintext",
+    };
     let config = Config {
         listen: args.listen,
         storage,
         metrics_listen: args.metrics_listen,
         auth,
+        tls,
+        limits: args.limits(),
+        reflection: !args.no_reflection,
     };
     // Handlers first: a supervisor may signal as soon as it reads the address line, and a
     // signal arriving before them would kill the process instead of stopping it gracefully.
     let mut signals = match (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(interrupt), Ok(terminate)) => (interrupt, terminate),
-        (Err(e), _) | (_, Err(e)) => {
+        (Ok(interrupt), Ok(terminate), Ok(hangup)) => (interrupt, terminate, hangup),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
             eprintln!("mayfly: cannot install signal handlers: {e}");
             return ExitCode::FAILURE;
         }
@@ -198,11 +289,18 @@ async fn main() -> ExitCode {
         listen = %server.local_addr(),
         shards = server.engine().get().map_or(0, |e| e.shard_count()),
         metrics = ?server.metrics_addr(),
-        "serving ({described}; {auth_described})"
+        "serving ({described}; {auth_described}; {transport})"
     );
-    tokio::select! {
-        _ = signals.0.recv() => {}
-        _ = signals.1.recv() => {}
+    loop {
+        tokio::select! {
+            _ = signals.0.recv() => break,
+            _ = signals.1.recv() => break,
+            _ = signals.2.recv() => match server.reload_tls() {
+                Ok(true) => tracing::info!("SIGHUP: TLS certificate reloaded; new connections use it"),
+                Ok(false) => tracing::info!("SIGHUP: no TLS to reload"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; the certificate in use stays in use"),
+            },
+        }
     }
     tracing::info!("shutting down");
     // In-flight requests get a grace period; an idle client that keeps its connection open

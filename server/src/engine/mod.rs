@@ -84,6 +84,9 @@ pub struct EngineConfig {
     pub shards: usize,
     /// Seals the continuation tokens the engine hands out.
     pub token_key: TokenKey,
+    /// Where a feed or query page ends in bytes (it always holds at least one result): what
+    /// a reader that stops reading can hold in memory per stream.
+    pub page_bytes: usize,
 }
 
 impl EngineConfig {
@@ -92,6 +95,7 @@ impl EngineConfig {
         EngineConfig {
             shards,
             token_key: TokenKey::random(),
+            page_bytes: MAX_PAGE_BYTES,
         }
     }
 }
@@ -117,6 +121,7 @@ struct Inner {
     indexer_wake: Arc<tokio::sync::Notify>,
     /// Seals continuation tokens.
     token_key: TokenKey,
+    page_bytes: usize,
 }
 
 impl Engine {
@@ -158,6 +163,7 @@ impl Engine {
                 metrics,
                 indexer_wake,
                 token_key: config.token_key,
+                page_bytes: config.page_bytes.max(1),
             }),
         }
     }
@@ -216,6 +222,11 @@ impl Engine {
     /// Number of shards.
     pub fn shard_count(&self) -> usize {
         self.inner.shards.len()
+    }
+
+    /// Where a feed or query page ends in bytes (see [`EngineConfig::page_bytes`]).
+    pub fn page_bytes(&self) -> usize {
+        self.inner.page_bytes
     }
 
     fn shards(&self) -> &[Arc<Shard>] {
@@ -748,7 +759,10 @@ impl Engine {
                 scope,
                 cursor.after.as_ref(),
                 want,
-                (MAX_PAGE_BYTES.saturating_sub(bytes), documents.is_empty()),
+                (
+                    self.inner.page_bytes.saturating_sub(bytes),
+                    documents.is_empty(),
+                ),
                 shard::Reading::Clock(&*self.inner.clock),
             )?;
             *settle_at = (*settle_at).max(page.settle_at);

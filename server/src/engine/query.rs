@@ -35,8 +35,6 @@ const SCAN_BATCH: usize = 256;
 /// Documents a streaming page examines at most: a selective filter returns a short page (and
 /// a continuation) rather than reading the whole collection in one request.
 pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
-/// Approximate result bytes per page, as for feed pages.
-const MAX_RESULT_BYTES: usize = feed::MAX_PAGE_BYTES;
 /// How long a streaming page may read before it ends with a continuation (it may end short).
 pub const PAGE_TIME_LIMIT: Duration = Duration::from_secs(2);
 /// How long a query that reads its whole scope may run.
@@ -431,7 +429,7 @@ impl Engine {
                     return Ok(page);
                 }
                 if page.results.len() >= page_size
-                    || bytes >= MAX_RESULT_BYTES
+                    || bytes >= self.page_bytes()
                     || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
                 {
                     stopped_at = Some(view.key.clone());
@@ -690,7 +688,7 @@ impl Engine {
                     return Ok(page);
                 }
                 if page.results.len() >= page_size
-                    || bytes >= MAX_RESULT_BYTES
+                    || bytes >= self.page_bytes()
                     || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
                 {
                     stopped = Some(entry);

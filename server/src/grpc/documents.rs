@@ -1,14 +1,13 @@
 //! `mayfly.v1.Documents`.
 
-use std::pin::Pin;
+use std::{pin::Pin, sync::Arc};
 
 use mayfly_proto::v1::{
     CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document, QueryPage,
     QueryRequest, ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
     TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome, server,
 };
-use tokio::sync::mpsc;
-use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::{caller, convert};
@@ -53,7 +52,7 @@ fn if_match(etag: &str) -> Option<&str> {
 }
 
 type FeedStream = Pin<Box<dyn Stream<Item = Result<ReadFeedPage, Status>> + Send>>;
-type QueryStream = Pin<Box<dyn Stream<Item = Result<QueryPage, Status>> + Send>>;
+pub(super) type QueryStream = Pin<Box<dyn Stream<Item = Result<QueryPage, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl server::Documents for DocumentsService {
@@ -218,8 +217,8 @@ impl server::Documents for DocumentsService {
         request: Request<QueryRequest>,
     ) -> Result<Response<Self::QueryStream>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let rx = self.start_query(&caller, request.into_inner()).await?;
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let pages = self.start_query(&caller, request.into_inner()).await?;
+        Ok(Response::new(pages))
     }
 
     async fn read_feed(
@@ -247,36 +246,46 @@ impl server::Documents for DocumentsService {
             .settle(|e| e.read_feed_page(&path, &scope, page_size, token.as_deref()))
             .await?;
         // Each page goes to the engine in service then: a long read holds no engine, so a
-        // failed storage can be reopened under it, and its continuation stays valid.
+        // failed storage can be reopened under it, and its continuation stays valid. A page is
+        // read only when the transport asks for the next message, that is once the one before
+        // has left: a client that stops reading holds one page, not a queue of them.
         let service = self.clone();
-        // One page in flight: a slow reader holds back the producer instead of buffering.
-        let (tx, rx) = mpsc::channel(1);
-        tokio::spawn(async move {
-            let mut page = Ok(first);
-            loop {
-                let (message, next) = match page {
-                    Ok(p) => {
-                        let next = p.continuation.clone();
-                        let documents = p.documents.into_iter().map(Document::from).collect();
-                        (
-                            Ok(ReadFeedPage {
-                                documents,
-                                continuation: p.continuation.unwrap_or_default(),
-                            }),
-                            next,
-                        )
+        let feed = Arc::new((path, scope));
+        let pages = futures_util::stream::unfold(Next::Page(first), move |next| {
+            let (service, feed) = (service.clone(), feed.clone());
+            async move {
+                let page = match next {
+                    Next::Done => return None,
+                    Next::Page(page) => Ok(page),
+                    Next::After(token) => {
+                        let (path, scope) = &*feed;
+                        service
+                            .settle(|e| e.read_feed_page(path, scope, page_size, Some(&token)))
+                            .await
                     }
-                    Err(e) => (Err(e), None),
                 };
-                if tx.send(message).await.is_err() {
-                    return; // the client went away
-                }
-                let Some(next) = next else { return };
-                page = service
-                    .settle(|e| e.read_feed_page(&path, &scope, page_size, Some(&next)))
-                    .await;
+                Some(match page {
+                    Ok(page) => {
+                        let next = page.continuation.clone().map_or(Next::Done, Next::After);
+                        let message = ReadFeedPage {
+                            documents: page.documents.into_iter().map(Document::from).collect(),
+                            continuation: page.continuation.unwrap_or_default(),
+                        };
+                        (Ok(message), next)
+                    }
+                    Err(status) => (Err(status), Next::Done),
+                })
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(pages)))
     }
+}
+
+/// What a feed stream sends next.
+enum Next {
+    /// A page already read.
+    Page(engine::FeedPage),
+    /// The page after this continuation.
+    After(String),
+    Done,
 }

@@ -9,10 +9,13 @@ use mayfly_proto::{
     v1::{QueryMetrics, QueryPage, QueryRequest},
 };
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
+use tokio_stream::Stream;
 use tonic::Status;
 
-use super::{convert, documents::DocumentsService};
+use super::{
+    convert,
+    documents::{DocumentsService, QueryStream},
+};
 use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, CollectionPath, Engine, FeedScope, InvalidInput, Outcome, QueryCursor, QuerySpec,
@@ -20,6 +23,23 @@ use crate::engine::{
 
 /// Most parameters a query may carry.
 pub(crate) const MAX_PARAMETERS: usize = 256;
+
+/// What a streaming query sends next.
+enum Next {
+    /// A page already computed.
+    Page(engine::QueryPage),
+    /// The page after this continuation.
+    After(String),
+    Done,
+}
+
+/// Where a query that computed all its results is in sending them.
+struct Results {
+    rest: std::iter::Skip<std::vec::IntoIter<Value>>,
+    at: u64,
+    total: u64,
+    metrics: engine::QueryMetrics,
+}
 
 /// Everything a query's pages share.
 struct Plan {
@@ -36,7 +56,7 @@ impl DocumentsService {
         &self,
         caller: &Principal,
         request: QueryRequest,
-    ) -> Result<mpsc::Receiver<Result<QueryPage, Status>>, Status> {
+    ) -> Result<QueryStream, Status> {
         let QueryRequest {
             database,
             collection,
@@ -72,19 +92,14 @@ impl DocumentsService {
             // One clock reading for the whole call: every page judges expiry by it.
             (cursor, engine.query_reading())
         };
-        let (tx, rx) = mpsc::channel(1);
-        match cursor {
+        // Pages are computed when the transport asks for the next message (see read_feed).
+        let pages: QueryStream = match cursor {
             QueryCursor::Offset(offset) => {
                 let p = plan.clone();
                 let (results, metrics) = self
                     .off_runtime(move |e| e.query_all(&p.path, &p.spec, &p.scope, read_at))
                     .await?;
-                let service = self.clone();
-                tokio::spawn(async move {
-                    service
-                        .send_results(plan, results, metrics, offset, tx)
-                        .await
-                });
+                Box::pin(self.clone().result_pages(plan, results, metrics, offset))
             }
             cursor @ (QueryCursor::Stream { .. } | QueryCursor::Index { .. }) => {
                 let p = plan.clone();
@@ -100,101 +115,119 @@ impl DocumentsService {
                         )
                     })
                     .await?;
-                let service = self.clone();
-                tokio::spawn(async move { service.send_stream(plan, first, read_at, tx).await });
+                Box::pin(self.clone().stream_pages(plan, first, read_at))
             }
-        }
-        Ok(rx)
+        };
+        Ok(pages)
     }
 
     /// Pages of a streaming query, each computed once the client has taken the one before.
-    async fn send_stream(
+    fn stream_pages(
         self,
         plan: Arc<Plan>,
         first: engine::QueryPage,
         read_at: engine::Millis,
-        tx: mpsc::Sender<Result<QueryPage, Status>>,
-    ) {
-        let mut page = first;
-        loop {
-            let next = page.continuation.clone();
-            if tx.send(Ok(page_message(page))).await.is_err() {
-                return; // the client went away
-            }
-            let Some(token) = next else { return };
-            let p = plan.clone();
-            let result = self
-                .off_runtime(move |e| {
-                    let cursor = match e.query_cursor(&p.path, &p.spec, &p.scope, Some(&token)) {
-                        Ok(c) => c,
-                        Err(err) => return Outcome::failed(err),
-                    };
-                    e.query_stream_page(&p.path, &p.spec, &p.scope, p.page_size, cursor, read_at)
+    ) -> impl Stream<Item = Result<QueryPage, Status>> + Send {
+        futures_util::stream::unfold(Next::Page(first), move |next| {
+            let (service, plan) = (self.clone(), plan.clone());
+            async move {
+                let page = match next {
+                    Next::Done => return None,
+                    Next::Page(page) => Ok(page),
+                    Next::After(token) => {
+                        service
+                            .off_runtime(move |e| {
+                                let p = &plan;
+                                let cursor = match e.query_cursor(
+                                    &p.path,
+                                    &p.spec,
+                                    &p.scope,
+                                    Some(&token),
+                                ) {
+                                    Ok(c) => c,
+                                    Err(err) => return Outcome::failed(err),
+                                };
+                                e.query_stream_page(
+                                    &p.path,
+                                    &p.spec,
+                                    &p.scope,
+                                    p.page_size,
+                                    cursor,
+                                    read_at,
+                                )
+                            })
+                            .await
+                    }
+                };
+                Some(match page {
+                    Ok(page) => {
+                        let next = page.continuation.clone().map_or(Next::Done, Next::After);
+                        (Ok(page_message(page)), next)
+                    }
+                    Err(status) => (Err(status), Next::Done),
                 })
-                .await;
-            match result {
-                Ok(p) => page = p,
-                Err(status) => {
-                    let _ = tx.send(Err(status)).await;
-                    return;
-                }
             }
-        }
+        })
     }
 
     /// Pages of a query that computed all its results at once, from `offset` on.
-    async fn send_results(
+    fn result_pages(
         self,
         plan: Arc<Plan>,
         results: Vec<Value>,
-        mut metrics: engine::QueryMetrics,
+        metrics: engine::QueryMetrics,
         offset: u64,
-        tx: mpsc::Sender<Result<QueryPage, Status>>,
-    ) {
+    ) -> impl Stream<Item = Result<QueryPage, Status>> + Send {
         let total = results.len() as u64;
-        let mut at = offset.min(total);
-        let mut rest = results
+        let at = offset.min(total);
+        let rest = results
             .into_iter()
             .skip(usize::try_from(at).unwrap_or(usize::MAX));
-        loop {
-            // Pages end at the page size or about 4 MB, always with at least one result.
-            let mut chunk: Vec<Value> = Vec::new();
-            let mut bytes = 0;
-            while chunk.len() < plan.page_size
-                && (chunk.is_empty() || bytes < engine::MAX_PAGE_BYTES)
-            {
-                let Some(v) = rest.next() else { break };
-                bytes += mayfly_query::value::approximate_size(&v);
-                chunk.push(v);
-            }
-            at += chunk.len() as u64;
-            metrics.results_returned = chunk.len() as u64;
-            let continuation = if at < total {
-                match self.engine().and_then(|e| {
-                    e.query_offset_token(&plan.path, &plan.spec, &plan.scope, at)
-                        .map_err(Status::from)
-                }) {
-                    Ok(token) => Some(token),
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
+        let state = Some(Results {
+            rest,
+            at,
+            total,
+            metrics,
+        });
+        futures_util::stream::unfold(state, move |state| {
+            let (service, plan) = (self.clone(), plan.clone());
+            async move {
+                let mut s = state?;
+                // Pages end at the page size or the page byte limit, with one result at least.
+                let mut chunk: Vec<Value> = Vec::new();
+                let mut bytes = 0;
+                let page_bytes = service
+                    .engine()
+                    .map_or(engine::MAX_PAGE_BYTES, |e| e.page_bytes());
+                while chunk.len() < plan.page_size && (chunk.is_empty() || bytes < page_bytes) {
+                    let Some(v) = s.rest.next() else { break };
+                    bytes += mayfly_query::value::approximate_size(&v);
+                    chunk.push(v);
                 }
-            } else {
-                None
-            };
-            let done = continuation.is_none();
-            let page = engine::QueryPage {
-                results: chunk,
-                continuation,
-                metrics: metrics.clone(),
-            };
-            if tx.send(Ok(page_message(page))).await.is_err() || done {
-                return;
+                s.at += chunk.len() as u64;
+                s.metrics.results_returned = chunk.len() as u64;
+                let continuation = if s.at < s.total {
+                    match service.engine().and_then(|e| {
+                        e.query_offset_token(&plan.path, &plan.spec, &plan.scope, s.at)
+                            .map_err(Status::from)
+                    }) {
+                        Ok(token) => Some(token),
+                        Err(status) => return Some((Err(status), None)),
+                    }
+                } else {
+                    None
+                };
+                let done = continuation.is_none();
+                let page = engine::QueryPage {
+                    results: chunk,
+                    continuation,
+                    metrics: s.metrics.clone(),
+                };
+                // Later pages read nothing: the documents were counted on the first.
+                s.metrics.documents_examined = 0;
+                Some((Ok(page_message(page)), (!done).then_some(s)))
             }
-            // Later pages read nothing: the documents were counted on the first.
-            metrics.documents_examined = 0;
-        }
+        })
     }
 
     /// Runs `op` on a blocking thread with the engine in service, then waits until what it

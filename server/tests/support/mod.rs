@@ -67,7 +67,10 @@ impl Mayfly {
         stderr: Stdio,
         keys: bool,
     ) -> Result<Self, Failed> {
-        let mut args = vec!["--listen", "127.0.0.1:0"];
+        let mut args = Vec::new();
+        if !extra.contains(&"--listen") {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
         if !keys {
             args.push("--insecure-no-auth");
         }

@@ -1,0 +1,93 @@
+//! What one client, or many, may hold of the server: each limit is a `mayfly` flag, and these
+//! defaults are the ones the README documents.
+
+use std::time::Duration;
+
+use crate::{MAX_MESSAGE_BYTES, engine::MAX_PAGE_BYTES};
+
+/// Resource limits of the gRPC listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// Requests in flight on one HTTP/2 connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_streams_per_connection: u32,
+    /// How often an HTTP/2 PING checks that a quiet connection's peer is still there.
+    pub keepalive_interval: Duration,
+    /// How long the PING's answer may take before the connection is closed.
+    pub keepalive_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// How long a request message may take to arrive once its call has started; a client
+    /// that stalls mid-upload is answered DEADLINE_EXCEEDED and its buffer freed.
+    pub request_read_timeout: Duration,
+    /// Bytes at which a feed or query page ends (one result at least): a stream whose reader
+    /// stops reading holds one page, so at most this (or one larger document).
+    pub page_bytes: usize,
+    /// Bytes of responses the server holds for all clients at once, waiting for them to be
+    /// read; a response beyond it ends with RESOURCE_EXHAUSTED.
+    pub response_budget_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 4096,
+            max_streams_per_connection: 256,
+            keepalive_interval: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(300),
+            request_read_timeout: Duration::from_secs(30),
+            page_bytes: MAX_PAGE_BYTES,
+            response_budget_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// Why these limits cannot serve, if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_connections == 0 || self.max_streams_per_connection == 0 {
+            return Err("connection and stream limits must be at least 1".into());
+        }
+        if self.keepalive_interval.is_zero()
+            || self.keepalive_timeout.is_zero()
+            || self.idle_timeout.is_zero()
+            || self.request_read_timeout.is_zero()
+        {
+            return Err("timeouts must be longer than zero".into());
+        }
+        if self.page_bytes < 64 * 1024 {
+            return Err("the page byte limit must be at least 64 KiB".into());
+        }
+        // The largest single response must fit when nothing else is held, or it could never
+        // be sent.
+        if self.response_budget_bytes < MAX_MESSAGE_BYTES {
+            return Err(format!(
+                "the response budget must be at least {} MiB (the largest message)",
+                MAX_MESSAGE_BYTES / (1024 * 1024)
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_serve_and_nonsense_is_refused() {
+        assert_eq!(Limits::default().check(), Ok(()));
+        let small_budget = Limits {
+            response_budget_bytes: 1024 * 1024,
+            ..Limits::default()
+        };
+        assert!(small_budget.check().is_err());
+        let no_streams = Limits {
+            max_streams_per_connection: 0,
+            ..Limits::default()
+        };
+        assert!(no_streams.check().is_err());
+    }
+}

@@ -1,0 +1,313 @@
+//! Per-request limits at the HTTP level, for every RPC alike: a deadline for the request
+//! message to arrive, a shared memory budget for responses waiting to be read, and the count
+//! of requests in flight that the idle timeout reads.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Sleep,
+};
+use tonic::Status;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::connection::{ConnectionInfo, InFlight};
+
+/// The budget counts kibibytes, so that a `u32` of permits covers any response.
+const UNIT: usize = 1024;
+
+/// Applies the limits to every request of a service.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestLimitsLayer {
+    read_timeout: Duration,
+    budget: Arc<Semaphore>,
+    budget_bytes: usize,
+}
+
+impl RequestLimitsLayer {
+    pub(crate) fn new(read_timeout: Duration, budget_bytes: usize) -> Self {
+        RequestLimitsLayer {
+            read_timeout,
+            budget: Arc::new(Semaphore::new(
+                (budget_bytes / UNIT).min(Semaphore::MAX_PERMITS),
+            )),
+            budget_bytes,
+        }
+    }
+}
+
+impl<S> Layer<S> for RequestLimitsLayer {
+    type Service = RequestLimits<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestLimits {
+            inner,
+            limits: self.clone(),
+        }
+    }
+}
+
+/// See [`RequestLimitsLayer`].
+#[derive(Debug, Clone)]
+pub(crate) struct RequestLimits<S> {
+    inner: S,
+    limits: RequestLimitsLayer,
+}
+
+impl<S, B> Service<http::Request<tonic::body::Body>> for RequestLimits<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<B>>,
+    B: Body<Data = Bytes>,
+{
+    type Response = http::Response<Budgeted<B>>;
+    type Error = S::Error;
+    type Future = LimitsFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let in_flight = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(|c| c.activity.begin());
+        let read_timeout = self.limits.read_timeout;
+        let request = request.map(|body| {
+            tonic::body::Body::new(ReadDeadline {
+                inner: body,
+                deadline: Box::pin(tokio::time::sleep(read_timeout)),
+                timeout: read_timeout,
+            })
+        });
+        LimitsFuture {
+            inner: self.inner.call(request),
+            rest: Some((in_flight, self.limits.clone())),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response of a [`RequestLimits`] service.
+    pub(crate) struct LimitsFuture<F> {
+        #[pin]
+        inner: F,
+        rest: Option<(Option<InFlight>, RequestLimitsLayer)>,
+    }
+}
+
+impl<F, B, E> Future for LimitsFuture<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<Budgeted<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        let Some((in_flight, limits)) = this.rest.take() else {
+            unreachable!("a future is not polled after it completes")
+        };
+        Poll::Ready(Ok(response.map(|body| Budgeted {
+            inner: body,
+            limits,
+            held: None,
+            refused: false,
+            _in_flight: in_flight,
+        })))
+    }
+}
+
+/// A request body that fails with DEADLINE_EXCEEDED if it has not arrived by the deadline.
+/// Handlers take their one message before they run, so the deadline only covers uploads.
+struct ReadDeadline {
+    inner: tonic::body::Body,
+    deadline: Pin<Box<Sleep>>,
+    timeout: Duration,
+}
+
+impl Body for ReadDeadline {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => {
+                ready!(this.deadline.as_mut().poll(cx));
+                Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+                    "the request message did not arrive within {} s of the call's start \
+                     (the server's --request-read-timeout)",
+                    this.timeout.as_secs_f64()
+                )))))
+            }
+            ready => ready,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body whose data, once handed to the transport, counts against the shared
+    /// budget until the transport asks for the next frame. HTTP/2 asks only once the stream
+    /// has room to send again, so what is counted is what waits on a slow reader.
+    pub(crate) struct Budgeted<B> {
+        #[pin]
+        inner: B,
+        limits: RequestLimitsLayer,
+        held: Option<OwnedSemaphorePermit>,
+        refused: bool,
+        _in_flight: Option<InFlight>,
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        if *this.refused {
+            return Poll::Ready(None);
+        }
+        // Asked for more: the frame before has left.
+        *this.held = None;
+        let frame = ready!(this.inner.poll_frame(cx));
+        if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref))
+            && let Some(data) = data.filter(|d| !d.is_empty())
+        {
+            let units = u32::try_from(data.len().div_ceil(UNIT)).unwrap_or(u32::MAX);
+            match this.limits.budget.clone().try_acquire_many_owned(units) {
+                Ok(permit) => *this.held = Some(permit),
+                Err(_) => {
+                    *this.refused = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(exhausted(
+                        this.limits.budget_bytes,
+                    )))));
+                }
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.refused || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.refused {
+            SizeHint::with_exact(0)
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+/// The trailers that end a response the budget cannot hold.
+fn exhausted(budget_bytes: usize) -> http::HeaderMap {
+    let status = Status::resource_exhausted(format!(
+        "the server's memory for responses waiting to be read ({} MiB, --response-budget-mb) is \
+         in use by other clients; retry later (a feed or query resumes from its last \
+         continuation)",
+        budget_bytes / (1024 * 1024)
+    ));
+    let mut trailers = http::HeaderMap::new();
+    // Only fails on a message that cannot be a header, which this one can.
+    let _ = status.add_header(&mut trailers);
+    trailers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    fn budgeted(
+        chunks: Vec<usize>,
+        limits: &RequestLimitsLayer,
+    ) -> Budgeted<impl Body<Data = Bytes, Error = Infallible>> {
+        let frames = chunks
+            .into_iter()
+            .map(|n| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![0u8; n]))));
+        Budgeted {
+            inner: http_body_util::StreamBody::new(tokio_stream::iter(frames)),
+            limits: limits.clone(),
+            held: None,
+            refused: false,
+            _in_flight: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn data_waiting_to_be_read_counts_until_the_next_frame_is_asked_for() {
+        let limits = RequestLimitsLayer::new(Duration::from_secs(1), 64 * UNIT);
+        let mut first = budgeted(vec![40 * UNIT, 10], &limits);
+        let frame = first.frame().await.expect("a frame").expect("data");
+        assert!(frame.is_data());
+        assert_eq!(limits.budget.available_permits(), 24);
+        // A second response needs more than what is left: it ends with RESOURCE_EXHAUSTED.
+        let mut second = budgeted(vec![30 * UNIT], &limits);
+        let frame = second.frame().await.expect("a frame").expect("trailers");
+        let trailers = frame.into_trailers().expect("trailers");
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"8"[..])
+        );
+        assert!(second.frame().await.is_none(), "nothing after the status");
+        // The first moves on: its first frame's bytes are released.
+        let _ = first.frame().await.expect("a frame").expect("data");
+        assert_eq!(limits.budget.available_permits(), 63);
+        drop(first);
+        assert_eq!(limits.budget.available_permits(), 64);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_stops_arriving_ends_at_the_deadline() {
+        let stalled = http_body_util::StreamBody::new(futures_util::stream::pending::<
+            Result<Frame<Bytes>, Status>,
+        >());
+        let mut body = ReadDeadline {
+            inner: tonic::body::Body::new(stalled),
+            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(30))),
+            timeout: Duration::from_secs(30),
+        };
+        let started = tokio::time::Instant::now();
+        let err = body
+            .frame()
+            .await
+            .expect("a frame")
+            .expect_err("the deadline");
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
+        assert!(
+            err.message().contains("--request-read-timeout"),
+            "{}",
+            err.message()
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+    }
+}
