@@ -4,13 +4,7 @@
 mod support;
 
 use bytes::{Buf, BufMut};
-use mayfly_proto::{
-    json::JsonObject,
-    v1::{
-        CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest, QueryRequest,
-        ReadDocumentRequest, ReadFeedRequest,
-    },
-};
+use mayfly_proto::v1::{CreateDatabaseRequest, QueryRequest, ReadDocumentRequest, ReadFeedRequest};
 use tonic::{
     Code, Status,
     codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
@@ -150,7 +144,7 @@ async fn errors_quoting_long_input_fit_in_small_trailers() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = Mayfly::start(dir.path(), &["--storage", "memory"]);
     let mut c = clients::connect(&server).await;
-    seeded(&mut c, 0).await;
+    clients::seeded(&mut c, 0, 0).await;
     let read = |id: String, pk: String, collection: &str| ReadDocumentRequest {
         database: "d".into(),
         collection: collection.into(),
@@ -178,39 +172,6 @@ async fn errors_quoting_long_input_fit_in_small_trailers() {
             trailers,
             status.message()
         );
-    }
-}
-
-/// A database `d` with collection `c` (partition key `/pk`) holding `count` documents.
-async fn seeded(c: &mut clients::Clients, count: usize) {
-    c.databases
-        .create_database(CreateDatabaseRequest { id: "d".into() })
-        .await
-        .expect("database");
-    c.collections
-        .create_collection(CreateCollectionRequest {
-            database: "d".into(),
-            id: "c".into(),
-            partition_key_path: "/pk".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("collection");
-    for i in 0..count {
-        let body =
-            serde_json::json!({"id": format!("doc-{i:03}"), "pk": format!("p{}", i % 3), "n": i});
-        let serde_json::Value::Object(body) = body else {
-            unreachable!("an object")
-        };
-        c.documents
-            .create_document(CreateDocumentRequest {
-                database: "d".into(),
-                collection: "c".into(),
-                body: Some(JsonObject::new(body)),
-                ..Default::default()
-            })
-            .await
-            .expect("document");
     }
 }
 
@@ -255,7 +216,7 @@ async fn altered_continuation_tokens_are_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = Mayfly::start(dir.path(), &["--storage", "memory"]);
     let mut c = clients::connect(&server).await;
-    seeded(&mut c, 30).await;
+    clients::seeded(&mut c, 30, 0).await;
     let (_, token) = first_page(&mut c, feed(10, "")).await.expect("first page");
     let mut query_pages = c
         .documents
@@ -330,7 +291,7 @@ async fn continuation_tokens_survive_a_restart() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = Mayfly::start(dir.path(), &[]);
     let mut c = clients::connect(&server).await;
-    seeded(&mut c, 25).await;
+    clients::seeded(&mut c, 25, 0).await;
     let (first, token) = first_page(&mut c, feed(10, "")).await.expect("first page");
     drop(c);
     assert!(server.terminate().success());

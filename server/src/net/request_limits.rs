@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
@@ -120,7 +120,8 @@ where
         Poll::Ready(Ok(response.map(|body| Budgeted {
             inner: body,
             limits,
-            held: None,
+            charge: None,
+            slicing: Bytes::new(),
             refused: false,
             _in_flight: in_flight,
         })))
@@ -167,18 +168,25 @@ impl Body for ReadDeadline {
 }
 
 pin_project_lite::pin_project! {
-    /// A response body whose data, once handed to the transport, counts against the shared
-    /// budget until the transport asks for the next frame. HTTP/2 asks only once the stream
-    /// has room to send again, so what is counted is what waits on a slow reader.
+    /// A response body charged against the shared budget for the largest message it has
+    /// sent, from that message until the body ends: the encoder keeps a buffer of that size
+    /// (up to twice it, as it grows by doubling) for the stream's life, and a reader that
+    /// stops reading keeps the stream alive.
+    /// Messages go to HTTP/2 in copied slices, so that what HTTP/2 holds once the body has
+    /// moved on is a slice or two, never a whole page.
     pub(crate) struct Budgeted<B> {
         #[pin]
         inner: B,
         limits: RequestLimitsLayer,
-        held: Option<OwnedSemaphorePermit>,
+        charge: Option<OwnedSemaphorePermit>,
+        slicing: Bytes,
         refused: bool,
         _in_flight: Option<InFlight>,
     }
 }
+
+/// Largest data frame handed to HTTP/2 at once.
+const SLICE: usize = 32 * 1024;
 
 impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
     type Data = Bytes;
@@ -192,15 +200,40 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
         if *this.refused {
             return Poll::Ready(None);
         }
-        // Asked for more: the frame before has left.
-        *this.held = None;
+        if !this.slicing.is_empty() {
+            let n = this.slicing.len().min(SLICE);
+            let slice = Bytes::copy_from_slice(&this.slicing[..n]);
+            this.slicing.advance(n);
+            if this.slicing.is_empty() {
+                *this.slicing = Bytes::new();
+            }
+            return Poll::Ready(Some(Ok(Frame::data(slice))));
+        }
         let frame = ready!(this.inner.poll_frame(cx));
-        if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref))
-            && let Some(data) = data.filter(|d| !d.is_empty())
-        {
-            let units = u32::try_from(data.len().div_ceil(UNIT)).unwrap_or(u32::MAX);
-            match this.limits.budget.clone().try_acquire_many_owned(units) {
-                Ok(permit) => *this.held = Some(permit),
+        let Some(Ok(frame)) = frame else {
+            return Poll::Ready(frame);
+        };
+        let frame = match frame.into_data() {
+            Ok(data) => data,
+            Err(other) => return Poll::Ready(Some(Ok(other))),
+        };
+        // The encoder's buffer grows by doubling: it may hold up to twice the message.
+        let units = u32::try_from((2 * frame.len()).div_ceil(UNIT)).unwrap_or(u32::MAX);
+        let held = this
+            .charge
+            .as_ref()
+            .map_or(0, |c| u32::try_from(c.num_permits()).unwrap_or(u32::MAX));
+        if units > held {
+            match this
+                .limits
+                .budget
+                .clone()
+                .try_acquire_many_owned(units - held)
+            {
+                Ok(more) => match this.charge {
+                    Some(charge) => charge.merge(more),
+                    None => *this.charge = Some(more),
+                },
                 Err(_) => {
                     *this.refused = true;
                     return Poll::Ready(Some(Ok(Frame::trailers(exhausted(
@@ -209,18 +242,30 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
                 }
             }
         }
-        Poll::Ready(frame)
+        if frame.len() <= SLICE {
+            return Poll::Ready(Some(Ok(Frame::data(frame))));
+        }
+        *this.slicing = frame;
+        let slice = Bytes::copy_from_slice(&this.slicing[..SLICE]);
+        this.slicing.advance(SLICE);
+        Poll::Ready(Some(Ok(Frame::data(slice))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.refused || self.inner.is_end_stream()
+        self.refused || (self.slicing.is_empty() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
         if self.refused {
             SizeHint::with_exact(0)
         } else {
-            self.inner.size_hint()
+            let mut hint = self.inner.size_hint();
+            let pending = self.slicing.len() as u64;
+            hint.set_lower(hint.lower() + pending);
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper + pending);
+            }
+            hint
         }
     }
 }
@@ -257,19 +302,26 @@ mod tests {
         Budgeted {
             inner: http_body_util::StreamBody::new(tokio_stream::iter(frames)),
             limits: limits.clone(),
-            held: None,
+            charge: None,
+            slicing: Bytes::new(),
             refused: false,
             _in_flight: None,
         }
     }
 
     #[tokio::test]
-    async fn data_waiting_to_be_read_counts_until_the_next_frame_is_asked_for() {
-        let limits = RequestLimitsLayer::new(Duration::from_secs(1), 64 * UNIT);
+    async fn a_response_is_charged_its_largest_message_until_it_ends() {
+        let limits = RequestLimitsLayer::new(Duration::from_secs(1), 128 * UNIT);
         let mut first = budgeted(vec![40 * UNIT, 10], &limits);
-        let frame = first.frame().await.expect("a frame").expect("data");
-        assert!(frame.is_data());
-        assert_eq!(limits.budget.available_permits(), 24);
+        let mut sent = 0;
+        // The 40 KiB message leaves in slices, charged whole from its first slice.
+        while sent < 40 * UNIT {
+            let data = first.frame().await.expect("a frame").expect("data");
+            let data = data.into_data().expect("data");
+            assert!(data.len() <= SLICE);
+            sent += data.len();
+            assert_eq!(limits.budget.available_permits(), 48);
+        }
         // A second response needs more than what is left: it ends with RESOURCE_EXHAUSTED.
         let mut second = budgeted(vec![30 * UNIT], &limits);
         let frame = second.frame().await.expect("a frame").expect("trailers");
@@ -279,11 +331,12 @@ mod tests {
             Some(&b"8"[..])
         );
         assert!(second.frame().await.is_none(), "nothing after the status");
-        // The first moves on: its first frame's bytes are released.
+        // A smaller message later costs nothing more; the charge ends with the body.
         let _ = first.frame().await.expect("a frame").expect("data");
-        assert_eq!(limits.budget.available_permits(), 63);
+        assert_eq!(limits.budget.available_permits(), 48);
+        assert!(first.frame().await.is_none());
         drop(first);
-        assert_eq!(limits.budget.available_permits(), 64);
+        assert_eq!(limits.budget.available_permits(), 128);
     }
 
     #[tokio::test(start_paused = true)]

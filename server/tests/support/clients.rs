@@ -1,9 +1,12 @@
 //! gRPC clients for a test's `mayfly`, over one connection.
 
 use mayfly_proto::v1::{
-    PartitionKey,
     client::{AdminClient, CollectionsClient, DatabasesClient, DocumentsClient},
     oneofs::PartitionKeyKind,
+};
+use mayfly_proto::{
+    json::JsonObject,
+    v1::{CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest, PartitionKey},
 };
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
@@ -40,5 +43,41 @@ pub(crate) fn string_pk(value: &str) -> PartitionKey {
         kind: Some(PartitionKeyKind::Value(prost_types::Value {
             kind: Some(prost_types::value::Kind::StringValue(value.to_owned())),
         })),
+    }
+}
+
+/// Database `d`, collection `c` (partition key `/pk`) and `count` documents `doc-000`, … in
+/// partitions `p0`..`p2`, each padded with `pad` bytes of text.
+pub(crate) async fn seeded(c: &mut Clients, count: usize, pad: usize) {
+    c.databases
+        .create_database(CreateDatabaseRequest { id: "d".into() })
+        .await
+        .expect("database");
+    c.collections
+        .create_collection(CreateCollectionRequest {
+            database: "d".into(),
+            id: "c".into(),
+            partition_key_path: "/pk".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("collection");
+    let padding = "x".repeat(pad);
+    for i in 0..count {
+        let body = serde_json::json!({
+            "id": format!("doc-{i:03}"), "pk": format!("p{}", i % 3), "n": i, "pad": padding,
+        });
+        let serde_json::Value::Object(body) = body else {
+            unreachable!("an object")
+        };
+        c.documents
+            .create_document(CreateDocumentRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                body: Some(JsonObject::new(body)),
+                ..Default::default()
+            })
+            .await
+            .expect("document");
     }
 }

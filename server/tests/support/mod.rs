@@ -51,14 +51,21 @@ impl Mayfly {
     /// Starts `mayfly` with `--listen 127.0.0.1:0 --shards 2` and the keys of its data
     /// directory (made on first start, under `keys/`) in force.
     pub(crate) fn start_with_keys(data_dir: &Path, extra: &[&str]) -> Self {
-        Self::spawn_with(data_dir, extra, Stdio::null(), true).unwrap_or_else(|f| {
+        Self::spawn_with(data_dir, extra, Stdio::null(), true, &[]).unwrap_or_else(|f| {
             panic!("mayfly did not start: {f:?}");
         })
     }
 
     /// Without keys (`--insecure-no-auth`): tests of other things than access.
     pub(crate) fn spawn(data_dir: &Path, extra: &[&str], stderr: Stdio) -> Result<Self, Failed> {
-        Self::spawn_with(data_dir, extra, stderr, false)
+        Self::spawn_with(data_dir, extra, stderr, false, &[])
+    }
+
+    /// [`Mayfly::start`] with environment variables set for the server.
+    pub(crate) fn start_with_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn_with(data_dir, extra, Stdio::null(), false, env).unwrap_or_else(|f| {
+            panic!("mayfly did not start: {f:?}");
+        })
     }
 
     fn spawn_with(
@@ -66,6 +73,7 @@ impl Mayfly {
         extra: &[&str],
         stderr: Stdio,
         keys: bool,
+        env: &[(&str, &str)],
     ) -> Result<Self, Failed> {
         let mut args = Vec::new();
         if !extra.contains(&"--listen") {
@@ -82,6 +90,7 @@ impl Mayfly {
         args.extend(extra);
         let mut child = Command::new(env!("CARGO_BIN_EXE_mayfly"))
             .args(&args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
