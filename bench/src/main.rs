@@ -17,6 +17,7 @@ mod metrics;
 mod payload;
 mod query;
 mod recovery;
+mod soak;
 
 use std::{
     net::SocketAddr,
@@ -57,6 +58,9 @@ enum Workload {
     /// Preload, then run each query shape (indexed equality, ORDER BY TOP 10, COUNT, a
     /// full-scan filter) at --concurrency and at 1 in flight.
     Query,
+    /// Start --server-bin on a new --data-dir and run mixed load with expiry storms and
+    /// stalled clients for --duration seconds, printing the server's RSS every minute.
+    Soak,
     /// etcd: plain puts of --doc-bytes values under unique keys.
     EtcdPut,
     /// etcd: LeaseGrant(--ttl) then a put with that lease; the pair counts as one leased put.
@@ -183,6 +187,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.workload == Workload::Recovery {
         return recovery::run(args).await;
     }
+    if args.workload == Workload::Soak {
+        return soak::run(args).await;
+    }
     let channels = connect(&args).await?;
     let collection = setup(&channels[0], &args).await?;
     let bench = Arc::new(Bench {
@@ -206,8 +213,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bench.preload().await?;
             bench.queries().await?
         }
-        Workload::EtcdPut | Workload::EtcdLeasePut | Workload::EtcdExpiry | Workload::Recovery => {
-            unreachable!("etcd and recovery workloads return before connecting")
+        Workload::EtcdPut
+        | Workload::EtcdLeasePut
+        | Workload::EtcdExpiry
+        | Workload::Recovery
+        | Workload::Soak => {
+            unreachable!("etcd, recovery and soak workloads return before connecting")
         }
     }
     // Leave the server as it was.

@@ -14,22 +14,29 @@ use std::{
 
 use crate::{Args, Bench, connect, payload::Payloads, setup};
 
-struct Server {
-    child: Child,
-    addr: String,
-    logs: mpsc::Receiver<String>,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
+    pub(crate) logs: mpsc::Receiver<String>,
 }
 
-fn start(bin: &Path, data_dir: &Path, cache_mb: u64) -> Result<Server, Box<dyn std::error::Error>> {
+/// Starts `bin` on a free loopback port over `data_dir`, without keys (these workloads
+/// measure the engine, not access), with `extra` flags.
+pub(crate) fn start(
+    bin: &Path,
+    data_dir: &Path,
+    cache_mb: u64,
+    extra: &[&str],
+) -> Result<Server, Box<dyn std::error::Error>> {
     let mut child = Command::new(bin)
         .args([
             "--listen",
             "127.0.0.1:0",
             "--cache-mb",
             &cache_mb.to_string(),
-            // Measures recovery, not access: no keys to make or send.
             "--insecure-no-auth",
         ])
+        .args(extra)
         .arg("--data-dir")
         .arg(data_dir)
         .stdout(Stdio::piped())
@@ -55,7 +62,7 @@ fn start(bin: &Path, data_dir: &Path, cache_mb: u64) -> Result<Server, Box<dyn s
     Ok(Server { child, addr, logs })
 }
 
-fn rss_bytes(pid: u32) -> u64 {
+pub(crate) fn rss_bytes(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
@@ -102,7 +109,7 @@ pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>
     }
     // Cache kept small so that resident memory shows the engine's own per-document state.
     let cache_mb = 8;
-    let server = start(&bin, &data_dir, cache_mb)?;
+    let server = start(&bin, &data_dir, cache_mb, &[])?;
     let empty_rss = rss_bytes(server.child.id());
     args.addr = server.addr.parse()?;
     let channels = connect(&args).await?;
@@ -127,7 +134,7 @@ pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>
     let disk = dir_bytes(&data_dir);
 
     let started = Instant::now();
-    let server = start(&bin, &data_dir, cache_mb)?;
+    let server = start(&bin, &data_dir, cache_mb, &[])?;
     let serving = started.elapsed();
     let mut args = bench.args.clone();
     args.addr = server.addr.parse()?;
