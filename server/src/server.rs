@@ -440,6 +440,9 @@ pub async fn serve(
         .max_concurrent_streams(limits.max_streams_per_connection)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // tonic turns h2's cap on resets the server itself sends off; a client provoking them
+        // without end is the "MadeYouReset" attack. 1024 is hyper's own default.
+        .http2_max_local_error_reset_streams(Some(1024))
         .layer(RequestLimitsLayer::new(
             limits.request_read_timeout,
             limits.response_budget_bytes,

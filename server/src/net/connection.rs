@@ -23,6 +23,9 @@ use tokio::{
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
+/// How long a connection that seemed idle but just received bytes gets before another look.
+const IDLE_GRACE: Duration = Duration::from_secs(1);
+
 /// A client connection as the gRPC transport sees it.
 #[derive(Debug)]
 pub(crate) struct Connection {
@@ -30,6 +33,9 @@ pub(crate) struct Connection {
     info: ConnectionInfo,
     idle_timeout: Duration,
     idle_check: Pin<Box<Sleep>>,
+    /// Bytes arrived since the idle check last looked: a request may be on its way to the
+    /// service without being counted yet.
+    read_since_check: bool,
     /// A place under the connection limit, given back when the connection closes.
     _slot: OwnedSemaphorePermit,
 }
@@ -125,6 +131,7 @@ impl Connection {
             },
             idle_timeout,
             idle_check: Box::pin(tokio::time::sleep(idle_timeout)),
+            read_since_check: false,
             _slot: slot,
         }
     }
@@ -140,6 +147,12 @@ impl Connection {
                 .idle_since()
                 .map(|since| since + self.idle_timeout);
             match due {
+                // A request read just now is counted only once its task runs: look again
+                // shortly rather than close under it.
+                Some(due) if due <= Instant::now() && self.read_since_check => {
+                    self.read_since_check = false;
+                    self.idle_check.as_mut().reset(Instant::now() + IDLE_GRACE);
+                }
                 Some(due) if due <= Instant::now() => return Poll::Ready(()),
                 // Busy now: look again a full timeout later (it cannot be idle long enough
                 // before then).
@@ -168,10 +181,14 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let before = buf.filled().len();
         let read = match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         };
+        if buf.filled().len() > before {
+            this.read_since_check = true;
+        }
         if read.is_pending() && this.poll_idle(cx).is_ready() {
             // An error ends the connection; nothing is in flight on it.
             return Poll::Ready(Err(io::Error::new(

@@ -57,15 +57,25 @@ impl Limits {
         {
             return Err("timeouts must be longer than zero".into());
         }
-        if self.page_bytes < 64 * 1024 {
-            return Err("the page byte limit must be at least 64 KiB".into());
+        if self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err("--max-connections is beyond what can be counted".into());
         }
-        // The largest single response must fit when nothing else is held, or it could never
-        // be sent.
-        if self.response_budget_bytes < MAX_MESSAGE_BYTES {
+        // Pages past 4 MiB of JSON could pass the 16 MiB message limit once encoded.
+        if !(64 * 1024..=MAX_PAGE_BYTES).contains(&self.page_bytes) {
             return Err(format!(
-                "the response budget must be at least {} MiB (the largest message)",
-                MAX_MESSAGE_BYTES / (1024 * 1024)
+                "the page byte limit must be between 64 KiB and {} KiB",
+                MAX_PAGE_BYTES / 1024
+            ));
+        }
+        if self.response_budget_bytes / 1024 > u32::MAX as usize {
+            return Err("the response budget must be under 4 TiB".into());
+        }
+        // The largest single response (charged twice its size, see the budget) must fit when
+        // nothing else is held, or it could never be sent.
+        if self.response_budget_bytes < 2 * MAX_MESSAGE_BYTES {
+            return Err(format!(
+                "the response budget must be at least {} MiB (twice the largest message)",
+                2 * MAX_MESSAGE_BYTES / (1024 * 1024)
             ));
         }
         Ok(())
@@ -80,7 +90,7 @@ mod tests {
     fn the_defaults_serve_and_nonsense_is_refused() {
         assert_eq!(Limits::default().check(), Ok(()));
         let small_budget = Limits {
-            response_budget_bytes: 1024 * 1024,
+            response_budget_bytes: MAX_MESSAGE_BYTES,
             ..Limits::default()
         };
         assert!(small_budget.check().is_err());

@@ -79,9 +79,10 @@ async fn accept_loop(
                 continue;
             }
             // The connection failed before it was accepted (reset, aborted): the next one
-            // is unaffected.
+            // is unaffected. A short pause all the same: an error that persists must not spin.
             Err(e) => {
                 tracing::debug!(error = %e, "accept failed");
+                tokio::time::sleep(OUT_OF_DESCRIPTORS_PAUSE.0).await;
                 continue;
             }
         };
@@ -130,11 +131,12 @@ async fn accept_loop(
 
 /// Errors that say the process or system is out of descriptors or memory for sockets.
 fn out_of_resources(e: &io::Error) -> bool {
-    // EMFILE, ENFILE, ENOMEM: the same numbers on Linux and macOS.
+    // EMFILE, ENFILE, ENOMEM: the same numbers on Linux and macOS; ENOBUFS differs.
     const EMFILE: i32 = 24;
     const ENFILE: i32 = 23;
     const ENOMEM: i32 = 12;
-    matches!(e.raw_os_error(), Some(EMFILE | ENFILE | ENOMEM))
+    const ENOBUFS: i32 = if cfg!(target_os = "linux") { 105 } else { 55 };
+    matches!(e.raw_os_error(), Some(EMFILE | ENFILE | ENOMEM | ENOBUFS))
 }
 
 /// Says when a recurring condition is worth logging again: its first time, then once per

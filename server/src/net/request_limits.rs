@@ -30,16 +30,17 @@ const UNIT: usize = 1024;
 pub(crate) struct RequestLimitsLayer {
     read_timeout: Duration,
     budget: Arc<Semaphore>,
+    total_units: u32,
     budget_bytes: usize,
 }
 
 impl RequestLimitsLayer {
     pub(crate) fn new(read_timeout: Duration, budget_bytes: usize) -> Self {
+        let total_units = u32::try_from(budget_bytes / UNIT).unwrap_or(u32::MAX);
         RequestLimitsLayer {
             read_timeout,
-            budget: Arc::new(Semaphore::new(
-                (budget_bytes / UNIT).min(Semaphore::MAX_PERMITS),
-            )),
+            budget: Arc::new(Semaphore::new(total_units as usize)),
+            total_units,
             budget_bytes,
         }
     }
@@ -82,6 +83,7 @@ where
             .get::<ConnectionInfo>()
             .map(|c| c.activity.begin());
         let read_timeout = self.limits.read_timeout;
+        let budgeted = streams_responses(request.uri().path());
         let request = request.map(|body| {
             tonic::body::Body::new(ReadDeadline {
                 inner: body,
@@ -91,9 +93,19 @@ where
         });
         LimitsFuture {
             inner: self.inner.call(request),
-            rest: Some((in_flight, self.limits.clone())),
+            rest: Some((in_flight, budgeted.then(|| self.limits.clone()))),
         }
     }
+}
+
+/// Methods whose responses stream for as long as their reader takes: what the budget covers.
+/// Unary answers are never refused (a write's answer reports what has already happened), and
+/// health stays answerable whatever the load.
+fn streams_responses(path: &str) -> bool {
+    matches!(
+        path,
+        "/mayfly.v1.Documents/ReadFeed" | "/mayfly.v1.Documents/Query"
+    ) || path.starts_with("/grpc.reflection.")
 }
 
 pin_project_lite::pin_project! {
@@ -101,7 +113,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct LimitsFuture<F> {
         #[pin]
         inner: F,
-        rest: Option<(Option<InFlight>, RequestLimitsLayer)>,
+        rest: Option<(Option<InFlight>, Option<RequestLimitsLayer>)>,
     }
 }
 
@@ -177,7 +189,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct Budgeted<B> {
         #[pin]
         inner: B,
-        limits: RequestLimitsLayer,
+        limits: Option<RequestLimitsLayer>,
         charge: Option<OwnedSemaphorePermit>,
         slicing: Bytes,
         refused: bool,
@@ -218,32 +230,35 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
             Err(other) => return Poll::Ready(Some(Ok(other))),
         };
         // The encoder's buffer grows by doubling: it may hold up to twice the message.
-        let units = u32::try_from((2 * frame.len()).div_ceil(UNIT)).unwrap_or(u32::MAX);
-        let held = this
-            .charge
-            .as_ref()
-            .map_or(0, |c| u32::try_from(c.num_permits()).unwrap_or(u32::MAX));
-        if units > held {
-            match this
-                .limits
-                .budget
-                .clone()
-                .try_acquire_many_owned(units - held)
-            {
-                Ok(more) => match this.charge {
-                    Some(charge) => charge.merge(more),
-                    None => *this.charge = Some(more),
-                },
-                Err(_) => {
-                    *this.refused = true;
-                    return Poll::Ready(Some(Ok(Frame::trailers(exhausted(
-                        this.limits.budget_bytes,
-                    )))));
+        if let Some(limits) = this.limits.as_ref() {
+            // The encoder's buffer grows by doubling: it may hold up to twice the message. A
+            // response alone may always have the whole budget, so none is refused forever.
+            let units = u32::try_from((2 * frame.len()).div_ceil(UNIT))
+                .unwrap_or(u32::MAX)
+                .min(limits.total_units);
+            let held = this
+                .charge
+                .as_ref()
+                .map_or(0, |c| u32::try_from(c.num_permits()).unwrap_or(u32::MAX));
+            if units > held {
+                match limits.budget.clone().try_acquire_many_owned(units - held) {
+                    Ok(more) => match this.charge {
+                        Some(charge) => charge.merge(more),
+                        None => *this.charge = Some(more),
+                    },
+                    Err(_) => {
+                        *this.refused = true;
+                        return Poll::Ready(Some(Ok(Frame::trailers(exhausted(
+                            limits.budget_bytes,
+                        )))));
+                    }
                 }
             }
         }
+        // Copied even when small: a slice of the encoder's buffer would keep all of it alive
+        // for as long as HTTP/2 holds the slice.
         if frame.len() <= SLICE {
-            return Poll::Ready(Some(Ok(Frame::data(frame))));
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::copy_from_slice(&frame)))));
         }
         *this.slicing = frame;
         let slice = Bytes::copy_from_slice(&this.slicing[..SLICE]);
@@ -301,7 +316,7 @@ mod tests {
             .map(|n| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![0u8; n]))));
         Budgeted {
             inner: http_body_util::StreamBody::new(tokio_stream::iter(frames)),
-            limits: limits.clone(),
+            limits: Some(limits.clone()),
             charge: None,
             slicing: Bytes::new(),
             refused: false,
