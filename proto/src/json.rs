@@ -641,9 +641,13 @@ pub fn to_proto_value(value: &Value) -> prost_types::Value {
 /// A `google.protobuf.Value` a client sent (a query parameter) as JSON: at most
 /// [`MAX_DEPTH`] levels, finite numbers. An unset value is `null`.
 pub fn from_proto_value(value: prost_types::Value) -> Result<Value, JsonDefect> {
+    /// `depth`: the level a list or struct here would be; scalars add no level (as in
+    /// [`MAX_DEPTH`] and the Struct decoder).
     fn convert(value: prost_types::Value, depth: usize) -> Result<Value, JsonDefect> {
         use prost_types::value::Kind;
-        if depth > MAX_DEPTH {
+        if depth > MAX_DEPTH
+            && matches!(value.kind, Some(Kind::ListValue(_) | Kind::StructValue(_)))
+        {
             return Err(JsonDefect::TooDeep);
         }
         Ok(match value.kind {
@@ -747,6 +751,24 @@ mod tests {
         )
         .expect("decodes without error");
         assert_eq!(deep.into_checked(), Err(JsonDefect::TooDeep));
+    }
+
+    /// Regression: a scalar inside the 128th level counted as level 129, so a value as deep
+    /// as a document may be was refused (found by the `json_decoder` fuzz target).
+    #[test]
+    fn proto_values_accept_exactly_max_depth_levels() {
+        let ok = Value::Object(nested(MAX_DEPTH));
+        assert_eq!(from_proto_value(to_proto_value(&ok)), Ok(ok));
+        let deep = Value::Object(nested(MAX_DEPTH + 1));
+        assert_eq!(
+            from_proto_value(to_proto_value(&deep)),
+            Err(JsonDefect::TooDeep)
+        );
+        let empty_leaf = json!([[]]);
+        assert_eq!(
+            from_proto_value(to_proto_value(&empty_leaf)),
+            Ok(empty_leaf)
+        );
     }
 
     #[test]

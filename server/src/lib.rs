@@ -7,6 +7,9 @@
 pub mod auth;
 pub mod current_engine;
 pub mod engine;
+/// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test.
+#[doc(hidden)]
+pub mod fuzz_entry;
 pub mod grpc;
 mod metrics_http;
 pub mod model;

@@ -1,0 +1,1 @@
+SELECT c.id, c.n FROM c WHERE c.n > 1 AND c.pk = "p1"

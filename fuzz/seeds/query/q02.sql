@@ -1,0 +1,1 @@
+SELECT VALUE t FROM c JOIN t IN c.tags

@@ -1,0 +1,1 @@
+SELECT c.id, ARRAY(SELECT VALUE a.y FROM a IN c.nested.arr) AS ys FROM c

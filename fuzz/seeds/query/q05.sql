@@ -1,0 +1,1 @@
+SELECT c.pk, COUNT(1) AS n, SUM(c.n) AS total, AVG(c.n) AS mean, MIN(c.s) AS lo, MAX(c.s) AS hi FROM c GROUP BY c.pk

@@ -1,0 +1,1 @@
+SELECT UPPER(c.s), CONCAT(c.s, "!"), SUBSTRING(c.s, 1, 2), LENGTH(c.s), ABS(c.n), ROUND(c.n), IS_DEFINED(c.pk), ARRAY_CONTAINS(c.tags, "x"), STARTSWITH(c.s, "a", true), REPLICATE("ab", 3), INDEX_OF(c.s, "a") FROM c

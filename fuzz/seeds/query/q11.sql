@@ -1,0 +1,1 @@
+SELECT * FROM c WHERE c.pk = @pk AND c.n > @min

@@ -1,0 +1,1 @@
+SELECT * FROM c WHERE c.s LIKE "%a_" ESCAPE "\\"

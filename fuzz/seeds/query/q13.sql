@@ -1,0 +1,1 @@
+SELECT GetCurrentDateTime() AS now, DateTimeAdd("dd", 1, c.when) AS later, GetCurrentTicks() AS ticks FROM c

@@ -1,0 +1,1 @@
+SELECT c.n ?? 0 AS n, (c.n > 1 ? "big" : "small") AS size FROM c WHERE c.n BETWEEN 0 AND 10 OR c.id IN ("a", "b")

@@ -1,0 +1,1 @@
+SELECT (SELECT VALUE MAX(a.y) FROM a IN c.nested.arr) AS maxy FROM c

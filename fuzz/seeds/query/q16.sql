@@ -1,0 +1,1 @@
+SELECT VALUE {"id": c.id, "tags": [c.tags[0], c.nested["x"]], "neg": -c.n, "bits": c.n & 3 | 4 ^ 1} FROM c

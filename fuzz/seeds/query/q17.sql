@@ -1,0 +1,1 @@
+SELECT c.id, t, a FROM c JOIN t IN c.tags JOIN a IN c.nested.arr WHERE IS_NUMBER(a.y)

@@ -1,0 +1,1 @@
+SELECT * FROM c WHERE RegexMatch(c.s, "^a", "i")

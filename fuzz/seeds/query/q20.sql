@@ -1,0 +1,1 @@
+SELECT c.id FROM c WHERE c.n >= 2 ORDER BY c.n

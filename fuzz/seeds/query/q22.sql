@@ -1,0 +1,1 @@
+SELECT "\u00e9\n\"" AS s, 'single' AS t FROM c

@@ -1,0 +1,1 @@
+SELECT * FROM c WHERE c.missing = undefined OR c.n = null OR NOT IS_DEFINED(c.n)

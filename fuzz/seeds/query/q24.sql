@@ -1,0 +1,1 @@
+SELECT RAND() AS r FROM c

@@ -1,0 +1,1 @@
+SELECT c.id FROM c JOIN a IN c.tags JOIN b IN c.tags JOIN d IN c.tags
