@@ -20,7 +20,7 @@ use mayfly_proto::{
     json::{self, JsonObject, MAX_DEPTH, MAX_JSON_BYTES},
     v1::{
         self, CreateDocumentRequest, DeleteDocumentRequest, QueryRequest, ReplaceDocumentRequest,
-        UpsertDocumentRequest, oneofs::PartitionKeyKind, server::Documents as _,
+        UpsertDocumentRequest, server::Documents as _,
     },
 };
 use prost::Message as _;
@@ -267,7 +267,9 @@ pub fn document(data: &[u8]) {
             database: DATABASE.to_owned(),
             collection: DOCUMENT_COLLECTION.to_owned(),
             body: Some(JsonObject::decode(wire.as_slice()).expect("decodes")),
-            partition_key: requested.as_ref().map(pk_proto),
+            partition_key: requested
+                .as_ref()
+                .map(crate::grpc::convert::partition_key_proto),
             ttl: ttl_field,
         };
         edge_create(request, Some(expected));
@@ -906,7 +908,10 @@ fn edge_create(
                 assert_eq!(doc.ttl, body.ttl().map(DocumentTtl::to_raw));
                 let stored = doc.body.clone().expect("a body").into_map();
                 assert_eq!(&stored, &**body.map(), "the stored body differs");
-                assert_eq!(doc.partition_key, Some(pk_proto(&pk)));
+                assert_eq!(
+                    doc.partition_key,
+                    Some(crate::grpc::convert::partition_key_proto(&pk))
+                );
             }
             delete(f, &collection, doc);
         }
@@ -976,26 +981,6 @@ fn assert_client_status(status: &tonic::Status) {
         "a status message of {} bytes",
         status.message().len()
     );
-}
-
-fn pk_proto(pk: &PartitionKeyValue) -> v1::PartitionKey {
-    use prost_types::value::Kind;
-    let kind = match pk {
-        PartitionKeyValue::Undefined => PartitionKeyKind::Undefined(()),
-        PartitionKeyValue::Null => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::NullValue(0)),
-        }),
-        PartitionKeyValue::Bool(b) => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::BoolValue(*b)),
-        }),
-        PartitionKeyValue::Number(x) => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::NumberValue(*x)),
-        }),
-        PartitionKeyValue::String(s) => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::StringValue(s.to_string())),
-        }),
-    };
-    v1::PartitionKey { kind: Some(kind) }
 }
 
 // ---- helpers ----

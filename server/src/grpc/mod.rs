@@ -3,7 +3,7 @@
 
 mod admin;
 mod collections;
-mod convert;
+pub(crate) mod convert;
 mod databases;
 mod documents;
 mod query;

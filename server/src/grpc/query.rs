@@ -49,6 +49,25 @@ struct Plan {
     page_size: usize,
 }
 
+impl Plan {
+    /// The streaming page at `cursor`.
+    fn page(
+        &self,
+        engine: &Engine,
+        cursor: QueryCursor,
+        read_at: engine::Millis,
+    ) -> Outcome<engine::QueryPage> {
+        engine.query_stream_page(
+            &self.path,
+            &self.spec,
+            &self.scope,
+            self.page_size,
+            cursor,
+            read_at,
+        )
+    }
+}
+
 impl DocumentsService {
     /// Checks a query request and starts its pages: the first is computed before answering, so
     /// a bad query fails the call itself.
@@ -104,16 +123,7 @@ impl DocumentsService {
             cursor @ (QueryCursor::Stream { .. } | QueryCursor::Index { .. }) => {
                 let p = plan.clone();
                 let first = self
-                    .off_runtime(move |e| {
-                        e.query_stream_page(
-                            &p.path,
-                            &p.spec,
-                            &p.scope,
-                            p.page_size,
-                            cursor,
-                            read_at,
-                        )
-                    })
+                    .off_runtime(move |e| p.page(e, cursor, read_at))
                     .await?;
                 Box::pin(self.clone().stream_pages(plan, first, read_at))
             }
@@ -137,24 +147,15 @@ impl DocumentsService {
                     Next::After(token) => {
                         service
                             .off_runtime(move |e| {
-                                let p = &plan;
-                                let cursor = match e.query_cursor(
-                                    &p.path,
-                                    &p.spec,
-                                    &p.scope,
+                                match e.query_cursor(
+                                    &plan.path,
+                                    &plan.spec,
+                                    &plan.scope,
                                     Some(&token),
                                 ) {
-                                    Ok(c) => c,
-                                    Err(err) => return Outcome::failed(err),
-                                };
-                                e.query_stream_page(
-                                    &p.path,
-                                    &p.spec,
-                                    &p.scope,
-                                    p.page_size,
-                                    cursor,
-                                    read_at,
-                                )
+                                    Ok(cursor) => plan.page(e, cursor, read_at),
+                                    Err(err) => Outcome::failed(err),
+                                }
                             })
                             .await
                     }
