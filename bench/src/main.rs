@@ -190,14 +190,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.workload == Workload::Soak {
         return soak::run(args).await;
     }
-    let channels = connect(&args).await?;
-    let collection = setup(&channels[0], &args).await?;
-    let bench = Arc::new(Bench {
-        channels,
-        collection,
-        payloads: Payloads::new(args.doc_bytes.saturating_sub(80)),
-        args,
-    });
+    let bench = Arc::new(Bench::start(args).await?);
     match bench.args.workload {
         Workload::Write => bench.timed(0).await?,
         Workload::Read => {
@@ -309,6 +302,18 @@ fn split(n: u64, parts: usize) -> impl Iterator<Item = (usize, std::ops::Range<u
 }
 
 impl Bench {
+    /// Connects to `args.addr` and makes a fresh database and collection (see [`setup`]).
+    async fn start(args: Args) -> Result<Self, Box<dyn std::error::Error>> {
+        let channels = connect(&args).await?;
+        let collection = setup(&channels[0], &args).await?;
+        Ok(Bench {
+            channels,
+            collection,
+            payloads: Payloads::new(args.doc_bytes.saturating_sub(80)),
+            args,
+        })
+    }
+
     fn documents(&self, worker: usize) -> DocumentsClient<Authorized> {
         DocumentsClient::with_interceptor(
             self.channels[worker % self.channels.len()].clone(),

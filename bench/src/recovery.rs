@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{Args, Bench, connect, payload::Payloads, setup};
+use crate::{Args, Bench, connect, payload::Payloads};
 
 pub(crate) struct Server {
     pub(crate) child: Child,
@@ -62,6 +62,29 @@ pub(crate) fn start(
     Ok(Server { child, addr, logs })
 }
 
+/// `--server-bin` and `--data-dir`, which must not exist yet: `workload` starts from nothing.
+pub(crate) fn server_and_new_dir(
+    args: &Args,
+    workload: &str,
+) -> Result<(PathBuf, PathBuf), Box<dyn std::error::Error>> {
+    let bin = args
+        .server_bin
+        .clone()
+        .ok_or_else(|| format!("{workload} needs --server-bin"))?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .ok_or_else(|| format!("{workload} needs --data-dir"))?;
+    if data_dir.exists() {
+        return Err(format!(
+            "{} exists: {workload} starts from a new data dir",
+            data_dir.display()
+        )
+        .into());
+    }
+    Ok((bin, data_dir))
+}
+
 pub(crate) fn rss_bytes(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -95,31 +118,13 @@ fn field(line: &str, key: &str) -> Option<u64> {
 }
 
 pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let bin: PathBuf = args
-        .server_bin
-        .clone()
-        .ok_or("recovery needs --server-bin")?;
-    let data_dir: PathBuf = args.data_dir.clone().ok_or("recovery needs --data-dir")?;
-    if data_dir.exists() {
-        return Err(format!(
-            "{} exists: recovery starts from a new data dir",
-            data_dir.display()
-        )
-        .into());
-    }
+    let (bin, data_dir) = server_and_new_dir(&args, "recovery")?;
     // Cache kept small so that resident memory shows the engine's own per-document state.
     let cache_mb = 8;
     let server = start(&bin, &data_dir, cache_mb, &[])?;
     let empty_rss = rss_bytes(server.child.id());
     args.addr = server.addr.parse()?;
-    let channels = connect(&args).await?;
-    let collection = setup(&channels[0], &args).await?;
-    let bench = Arc::new(Bench {
-        channels,
-        collection,
-        payloads: Payloads::new(args.doc_bytes.saturating_sub(80)),
-        args,
-    });
+    let bench = Arc::new(Bench::start(args).await?);
     let loaded = Instant::now();
     let documents = bench.args.documents;
     bench.load(documents, Arc::new(|_| 86_400)).await?;

@@ -10,7 +10,6 @@
 //! Every minute it prints the server's resident memory and what the load did.
 
 use std::{
-    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -23,10 +22,8 @@ use mayfly_proto::v1::{QueryRequest, ReadFeedRequest, client::DocumentsClient};
 use tonic::{Code, transport::Endpoint};
 
 use crate::{
-    Args, Bench, KeyHeader, connect,
-    payload::Payloads,
+    Args, Bench, KeyHeader,
     recovery::{self, rss_bytes},
-    setup,
 };
 
 /// Documents written by each storm, all with the same ttl.
@@ -65,15 +62,7 @@ impl Counts {
 }
 
 pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let bin: PathBuf = args.server_bin.clone().ok_or("soak needs --server-bin")?;
-    let data_dir: PathBuf = args.data_dir.clone().ok_or("soak needs --data-dir")?;
-    if data_dir.exists() {
-        return Err(format!(
-            "{} exists: soak starts from a new data dir",
-            data_dir.display()
-        )
-        .into());
-    }
+    let (bin, data_dir) = recovery::server_and_new_dir(&args, "soak")?;
     let cache_mb = 64;
     let server = recovery::start(
         &bin,
@@ -91,14 +80,7 @@ pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>
         "# server pid {pid}, block cache {cache_mb} MiB, response budget 64 MiB, request read timeout 10 s"
     );
     args.addr = server.addr.parse()?;
-    let channels = connect(&args).await?;
-    let collection = setup(&channels[0], &args).await?;
-    let bench = Arc::new(Bench {
-        channels,
-        collection,
-        payloads: Payloads::new(args.doc_bytes.saturating_sub(80)),
-        args,
-    });
+    let bench = Arc::new(Bench::start(args).await?);
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
     let next = Arc::new(AtomicU64::new(0));
