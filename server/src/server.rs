@@ -14,7 +14,7 @@ use crate::{
     engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock, TokenKey},
     grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
-    net::{self, Limits, RequestLimitsLayer, ServerTls, TlsError, TlsFiles},
+    net::{self, Limits, RequestLimitsLayer, ResponseBudget, ServerTls, TlsError, TlsFiles},
     storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
 };
 
@@ -393,6 +393,11 @@ pub async fn serve(
         limits,
         reflection,
     } = network;
+    // Shared by every streaming response and the query results they stream from.
+    let responses = ResponseBudget::new(
+        limits.response_budget_bytes,
+        limits.response_budget_per_ip_bytes,
+    );
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, tonic_health::ServingStatus::Serving).await;
 
@@ -444,8 +449,9 @@ pub async fn serve(
         // without end is the "MadeYouReset" attack. 1024 is hyper's own default.
         .http2_max_local_error_reset_streams(Some(1024))
         .layer(RequestLimitsLayer::new(
-            limits.request_read_timeout,
-            limits.response_budget_bytes,
+            &limits,
+            responses.clone(),
+            auth.clone(),
         ))
         .add_service(health_service)
         .add_optional_service(reflection_v1)
@@ -463,11 +469,13 @@ pub async fn serve(
             auth.clone(),
         )))
         .add_service(
-            DocumentsServer::new(DocumentsService::new(current.clone(), auth))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            DocumentsServer::new(
+                DocumentsService::new(current.clone(), auth).with_budget(responses.clone()),
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(net::incoming(listener, tls, &limits), shutdown)
+        .serve_with_incoming_shutdown(net::incoming(listener, tls, &limits, &responses), shutdown)
         .await
         .map_err(ServeError::Transport);
 
@@ -620,6 +628,7 @@ mod tests {
             durability: Durability::Fsync,
             shards: Some(1),
             cache_bytes: 1 << 20,
+            open_files: None,
         };
         let storage = Arc::new(DiskStorage::open(&options).expect("opens"));
         let engine = load_engine(storage.clone(), EngineConfig::new(1), Arc::default())

@@ -1,6 +1,7 @@
 //! Hostile and slow clients against the real binary, each bounded by a documented limit:
-//! feed readers that never read, uploads that stall, idle connections, too many connections,
-//! and a process out of file descriptors.
+//! feed readers that never read, uploads that stall or are not authorized, idle and silent
+//! connections, too many connections (in all and from one address), queries holding their
+//! results, and a process short of file descriptors.
 
 mod support;
 
@@ -20,17 +21,43 @@ use support::{Mayfly, clients};
 /// An HTTP/2 connection that sends only what the test says and releases no flow-control
 /// window unless told: a client that stops reading.
 async fn h2_connect(addr: &str) -> h2::client::SendRequest<Bytes> {
-    let tcp = TcpStream::connect(addr).await.expect("connects");
+    h2_connect_from(addr, "127.0.0.1").await.0
+}
+
+/// [`h2_connect`] from another loopback address (127.0.0.0/8 all reaches this machine): a
+/// different client as the server counts them. The task ends when the connection does.
+async fn h2_connect_from(
+    addr: &str,
+    local: &str,
+) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+    h2_connect_with_window(addr, local, 65_535).await
+}
+
+/// [`h2_connect_from`] with this initial stream window (0: no response data may be sent
+/// until the client grants some, which it never does).
+async fn h2_connect_with_window(
+    addr: &str,
+    local: &str,
+    window: u32,
+) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{local}:0").parse().expect("local address"))
+        .expect("binds");
+    let tcp = socket
+        .connect(addr.parse().expect("server address"))
+        .await
+        .expect("connects");
     let (client, connection) = h2::client::Builder::new()
-        .initial_window_size(65_535)
+        .initial_window_size(window)
         .initial_connection_window_size(65_535)
         .handshake(tcp)
         .await
         .expect("HTTP/2 handshake");
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let _ = connection.await;
     });
-    client
+    (client, task)
 }
 
 fn grpc_request(addr: &str, method: &str) -> http::Request<()> {
@@ -205,14 +232,25 @@ async fn stalled_feed_readers_hold_at_most_the_response_budget() {
 }
 
 /// Finding: 20 uploads stalled at 15 of 16 MiB held 324 MiB for as long as the client liked.
-/// Now each is answered DEADLINE_EXCEEDED at the request read timeout, and its buffer freed.
+/// Now the messages on their way in share a budget (each counted at its declared length):
+/// past it an upload is answered RESOURCE_EXHAUSTED unread, and the ones within it end
+/// DEADLINE_EXCEEDED at the request read timeout, their buffers freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_uploads_end_at_the_request_read_timeout() {
     const UPLOADS: usize = 20;
+    const BUDGET_MB: usize = 128;
     let data = tempfile::tempdir().expect("temp dir");
+    let budget = BUDGET_MB.to_string();
     let server = Mayfly::start(
         &data.path().join("data"),
-        &["--storage", "memory", "--request-read-timeout-secs", "2"],
+        &[
+            "--storage",
+            "memory",
+            "--request-read-timeout-secs",
+            "2",
+            "--request-budget-mb",
+            &budget,
+        ],
     );
     let mut c = clients::connect(&server).await;
     clients::seeded(&mut c, 0, 0).await;
@@ -246,6 +284,7 @@ async fn stalled_uploads_end_at_the_request_read_timeout() {
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let peak = rss_bytes(pid).saturating_sub(before);
+    let (mut timed_out, mut refused) = (0, 0);
     for response in uploads {
         let (status, message) =
             tokio::time::timeout(Duration::from_secs(15), status_without_data(response))
@@ -253,17 +292,36 @@ async fn stalled_uploads_end_at_the_request_read_timeout() {
                 .expect("answered within 15 s")
                 .expect("HTTP/2 response")
                 .expect("no data");
-        assert_eq!(status, "4", "DEADLINE_EXCEEDED: {message}");
-        assert!(message.contains("--request-read-timeout"), "{message}");
+        match status.as_str() {
+            "4" => {
+                assert!(message.contains("--request-read-timeout"), "{message}");
+                timed_out += 1;
+            }
+            "8" => {
+                assert!(message.contains("--request-budget-mb"), "{message}");
+                refused += 1;
+            }
+            other => panic!("DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED, not {other}: {message}"),
+        }
     }
     let answered = started.elapsed();
     eprintln!(
-        "{UPLOADS} uploads stalled at 15 of 16 MiB: RSS +{:.0} MiB while stalled, all answered \
-         DEADLINE_EXCEEDED within {:.1} s",
+        "{UPLOADS} uploads stalled at 15 of 16 MiB, request budget {BUDGET_MB} MiB: RSS +{:.0} \
+         MiB while stalled; {timed_out} answered DEADLINE_EXCEEDED and {refused} \
+         RESOURCE_EXHAUSTED within {:.1} s",
         peak as f64 / (1024.0 * 1024.0),
         answered.as_secs_f64()
     );
     assert!(answered < Duration::from_secs(12), "{answered:?}");
+    // 16 MiB each: the budget holds 8 of them.
+    assert_eq!(
+        (timed_out, refused),
+        (BUDGET_MB / 16, UPLOADS - BUDGET_MB / 16)
+    );
+    assert!(
+        peak < (BUDGET_MB as u64 + 48) << 20,
+        "held {peak} bytes past a {BUDGET_MB} MiB budget"
+    );
     drop(senders);
     // The server goes on serving.
     c.documents
@@ -368,7 +426,7 @@ fn at_the_descriptor_limit_the_server_idles_and_says_why() {
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 48 && exec '{}' --storage memory --insecure-no-auth --listen 127.0.0.1:0 --shards 1",
+            "ulimit -n 48 && exec '{}' --max-connections 4096 --storage memory --insecure-no-auth --listen 127.0.0.1:0 --shards 1",
             env!("CARGO_BIN_EXE_mayfly")
         ))
         .current_dir(data.path())
@@ -438,4 +496,397 @@ fn at_the_descriptor_limit_the_server_idles_and_says_why() {
         .expect("stderr");
     let warnings = stderr.matches("out of file descriptors").count();
     assert_eq!(warnings, 1, "said once in the interval: {stderr}");
+}
+
+/// Review finding: the server read a request's message (up to 16 MiB, reserved as soon as its
+/// length arrived) before checking the caller's key, so unauthenticated clients could have it
+/// buffer 16 MiB per stream. Now the key is checked from the headers: the call is answered
+/// UNAUTHENTICATED at once, its message unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_calls_are_refused_before_their_message_is_read() {
+    const STREAMS: usize = 50;
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start_with_keys(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--primary-key",
+            "a-key-of-sixteen-or-more",
+        ],
+    );
+    let pid = server.child.id();
+    let before = rss_bytes(pid);
+    let mut prefix = BytesMut::new();
+    prefix.put_u8(0);
+    prefix.put_u32(16 * 1024 * 1024 - 1);
+    let chunk = Bytes::from(vec![b'x'; 1024 * 1024]);
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    let mut responses = Vec::new();
+    let client = h2_connect(&server.addr).await;
+    for _ in 0..STREAMS {
+        let mut ready = client.clone().ready().await.expect("ready");
+        let (response, mut body) = ready
+            .send_request(grpc_request(&server.addr, "CreateDocument"), false)
+            .expect("sent");
+        body.send_data(prefix.clone().freeze(), false)
+            .expect("sent");
+        // Within the stream's window: the server may take it without the test reading.
+        let _ = body.send_data(chunk.slice(..60_000), false);
+        responses.push(response);
+        senders.push(body);
+    }
+    for response in responses {
+        let (status, message) =
+            tokio::time::timeout(Duration::from_secs(5), status_without_data(response))
+                .await
+                .expect("answered at once, not at the read timeout")
+                .expect("HTTP/2 response")
+                .expect("no data");
+        assert_eq!(status, "16", "UNAUTHENTICATED: {message}");
+    }
+    let answered = started.elapsed();
+    let held = rss_bytes(pid).saturating_sub(before);
+    eprintln!(
+        "{STREAMS} unauthenticated uploads declaring 16 MiB: answered UNAUTHENTICATED within \
+         {:.2} s, server RSS +{:.1} MiB",
+        answered.as_secs_f64(),
+        held as f64 / (1024.0 * 1024.0)
+    );
+    assert!(answered < Duration::from_secs(5), "{answered:?}");
+    assert!(
+        held < 64 << 20,
+        "held {held} bytes for unauthenticated calls"
+    );
+    drop(senders);
+}
+
+/// Review finding: a client that never grants HTTP/2 window kept its streams' share of the
+/// response budget for as long as it liked, so ~4,400 such streams left every other client's
+/// feeds and queries RESOURCE_EXHAUSTED. Now one client address may hold only its share of the
+/// budget, and a streaming response its client takes nothing of for --send-timeout closes the
+/// connection, giving the budget back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_holds_its_share_for_the_send_timeout_only() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start_with_env(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--page-kib",
+            "1024",
+            "--response-budget-mb",
+            "64",
+            "--response-budget-per-ip-mb",
+            "32",
+            "--send-timeout-secs",
+            "3",
+        ],
+        &[("MIMALLOC_PURGE_DELAY", "0"), ("RUST_LOG", "info")],
+    );
+    let mut c = clients::connect(&server).await;
+    // Pages of about 1 MiB, charged 2 MiB each while their reader stalls.
+    clients::seeded(&mut c, 400, 4096).await;
+    let request = ReadFeedRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        page_size: 1000,
+        ..Default::default()
+    };
+    let (stalled, stalled_connection) = h2_connect_from(&server.addr, "127.0.0.2").await;
+    let started = Instant::now();
+    let mut responses = Vec::new();
+    for _ in 0..30 {
+        let mut ready = stalled.clone().ready().await.expect("ready");
+        let (response, mut body) = ready
+            .send_request(grpc_request(&server.addr, "ReadFeed"), false)
+            .expect("sent");
+        body.send_data(framed(&request), true).expect("sent");
+        responses.push(response);
+    }
+    // The streams with data are kept open (dropping one would cancel it), unread.
+    let mut refused = 0;
+    let mut held = Vec::new();
+    for response in responses {
+        let (head, mut body) = response.await.expect("response").into_parts();
+        // Refused before the first page leaves (trailers-only) or at a later one.
+        let status = match head.headers.get("grpc-status") {
+            Some(_) => head.headers,
+            None => match tokio::time::timeout(Duration::from_millis(200), body.data()).await {
+                Err(_) | Ok(Some(Ok(_))) => {
+                    held.push(body);
+                    continue;
+                }
+                Ok(other) => {
+                    assert!(other.is_none(), "{other:?}");
+                    body.trailers().await.expect("trailers").expect("status")
+                }
+            },
+        };
+        let message =
+            String::from_utf8_lossy(status.get("grpc-message").expect("message").as_bytes())
+                .into_owned();
+        assert_eq!(status.get("grpc-status").expect("status"), "8");
+        assert!(message.contains("--response-budget-per-ip-mb"), "{message}");
+        refused += 1;
+    }
+    assert!(refused > 0, "past its share, a client address is refused");
+
+    // Another address still has the rest of the budget: a whole feed arrives.
+    let mut feed = c
+        .documents
+        .read_feed(request.clone())
+        .await
+        .expect("feed")
+        .into_inner();
+    let mut documents = 0;
+    while let Some(page) = feed.message().await.expect("page") {
+        documents += page.documents.len();
+    }
+    assert_eq!(documents, 400);
+
+    // The stalled connection is closed at the send timeout; its address serves again.
+    tokio::time::timeout(Duration::from_secs(15), stalled_connection)
+        .await
+        .expect("closed within 15 s")
+        .expect("connection task");
+    let closed = started.elapsed();
+    eprintln!(
+        "a client with {} stalled feed streams ({refused} more refused): its connection closed \
+         {:.1} s after they started (--send-timeout-secs 3)",
+        held.len(),
+        closed.as_secs_f64()
+    );
+    assert!(closed >= Duration::from_secs(3), "{closed:?}");
+    let (again, _) = h2_connect_from(&server.addr, "127.0.0.2").await;
+    let mut ready = again.ready().await.expect("ready");
+    let (response, mut body) = ready
+        .send_request(grpc_request(&server.addr, "ReadFeed"), false)
+        .expect("sent");
+    body.send_data(framed(&request), true).expect("sent");
+    let mut kept = response.await.expect("response").into_body();
+    assert!(
+        matches!(kept.data().await, Some(Ok(_))),
+        "its share is free again: data, not RESOURCE_EXHAUSTED"
+    );
+
+    // A client that grants no window at all: its responses are never polled, yet each first
+    // page was read (and charged) before the answer. Its share bounds them, and the send
+    // timeout ends them.
+    let (no_window, no_window_connection) =
+        h2_connect_with_window(&server.addr, "127.0.0.4", 0).await;
+    let started = Instant::now();
+    let mut refused = 0;
+    let mut held = Vec::new();
+    for _ in 0..30 {
+        let mut ready = no_window.clone().ready().await.expect("ready");
+        let (response, mut body) = ready
+            .send_request(grpc_request(&server.addr, "ReadFeed"), false)
+            .expect("sent");
+        body.send_data(framed(&request), true).expect("sent");
+        let (head, body) = response.await.expect("response").into_parts();
+        match head.headers.get("grpc-status") {
+            Some(status) => {
+                assert_eq!(status, "8");
+                refused += 1;
+            }
+            None => held.push(body),
+        }
+    }
+    assert!(refused > 0 && !held.is_empty(), "{refused} refused");
+    tokio::time::timeout(Duration::from_secs(15), no_window_connection)
+        .await
+        .expect("closed within 15 s")
+        .expect("connection task");
+    eprintln!(
+        "a client granting no window: {} feed streams held, {refused} refused, connection \
+         closed after {:.1} s",
+        held.len(),
+        started.elapsed().as_secs_f64()
+    );
+    drop(kept);
+}
+
+/// Review finding: one address could take every connection, and a connection that never sent
+/// a request kept its place for the idle timeout (5 minutes). Now one address has at most
+/// --max-connections-per-ip, and a silent connection is closed at --first-request-timeout.
+#[tokio::test]
+async fn one_address_cannot_take_every_connection_and_silent_ones_are_closed() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--max-connections-per-ip",
+            "3",
+            "--first-request-timeout-secs",
+            "1",
+        ],
+    );
+    let mut greedy = Vec::new();
+    for _ in 0..3 {
+        greedy.push(h2_connect_from(&server.addr, "127.0.0.3").await.0);
+    }
+    // The fourth from that address is closed at once.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.3:0".parse().expect("address"))
+        .expect("binds");
+    let mut extra = socket
+        .connect(server.addr.parse().expect("address"))
+        .await
+        .expect("TCP connects");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(
+        Duration::from_millis(500),
+        tokio::io::AsyncReadExt::read(&mut extra, &mut byte),
+    )
+    .await
+    .expect("closed at once, not after the first-request timeout");
+    assert!(matches!(read, Ok(0) | Err(_)), "closed: {read:?}");
+    // Other addresses are served.
+    let mut c = clients::connect(&server).await;
+    clients::seeded(&mut c, 1, 0).await;
+
+    // A connection that sends nothing is closed at the first-request timeout.
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(&server.addr).await.expect("connects");
+    // The server's HTTP/2 settings arrive first; then the connection ends.
+    let mut received = Vec::new();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut silent, &mut received),
+    )
+    .await
+    .expect("closed within 5 s");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    // The greedy address's connections, which sent no request either, went the same way:
+    // its places are free again.
+    drop(greedy);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h2_connect_from(&server.addr, "127.0.0.3").await;
+}
+
+/// Review finding: the results of a query that computes them all before its first page (a
+/// sort, DISTINCT, an aggregate) stayed in memory for the stream's life, uncounted: the
+/// response budget saw one page. Now they are charged to it until the stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_held_between_query_pages_are_charged_to_the_budget() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--page-kib",
+            "64",
+            "--response-budget-mb",
+            "32",
+        ],
+    );
+    let mut c = clients::connect(&server).await;
+    // About 12 MiB of results, charged twice.
+    clients::seeded(&mut c, 3000, 4096).await;
+    let query = mayfly_proto::v1::QueryRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        query: "SELECT DISTINCT VALUE c FROM c".into(),
+        page_size: 10,
+        enable_scan: true,
+        ..Default::default()
+    };
+    let mut held = c
+        .documents
+        .query(query.clone())
+        .await
+        .expect("the first query fits")
+        .into_inner();
+    held.message().await.expect("a page").expect("a page");
+    // Its reader stalls with the results held: a second one does not fit beside them.
+    let refused = c
+        .documents
+        .query(query.clone())
+        .await
+        .expect_err("no room beside the first");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("--response-budget-mb"),
+        "{refused:?}"
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut again = c
+        .documents
+        .query(query)
+        .await
+        .expect("room once the first ended")
+        .into_inner();
+    let mut results = 0;
+    while let Some(page) = again.message().await.expect("page") {
+        results += page.results.len();
+    }
+    assert_eq!(results, 3000);
+}
+
+/// Review finding: --max-connections (4096) was more than the usual open-file limit (1024)
+/// allows. Now the server raises its soft limit to the hard one and, if the default still
+/// does not fit beside storage's files, serves fewer connections and says so.
+#[test]
+fn the_descriptor_limit_is_raised_and_shared() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let spawn = |limits: &str| {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{limits} && exec '{}' --storage memory --listen 127.0.0.1:0 --shards 1",
+                env!("CARGO_BIN_EXE_mayfly")
+            ))
+            .current_dir(data.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawns");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).expect("address line");
+        assert!(line.starts_with("mayfly listening on"), "{line}");
+        let limits =
+            std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("proc limits");
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut stderr)
+            .expect("stderr");
+        let open_files: Vec<String> = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .expect("open files line")
+            .split_whitespace()
+            .skip(3)
+            .take(2)
+            .map(str::to_owned)
+            .collect();
+        (open_files, stderr)
+    };
+    // A soft limit below the hard one is raised to it.
+    let (open_files, _) = spawn("ulimit -Sn 256 && ulimit -Hn 2048");
+    assert_eq!(open_files, ["2048", "2048"]);
+    // A hard limit too low for the default: fewer connections, and a warning that says why.
+    let (open_files, stderr) = spawn("ulimit -n 1024");
+    assert_eq!(open_files, ["1024", "1024"]);
+    assert!(
+        stderr.contains("serving at most 960 connections instead of 4096"),
+        "{stderr}"
+    );
 }

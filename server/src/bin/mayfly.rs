@@ -82,9 +82,13 @@ struct Args {
     /// clear). Without TLS a server listens on loopback only, unless this is given.
     #[arg(long, conflicts_with = "tls_cert")]
     insecure_plaintext: bool,
-    /// Connections open at once; more are closed as soon as accepted.
-    #[arg(long, default_value_t = Limits::default().max_connections)]
-    max_connections: usize,
+    /// Connections open at once; more are closed as soon as accepted. [default: 4096, or what
+    /// the open-file limit leaves once storage has its share]
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Connections open at once from one client address (IPv6: one /64 network).
+    #[arg(long, default_value_t = Limits::default().max_connections_per_ip)]
+    max_connections_per_ip: usize,
     /// Requests in flight on one connection (HTTP/2 concurrent streams).
     #[arg(long, default_value_t = Limits::default().max_streams_per_connection)]
     max_streams_per_connection: u32,
@@ -97,6 +101,9 @@ struct Args {
     /// Seconds a connection may go without a request in flight before it is closed.
     #[arg(long, default_value_t = Limits::default().idle_timeout.as_secs())]
     idle_timeout_secs: u64,
+    /// Seconds a new connection may take to send its first request before it is closed.
+    #[arg(long, default_value_t = Limits::default().first_request_timeout.as_secs())]
+    first_request_timeout_secs: u64,
     /// Seconds a request message may take to arrive (a stalled upload is ended after this).
     #[arg(long, default_value_t = Limits::default().request_read_timeout.as_secs())]
     request_read_timeout_secs: u64,
@@ -107,19 +114,38 @@ struct Args {
     /// response ends with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = Limits::default().response_budget_bytes / (1024 * 1024))]
     response_budget_mb: usize,
+    /// MiB of --response-budget-mb that the clients at one address (IPv6: one /64) may hold.
+    #[arg(long, default_value_t = Limits::default().response_budget_per_ip_bytes / (1024 * 1024))]
+    response_budget_per_ip_mb: usize,
+    /// Seconds a streaming response may wait for its client to take any of it; then the
+    /// connection is closed.
+    #[arg(long, default_value_t = Limits::default().send_timeout.as_secs())]
+    send_timeout_secs: u64,
+    /// MiB of request messages on their way in, for all clients; beyond it a request is
+    /// answered RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = Limits::default().request_budget_bytes / (1024 * 1024))]
+    request_budget_mb: usize,
 }
 
 impl Args {
-    fn limits(&self) -> Limits {
+    /// The limits of the flags, with `max_connections` as the descriptor limit allows.
+    fn limits(&self, max_connections: usize) -> Limits {
         Limits {
-            max_connections: self.max_connections,
+            max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
             max_streams_per_connection: self.max_streams_per_connection,
             keepalive_interval: Duration::from_secs(self.keepalive_secs),
             keepalive_timeout: Duration::from_secs(self.keepalive_timeout_secs),
             idle_timeout: Duration::from_secs(self.idle_timeout_secs),
+            first_request_timeout: Duration::from_secs(self.first_request_timeout_secs),
             request_read_timeout: Duration::from_secs(self.request_read_timeout_secs),
             page_bytes: self.page_kib.saturating_mul(1024),
             response_budget_bytes: self.response_budget_mb.saturating_mul(1024 * 1024),
+            response_budget_per_ip_bytes: self
+                .response_budget_per_ip_mb
+                .saturating_mul(1024 * 1024),
+            send_timeout: Duration::from_secs(self.send_timeout_secs),
+            request_budget_bytes: self.request_budget_mb.saturating_mul(1024 * 1024),
         }
     }
 
@@ -211,6 +237,17 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    // Every connection takes a descriptor, and the storage engine keeps files open: the
+    // process's limit is raised as far as it may go and shared between them.
+    let descriptors = mayfly_server::net::plan_descriptors(
+        mayfly_server::net::raise_descriptor_limit(),
+        args.storage == StorageKind::Disk,
+        args.max_connections,
+        Limits::default().max_connections,
+    );
+    if let Some(warning) = &descriptors.warning {
+        tracing::warn!("{warning}");
+    }
     let shards = args.shards.map(usize::from);
     let storage = match args.storage {
         StorageKind::Memory => StorageConfig::Memory { shards },
@@ -222,6 +259,7 @@ async fn main() -> ExitCode {
             },
             shards,
             cache_bytes: args.cache_mb.saturating_mul(1024 * 1024),
+            open_files: descriptors.storage_files,
         }),
     };
     let described = match args.storage {
@@ -260,7 +298,7 @@ async fn main() -> ExitCode {
         metrics_listen: args.metrics_listen,
         auth,
         tls,
-        limits: args.limits(),
+        limits: args.limits(descriptors.max_connections),
         reflection: !args.no_reflection,
     };
     // Handlers first: a supervisor may signal as soon as it reads the address line, and a

@@ -1344,6 +1344,7 @@ fn disk_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> (Engine, Colle
         durability: crate::storage::Durability::Fsync,
         shards: Some(2),
         cache_bytes: 1 << 20,
+        open_files: None,
     })
     .expect("opens");
     let (engine, _) = Engine::open(EngineConfig::new(2), Arc::new(storage), clock).expect("loads");

@@ -7,6 +7,7 @@ use mayfly_proto::v1::{
     QueryRequest, ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
     TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome, server,
 };
+use prost::Message;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -15,6 +16,7 @@ use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
     engine,
+    net::{Charge, ConnectionInfo, Limits, ResponseBudget},
 };
 
 /// Serves documents from the engine.
@@ -22,12 +24,29 @@ use crate::{
 pub struct DocumentsService {
     engine: CurrentEngine,
     auth: Authenticator,
+    /// What query results held between pages are charged to.
+    pub(super) budget: ResponseBudget,
 }
 
 impl DocumentsService {
     /// A service over whichever engine `engine` holds, for callers `auth` accepts.
     pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
-        DocumentsService { engine, auth }
+        let limits = Limits::default();
+        DocumentsService {
+            engine,
+            auth,
+            budget: ResponseBudget::new(
+                limits.response_budget_bytes,
+                limits.response_budget_per_ip_bytes,
+            ),
+        }
+    }
+
+    /// The service charging the results a query holds between its pages to `budget`, the
+    /// one its responses are charged to.
+    pub fn with_budget(mut self, budget: ResponseBudget) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// The engine in service.
@@ -217,7 +236,13 @@ impl server::Documents for DocumentsService {
         request: Request<QueryRequest>,
     ) -> Result<Response<Self::QueryStream>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let pages = self.start_query(&caller, request.into_inner()).await?;
+        let share = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(|c| c.share.clone());
+        let pages = self
+            .start_query(&caller, share, request.into_inner())
+            .await?;
         Ok(Response::new(pages))
     }
 
@@ -226,6 +251,10 @@ impl server::Documents for DocumentsService {
         request: Request<ReadFeedRequest>,
     ) -> Result<Response<Self::ReadFeedStream>, Status> {
         let caller = caller(&self.auth, &request)?;
+        let share = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(|c| c.share.clone());
         let ReadFeedRequest {
             database,
             collection,
@@ -245,33 +274,44 @@ impl server::Documents for DocumentsService {
         let first = self
             .settle(|e| e.read_feed_page(&path, &scope, page_size, token.as_deref()))
             .await?;
+        let first = feed_message(first);
+        // Held until the transport asks for it, which a client granting no window never lets
+        // it do: charged as a response waiting to be read (twice, as the encoder's buffer is).
+        let mut charge = Charge::default();
+        self.budget
+            .grow(&mut charge, share.as_ref(), 2 * first.encoded_len())?;
         // Each page goes to the engine in service then: a long read holds no engine, so a
         // failed storage can be reopened under it, and its continuation stays valid. A page is
         // read only when the transport asks for the next message, that is once the one before
         // has left: a client that stops reading holds one page, not a queue of them.
         let service = self.clone();
         let feed = Arc::new((path, scope));
-        let pages = futures_util::stream::unfold(Next::Page(first), move |next| {
+        let pages = futures_util::stream::unfold(Next::First(first, charge), move |next| {
             let (service, feed) = (service.clone(), feed.clone());
             async move {
                 let page = match next {
                     Next::Done => return None,
-                    Next::Page(page) => Ok(page),
+                    Next::First(page, charge) => {
+                        // Handed to the encoder now: the response's own charge covers it.
+                        drop(charge);
+                        Ok(page)
+                    }
                     Next::After(token) => {
                         let (path, scope) = &*feed;
                         service
                             .settle(|e| e.read_feed_page(path, scope, page_size, Some(&token)))
                             .await
+                            .map(feed_message)
                     }
                 };
                 Some(match page {
                     Ok(page) => {
-                        let next = page.continuation.clone().map_or(Next::Done, Next::After);
-                        let message = ReadFeedPage {
-                            documents: page.documents.into_iter().map(Document::from).collect(),
-                            continuation: page.continuation.unwrap_or_default(),
+                        let next = if page.continuation.is_empty() {
+                            Next::Done
+                        } else {
+                            Next::After(page.continuation.clone())
                         };
-                        (Ok(message), next)
+                        (Ok(page), next)
                     }
                     Err(status) => (Err(status), Next::Done),
                 })
@@ -281,10 +321,17 @@ impl server::Documents for DocumentsService {
     }
 }
 
+fn feed_message(page: engine::FeedPage) -> ReadFeedPage {
+    ReadFeedPage {
+        documents: page.documents.into_iter().map(Document::from).collect(),
+        continuation: page.continuation.unwrap_or_default(),
+    }
+}
+
 /// What a feed stream sends next.
 enum Next {
-    /// A page already read.
-    Page(engine::FeedPage),
+    /// The first page, read before answering, with what it holds of the response budget.
+    First(ReadFeedPage, Charge),
     /// The page after this continuation.
     After(String),
     Done,

@@ -22,10 +22,22 @@ use crate::{
 };
 
 /// Who sent `request`: UNAUTHENTICATED unless its `authorization` metadata names a key or a
-/// valid token (or the server runs without keys). Checked before the request is read, so that
-/// an unknown caller learns nothing from validation errors.
+/// valid token (or the server runs without keys). The server's edge checks it before the
+/// request message is read (see [`authenticate_headers`]) and leaves the answer with the
+/// request; a service used without that edge checks it here.
 fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Principal, Status> {
-    let authorization = match request.metadata().get("authorization") {
+    if let Some(principal) = request.extensions().get::<Principal>() {
+        return Ok(principal.clone());
+    }
+    authenticate_headers(auth, request.metadata().as_ref())
+}
+
+/// Who sent a request with these headers (see [`caller`]).
+pub(crate) fn authenticate_headers(
+    auth: &Authenticator,
+    headers: &http::HeaderMap,
+) -> Result<Principal, Status> {
+    let authorization = match headers.get("authorization") {
         None => None,
         Some(value) => Some(value.to_str().map_err(|_| Denied::Malformed)?),
     };

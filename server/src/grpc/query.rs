@@ -8,6 +8,7 @@ use mayfly_proto::{
     json,
     v1::{QueryMetrics, QueryPage, QueryRequest},
 };
+use prost::Message;
 use serde_json::{Map, Value};
 use tokio_stream::Stream;
 use tonic::Status;
@@ -20,14 +21,16 @@ use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, CollectionPath, Engine, FeedScope, InvalidInput, Outcome, QueryCursor, QuerySpec,
 };
+use crate::net::{Charge, PeerShare};
 
 /// Most parameters a query may carry.
 pub(crate) const MAX_PARAMETERS: usize = 256;
 
 /// What a streaming query sends next.
 enum Next {
-    /// A page already computed.
-    Page(engine::QueryPage),
+    /// The first page, computed before answering, with what it holds of the response
+    /// budget, and what comes after it.
+    First(QueryPage, Charge, Box<Next>),
     /// The page after this continuation.
     After(String),
     Done,
@@ -39,6 +42,8 @@ struct Results {
     at: u64,
     total: u64,
     metrics: engine::QueryMetrics,
+    /// The results' memory, held against the response budget until the stream ends.
+    _charge: Charge,
 }
 
 /// Everything a query's pages share.
@@ -74,6 +79,7 @@ impl DocumentsService {
     pub(crate) async fn start_query(
         &self,
         caller: &Principal,
+        share: Option<PeerShare>,
         request: QueryRequest,
     ) -> Result<QueryStream, Status> {
         let QueryRequest {
@@ -118,14 +124,36 @@ impl DocumentsService {
                 let (results, metrics) = self
                     .off_runtime(move |e| e.query_all(&p.path, &p.spec, &p.scope, read_at))
                     .await?;
-                Box::pin(self.clone().result_pages(plan, results, metrics, offset))
+                // Held from page to page: charged like a response waiting to be read (twice
+                // the JSON size, for what values take in memory), refused if that is full.
+                let bytes: usize = results
+                    .iter()
+                    .map(mayfly_query::value::approximate_size)
+                    .sum();
+                let mut charge = Charge::default();
+                self.budget
+                    .grow(&mut charge, share.as_ref(), bytes.saturating_mul(2))?;
+                Box::pin(
+                    self.clone()
+                        .result_pages(plan, results, metrics, offset, charge),
+                )
             }
             cursor @ (QueryCursor::Stream { .. } | QueryCursor::Index { .. }) => {
                 let p = plan.clone();
                 let first = self
                     .off_runtime(move |e| p.page(e, cursor, read_at))
                     .await?;
-                Box::pin(self.clone().stream_pages(plan, first, read_at))
+                let next = first.continuation.clone().map_or(Next::Done, Next::After);
+                let first = page_message(first);
+                // Held until the transport asks for it (see read_feed): charged meanwhile.
+                let mut charge = Charge::default();
+                self.budget
+                    .grow(&mut charge, share.as_ref(), 2 * first.encoded_len())?;
+                Box::pin(self.clone().stream_pages(
+                    plan,
+                    Next::First(first, charge, Box::new(next)),
+                    read_at,
+                ))
             }
         };
         Ok(pages)
@@ -135,15 +163,19 @@ impl DocumentsService {
     fn stream_pages(
         self,
         plan: Arc<Plan>,
-        first: engine::QueryPage,
+        first: Next,
         read_at: engine::Millis,
     ) -> impl Stream<Item = Result<QueryPage, Status>> + Send {
-        futures_util::stream::unfold(Next::Page(first), move |next| {
+        futures_util::stream::unfold(first, move |next| {
             let (service, plan) = (self.clone(), plan.clone());
             async move {
                 let page = match next {
                     Next::Done => return None,
-                    Next::Page(page) => Ok(page),
+                    Next::First(page, charge, then) => {
+                        // Handed to the encoder now: the response's own charge covers it.
+                        drop(charge);
+                        return Some((Ok(page), *then));
+                    }
                     Next::After(token) => {
                         service
                             .off_runtime(move |e| {
@@ -178,6 +210,7 @@ impl DocumentsService {
         results: Vec<Value>,
         metrics: engine::QueryMetrics,
         offset: u64,
+        charge: Charge,
     ) -> impl Stream<Item = Result<QueryPage, Status>> + Send {
         let total = results.len() as u64;
         let at = offset.min(total);
@@ -189,6 +222,7 @@ impl DocumentsService {
             at,
             total,
             metrics,
+            _charge: charge,
         });
         futures_util::stream::unfold(state, move |state| {
             let (service, plan) = (self.clone(), plan.clone());

@@ -1,5 +1,6 @@
 //! One accepted client connection: plain TCP or TLS over it, counted against the connection
-//! limit while it lives, and closed once it has carried no request for the idle timeout.
+//! limits while it lives, and closed once it has carried no request for the idle timeout (or
+//! sent none at all within the first-request timeout).
 
 use std::{
     future::Future,
@@ -8,20 +9,22 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll, ready},
     time::Duration,
 };
 
+use futures_util::task::AtomicWaker;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
-    sync::OwnedSemaphorePermit,
     time::{Instant, Sleep},
 };
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
+
+use super::{budget::PeerShare, listener::Slot};
 
 /// How long a connection that seemed idle but just received bytes gets before another look.
 const IDLE_GRACE: Duration = Duration::from_secs(1);
@@ -31,13 +34,23 @@ const IDLE_GRACE: Duration = Duration::from_secs(1);
 pub(crate) struct Connection {
     io: Io,
     info: ConnectionInfo,
-    idle_timeout: Duration,
+    timeouts: IdleTimeouts,
     idle_check: Pin<Box<Sleep>>,
     /// Bytes arrived since the idle check last looked: a request may be on its way to the
     /// service without being counted yet.
     read_since_check: bool,
-    /// A place under the connection limit, given back when the connection closes.
-    _slot: OwnedSemaphorePermit,
+    /// A place under the connection limits, given back when the connection closes.
+    _slot: Slot,
+}
+
+/// When a connection without a request in flight is closed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IdleTimeouts {
+    /// Once it has carried a request.
+    pub(crate) idle: Duration,
+    /// Before its first request: a client that connects and never asks holds a place under
+    /// the limits for this long only.
+    pub(crate) first_request: Duration,
 }
 
 #[derive(Debug)]
@@ -51,6 +64,8 @@ enum Io {
 pub struct ConnectionInfo {
     /// The client's address.
     pub remote: SocketAddr,
+    /// Its address's share of the response budget.
+    pub(crate) share: PeerShare,
     pub(crate) activity: Arc<Activity>,
 }
 
@@ -58,18 +73,37 @@ pub struct ConnectionInfo {
 #[derive(Debug)]
 pub(crate) struct Activity {
     opened: Instant,
+    /// Whether a request has started on the connection.
+    used: AtomicBool,
     in_flight: AtomicUsize,
     /// Milliseconds after `opened`.
     last_change_ms: AtomicU64,
+    /// Set to have the connection closed; `closer` wakes its reader to do it.
+    closing: AtomicBool,
+    closer: AtomicWaker,
 }
 
 impl Activity {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Activity {
             opened: Instant::now(),
+            used: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             last_change_ms: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+            closer: AtomicWaker::new(),
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Has the connection closed, with every request on it.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.closer.wake();
     }
 
     fn touch(&self) {
@@ -80,15 +114,23 @@ impl Activity {
     /// Counts a request until the returned guard (kept with its response) is dropped.
     pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.used.store(true, Ordering::Relaxed);
         self.touch();
         InFlight(self.clone())
     }
 
-    /// When the connection became idle, if it is.
-    fn idle_since(&self) -> Option<Instant> {
-        (self.in_flight.load(Ordering::Relaxed) == 0).then(|| {
-            self.opened + Duration::from_millis(self.last_change_ms.load(Ordering::Relaxed))
-        })
+    /// When the connection is due to close if nothing starts meanwhile; `None` while a
+    /// request is in flight.
+    fn idle_due(&self, timeouts: IdleTimeouts) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        if !self.used.load(Ordering::Relaxed) {
+            return Some(self.opened + timeouts.first_request.min(timeouts.idle));
+        }
+        let since =
+            self.opened + Duration::from_millis(self.last_change_ms.load(Ordering::Relaxed));
+        Some(since + timeouts.idle)
     }
 }
 
@@ -107,30 +149,33 @@ impl Connection {
     pub(crate) fn plain(
         stream: TcpStream,
         remote: SocketAddr,
-        idle_timeout: Duration,
-        slot: OwnedSemaphorePermit,
+        timeouts: IdleTimeouts,
+        slot: Slot,
     ) -> Self {
-        Self::new(Io::Plain(stream), remote, idle_timeout, slot)
+        Self::new(Io::Plain(stream), remote, timeouts, slot)
     }
 
     pub(crate) fn tls(
         stream: TlsStream<TcpStream>,
         remote: SocketAddr,
-        idle_timeout: Duration,
-        slot: OwnedSemaphorePermit,
+        timeouts: IdleTimeouts,
+        slot: Slot,
     ) -> Self {
-        Self::new(Io::Tls(Box::new(stream)), remote, idle_timeout, slot)
+        Self::new(Io::Tls(Box::new(stream)), remote, timeouts, slot)
     }
 
-    fn new(io: Io, remote: SocketAddr, idle_timeout: Duration, slot: OwnedSemaphorePermit) -> Self {
+    fn new(io: Io, remote: SocketAddr, timeouts: IdleTimeouts, slot: Slot) -> Self {
         Connection {
             io,
             info: ConnectionInfo {
                 remote,
+                share: slot.share().clone(),
                 activity: Arc::new(Activity::new()),
             },
-            idle_timeout,
-            idle_check: Box::pin(tokio::time::sleep(idle_timeout)),
+            timeouts,
+            idle_check: Box::pin(tokio::time::sleep(
+                timeouts.first_request.min(timeouts.idle),
+            )),
             read_since_check: false,
             _slot: slot,
         }
@@ -141,12 +186,7 @@ impl Connection {
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             ready!(self.idle_check.as_mut().poll(cx));
-            let due = self
-                .info
-                .activity
-                .idle_since()
-                .map(|since| since + self.idle_timeout);
-            match due {
+            match self.info.activity.idle_due(self.timeouts) {
                 // A request read just now is counted only once its task runs: look again
                 // shortly rather than close under it.
                 Some(due) if due <= Instant::now() && self.read_since_check => {
@@ -160,7 +200,7 @@ impl Connection {
                 None => self
                     .idle_check
                     .as_mut()
-                    .reset(Instant::now() + self.idle_timeout),
+                    .reset(Instant::now() + self.timeouts.idle),
             }
         }
     }
@@ -181,6 +221,14 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // The transport always has a read pending: the place to learn it must close.
+        this.info.activity.closer.register(cx.waker());
+        if this.info.activity.closing.load(Ordering::Acquire) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection closed: a streaming response was not read within the send timeout",
+            )));
+        }
         let before = buf.filled().len();
         let read = match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),

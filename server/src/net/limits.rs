@@ -10,6 +10,9 @@ use crate::{MAX_MESSAGE_BYTES, engine::MAX_PAGE_BYTES};
 pub struct Limits {
     /// Connections open at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// Connections open at once from one client address (IPv6: one /64 network), so that one
+    /// client cannot take every place.
+    pub max_connections_per_ip: usize,
     /// Requests in flight on one HTTP/2 connection (SETTINGS_MAX_CONCURRENT_STREAMS).
     pub max_streams_per_connection: u32,
     /// How often an HTTP/2 PING checks that a quiet connection's peer is still there.
@@ -18,6 +21,9 @@ pub struct Limits {
     pub keepalive_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout: Duration,
+    /// A connection that has sent no request this long after it was accepted (and its TLS
+    /// handshake done) is closed.
+    pub first_request_timeout: Duration,
     /// How long a request message may take to arrive once its call has started; a client
     /// that stalls mid-upload is answered DEADLINE_EXCEEDED and its buffer freed.
     pub request_read_timeout: Duration,
@@ -27,19 +33,34 @@ pub struct Limits {
     /// Bytes of responses the server holds for all clients at once, waiting for them to be
     /// read; a response beyond it ends with RESOURCE_EXHAUSTED.
     pub response_budget_bytes: usize,
+    /// The part of `response_budget_bytes` that the clients at one address (IPv6: one /64
+    /// network) may hold together.
+    pub response_budget_per_ip_bytes: usize,
+    /// A streaming response whose client takes none of it for this long has its connection
+    /// closed, giving back what it held of the budget.
+    pub send_timeout: Duration,
+    /// Bytes of request messages on their way in, for all clients at once (each counted at
+    /// its declared length from its first bytes); a request beyond it is answered
+    /// RESOURCE_EXHAUSTED, unread.
+    pub request_budget_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 4096,
+            max_connections_per_ip: 1024,
             max_streams_per_connection: 256,
             keepalive_interval: Duration::from_secs(60),
             keepalive_timeout: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(300),
+            first_request_timeout: Duration::from_secs(20),
             request_read_timeout: Duration::from_secs(30),
             page_bytes: MAX_PAGE_BYTES,
             response_budget_bytes: 256 * 1024 * 1024,
+            response_budget_per_ip_bytes: 64 * 1024 * 1024,
+            send_timeout: Duration::from_secs(60),
+            request_budget_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -47,13 +68,18 @@ impl Default for Limits {
 impl Limits {
     /// Why these limits cannot serve, if they cannot.
     pub fn check(&self) -> Result<(), String> {
-        if self.max_connections == 0 || self.max_streams_per_connection == 0 {
+        if self.max_connections == 0
+            || self.max_connections_per_ip == 0
+            || self.max_streams_per_connection == 0
+        {
             return Err("connection and stream limits must be at least 1".into());
         }
         if self.keepalive_interval.is_zero()
             || self.keepalive_timeout.is_zero()
             || self.idle_timeout.is_zero()
+            || self.first_request_timeout.is_zero()
             || self.request_read_timeout.is_zero()
+            || self.send_timeout.is_zero()
         {
             return Err("timeouts must be longer than zero".into());
         }
@@ -67,16 +93,36 @@ impl Limits {
                 MAX_PAGE_BYTES / 1024
             ));
         }
-        if self.response_budget_bytes / 1024 > u32::MAX as usize {
-            return Err("the response budget must be under 4 TiB".into());
-        }
-        // The largest single response (charged twice its size, see the budget) must fit when
-        // nothing else is held, or it could never be sent.
-        if self.response_budget_bytes < 2 * MAX_MESSAGE_BYTES {
-            return Err(format!(
-                "the response budget must be at least {} MiB (twice the largest message)",
-                2 * MAX_MESSAGE_BYTES / (1024 * 1024)
-            ));
+        let mib = |bytes: usize| bytes / (1024 * 1024);
+        for (name, bytes, least) in [
+            // The largest single response (charged twice its size, see the budget) must fit
+            // when nothing else is held, or it could never be sent; so must the largest
+            // request message.
+            (
+                "--response-budget-mb",
+                self.response_budget_bytes,
+                2 * MAX_MESSAGE_BYTES,
+            ),
+            (
+                "--response-budget-per-ip-mb",
+                self.response_budget_per_ip_bytes,
+                2 * MAX_MESSAGE_BYTES,
+            ),
+            (
+                "--request-budget-mb",
+                self.request_budget_bytes,
+                MAX_MESSAGE_BYTES,
+            ),
+        ] {
+            if bytes / 1024 > u32::MAX as usize {
+                return Err(format!("{name} must be under 4 TiB"));
+            }
+            if bytes < least {
+                return Err(format!(
+                    "{name} must be at least {} MiB (what the largest message needs)",
+                    mib(least)
+                ));
+            }
         }
         Ok(())
     }

@@ -1,20 +1,34 @@
-//! The accept loop: counts connections against the limit, performs TLS handshakes off the
-//! loop, and backs off (logging once per interval) when the process runs out of descriptors
-//! instead of spinning on the error.
+//! The accept loop: counts connections against the limits (in all and per client address),
+//! performs TLS handshakes off the loop, and backs off (logging once per interval) when the
+//! process runs out of descriptors instead of spinning on the error.
 
-use std::{io, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    io,
+    net::{IpAddr, Ipv6Addr},
+    sync::Arc,
+    time::Duration,
+};
 
+use parking_lot::Mutex;
 use tokio::{
     net::TcpListener,
-    sync::{Semaphore, mpsc},
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc},
     time::Instant,
 };
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Limits, ServerTls, connection::Connection};
+use super::{
+    Limits, ServerTls,
+    budget::{PeerShare, ResponseBudget},
+    connection::{Connection, IdleTimeouts},
+};
 
-/// Longest a client may take to complete its TLS handshake.
+/// Longest a client may take to complete its TLS handshake (waiting for its turn included).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TLS handshakes computed at once: each costs CPU (key exchange, signature), and a flood of
+/// them must not starve the requests of connections already open.
+const CONCURRENT_HANDSHAKES: usize = 64;
 /// Pauses between accepts while out of descriptors: short at first, doubling to the bound.
 const OUT_OF_DESCRIPTORS_PAUSE: (Duration, Duration) =
     (Duration::from_millis(10), Duration::from_secs(1));
@@ -27,28 +41,135 @@ pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
     limits: &Limits,
+    budget: &ResponseBudget,
 ) -> ReceiverStream<Result<Connection, io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(accept_loop(
         listener,
         tls,
-        Arc::new(Semaphore::new(limits.max_connections)),
-        limits.idle_timeout,
+        Slots::new(limits, budget.clone()),
+        IdleTimeouts {
+            idle: limits.idle_timeout,
+            first_request: limits.first_request_timeout,
+        },
         tx,
     ));
     ReceiverStream::new(rx)
 }
 
+type Peers = Arc<Mutex<HashMap<IpAddr, Peer>>>;
+
+/// What the connections from one client address share.
+#[derive(Debug)]
+struct Peer {
+    open: usize,
+    share: PeerShare,
+}
+
+/// A connection's place under the limits, given back when it is dropped.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    _permit: OwnedSemaphorePermit,
+    peers: Peers,
+    ip: IpAddr,
+    share: PeerShare,
+}
+
+impl Slot {
+    /// Its client address's share of the response budget.
+    pub(crate) fn share(&self) -> &PeerShare {
+        &self.share
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut peers = self.peers.lock();
+        if let Some(peer) = peers.get_mut(&self.ip) {
+            peer.open -= 1;
+            if peer.open == 0 {
+                peers.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The places under `--max-connections` and `--max-connections-per-ip`.
+#[derive(Debug)]
+struct Slots {
+    all: Arc<Semaphore>,
+    max: usize,
+    /// Client networks with connections open.
+    peers: Peers,
+    max_per_peer: usize,
+    budget: ResponseBudget,
+}
+
+/// Why a connection got no place.
+enum Refused {
+    Server,
+    Peer,
+}
+
+impl Slots {
+    fn new(limits: &Limits, budget: ResponseBudget) -> Self {
+        Slots {
+            all: Arc::new(Semaphore::new(limits.max_connections)),
+            max: limits.max_connections,
+            peers: Arc::default(),
+            max_per_peer: limits.max_connections_per_ip,
+            budget,
+        }
+    }
+
+    fn take(&self, remote: IpAddr) -> Result<Slot, Refused> {
+        let permit = self
+            .all
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Refused::Server)?;
+        let ip = network_of(remote);
+        let mut peers = self.peers.lock();
+        let peer = peers.entry(ip).or_insert_with(|| Peer {
+            open: 0,
+            share: self.budget.peer_share(),
+        });
+        if peer.open >= self.max_per_peer {
+            return Err(Refused::Peer);
+        }
+        peer.open += 1;
+        Ok(Slot {
+            _permit: permit,
+            peers: self.peers.clone(),
+            ip,
+            share: peer.share.clone(),
+        })
+    }
+}
+
+/// The address a client's connections are counted under: an IPv6 client usually has a whole
+/// /64 network to pick addresses from, so that network counts as one client.
+fn network_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
-    slots: Arc<Semaphore>,
-    idle_timeout: Duration,
+    slots: Slots,
+    timeouts: IdleTimeouts,
     tx: mpsc::Sender<Result<Connection, io::Error>>,
 ) {
-    let max_connections = slots.available_permits();
+    let handshakes = Arc::new(Semaphore::new(CONCURRENT_HANDSHAKES));
     let mut out_of_descriptors = Throttled::default();
     let mut over_limit = Throttled::default();
+    let mut over_peer_limit = Throttled::default();
     let mut pause = OUT_OF_DESCRIPTORS_PAUSE.0;
     loop {
         let accepted = tokio::select! {
@@ -86,18 +207,33 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let slot = match slots.take(remote.ip()) {
+            Ok(slot) => slot,
             // Closed at once: the client gets a prompt error rather than a hang.
-            drop(stream);
-            if let Some(more) = over_limit.note() {
-                tracing::warn!(
-                    %remote,
-                    max_connections,
-                    refused_since_last_warning = more,
-                    "connection refused: --max-connections reached"
-                );
+            Err(Refused::Server) => {
+                drop(stream);
+                if let Some(more) = over_limit.note() {
+                    tracing::warn!(
+                        %remote,
+                        max_connections = slots.max,
+                        refused_since_last_warning = more,
+                        "connection refused: --max-connections reached"
+                    );
+                }
+                continue;
             }
-            continue;
+            Err(Refused::Peer) => {
+                drop(stream);
+                if let Some(more) = over_peer_limit.note() {
+                    tracing::warn!(
+                        %remote,
+                        max_connections_per_ip = slots.max_per_peer,
+                        refused_since_last_warning = more,
+                        "connection refused: this client address has --max-connections-per-ip open"
+                    );
+                }
+                continue;
+            }
         };
         // Small request/response exchanges must not wait on Nagle's algorithm.
         if let Err(e) = stream.set_nodelay(true) {
@@ -105,7 +241,7 @@ async fn accept_loop(
         }
         match &tls {
             None => {
-                let connection = Connection::plain(stream, remote, idle_timeout, slot);
+                let connection = Connection::plain(stream, remote, timeouts, slot);
                 if tx.send(Ok(connection)).await.is_err() {
                     return;
                 }
@@ -114,10 +250,16 @@ async fn accept_loop(
                 // Off the loop: a client that stalls its handshake delays no one else.
                 let acceptor = tls.acceptor();
                 let tx = tx.clone();
+                let handshakes = handshakes.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    let handshake = async {
+                        // The semaphore is never closed.
+                        let _turn = handshakes.acquire().await;
+                        acceptor.accept(stream).await
+                    };
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                         Ok(Ok(stream)) => {
-                            let connection = Connection::tls(stream, remote, idle_timeout, slot);
+                            let connection = Connection::tls(stream, remote, timeouts, slot);
                             let _ = tx.send(Ok(connection)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
@@ -178,6 +320,37 @@ mod tests {
         tokio::time::advance(WARN_INTERVAL).await;
         assert_eq!(throttled.note(), Some(5));
         assert_eq!(throttled.note(), None);
+    }
+
+    #[test]
+    fn one_client_address_cannot_take_every_place() {
+        let slots = Slots::new(
+            &Limits {
+                max_connections: 10,
+                max_connections_per_ip: 3,
+                ..Limits::default()
+            },
+            ResponseBudget::new(1 << 20, 1 << 20),
+        );
+        let a: IpAddr = "10.0.0.1".parse().expect("ip");
+        let b: IpAddr = "10.0.0.2".parse().expect("ip");
+        let taken: Vec<Slot> = (0..3)
+            .map(|_| slots.take(a).ok().expect("a place"))
+            .collect();
+        assert!(matches!(slots.take(a), Err(Refused::Peer)));
+        let other = slots.take(b).ok().expect("another client has places");
+        drop(taken);
+        assert!(
+            slots.peers.lock().get(&a).is_none(),
+            "forgotten once closed"
+        );
+        assert!(slots.take(a).is_ok());
+        drop(other);
+        // The same /64 counts as one client; a v4-mapped address as its IPv4 one.
+        let v6 = |s: &str| network_of(s.parse().expect("ip"));
+        assert_eq!(v6("2001:db8::1"), v6("2001:db8::ffff:1234"));
+        assert_ne!(v6("2001:db8::1"), v6("2001:db8:0:1::1"));
+        assert_eq!(v6("::ffff:10.0.0.1"), a);
     }
 
     #[test]

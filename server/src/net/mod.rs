@@ -1,13 +1,20 @@
 //! The network edge below gRPC: the accept loop, TLS, and the limits that keep clients,
 //! hostile or slow, from holding more of the server than the operator allows.
 
+mod budget;
 mod connection;
+mod descriptors;
 mod limits;
 mod listener;
 mod request_limits;
 mod tls;
 
+pub(crate) use budget::Charge;
+pub use budget::{PeerShare, ResponseBudget};
 pub use connection::ConnectionInfo;
+pub use descriptors::{
+    DescriptorPlan, plan as plan_descriptors, raise_limit as raise_descriptor_limit,
+};
 pub use limits::Limits;
 pub(crate) use listener::incoming;
 pub(crate) use request_limits::RequestLimitsLayer;

@@ -1,47 +1,56 @@
-//! Per-request limits at the HTTP level, for every RPC alike: a deadline for the request
-//! message to arrive, a shared memory budget for responses waiting to be read, and the count
-//! of requests in flight that the idle timeout reads.
+//! Per-request limits at the HTTP level, for every RPC alike: the caller's key checked before
+//! any of its request is read, a deadline and a shared memory budget for request messages on
+//! their way in, a shared memory budget for responses waiting to be read (with a share per
+//! client address and a deadline for the client to take them), and the count of requests in
+//! flight that the idle timeout reads.
 
 use std::{
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll, ready},
     time::Duration,
 };
 
 use bytes::{Buf, Bytes};
+use futures_util::future::{Either, Ready};
 use http_body::{Body, Frame, SizeHint};
 use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore},
-    time::Sleep,
+    sync::OwnedSemaphorePermit,
+    time::{Instant, Sleep},
 };
 use tonic::Status;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::connection::{ConnectionInfo, InFlight};
-
-/// The budget counts kibibytes, so that a `u32` of permits covers any response.
-const UNIT: usize = 1024;
+use super::{
+    Limits,
+    budget::{Charge, PeerShare, RequestBudget, ResponseBudget},
+    connection::{Activity, ConnectionInfo, InFlight},
+};
+use crate::auth::Authenticator;
 
 /// Applies the limits to every request of a service.
 #[derive(Debug, Clone)]
 pub(crate) struct RequestLimitsLayer {
     read_timeout: Duration,
-    budget: Arc<Semaphore>,
-    total_units: u32,
-    budget_bytes: usize,
+    send_timeout: Duration,
+    responses: ResponseBudget,
+    requests: RequestBudget,
+    auth: Authenticator,
 }
 
 impl RequestLimitsLayer {
-    pub(crate) fn new(read_timeout: Duration, budget_bytes: usize) -> Self {
-        let total_units = u32::try_from(budget_bytes / UNIT).unwrap_or(u32::MAX);
+    pub(crate) fn new(limits: &Limits, responses: ResponseBudget, auth: Authenticator) -> Self {
         RequestLimitsLayer {
-            read_timeout,
-            budget: Arc::new(Semaphore::new(total_units as usize)),
-            total_units,
-            budget_bytes,
+            read_timeout: limits.request_read_timeout,
+            send_timeout: limits.send_timeout,
+            responses,
+            requests: RequestBudget::new(limits.request_budget_bytes),
+            auth,
         }
     }
 }
@@ -64,36 +73,62 @@ pub(crate) struct RequestLimits<S> {
     limits: RequestLimitsLayer,
 }
 
-impl<S, B> Service<http::Request<tonic::body::Body>> for RequestLimits<S>
+type Response = http::Response<tonic::body::Body>;
+
+impl<S> Service<http::Request<tonic::body::Body>> for RequestLimits<S>
 where
-    S: Service<http::Request<tonic::body::Body>, Response = http::Response<B>>,
-    B: Body<Data = Bytes>,
+    S: Service<http::Request<tonic::body::Body>, Response = Response>,
 {
-    type Response = http::Response<Budgeted<B>>;
+    type Response = http::Response<Budgeted<tonic::body::Body>>;
     type Error = S::Error;
-    type Future = LimitsFuture<S::Future>;
+    type Future = LimitsFuture<S::Future, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        let in_flight = request
-            .extensions()
-            .get::<ConnectionInfo>()
-            .map(|c| c.activity.begin());
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let connection = request.extensions().get::<ConnectionInfo>().cloned();
+        let in_flight = connection.as_ref().map(|c| c.activity.begin());
+        let path = request.uri().path();
+        // Mayfly's own services need a key; health and reflection stay open. Checked here,
+        // before the request message is read, so that an unknown caller cannot have the
+        // server buffer (up to 16 MiB of) it.
+        let streaming = streams_responses(path);
+        if path.starts_with("/mayfly.") {
+            match crate::grpc::authenticate_headers(&self.limits.auth, request.headers()) {
+                Ok(principal) => {
+                    request.extensions_mut().insert(principal);
+                }
+                Err(status) => {
+                    return LimitsFuture {
+                        inner: Either::Right(futures_util::future::ready(Ok(status.into_http()))),
+                        rest: Some((in_flight, None)),
+                    };
+                }
+            }
+        }
+        let charging = streaming.then(|| Charging {
+            budget: self.limits.responses.clone(),
+            share: connection.as_ref().map(|c| c.share.clone()),
+            activity: connection.map(|c| c.activity),
+            send_timeout: self.limits.send_timeout,
+        });
         let read_timeout = self.limits.read_timeout;
-        let budgeted = streams_responses(request.uri().path());
+        let requests = self.limits.requests.clone();
         let request = request.map(|body| {
-            tonic::body::Body::new(ReadDeadline {
+            tonic::body::Body::new(Upload {
                 inner: body,
                 deadline: Box::pin(tokio::time::sleep(read_timeout)),
                 timeout: read_timeout,
+                framing: Framing::default(),
+                budget: requests,
+                charge: None,
             })
         });
         LimitsFuture {
-            inner: self.inner.call(request),
-            rest: Some((in_flight, budgeted.then(|| self.limits.clone()))),
+            inner: Either::Left(self.inner.call(request)),
+            rest: Some((in_flight, charging)),
         }
     }
 }
@@ -108,47 +143,92 @@ fn streams_responses(path: &str) -> bool {
     ) || path.starts_with("/grpc.reflection.")
 }
 
+/// How a streaming response is charged and watched.
+#[derive(Debug)]
+struct Charging {
+    budget: ResponseBudget,
+    share: Option<PeerShare>,
+    activity: Option<Arc<Activity>>,
+    send_timeout: Duration,
+}
+
 pin_project_lite::pin_project! {
     /// The response of a [`RequestLimits`] service.
-    pub(crate) struct LimitsFuture<F> {
+    pub(crate) struct LimitsFuture<F, E> {
         #[pin]
-        inner: F,
-        rest: Option<(Option<InFlight>, Option<RequestLimitsLayer>)>,
+        inner: Either<F, Ready<Result<Response, E>>>,
+        rest: Option<(Option<InFlight>, Option<Charging>)>,
     }
 }
 
-impl<F, B, E> Future for LimitsFuture<F>
+impl<F, E> Future for LimitsFuture<F, E>
 where
-    F: Future<Output = Result<http::Response<B>, E>>,
+    F: Future<Output = Result<Response, E>>,
 {
-    type Output = Result<http::Response<Budgeted<B>>, E>;
+    type Output = Result<http::Response<Budgeted<tonic::body::Body>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = ready!(this.inner.poll(cx))?;
-        let Some((in_flight, limits)) = this.rest.take() else {
+        let Some((in_flight, charging)) = this.rest.take() else {
             unreachable!("a future is not polled after it completes")
         };
-        Poll::Ready(Ok(response.map(|body| Budgeted {
-            inner: body,
-            limits,
-            charge: None,
-            slicing: Bytes::new(),
-            refused: false,
-            _in_flight: in_flight,
-        })))
+        Poll::Ready(Ok(
+            response.map(|body| Budgeted::new(body, charging, in_flight))
+        ))
     }
 }
 
-/// A request body that fails with DEADLINE_EXCEEDED if it has not arrived by the deadline.
+/// Where a request body is in gRPC's framing: each message is a flag byte and a 4-byte
+/// big-endian length, then that many bytes.
+#[derive(Debug, Default)]
+struct Framing {
+    header: [u8; 5],
+    header_read: usize,
+    /// Bytes of the current message still to come.
+    remaining: usize,
+}
+
+impl Framing {
+    /// Reads `data`; returns the declared lengths of the messages it starts, summed.
+    fn started(&mut self, mut data: &[u8]) -> usize {
+        let mut declared = 0usize;
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let n = self.remaining.min(data.len());
+                self.remaining -= n;
+                data = &data[n..];
+                continue;
+            }
+            let n = (5 - self.header_read).min(data.len());
+            self.header[self.header_read..self.header_read + n].copy_from_slice(&data[..n]);
+            self.header_read += n;
+            data = &data[n..];
+            if self.header_read == 5 {
+                self.header_read = 0;
+                let [_, a, b, c, d] = self.header;
+                self.remaining = u32::from_be_bytes([a, b, c, d]) as usize;
+                declared = declared.saturating_add(self.remaining);
+            }
+        }
+        declared
+    }
+}
+
+/// A request body that fails with DEADLINE_EXCEEDED if it has not arrived by the deadline, and
+/// with RESOURCE_EXHAUSTED if the request budget cannot hold the messages it declares (the
+/// decoder reserves a message's declared length as soon as it reads it).
 /// Handlers take their one message before they run, so the deadline only covers uploads.
-struct ReadDeadline {
+struct Upload {
     inner: tonic::body::Body,
     deadline: Pin<Box<Sleep>>,
     timeout: Duration,
+    framing: Framing,
+    budget: RequestBudget,
+    charge: Option<OwnedSemaphorePermit>,
 }
 
-impl Body for ReadDeadline {
+impl Body for Upload {
     type Data = Bytes;
     type Error = Status;
 
@@ -166,6 +246,17 @@ impl Body for ReadDeadline {
                     this.timeout.as_secs_f64()
                 )))))
             }
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let declared = this.framing.started(data);
+                    // Past the message size limit the decoder refuses it unread.
+                    let declared = declared.min(crate::MAX_MESSAGE_BYTES);
+                    if let Err(status) = this.budget.take(&mut this.charge, declared) {
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
             ready => ready,
         }
     }
@@ -179,21 +270,107 @@ impl Body for ReadDeadline {
     }
 }
 
+/// When a streaming response last handed the transport a frame that the transport has not yet
+/// asked to follow: it asks once the client has made room (HTTP/2 flow control), so a client
+/// that reads nothing leaves the response waiting here.
+#[derive(Debug)]
+struct Progress {
+    base: Instant,
+    /// Milliseconds after `base`; `u64::MAX` while not waiting.
+    waiting_since_ms: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            base: Instant::now(),
+            waiting_since_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn wait(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.waiting_since_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn go_on(&self) {
+        self.waiting_since_ms.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// When the response will have waited `timeout`, if it is waiting.
+    fn due(&self, timeout: Duration) -> Option<Instant> {
+        match self.waiting_since_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(self.base + Duration::from_millis(ms) + timeout),
+        }
+    }
+}
+
+/// Closes the connection of a response that holds budget while its client takes nothing for
+/// `timeout`: HTTP/2 gives the server no other way to end a stream that it no longer polls.
+async fn watch(progress: Weak<Progress>, activity: Arc<Activity>, timeout: Duration) {
+    loop {
+        let due = match progress.upgrade() {
+            None => return,
+            Some(p) => p.due(timeout),
+        };
+        tokio::time::sleep_until(due.unwrap_or_else(|| Instant::now() + timeout)).await;
+        let Some(p) = progress.upgrade() else { return };
+        if p.due(timeout).is_some_and(|due| due <= Instant::now()) {
+            tracing::info!(
+                timeout_s = timeout.as_secs_f64(),
+                "closing a connection whose client took nothing of a streaming response \
+                 for --send-timeout"
+            );
+            activity.close();
+            return;
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A response body charged against the shared budget for the largest message it has
     /// sent, from that message until the body ends: the encoder keeps a buffer of that size
     /// (up to twice it, as it grows by doubling) for the stream's life, and a reader that
-    /// stops reading keeps the stream alive.
+    /// stops reading keeps the stream alive, for the send timeout at most.
     /// Messages go to HTTP/2 in copied slices, so that what HTTP/2 holds once the body has
     /// moved on is a slice or two, never a whole page.
     pub(crate) struct Budgeted<B> {
         #[pin]
         inner: B,
-        limits: Option<RequestLimitsLayer>,
-        charge: Option<OwnedSemaphorePermit>,
+        charging: Option<Charging>,
+        charge: Charge,
+        progress: Option<Arc<Progress>>,
         slicing: Bytes,
         refused: bool,
         _in_flight: Option<InFlight>,
+    }
+}
+
+impl<B> Budgeted<B> {
+    fn new(inner: B, charging: Option<Charging>, in_flight: Option<InFlight>) -> Self {
+        // Watched from the start: a client that grants no window at all never has its
+        // response polled, yet the handler has read (and charged) its first page.
+        let progress = charging.as_ref().and_then(|charging| {
+            let activity = charging.activity.clone()?;
+            let progress = Arc::new(Progress::new());
+            progress.wait();
+            tokio::spawn(watch(
+                Arc::downgrade(&progress),
+                activity,
+                charging.send_timeout,
+            ));
+            Some(progress)
+        });
+        Budgeted {
+            inner,
+            charging,
+            charge: Charge::default(),
+            progress,
+            slicing: Bytes::new(),
+            refused: false,
+            _in_flight: in_flight,
+        }
     }
 }
 
@@ -212,12 +389,18 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
         if *this.refused {
             return Poll::Ready(None);
         }
+        if let Some(progress) = this.progress.as_ref() {
+            progress.go_on();
+        }
         if !this.slicing.is_empty() {
             let n = this.slicing.len().min(SLICE);
             let slice = Bytes::copy_from_slice(&this.slicing[..n]);
             this.slicing.advance(n);
             if this.slicing.is_empty() {
                 *this.slicing = Bytes::new();
+            }
+            if let Some(progress) = this.progress.as_ref() {
+                progress.wait();
             }
             return Poll::Ready(Some(Ok(Frame::data(slice))));
         }
@@ -229,31 +412,19 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
             Ok(data) => data,
             Err(other) => return Poll::Ready(Some(Ok(other))),
         };
-        // The encoder's buffer grows by doubling: it may hold up to twice the message.
-        if let Some(limits) = this.limits.as_ref() {
-            // The encoder's buffer grows by doubling: it may hold up to twice the message. A
-            // response alone may always have the whole budget, so none is refused forever.
-            let units = u32::try_from((2 * frame.len()).div_ceil(UNIT))
-                .unwrap_or(u32::MAX)
-                .min(limits.total_units);
-            let held = this
-                .charge
-                .as_ref()
-                .map_or(0, |c| u32::try_from(c.num_permits()).unwrap_or(u32::MAX));
-            if units > held {
-                match limits.budget.clone().try_acquire_many_owned(units - held) {
-                    Ok(more) => match this.charge {
-                        Some(charge) => charge.merge(more),
-                        None => *this.charge = Some(more),
-                    },
-                    Err(_) => {
-                        *this.refused = true;
-                        return Poll::Ready(Some(Ok(Frame::trailers(exhausted(
-                            limits.budget_bytes,
-                        )))));
-                    }
-                }
+        if let Some(charging) = this.charging.as_ref() {
+            // The encoder's buffer grows by doubling: it may hold up to twice the message.
+            if let Err(status) =
+                charging
+                    .budget
+                    .grow(this.charge, charging.share.as_ref(), 2 * frame.len())
+            {
+                *this.refused = true;
+                return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
             }
+        }
+        if let Some(progress) = this.progress.as_ref() {
+            progress.wait();
         }
         // Copied even when small: a slice of the encoder's buffer would keep all of it alive
         // for as long as HTTP/2 holds the slice.
@@ -285,16 +456,10 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
     }
 }
 
-/// The trailers that end a response the budget cannot hold.
-fn exhausted(budget_bytes: usize) -> http::HeaderMap {
-    let status = Status::resource_exhausted(format!(
-        "the server's memory for responses waiting to be read ({} MiB, --response-budget-mb) is \
-         in use by other clients; retry later (a feed or query resumes from its last \
-         continuation)",
-        budget_bytes / (1024 * 1024)
-    ));
+/// The trailers that end a response with `status`.
+fn trailers(status: &Status) -> http::HeaderMap {
     let mut trailers = http::HeaderMap::new();
-    // Only fails on a message that cannot be a header, which this one can.
+    // Only fails on a message that cannot be a header, which these are not.
     let _ = status.add_header(&mut trailers);
     trailers
 }
@@ -306,39 +471,43 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
+    use crate::net::budget::UNIT;
 
     fn budgeted(
         chunks: Vec<usize>,
-        limits: &RequestLimitsLayer,
+        budget: &ResponseBudget,
+        activity: Option<Arc<Activity>>,
     ) -> Budgeted<impl Body<Data = Bytes, Error = Infallible>> {
         let frames = chunks
             .into_iter()
             .map(|n| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![0u8; n]))));
-        Budgeted {
-            inner: http_body_util::StreamBody::new(tokio_stream::iter(frames)),
-            limits: Some(limits.clone()),
-            charge: None,
-            slicing: Bytes::new(),
-            refused: false,
-            _in_flight: None,
-        }
+        Budgeted::new(
+            http_body_util::StreamBody::new(tokio_stream::iter(frames)),
+            Some(Charging {
+                budget: budget.clone(),
+                share: None,
+                activity,
+                send_timeout: Duration::from_secs(60),
+            }),
+            None,
+        )
     }
 
     #[tokio::test]
     async fn a_response_is_charged_its_largest_message_until_it_ends() {
-        let limits = RequestLimitsLayer::new(Duration::from_secs(1), 128 * UNIT);
-        let mut first = budgeted(vec![40 * UNIT, 10], &limits);
+        let budget = ResponseBudget::new(128 * UNIT, 128 * UNIT);
+        let mut first = budgeted(vec![40 * UNIT, 10], &budget, None);
         let mut sent = 0;
-        // The 40 KiB message leaves in slices, charged whole from its first slice.
+        // The 40 KiB message leaves in slices, charged whole (twice) from its first slice.
         while sent < 40 * UNIT {
             let data = first.frame().await.expect("a frame").expect("data");
             let data = data.into_data().expect("data");
             assert!(data.len() <= SLICE);
             sent += data.len();
-            assert_eq!(limits.budget.available_permits(), 48);
+            assert_eq!(budget.available_units(), 48);
         }
         // A second response needs more than what is left: it ends with RESOURCE_EXHAUSTED.
-        let mut second = budgeted(vec![30 * UNIT], &limits);
+        let mut second = budgeted(vec![30 * UNIT], &budget, None);
         let frame = second.frame().await.expect("a frame").expect("trailers");
         let trailers = frame.into_trailers().expect("trailers");
         assert_eq!(
@@ -348,10 +517,59 @@ mod tests {
         assert!(second.frame().await.is_none(), "nothing after the status");
         // A smaller message later costs nothing more; the charge ends with the body.
         let _ = first.frame().await.expect("a frame").expect("data");
-        assert_eq!(limits.budget.available_permits(), 48);
+        assert_eq!(budget.available_units(), 48);
         assert!(first.frame().await.is_none());
         drop(first);
-        assert_eq!(limits.budget.available_permits(), 128);
+        assert_eq!(budget.available_units(), 128);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_its_client_stops_taking_closes_its_connection() {
+        let budget = ResponseBudget::new(1024 * UNIT, 1024 * UNIT);
+        let activity = Arc::new(Activity::new());
+        let mut body = budgeted(vec![10, 10, 10], &budget, Some(activity.clone()));
+        // Taken promptly: nothing happens, however long the stream lives.
+        for _ in 0..2 {
+            body.frame().await.expect("a frame").expect("data");
+            tokio::time::sleep(Duration::from_secs(59)).await;
+        }
+        assert!(!activity.is_closing());
+        // Then the transport asks for nothing more (the client grants no window).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(activity.is_closing(), "closed once the send timeout passed");
+        // Once the body is gone its watch ends without closing anything else.
+        let other = Arc::new(Activity::new());
+        let mut short = budgeted(vec![10], &budget, Some(other.clone()));
+        short.frame().await.expect("a frame").expect("data");
+        assert!(short.frame().await.is_none());
+        drop(short);
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert!(!other.is_closing());
+        // A response the transport never polls at all (the client grants no window).
+        let unpolled = Arc::new(Activity::new());
+        let _never = budgeted(vec![10], &budget, Some(unpolled.clone()));
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        assert!(unpolled.is_closing());
+    }
+
+    #[test]
+    fn request_framing_is_followed_across_frames() {
+        let mut framing = Framing::default();
+        let message = |len: u32| {
+            let mut m = vec![0u8];
+            m.extend_from_slice(&len.to_be_bytes());
+            m.extend(std::iter::repeat_n(7u8, len as usize));
+            m
+        };
+        let mut stream = message(300);
+        stream.extend(message(0));
+        stream.extend(message(16 << 20));
+        // Split at awkward places: inside a header, between messages.
+        assert_eq!(framing.started(&stream[..3]), 0);
+        assert_eq!(framing.started(&stream[3..200]), 300);
+        assert_eq!(framing.started(&stream[200..308]), 0);
+        assert_eq!(framing.started(&stream[308..]), 16 << 20);
+        assert_eq!(framing.remaining, 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -359,10 +577,13 @@ mod tests {
         let stalled = http_body_util::StreamBody::new(futures_util::stream::pending::<
             Result<Frame<Bytes>, Status>,
         >());
-        let mut body = ReadDeadline {
+        let mut body = Upload {
             inner: tonic::body::Body::new(stalled),
             deadline: Box::pin(tokio::time::sleep(Duration::from_secs(30))),
             timeout: Duration::from_secs(30),
+            framing: Framing::default(),
+            budget: RequestBudget::new(16 << 20),
+            charge: None,
         };
         let started = tokio::time::Instant::now();
         let err = body
@@ -377,5 +598,33 @@ mod tests {
             err.message()
         );
         assert_eq!(started.elapsed(), Duration::from_secs(30));
+    }
+
+    #[tokio::test]
+    async fn a_request_declaring_more_than_the_budget_has_is_refused_unread() {
+        let budget = RequestBudget::new(16 << 20);
+        let upload = |len: u32| {
+            let mut header = vec![0u8];
+            header.extend_from_slice(&len.to_be_bytes());
+            let frames = vec![Ok::<_, Status>(Frame::data(Bytes::from(header)))];
+            Upload {
+                inner: tonic::body::Body::new(http_body_util::StreamBody::new(tokio_stream::iter(
+                    frames,
+                ))),
+                deadline: Box::pin(tokio::time::sleep(Duration::from_secs(30))),
+                timeout: Duration::from_secs(30),
+                framing: Framing::default(),
+                budget: budget.clone(),
+                charge: None,
+            }
+        };
+        let mut first = upload(10 << 20);
+        first.frame().await.expect("a frame").expect("declared");
+        let mut second = upload(10 << 20);
+        let err = second.frame().await.expect("a frame").expect_err("no room");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        drop(first);
+        let mut third = upload(10 << 20);
+        third.frame().await.expect("a frame").expect("room again");
     }
 }

@@ -51,6 +51,9 @@ pub struct DiskOptions {
     pub shards: Option<usize>,
     /// Block cache size in bytes.
     pub cache_bytes: u64,
+    /// Files kept open at most (`None`: the storage engine's default, 900): each is a
+    /// descriptor that connections cannot have.
+    pub open_files: Option<usize>,
 }
 
 /// Why a data directory could not be opened. Nothing in it was changed.
@@ -159,10 +162,12 @@ impl DiskStorage {
                 message: e.to_string(),
             },
         };
-        let db = Database::builder(dir.db_path())
-            .cache_size(options.cache_bytes)
-            .open()
-            .map_err(engine)?;
+        let mut builder = Database::builder(dir.db_path()).cache_size(options.cache_bytes);
+        if let Some(files) = options.open_files {
+            // fjall panics below 10.
+            builder = builder.max_cached_files(Some(files.max(16)));
+        }
+        let db = builder.open().map_err(engine)?;
         // What fjall recovered may have survived a crash of the process in the page cache
         // only: make it durable before anyone reads it.
         db.persist(PersistMode::SyncAll).map_err(engine)?;
@@ -698,6 +703,7 @@ mod tests {
             durability: Durability::Fsync,
             shards: Some(2),
             cache_bytes: 1 << 20,
+            open_files: None,
         }
     }
 
