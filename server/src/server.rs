@@ -14,7 +14,10 @@ use crate::{
     engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock, TokenKey},
     grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
-    net::{self, Limits, RequestLimitsLayer, ResponseBudget, ServerTls, TlsError, TlsFiles},
+    net::{
+        self, Limits, OPEN_MESSAGE_BYTES, RequestLimitsLayer, ResponseBudget, ServerTls, TlsError,
+        TlsFiles,
+    },
     storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
 };
 
@@ -399,6 +402,8 @@ pub async fn serve(
         limits.response_budget_per_ip_bytes,
     );
     let (health, health_service) = tonic_health::server::health_reporter();
+    // Open to callers without a key: their messages are small, and so is what they may send.
+    let health_service = health_service.max_decoding_message_size(OPEN_MESSAGE_BYTES);
     set_health(&health, tonic_health::ServingStatus::Serving).await;
 
     // Storage that can no longer make writes durable turns the server NOT_SERVING, so load
@@ -418,11 +423,17 @@ pub async fn serve(
     };
     let (reflection_v1, reflection_v1alpha) = if reflection {
         (
-            Some(descriptors().build_v1().map_err(ServeError::Reflection)?),
+            Some(
+                descriptors()
+                    .build_v1()
+                    .map_err(ServeError::Reflection)?
+                    .max_decoding_message_size(OPEN_MESSAGE_BYTES),
+            ),
             Some(
                 descriptors()
                     .build_v1alpha()
-                    .map_err(ServeError::Reflection)?,
+                    .map_err(ServeError::Reflection)?
+                    .max_decoding_message_size(OPEN_MESSAGE_BYTES),
             ),
         )
     } else {

@@ -23,12 +23,10 @@ use crate::{
 
 /// Who sent `request`: UNAUTHENTICATED unless its `authorization` metadata names a key or a
 /// valid token (or the server runs without keys). The server's edge checks it before the
-/// request message is read (see [`authenticate_headers`]) and leaves the answer with the
-/// request; a service used without that edge checks it here.
+/// request message is read too (see [`authenticate_headers`]).
 fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Principal, Status> {
-    if let Some(principal) = request.extensions().get::<Principal>() {
-        return Ok(principal.clone());
-    }
+    // Again, though the edge checked before the message arrived: a key regenerated meanwhile
+    // must not serve a call whose message came after.
     authenticate_headers(auth, request.metadata().as_ref())
 }
 

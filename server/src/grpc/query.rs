@@ -131,8 +131,15 @@ impl DocumentsService {
                     .map(mayfly_query::value::approximate_size)
                     .sum();
                 let mut charge = Charge::default();
-                self.budget
-                    .grow(&mut charge, share.as_ref(), bytes.saturating_mul(2))?;
+                // Room is left for the pages themselves, charged as they leave: twice a page
+                // of the largest size, which its last result may pass by one document.
+                let page_bytes = self.engine()?.page_bytes();
+                self.budget.grow_leaving(
+                    &mut charge,
+                    share.as_ref(),
+                    bytes.saturating_mul(2),
+                    2 * (page_bytes + engine::MAX_DOCUMENT_BYTES),
+                )?;
                 Box::pin(
                     self.clone()
                         .result_pages(plan, results, metrics, offset, charge),

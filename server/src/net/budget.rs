@@ -56,13 +56,26 @@ impl ResponseBudget {
         peer: Option<&PeerShare>,
         bytes: usize,
     ) -> Result<(), Status> {
+        self.grow_leaving(charge, peer, bytes, 0)
+    }
+
+    /// [`grow`](Self::grow), charging at most what leaves `room` bytes of the budget (or
+    /// share): for what a response holds beside its messages, which are charged apart.
+    pub(crate) fn grow_leaving(
+        &self,
+        charge: &mut Charge,
+        peer: Option<&PeerShare>,
+        bytes: usize,
+        room: usize,
+    ) -> Result<(), Status> {
         // A share as large as the budget is no share.
         let peer = peer.filter(|_| self.per_peer_units < self.total_units);
+        let room = u32::try_from(room.div_ceil(UNIT)).unwrap_or(u32::MAX);
         let mut units = u32::try_from(bytes.div_ceil(UNIT))
             .unwrap_or(u32::MAX)
-            .min(self.total_units);
+            .min(self.total_units.saturating_sub(room));
         if peer.is_some() {
-            units = units.min(self.per_peer_units);
+            units = units.min(self.per_peer_units.saturating_sub(room));
         }
         let Some(more) = units.checked_sub(charge.units).filter(|&n| n > 0) else {
             return Ok(());

@@ -8,7 +8,7 @@ use std::{
     net::SocketAddr,
     pin::Pin,
     sync::{
-        Arc,
+        Arc, Weak,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll, ready},
@@ -16,6 +16,7 @@ use std::{
 };
 
 use futures_util::task::AtomicWaker;
+use parking_lot::Mutex;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
@@ -34,18 +35,23 @@ const IDLE_GRACE: Duration = Duration::from_secs(1);
 pub(crate) struct Connection {
     io: Io,
     info: ConnectionInfo,
-    timeouts: IdleTimeouts,
+    timeouts: Timeouts,
     idle_check: Pin<Box<Sleep>>,
     /// Bytes arrived since the idle check last looked: a request may be on its way to the
     /// service without being counted yet.
     read_since_check: bool,
+    /// The activity mark at which a second look was last granted: once per change, so that
+    /// bytes trickling in (PINGs) cannot keep an idle connection open.
+    graced_at: Option<u64>,
     /// A place under the connection limits, given back when the connection closes.
     _slot: Slot,
 }
 
-/// When a connection without a request in flight is closed.
+/// When a connection is closed for what its client does not do.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct IdleTimeouts {
+pub(crate) struct Timeouts {
+    /// A response its client takes nothing of for this long closes the connection.
+    pub(crate) send: Duration,
     /// Once it has carried a request.
     pub(crate) idle: Duration,
     /// Before its first request: a client that connects and never asks holds a place under
@@ -81,6 +87,8 @@ pub(crate) struct Activity {
     /// Set to have the connection closed; `closer` wakes its reader to do it.
     closing: AtomicBool,
     closer: AtomicWaker,
+    /// Responses on the connection, for the send timeout.
+    responses: Mutex<Vec<Weak<Progress>>>,
 }
 
 impl Activity {
@@ -92,7 +100,56 @@ impl Activity {
             last_change_ms: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             closer: AtomicWaker::new(),
+            responses: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Changes whenever a request starts or ends.
+    fn mark(&self) -> u64 {
+        self.last_change_ms.load(Ordering::Relaxed)
+    }
+
+    /// Watches a new response for the send timeout, from now: it has to be taken from.
+    pub(crate) fn track(&self) -> Arc<Progress> {
+        let progress = Arc::new(Progress::new());
+        progress.wait();
+        self.responses.lock().push(Arc::downgrade(&progress));
+        progress
+    }
+
+    /// Closes the connection once one of its responses has waited `timeout` for the client to
+    /// take from it: HTTP/2 gives the server no other way to end a stream it no longer polls,
+    /// and the transport, blocked on writing, might not read either. One task per connection,
+    /// ending with it.
+    pub(crate) fn watch_sends(self: &Arc<Self>, timeout: Duration) {
+        let activity = Arc::downgrade(self);
+        let tick = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(activity) = activity.upgrade() else {
+                    return;
+                };
+                let now = Instant::now();
+                let stalled = {
+                    let mut responses = activity.responses.lock();
+                    responses.retain(|r| r.strong_count() > 0);
+                    responses
+                        .iter()
+                        .filter_map(Weak::upgrade)
+                        .any(|r| r.due(timeout).is_some_and(|due| due <= now))
+                };
+                if stalled {
+                    tracing::info!(
+                        timeout_s = timeout.as_secs_f64(),
+                        "closing a connection whose client took nothing of a response for \
+                         --send-timeout"
+                    );
+                    activity.close();
+                    return;
+                }
+            }
+        });
     }
 
     #[cfg(test)]
@@ -121,7 +178,7 @@ impl Activity {
 
     /// When the connection is due to close if nothing starts meanwhile; `None` while a
     /// request is in flight.
-    fn idle_due(&self, timeouts: IdleTimeouts) -> Option<Instant> {
+    fn idle_due(&self, timeouts: Timeouts) -> Option<Instant> {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
             return None;
         }
@@ -131,6 +188,44 @@ impl Activity {
         let since =
             self.opened + Duration::from_millis(self.last_change_ms.load(Ordering::Relaxed));
         Some(since + timeouts.idle)
+    }
+}
+
+/// When a response last handed the transport a frame that the transport has not yet asked to
+/// follow: it asks once the client has made room (HTTP/2 flow control), so a client that reads
+/// nothing leaves the response waiting here.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    base: Instant,
+    /// Milliseconds after `base`; `u64::MAX` while not waiting.
+    waiting_since_ms: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            base: Instant::now(),
+            waiting_since_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// The response waits for the transport to ask for more.
+    pub(crate) fn wait(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.waiting_since_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The transport asked: whatever comes next is the response's own doing.
+    pub(crate) fn go_on(&self) {
+        self.waiting_since_ms.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// When the response will have waited `timeout`, if it is waiting.
+    fn due(&self, timeout: Duration) -> Option<Instant> {
+        match self.waiting_since_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(self.base + Duration::from_millis(ms) + timeout),
+        }
     }
 }
 
@@ -149,7 +244,7 @@ impl Connection {
     pub(crate) fn plain(
         stream: TcpStream,
         remote: SocketAddr,
-        timeouts: IdleTimeouts,
+        timeouts: Timeouts,
         slot: Slot,
     ) -> Self {
         Self::new(Io::Plain(stream), remote, timeouts, slot)
@@ -158,25 +253,28 @@ impl Connection {
     pub(crate) fn tls(
         stream: TlsStream<TcpStream>,
         remote: SocketAddr,
-        timeouts: IdleTimeouts,
+        timeouts: Timeouts,
         slot: Slot,
     ) -> Self {
         Self::new(Io::Tls(Box::new(stream)), remote, timeouts, slot)
     }
 
-    fn new(io: Io, remote: SocketAddr, timeouts: IdleTimeouts, slot: Slot) -> Self {
+    fn new(io: Io, remote: SocketAddr, timeouts: Timeouts, slot: Slot) -> Self {
+        let activity = Arc::new(Activity::new());
+        activity.watch_sends(timeouts.send);
         Connection {
             io,
             info: ConnectionInfo {
                 remote,
                 share: slot.share().clone(),
-                activity: Arc::new(Activity::new()),
+                activity,
             },
             timeouts,
             idle_check: Box::pin(tokio::time::sleep(
                 timeouts.first_request.min(timeouts.idle),
             )),
             read_since_check: false,
+            graced_at: None,
             _slot: slot,
         }
     }
@@ -189,8 +287,13 @@ impl Connection {
             match self.info.activity.idle_due(self.timeouts) {
                 // A request read just now is counted only once its task runs: look again
                 // shortly rather than close under it.
-                Some(due) if due <= Instant::now() && self.read_since_check => {
+                Some(due)
+                    if due <= Instant::now()
+                        && self.read_since_check
+                        && self.graced_at != Some(self.info.activity.mark()) =>
+                {
                     self.read_since_check = false;
+                    self.graced_at = Some(self.info.activity.mark());
                     self.idle_check.as_mut().reset(Instant::now() + IDLE_GRACE);
                 }
                 Some(due) if due <= Instant::now() => return Poll::Ready(()),
@@ -221,13 +324,9 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // The transport always has a read pending: the place to learn it must close.
-        this.info.activity.closer.register(cx.waker());
-        if this.info.activity.closing.load(Ordering::Acquire) {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "connection closed: a streaming response was not read within the send timeout",
-            )));
+        // The transport usually has a read pending: a place to learn it must close.
+        if let Some(e) = this.closed(cx) {
+            return Poll::Ready(Err(e));
         }
         let before = buf.filled().len();
         let read = match &mut this.io {
@@ -248,12 +347,29 @@ impl AsyncRead for Connection {
     }
 }
 
+impl Connection {
+    /// The error that ends a connection the send timeout closed. Checked on writes as well as
+    /// reads: a transport blocked flushing to a client that reads nothing never reads.
+    fn closed(&self, cx: &mut Context<'_>) -> Option<io::Error> {
+        self.info.activity.closer.register(cx.waker());
+        self.info.activity.closing.load(Ordering::Acquire).then(|| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection closed: a response was not taken within the send timeout",
+            )
+        })
+    }
+}
+
 impl AsyncWrite for Connection {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.closed(cx) {
+            return Poll::Ready(Err(e));
+        }
         match &mut self.get_mut().io {
             Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -265,6 +381,9 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.closed(cx) {
+            return Poll::Ready(Err(e));
+        }
         match &mut self.get_mut().io {
             Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
@@ -279,6 +398,9 @@ impl AsyncWrite for Connection {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(e) = self.closed(cx) {
+            return Poll::Ready(Err(e));
+        }
         match &mut self.get_mut().io {
             Io::Plain(s) => Pin::new(s).poll_flush(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),

@@ -21,14 +21,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::{
     Limits, ServerTls,
     budget::{PeerShare, ResponseBudget},
-    connection::{Connection, IdleTimeouts},
+    connection::{Connection, Timeouts},
 };
 
-/// Longest a client may take to complete its TLS handshake (waiting for its turn included).
+/// Longest a client may take to complete its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// TLS handshakes computed at once: each costs CPU (key exchange, signature), and a flood of
-/// them must not starve the requests of connections already open.
-const CONCURRENT_HANDSHAKES: usize = 64;
 /// Pauses between accepts while out of descriptors: short at first, doubling to the bound.
 const OUT_OF_DESCRIPTORS_PAUSE: (Duration, Duration) =
     (Duration::from_millis(10), Duration::from_secs(1));
@@ -48,7 +45,8 @@ pub(crate) fn incoming(
         listener,
         tls,
         Slots::new(limits, budget.clone()),
-        IdleTimeouts {
+        Timeouts {
+            send: limits.send_timeout,
             idle: limits.idle_timeout,
             first_request: limits.first_request_timeout,
         },
@@ -163,10 +161,9 @@ async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
     slots: Slots,
-    timeouts: IdleTimeouts,
+    timeouts: Timeouts,
     tx: mpsc::Sender<Result<Connection, io::Error>>,
 ) {
-    let handshakes = Arc::new(Semaphore::new(CONCURRENT_HANDSHAKES));
     let mut out_of_descriptors = Throttled::default();
     let mut over_limit = Throttled::default();
     let mut over_peer_limit = Throttled::default();
@@ -250,14 +247,8 @@ async fn accept_loop(
                 // Off the loop: a client that stalls its handshake delays no one else.
                 let acceptor = tls.acceptor();
                 let tx = tx.clone();
-                let handshakes = handshakes.clone();
                 tokio::spawn(async move {
-                    let handshake = async {
-                        // The semaphore is never closed.
-                        let _turn = handshakes.acquire().await;
-                        acceptor.accept(stream).await
-                    };
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => {
                             let connection = Connection::tls(stream, remote, timeouts, slot);
                             let _ = tx.send(Ok(connection)).await;

@@ -17,5 +17,5 @@ pub use descriptors::{
 };
 pub use limits::Limits;
 pub(crate) use listener::incoming;
-pub(crate) use request_limits::RequestLimitsLayer;
+pub(crate) use request_limits::{OPEN_MESSAGE_BYTES, RequestLimitsLayer};
 pub use tls::{ServerTls, TlsError, TlsFiles};

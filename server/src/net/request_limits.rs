@@ -7,10 +7,7 @@
 use std::{
     future::Future,
     pin::Pin,
-    sync::{
-        Arc, Weak,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -18,10 +15,7 @@ use std::{
 use bytes::{Buf, Bytes};
 use futures_util::future::{Either, Ready};
 use http_body::{Body, Frame, SizeHint};
-use tokio::{
-    sync::OwnedSemaphorePermit,
-    time::{Instant, Sleep},
-};
+use tokio::{sync::OwnedSemaphorePermit, time::Sleep};
 use tonic::Status;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -29,7 +23,7 @@ use tower_service::Service;
 use super::{
     Limits,
     budget::{Charge, PeerShare, RequestBudget, ResponseBudget},
-    connection::{Activity, ConnectionInfo, InFlight},
+    connection::{Activity, ConnectionInfo, InFlight, Progress},
 };
 use crate::auth::Authenticator;
 
@@ -37,19 +31,26 @@ use crate::auth::Authenticator;
 #[derive(Debug, Clone)]
 pub(crate) struct RequestLimitsLayer {
     read_timeout: Duration,
-    send_timeout: Duration,
     responses: ResponseBudget,
     requests: RequestBudget,
+    /// For the services that need no key (health, reflection), whose messages are small:
+    /// apart, so that callers without a key cannot take the budget of those with one.
+    open_requests: RequestBudget,
     auth: Authenticator,
 }
+
+/// The largest request message of the services that need no key (health, reflection).
+pub(crate) const OPEN_MESSAGE_BYTES: usize = 64 * 1024;
+/// What their messages on the way in may hold, all together.
+const OPEN_REQUEST_BUDGET: usize = 16 * 1024 * 1024;
 
 impl RequestLimitsLayer {
     pub(crate) fn new(limits: &Limits, responses: ResponseBudget, auth: Authenticator) -> Self {
         RequestLimitsLayer {
             read_timeout: limits.request_read_timeout,
-            send_timeout: limits.send_timeout,
             responses,
             requests: RequestBudget::new(limits.request_budget_bytes),
+            open_requests: RequestBudget::new(OPEN_REQUEST_BUDGET),
             auth,
         }
     }
@@ -87,35 +88,35 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
         let in_flight = connection.as_ref().map(|c| c.activity.begin());
         let path = request.uri().path();
+        let streaming = streams_responses(path);
         // Mayfly's own services need a key; health and reflection stay open. Checked here,
         // before the request message is read, so that an unknown caller cannot have the
-        // server buffer (up to 16 MiB of) it.
-        let streaming = streams_responses(path);
-        if path.starts_with("/mayfly.") {
-            match crate::grpc::authenticate_headers(&self.limits.auth, request.headers()) {
-                Ok(principal) => {
-                    request.extensions_mut().insert(principal);
-                }
-                Err(status) => {
-                    return LimitsFuture {
-                        inner: Either::Right(futures_util::future::ready(Ok(status.into_http()))),
-                        rest: Some((in_flight, None)),
-                    };
-                }
-            }
+        // server buffer (up to 16 MiB of) it; the service checks again when it runs.
+        let keyed = path.starts_with("/mayfly.");
+        if keyed
+            && let Err(status) =
+                crate::grpc::authenticate_headers(&self.limits.auth, request.headers())
+        {
+            return LimitsFuture {
+                inner: Either::Right(futures_util::future::ready(Ok(status.into_http()))),
+                rest: Some((in_flight, None, None)),
+            };
         }
         let charging = streaming.then(|| Charging {
             budget: self.limits.responses.clone(),
             share: connection.as_ref().map(|c| c.share.clone()),
-            activity: connection.map(|c| c.activity),
-            send_timeout: self.limits.send_timeout,
         });
+        let activity = connection.map(|c| c.activity);
         let read_timeout = self.limits.read_timeout;
-        let requests = self.limits.requests.clone();
+        let (requests, largest) = if keyed {
+            (self.limits.requests.clone(), crate::MAX_MESSAGE_BYTES)
+        } else {
+            (self.limits.open_requests.clone(), OPEN_MESSAGE_BYTES)
+        };
         let request = request.map(|body| {
             tonic::body::Body::new(Upload {
                 inner: body,
@@ -123,12 +124,13 @@ where
                 timeout: read_timeout,
                 framing: Framing::default(),
                 budget: requests,
+                largest,
                 charge: None,
             })
         });
         LimitsFuture {
             inner: Either::Left(self.inner.call(request)),
-            rest: Some((in_flight, charging)),
+            rest: Some((in_flight, charging, activity)),
         }
     }
 }
@@ -143,13 +145,11 @@ fn streams_responses(path: &str) -> bool {
     ) || path.starts_with("/grpc.reflection.")
 }
 
-/// How a streaming response is charged and watched.
+/// How a streaming response is charged.
 #[derive(Debug)]
 struct Charging {
     budget: ResponseBudget,
     share: Option<PeerShare>,
-    activity: Option<Arc<Activity>>,
-    send_timeout: Duration,
 }
 
 pin_project_lite::pin_project! {
@@ -157,7 +157,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct LimitsFuture<F, E> {
         #[pin]
         inner: Either<F, Ready<Result<Response, E>>>,
-        rest: Option<(Option<InFlight>, Option<Charging>)>,
+        rest: Option<(Option<InFlight>, Option<Charging>, Option<Arc<Activity>>)>,
     }
 }
 
@@ -170,12 +170,12 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = ready!(this.inner.poll(cx))?;
-        let Some((in_flight, charging)) = this.rest.take() else {
+        let Some((in_flight, charging, activity)) = this.rest.take() else {
             unreachable!("a future is not polled after it completes")
         };
-        Poll::Ready(Ok(
-            response.map(|body| Budgeted::new(body, charging, in_flight))
-        ))
+        Poll::Ready(Ok(response.map(|body| {
+            Budgeted::new(body, charging, activity.as_deref(), in_flight)
+        })))
     }
 }
 
@@ -225,6 +225,8 @@ struct Upload {
     timeout: Duration,
     framing: Framing,
     budget: RequestBudget,
+    /// The method's message size limit: past it the decoder refuses a message unread.
+    largest: usize,
     charge: Option<OwnedSemaphorePermit>,
 }
 
@@ -248,9 +250,7 @@ impl Body for Upload {
             }
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let declared = this.framing.started(data);
-                    // Past the message size limit the decoder refuses it unread.
-                    let declared = declared.min(crate::MAX_MESSAGE_BYTES);
+                    let declared = this.framing.started(data).min(this.largest);
                     if let Err(status) = this.budget.take(&mut this.charge, declared) {
                         return Poll::Ready(Some(Err(status)));
                     }
@@ -270,69 +270,12 @@ impl Body for Upload {
     }
 }
 
-/// When a streaming response last handed the transport a frame that the transport has not yet
-/// asked to follow: it asks once the client has made room (HTTP/2 flow control), so a client
-/// that reads nothing leaves the response waiting here.
-#[derive(Debug)]
-struct Progress {
-    base: Instant,
-    /// Milliseconds after `base`; `u64::MAX` while not waiting.
-    waiting_since_ms: AtomicU64,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Progress {
-            base: Instant::now(),
-            waiting_since_ms: AtomicU64::new(u64::MAX),
-        }
-    }
-
-    fn wait(&self) {
-        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
-        self.waiting_since_ms.store(ms, Ordering::Relaxed);
-    }
-
-    fn go_on(&self) {
-        self.waiting_since_ms.store(u64::MAX, Ordering::Relaxed);
-    }
-
-    /// When the response will have waited `timeout`, if it is waiting.
-    fn due(&self, timeout: Duration) -> Option<Instant> {
-        match self.waiting_since_ms.load(Ordering::Relaxed) {
-            u64::MAX => None,
-            ms => Some(self.base + Duration::from_millis(ms) + timeout),
-        }
-    }
-}
-
-/// Closes the connection of a response that holds budget while its client takes nothing for
-/// `timeout`: HTTP/2 gives the server no other way to end a stream that it no longer polls.
-async fn watch(progress: Weak<Progress>, activity: Arc<Activity>, timeout: Duration) {
-    loop {
-        let due = match progress.upgrade() {
-            None => return,
-            Some(p) => p.due(timeout),
-        };
-        tokio::time::sleep_until(due.unwrap_or_else(|| Instant::now() + timeout)).await;
-        let Some(p) = progress.upgrade() else { return };
-        if p.due(timeout).is_some_and(|due| due <= Instant::now()) {
-            tracing::info!(
-                timeout_s = timeout.as_secs_f64(),
-                "closing a connection whose client took nothing of a streaming response \
-                 for --send-timeout"
-            );
-            activity.close();
-            return;
-        }
-    }
-}
-
 pin_project_lite::pin_project! {
-    /// A response body charged against the shared budget for the largest message it has
-    /// sent, from that message until the body ends: the encoder keeps a buffer of that size
-    /// (up to twice it, as it grows by doubling) for the stream's life, and a reader that
-    /// stops reading keeps the stream alive, for the send timeout at most.
+    /// A response body, watched for the send timeout; a streaming one is charged against the
+    /// shared budget for the largest message it has sent, from that message until the body
+    /// ends: the encoder keeps a buffer of that size (up to twice it, as it grows by
+    /// doubling) for the stream's life, and a reader that stops reading keeps the stream
+    /// alive, for the send timeout at most.
     /// Messages go to HTTP/2 in copied slices, so that what HTTP/2 holds once the body has
     /// moved on is a slice or two, never a whole page.
     pub(crate) struct Budgeted<B> {
@@ -348,25 +291,19 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> Budgeted<B> {
-    fn new(inner: B, charging: Option<Charging>, in_flight: Option<InFlight>) -> Self {
-        // Watched from the start: a client that grants no window at all never has its
-        // response polled, yet the handler has read (and charged) its first page.
-        let progress = charging.as_ref().and_then(|charging| {
-            let activity = charging.activity.clone()?;
-            let progress = Arc::new(Progress::new());
-            progress.wait();
-            tokio::spawn(watch(
-                Arc::downgrade(&progress),
-                activity,
-                charging.send_timeout,
-            ));
-            Some(progress)
-        });
+    fn new(
+        inner: B,
+        charging: Option<Charging>,
+        activity: Option<&Activity>,
+        in_flight: Option<InFlight>,
+    ) -> Self {
         Budgeted {
             inner,
             charging,
             charge: Charge::default(),
-            progress,
+            // Watched from the start: a client that grants no window at all never has its
+            // response polled, yet the handler has its answer (or a first page) in memory.
+            progress: activity.map(Activity::track),
             slicing: Bytes::new(),
             refused: false,
             _in_flight: in_flight,
@@ -486,9 +423,8 @@ mod tests {
             Some(Charging {
                 budget: budget.clone(),
                 share: None,
-                activity,
-                send_timeout: Duration::from_secs(60),
             }),
+            activity.as_deref(),
             None,
         )
     }
@@ -526,19 +462,25 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_response_its_client_stops_taking_closes_its_connection() {
         let budget = ResponseBudget::new(1024 * UNIT, 1024 * UNIT);
-        let activity = Arc::new(Activity::new());
+        let watched = || {
+            let activity = Arc::new(Activity::new());
+            activity.watch_sends(Duration::from_secs(60));
+            activity
+        };
+        let activity = watched();
         let mut body = budgeted(vec![10, 10, 10], &budget, Some(activity.clone()));
         // Taken promptly: nothing happens, however long the stream lives.
         for _ in 0..2 {
+            tokio::time::sleep(Duration::from_secs(50)).await;
             body.frame().await.expect("a frame").expect("data");
-            tokio::time::sleep(Duration::from_secs(59)).await;
         }
+        tokio::time::sleep(Duration::from_secs(50)).await;
         assert!(!activity.is_closing());
         // Then the transport asks for nothing more (the client grants no window).
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(12)).await;
         assert!(activity.is_closing(), "closed once the send timeout passed");
-        // Once the body is gone its watch ends without closing anything else.
-        let other = Arc::new(Activity::new());
+        // A body taken to its end is forgotten: its connection stays open.
+        let other = watched();
         let mut short = budgeted(vec![10], &budget, Some(other.clone()));
         short.frame().await.expect("a frame").expect("data");
         assert!(short.frame().await.is_none());
@@ -546,9 +488,11 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(120)).await;
         assert!(!other.is_closing());
         // A response the transport never polls at all (the client grants no window).
-        let unpolled = Arc::new(Activity::new());
+        let unpolled = watched();
         let _never = budgeted(vec![10], &budget, Some(unpolled.clone()));
-        tokio::time::sleep(Duration::from_secs(61)).await;
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert!(!unpolled.is_closing());
+        tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(unpolled.is_closing());
     }
 
@@ -583,6 +527,7 @@ mod tests {
             timeout: Duration::from_secs(30),
             framing: Framing::default(),
             budget: RequestBudget::new(16 << 20),
+            largest: crate::MAX_MESSAGE_BYTES,
             charge: None,
         };
         let started = tokio::time::Instant::now();
@@ -615,6 +560,7 @@ mod tests {
                 timeout: Duration::from_secs(30),
                 framing: Framing::default(),
                 budget: budget.clone(),
+                largest: crate::MAX_MESSAGE_BYTES,
                 charge: None,
             }
         };
