@@ -16,6 +16,7 @@ mod index;
 mod indexer;
 mod metrics;
 mod outcome;
+mod patch;
 mod purge;
 mod query;
 mod recovery;
@@ -45,6 +46,7 @@ pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_
 pub use indexer::IndexerGuard;
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
+pub use patch::{MAX_PATCH_OPERATIONS, PatchOp};
 pub use purge::PurgeGuard;
 pub(crate) use query::QueryCursor;
 pub use query::{
@@ -655,6 +657,71 @@ impl Engine {
             self.next_version(),
             &*self.inner.clock,
         )
+    }
+
+    /// Applies `ops` to a live document as one write (new `_ts` and etag; `/ttl` may be set or
+    /// removed, checked as in any body). The patch applies to the version it read: should
+    /// another write land in between, it is applied again to the new version, so concurrent
+    /// patches (an `incr` from many clients) all count. With `if_match`, only that version is
+    /// patched.
+    pub fn patch_document(
+        &self,
+        path: &CollectionPath,
+        key: &DocKey,
+        ops: &[PatchOp],
+        if_match: Option<&str>,
+    ) -> Outcome<DocumentView> {
+        /// Versions tried before giving up: each retry means another write succeeded.
+        const ATTEMPTS: usize = 1000;
+        let info = match self.get_collection(path) {
+            Ok(info) => info,
+            Err(e) => return Outcome::failed(e),
+        };
+        let shard = self.shard_for(info.uid, &key.partition_key);
+        let mut last = Outcome::failed(Error::PreconditionFailed {
+            id: key.id.to_string(),
+            if_match: String::new(),
+        });
+        for _ in 0..ATTEMPTS {
+            let read = shard.read(&info, key, &*self.inner.clock);
+            let current = match read.result {
+                Ok(view) => view,
+                Err(e) => return Outcome::new(Err(e), read.settle_at),
+            };
+            let etag = current.etag.to_string();
+            if let Some(sent) = if_match
+                && !current.etag.matches(sent)
+            {
+                return Outcome::new(
+                    Err(Error::PreconditionFailed {
+                        id: key.id.to_string(),
+                        if_match: sent.to_owned(),
+                    }),
+                    read.settle_at,
+                );
+            }
+            let mut map = current.body_map();
+            if let Err(e) = patch::apply(&mut map, ops) {
+                return Outcome::failed(e);
+            }
+            let body = match DocumentBody::parse(Arc::new(map), None) {
+                Ok(body) => body,
+                Err(e) => return Outcome::failed(e),
+            };
+            // The partition key may not change: the document would move to another partition.
+            let body_key = match Self::key_for(&info, &body, Some(key.partition_key.clone())) {
+                Ok(body_key) => body_key,
+                Err(e) => return Outcome::failed(e),
+            };
+            let written = self
+                .put(&info, body_key, body, WriteMode::Replace, Some(&etag))
+                .map(|(view, _)| view);
+            match written.result {
+                Err(Error::PreconditionFailed { .. }) if if_match.is_none() => last = written,
+                _ => return written,
+            }
+        }
+        last
     }
 
     /// Reads a live document.

@@ -2237,3 +2237,106 @@ fn writes_with_too_many_index_terms_are_refused() {
         .result
         .expect("no index, no terms");
 }
+
+// ---- Patch ----
+
+#[test]
+fn concurrent_increments_all_count() {
+    let f = Arc::new(Fixture::new(Some(-1)));
+    f.create("counter", None);
+    let threads: Vec<_> = (0..20)
+        .map(|_| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    f.engine
+                        .patch_document(
+                            &f.path,
+                            &key("p", "counter"),
+                            &[PatchOp::Incr {
+                                path: "/count".into(),
+                                by: 1.into(),
+                            }],
+                            None,
+                        )
+                        .result
+                        .expect("patched");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    let view = f.read("counter").expect("read");
+    assert_eq!(view.body_map()["count"], serde_json::json!(200));
+}
+
+#[test]
+fn a_patch_is_a_write_and_may_change_the_ttl() {
+    let f = Fixture::new(Some(-1));
+    let created = f.create("a", Some(10));
+    f.advance(5 * SEC);
+    let set_ttl = |ttl: i64| PatchOp::Set {
+        path: "/ttl".into(),
+        value: serde_json::json!(ttl),
+    };
+    let patched = f
+        .engine
+        .patch_document(&f.path, &key("p", "a"), &[set_ttl(2)], None)
+        .result
+        .expect("patched");
+    assert_ne!(patched.etag, created.etag);
+    assert!(patched.last_write > created.last_write, "a write: new _ts");
+    f.advance(2 * SEC - 1);
+    assert!(f.visible("a"));
+    f.advance(1);
+    assert!(
+        !f.visible("a"),
+        "expires by the patched ttl, from the patch"
+    );
+
+    // A bad ttl is refused as in a body; an old etag, a missing document too; nothing changes.
+    let b = f.create("b", None);
+    let refused = f
+        .engine
+        .patch_document(&f.path, &key("p", "b"), &[set_ttl(0)], None)
+        .result;
+    assert!(matches!(refused, Err(Error::Invalid(_))), "{refused:?}");
+    let stale = f
+        .engine
+        .patch_document(
+            &f.path,
+            &key("p", "b"),
+            &[set_ttl(5)],
+            Some("0000000000000001"),
+        )
+        .result;
+    assert!(
+        matches!(stale, Err(Error::PreconditionFailed { .. })),
+        "{stale:?}"
+    );
+    let missing = f
+        .engine
+        .patch_document(&f.path, &key("p", "zzz"), &[set_ttl(5)], None)
+        .result;
+    assert!(
+        matches!(missing, Err(Error::DocumentNotFound { .. })),
+        "{missing:?}"
+    );
+    assert_eq!(f.read("b").expect("b").etag, b.etag);
+    // The partition key cannot move.
+    let moved = f
+        .engine
+        .patch_document(
+            &f.path,
+            &key("p", "b"),
+            &[PatchOp::Set {
+                path: "/pk".into(),
+                value: serde_json::json!("q"),
+            }],
+            Some(&b.etag.to_string()),
+        )
+        .result;
+    assert!(matches!(moved, Err(Error::Invalid(_))), "{moved:?}");
+}

@@ -62,6 +62,7 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         InvalidInput::DocumentTooLarge { .. } => "DOCUMENT_TOO_LARGE",
         InvalidInput::DocumentTooDeep { .. } => "DOCUMENT_TOO_DEEP",
         InvalidInput::BadJson { .. } => "INVALID_JSON",
+        InvalidInput::Patch { .. } => "INVALID_PATCH",
         InvalidInput::MissingField { .. } => "MISSING_FIELD",
         InvalidInput::UnknownEnumValue { .. } => "UNKNOWN_ENUM_VALUE",
         InvalidInput::PageSize { .. } => "INVALID_PAGE_SIZE",

@@ -38,6 +38,13 @@ pub enum InvalidInput {
     MissingId { found: Option<&'static str> },
     /// The request field `ttl` and the body's `ttl` disagree.
     ConflictingTtl { field: i64, body: String },
+    /// A patch operation that cannot apply to the document.
+    Patch {
+        index: usize,
+        op: &'static str,
+        path: String,
+        reason: String,
+    },
     /// The body's JSON is larger than the limit.
     DocumentTooLarge { bytes: usize, limit: usize },
     /// The body is nested deeper than the limit.
@@ -122,6 +129,12 @@ impl fmt::Display for InvalidInput {
                 "the document is nested deeper than {limit} levels; flatten it or move deep parts to another document"
             ),
             InvalidInput::BadJson { reason } => write!(f, "{}", Echo(reason)),
+            InvalidInput::Patch { index, op, path, reason } => write!(
+                f,
+                "patch operation {index} ({op} {}): {}",
+                Echo(path),
+                Echo(reason)
+            ),
             InvalidInput::MissingField { field, hint } => write!(f, "the request needs '{field}': {hint}"),
             InvalidInput::UnknownEnumValue { field, value } => {
                 write!(f, "'{field}' has the value {value}, which this server does not know")
