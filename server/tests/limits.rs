@@ -418,18 +418,20 @@ async fn connections_past_the_limit_are_closed_at_once() {
     clients::seeded(&mut c, 1, 0).await;
 }
 
-/// Finding: at the descriptor limit the accept loop spun at 107 % CPU while idle, logging
-/// nothing. Now it backs off and says so once per interval.
-#[test]
-fn at_the_descriptor_limit_the_server_idles_and_says_why() {
-    let data = tempfile::tempdir().expect("temp dir");
+/// Starts `mayfly` (memory storage, loopback) from a shell that first runs `limits` (ulimit);
+/// returns it with the address it listens on.
+fn start_limited(
+    dir: &std::path::Path,
+    limits: &str,
+    flags: &str,
+) -> (std::process::Child, String) {
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 48 && exec '{}' --max-connections 4096 --storage memory --insecure-no-auth --listen 127.0.0.1:0 --shards 1",
+            "{limits} && exec '{}' --storage memory --listen 127.0.0.1:0 --shards 1 {flags}",
             env!("CARGO_BIN_EXE_mayfly")
         ))
-        .current_dir(data.path())
+        .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -440,8 +442,21 @@ fn at_the_descriptor_limit_the_server_idles_and_says_why() {
     let addr = line
         .trim()
         .strip_prefix("mayfly listening on ")
-        .expect("listening")
+        .unwrap_or_else(|| panic!("listening: {line}"))
         .to_owned();
+    (child, addr)
+}
+
+/// Finding: at the descriptor limit the accept loop spun at 107 % CPU while idle, logging
+/// nothing. Now it backs off and says so once per interval.
+#[test]
+fn at_the_descriptor_limit_the_server_idles_and_says_why() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let (mut child, addr) = start_limited(
+        data.path(),
+        "ulimit -n 48",
+        "--max-connections 4096 --insecure-no-auth",
+    );
     let pid = child.id();
 
     // More connections than descriptors: the kernel queues the rest.
@@ -842,21 +857,7 @@ async fn results_held_between_query_pages_are_charged_to_the_budget() {
 fn the_descriptor_limit_is_raised_and_shared() {
     let data = tempfile::tempdir().expect("temp dir");
     let spawn = |limits: &str| {
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "{limits} && exec '{}' --storage memory --listen 127.0.0.1:0 --shards 1",
-                env!("CARGO_BIN_EXE_mayfly")
-            ))
-            .current_dir(data.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawns");
-        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut stdout, &mut line).expect("address line");
-        assert!(line.starts_with("mayfly listening on"), "{line}");
+        let (mut child, _) = start_limited(data.path(), limits, "");
         let limits =
             std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("proc limits");
         let _ = child.kill();

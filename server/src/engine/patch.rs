@@ -298,55 +298,7 @@ mod tests {
 
     #[test]
     fn each_operation_does_what_cosmos_does() {
-        let d = patched(vec![
-            PatchOp::Add {
-                path: p("/tags/1"),
-                value: json!("new"),
-            },
-            PatchOp::Add {
-                path: p("/tags/-"),
-                value: json!("end"),
-            },
-            PatchOp::Set {
-                path: p("/tags/0"),
-                value: json!("first"),
-            },
-            PatchOp::Set {
-                path: p("/address/zip"),
-                value: json!("69001"),
-            },
-            PatchOp::Replace {
-                path: p("/status"),
-                value: json!("shipped"),
-            },
-            PatchOp::Remove { path: p("/price") },
-            PatchOp::Incr {
-                path: p("/count"),
-                by: Number::from(41),
-            },
-            PatchOp::Incr {
-                path: p("/visits"),
-                by: Number::from(1),
-            },
-            PatchOp::Move {
-                from: p("/address~1city"),
-                path: p("/city"),
-            },
-        ]);
-        // `~1` in "/address~1city" names a member "address/city", which does not exist.
-        let err = d.expect_err("no such member");
-        assert!(
-            matches!(
-                &err,
-                InvalidInput::Patch {
-                    index: 8,
-                    op: "move",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        let d = patched(vec![
+        let mut ops = vec![
             PatchOp::Add {
                 path: p("/tags/1"),
                 value: json!("new"),
@@ -384,8 +336,8 @@ mod tests {
                 path: p("/address/a~1b"),
                 by: Number::from_f64(0.5).expect("finite"),
             },
-        ])
-        .expect("applies");
+        ];
+        let d = patched(ops.clone()).expect("applies");
         assert_eq!(
             d,
             json!({
@@ -393,6 +345,23 @@ mod tests {
                 "tags": ["first", "new", "y", "end"], "status": "shipped",
                 "address": {"zip": "69001", "a/b": 1.5, "t~": 2}
             })
+        );
+        // `~1` in "/address~1city" names a member "address/city", which does not exist.
+        ops[8] = PatchOp::Move {
+            from: p("/address~1city"),
+            path: p("/city"),
+        };
+        let err = patched(ops).expect_err("no such member");
+        assert!(
+            matches!(
+                &err,
+                InvalidInput::Patch {
+                    index: 8,
+                    op: "move",
+                    ..
+                }
+            ),
+            "{err}"
         );
     }
 
