@@ -134,6 +134,21 @@ async fn status_without_data(
     Ok(Some((get("grpc-status"), get("grpc-message"))))
 }
 
+/// Reads a feed to its end through the client; returns how many documents it held.
+async fn whole_feed(c: &mut clients::Clients, request: ReadFeedRequest) -> usize {
+    let mut feed = c
+        .documents
+        .read_feed(request)
+        .await
+        .expect("feed")
+        .into_inner();
+    let mut documents = 0;
+    while let Some(page) = feed.message().await.expect("page") {
+        documents += page.documents.len();
+    }
+    documents
+}
+
 /// Finding: 1,000 feed streams whose client never reads held 3.4 GiB. Now a stalled stream
 /// holds one page, and pages waiting on readers share one budget: past it a stream ends with
 /// RESOURCE_EXHAUSTED and the memory stays bounded. (100 streams of 1 MiB pages held about
@@ -218,17 +233,7 @@ async fn stalled_feed_readers_hold_at_most_the_response_budget() {
     // Once the stalled readers are gone, their budget serves again.
     drop(connections);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut feed = c
-        .documents
-        .read_feed(request)
-        .await
-        .expect("feed")
-        .into_inner();
-    let mut documents = 0;
-    while let Some(page) = feed.message().await.expect("page") {
-        documents += page.documents.len();
-    }
-    assert_eq!(documents, 400);
+    assert_eq!(whole_feed(&mut c, request).await, 400);
 }
 
 /// Finding: 20 uploads stalled at 15 of 16 MiB held 324 MiB for as long as the client liked.
@@ -650,17 +655,7 @@ async fn a_client_that_stops_reading_holds_its_share_for_the_send_timeout_only()
     assert!(refused > 0, "past its share, a client address is refused");
 
     // Another address still has the rest of the budget: a whole feed arrives.
-    let mut feed = c
-        .documents
-        .read_feed(request.clone())
-        .await
-        .expect("feed")
-        .into_inner();
-    let mut documents = 0;
-    while let Some(page) = feed.message().await.expect("page") {
-        documents += page.documents.len();
-    }
-    assert_eq!(documents, 400);
+    assert_eq!(whole_feed(&mut c, request.clone()).await, 400);
 
     // The stalled connection is closed at the send timeout; its address serves again.
     tokio::time::timeout(Duration::from_secs(15), stalled_connection)
