@@ -21,6 +21,11 @@ mod generated {
 /// Version 1 of the API: messages, enums and service stubs.
 pub mod v1 {
     pub use crate::generated::{
+        BatchCreate, BatchDelete, BatchOperation, BatchPatch, BatchRead, BatchReplace, BatchResult,
+        BatchTouch, BatchUpsert, ExecuteBatchRequest, ExecuteBatchResponse, PatchDocumentRequest,
+        PatchIncrement, PatchMove, PatchOperation, PatchValue,
+    };
+    pub use crate::generated::{
         Collection, CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
         Database, DefaultTtl, DeleteCollectionRequest, DeleteCollectionResponse,
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
@@ -38,8 +43,11 @@ pub mod v1 {
 
     /// Oneof types nested in messages.
     pub mod oneofs {
+        pub use crate::generated::batch_operation::Op as BatchOp;
         pub use crate::generated::default_ttl::State as DefaultTtlState;
         pub use crate::generated::partition_key::Kind as PartitionKeyKind;
+        pub use crate::generated::patch_increment::By as PatchIncrementBy;
+        pub use crate::generated::patch_operation::Op as PatchOp;
     }
 
     /// Client stubs, one per service.

@@ -42,6 +42,17 @@ pub enum Error {
     /// The result could not be confirmed durable: a write it made or reflects may or may not
     /// survive a restart.
     NotDurable(StorageError),
+    /// A patch's condition does not hold for the live document; nothing was changed.
+    ConditionNotMet { id: String, condition: String },
+    /// An operation of a transactional batch failed, so nothing in the batch was applied.
+    BatchOperation {
+        /// Its position in the batch, from 0.
+        index: usize,
+        /// What it is: create, upsert, replace, read, delete, patch or touch.
+        op: &'static str,
+        /// Why it failed.
+        source: Box<Error>,
+    },
     /// A query was refused (syntax, unknown name, limit) or failed while running; nothing was
     /// changed.
     Query(mayfly_query::QueryError),
@@ -94,6 +105,16 @@ impl fmt::Display for Error {
                 "document '{}' no longer has etag '{}' (it was written, deleted or expired since); read it again and retry",
                 Echo(id),
                 Echo(if_match)
+            ),
+            Error::ConditionNotMet { id, condition } => write!(
+                f,
+                "document '{}' does not match the patch condition \"{}\"; nothing was changed",
+                Echo(id),
+                Echo(condition)
+            ),
+            Error::BatchOperation { index, op, source } => write!(
+                f,
+                "batch operation {index} ({op}) failed, so nothing in the batch was applied: {source}"
             ),
             Error::Storage(e) => write!(f, "storage failure, nothing was written: {e}"),
             Error::Query(e) => write!(f, "query: {e}"),

@@ -4,10 +4,12 @@
 //! Every document request takes one clock reading and judges visibility by it, so an expired
 //! document is gone at its expiry instant whatever the background purge is doing.
 
+mod batch;
 mod block_on;
 mod body;
 mod catalog;
 mod clock;
+mod condition;
 mod document;
 mod error;
 mod expiry;
@@ -38,8 +40,10 @@ use std::{
 
 use parking_lot::{Mutex, RwLock};
 
+pub use batch::{BatchOp, BatchOutput, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS};
 pub use body::{DocumentBody, MAX_DEPTH, MAX_DOCUMENT_BYTES};
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
+pub use condition::{MAX_CONDITION_BYTES, PatchCondition};
 pub use document::{DocumentView, Etag, UpsertOutcome};
 pub use error::Error;
 pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_SIZE, page_size};
@@ -663,12 +667,13 @@ impl Engine {
     /// removed, checked as in any body). The patch applies to the version it read: should
     /// another write land in between, it is applied again to the new version, so concurrent
     /// patches (an `incr` from many clients) all count. With `if_match`, only that version is
-    /// patched.
+    /// patched; with a `condition`, only a version it holds for ([`Error::ConditionNotMet`]).
     pub fn patch_document(
         &self,
         path: &CollectionPath,
         key: &DocKey,
         ops: &[PatchOp],
+        condition: Option<&PatchCondition>,
         if_match: Option<&str>,
     ) -> Outcome<DocumentView> {
         /// Versions tried before giving up: each retry means another write succeeded.
@@ -699,6 +704,11 @@ impl Engine {
                     }),
                     read.settle_at,
                 );
+            }
+            if let Some(condition) = condition
+                && let Err(e) = condition.check(&current)
+            {
+                return Outcome::new(Err(e), read.settle_at);
             }
             let mut map = current.body_map();
             if let Err(e) = patch::apply(&mut map, ops) {

@@ -725,7 +725,7 @@ impl Engine {
     }
 }
 
-fn context(read_at: Millis) -> Context {
+pub(super) fn context(read_at: Millis) -> Context {
     #[allow(
         clippy::cast_possible_wrap,
         reason = "epoch milliseconds stay below 2^63"

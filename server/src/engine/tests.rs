@@ -2258,6 +2258,7 @@ fn concurrent_increments_all_count() {
                                 by: 1.into(),
                             }],
                             None,
+                            None,
                         )
                         .result
                         .expect("patched");
@@ -2283,7 +2284,7 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
     };
     let patched = f
         .engine
-        .patch_document(&f.path, &key("p", "a"), &[set_ttl(2)], None)
+        .patch_document(&f.path, &key("p", "a"), &[set_ttl(2)], None, None)
         .result
         .expect("patched");
     assert_ne!(patched.etag, created.etag);
@@ -2300,7 +2301,7 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
     let b = f.create("b", None);
     let refused = f
         .engine
-        .patch_document(&f.path, &key("p", "b"), &[set_ttl(0)], None)
+        .patch_document(&f.path, &key("p", "b"), &[set_ttl(0)], None, None)
         .result;
     assert!(matches!(refused, Err(Error::Invalid(_))), "{refused:?}");
     let stale = f
@@ -2309,6 +2310,7 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
             &f.path,
             &key("p", "b"),
             &[set_ttl(5)],
+            None,
             Some("0000000000000001"),
         )
         .result;
@@ -2318,7 +2320,7 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
     );
     let missing = f
         .engine
-        .patch_document(&f.path, &key("p", "zzz"), &[set_ttl(5)], None)
+        .patch_document(&f.path, &key("p", "zzz"), &[set_ttl(5)], None, None)
         .result;
     assert!(
         matches!(missing, Err(Error::DocumentNotFound { .. })),
@@ -2335,8 +2337,11 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
                 path: "/pk".into(),
                 value: serde_json::json!("q"),
             }],
+            None,
             Some(&b.etag.to_string()),
         )
         .result;
     assert!(matches!(moved, Err(Error::Invalid(_))), "{moved:?}");
 }
+
+mod batch;

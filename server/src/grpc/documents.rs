@@ -3,15 +3,16 @@
 use std::{pin::Pin, sync::Arc};
 
 use mayfly_proto::v1::{
-    CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document, QueryPage,
-    QueryRequest, ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
+    CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document,
+    ExecuteBatchRequest, ExecuteBatchResponse, PatchDocumentRequest, QueryPage, QueryRequest,
+    ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
     TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome, server,
 };
 use prost::Message;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::{caller, convert};
+use super::{caller, convert, patch};
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
@@ -226,6 +227,43 @@ impl server::Documents for DocumentsService {
             .settle(|e| e.touch_document(&path, &key, if_match(&etag)))
             .await?;
         Ok(Response::new(view.into()))
+    }
+
+    async fn patch_document(
+        &self,
+        request: Request<PatchDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let PatchDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            operations,
+            if_match: etag,
+            condition,
+        } = request.into_inner();
+        let path = convert::collection_path(&database, &collection)?;
+        let key = convert::doc_key(&id, partition_key)?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+        )?;
+        let ops = patch::operations(operations)?;
+        let condition = patch::condition(&condition)?;
+        let view = self
+            .settle(|e| e.patch_document(&path, &key, &ops, condition.as_deref(), if_match(&etag)))
+            .await?;
+        Ok(Response::new(view.into()))
+    }
+
+    async fn execute_batch(
+        &self,
+        request: Request<ExecuteBatchRequest>,
+    ) -> Result<Response<ExecuteBatchResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let response = self.run_batch(&caller, request.into_inner()).await?;
+        Ok(Response::new(response))
     }
 
     type ReadFeedStream = FeedStream;

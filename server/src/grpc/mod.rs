@@ -2,10 +2,12 @@
 //! one error → status mapping. It knows nothing of locks or shards.
 
 mod admin;
+mod batch;
 mod collections;
 pub(crate) mod convert;
 mod databases;
 mod documents;
+mod patch;
 mod query;
 mod status;
 

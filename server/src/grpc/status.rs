@@ -27,6 +27,8 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::CollectionExists { .. } => (Code::AlreadyExists, "COLLECTION_EXISTS"),
         Error::DocumentExists { .. } => (Code::AlreadyExists, "DOCUMENT_EXISTS"),
         Error::PreconditionFailed { .. } => (Code::FailedPrecondition, "ETAG_MISMATCH"),
+        Error::ConditionNotMet { .. } => (Code::FailedPrecondition, "CONDITION_NOT_MET"),
+        Error::BatchOperation { source, .. } => code_and_reason(source),
         Error::Storage(e) => match e.kind() {
             StorageErrorKind::Unavailable => (Code::Unavailable, "STORAGE_UNAVAILABLE"),
             StorageErrorKind::Failed => (Code::Internal, "STORAGE_FAILURE"),
@@ -73,8 +75,14 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         InvalidInput::ScanNotEnabled { .. } => "SCAN_NOT_ENABLED",
         InvalidInput::IndexTermsTooLarge { .. } => "INDEX_TERMS_TOO_LARGE",
         InvalidInput::TokenTtl { .. } => "INVALID_TOKEN_TTL",
+        InvalidInput::BatchSize { .. } => "INVALID_BATCH",
+        InvalidInput::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
+        InvalidInput::PatchCondition { .. } => "INVALID_PATCH_CONDITION",
     }
 }
+
+/// `ErrorInfo.metadata` key naming the failing operation of a batch (decimal, from 0).
+pub(crate) const BATCH_OPERATION_INDEX: &str = "operation_index";
 
 /// Longest status message, in bytes. The message travels twice (percent-encoded in
 /// `grpc-message`, inside the base64 details), and gRPC-core clients refuse trailers past
@@ -101,8 +109,12 @@ fn bounded(mut message: String) -> String {
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         let (code, reason) = code_and_reason(&error);
-        let details =
-            ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
+        let mut metadata = HashMap::<String, String>::new();
+        if let Error::BatchOperation { index, .. } = &error {
+            // Clients find the failing operation without parsing the message.
+            metadata.insert(BATCH_OPERATION_INDEX.to_owned(), index.to_string());
+        }
+        let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
         Status::with_error_details(code, bounded(error.to_string()), details)
     }
 }

@@ -72,6 +72,12 @@ pub enum InvalidInput {
     IndexTermsTooLarge { limit: usize },
     /// A resource token lifetime out of range.
     TokenTtl { value: u32, max: u32 },
+    /// A batch with no operations, or too many.
+    BatchSize { count: usize, max: usize },
+    /// A batch reading or returning more document bytes than the limit.
+    BatchTooLarge { limit: usize },
+    /// A patch condition that is not `FROM <alias> [JOIN ...] [WHERE ...]`.
+    PatchCondition { reason: String },
 }
 
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
@@ -153,6 +159,18 @@ impl fmt::Display for InvalidInput {
             InvalidInput::TokenTtl { value, max } => write!(
                 f,
                 "ttl_seconds {value} is out of range for a resource token: use 1..={max}, or leave it unset for an hour"
+            ),
+            InvalidInput::BatchSize { count, max } => {
+                write!(f, "a batch has 1 to {max} operations; this one has {count}")
+            }
+            InvalidInput::BatchTooLarge { limit } => write!(
+                f,
+                "the batch reads or returns more than {limit} bytes of documents; split it into smaller batches"
+            ),
+            InvalidInput::PatchCondition { reason } => write!(
+                f,
+                "invalid patch condition: {}; write it as a query without SELECT, such as \"FROM c WHERE c.status = 'active'\"",
+                Echo(reason)
             ),
             InvalidInput::IndexTermsTooLarge { limit } => write!(
                 f,

@@ -334,7 +334,7 @@ pub(super) fn same_policy(
 
 /// Attempts at an optimistic read (judge under the lock, fetch outside it) before one fetch is
 /// made under the lock: only a document rewritten during every attempt gets there.
-const MAX_OPTIMISTIC_ATTEMPTS: usize = 4;
+pub(super) const MAX_OPTIMISTIC_ATTEMPTS: usize = 4;
 
 /// The position an answer about what a collection's part of this shard holds (absent, a
 /// conflict, a stale etag) must wait for: it may reflect a client write or the rules, not yet

@@ -6,6 +6,7 @@
 //! index order. Writes are applied to storage under the lock (an append, never a wait for the
 //! disk), so one shard's writes never race; durability is awaited after it is released.
 
+mod batch;
 mod documents;
 mod feed_scan;
 mod index_batch;

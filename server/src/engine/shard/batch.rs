@@ -1,0 +1,509 @@
+//! A transactional batch on one shard. The shard's state for the batch's documents is noted
+//! under the lock; bodies and index terms are fetched, operations evaluated in order over a
+//! staged copy, and new terms computed, all outside it; the lock is taken again to check that
+//! nothing the batch saw has changed and to commit every change as one write. Should a
+//! document change in between, the batch is evaluated again (and after a few tries, once
+//! under the lock, as for a single write).
+
+use super::documents::{MAX_OPTIMISTIC_ATTEMPTS, same_policy};
+#[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
+use super::*;
+use crate::engine::{
+    DocumentBody, DocumentId, Engine, InvalidInput, PartitionKeyValue, UpsertOutcome,
+    batch::{BatchOp, BatchOutput, MAX_BATCH_BYTES},
+    index::terms::bounded_document_terms,
+    patch,
+};
+use serde_json::{Map, Value};
+
+/// A document as the batch's staged state has it.
+#[derive(Debug)]
+struct Staged {
+    /// Stored form of the body.
+    body: Bytes,
+    ttl: Option<DocumentTtl>,
+    version: u64,
+    /// Its last write if the batch did not write it; `None`: the batch's commit writes it.
+    written: Option<Millis>,
+}
+
+/// What the shard held at a key when the batch looked.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    slot: Option<u32>,
+    version: u64,
+    live: bool,
+    indexed: bool,
+    terms: Option<TermsRef>,
+}
+
+/// One document the batch names.
+#[derive(Debug)]
+struct KeyPlan {
+    key: DocKey,
+    seen: Seen,
+    /// The document as the operations so far left it (`None`: absent); for a live document
+    /// not yet fetched, `Fetch`.
+    current: Current,
+    /// The last operation that gave it a new body, with that body; `None`: its body is the
+    /// one stored (a touch at most).
+    new_body: Option<(usize, Arc<Map<String, Value>>)>,
+    /// Whether any operation wrote or deleted it.
+    changed: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Current {
+    /// Live and stored; its body not fetched yet.
+    Fetch,
+    Live(Arc<Staged>),
+    Absent,
+}
+
+/// One operation's result before the commit fixes the write instant.
+#[derive(Debug)]
+enum Pending {
+    Document(usize, Arc<Staged>),
+    Upserted(UpsertOutcome, usize, Arc<Staged>),
+    Deleted,
+}
+
+/// A batch evaluated, ready to commit if the shard still holds what it saw.
+#[derive(Debug)]
+struct Evaluated {
+    pending: Vec<Pending>,
+    /// Per key: its terms before and after, where its index entries change.
+    terms: Vec<Option<(Vec<Term>, Vec<Term>)>>,
+}
+
+/// Why an evaluation stopped.
+#[derive(Debug)]
+enum Stop {
+    /// A document changed after the batch looked: look again.
+    Changed,
+    Failed(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+impl Shard {
+    /// Runs a batch whose bodies were checked to belong to `partition_key` (see
+    /// [`Engine::execute_batch`]).
+    pub(crate) fn batch(
+        &self,
+        info: &CollectionInfo,
+        partition_key: &PartitionKeyValue,
+        ops: &[BatchOp],
+        clock: &dyn Clock,
+    ) -> Outcome<Vec<BatchOutput>> {
+        let mut ids: Vec<&DocumentId> = Vec::new();
+        for op in ops {
+            if !ids.contains(&op.id()) {
+                ids.push(op.id());
+            }
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            // Look: what the shard holds at each key, now.
+            let mut state = self.lock();
+            let st = &mut *state;
+            let now = st.now(clock);
+            let Some(cs) = st.collections.get(&info.uid) else {
+                return Outcome::failed(collection_gone(info));
+            };
+            let (policy, lazy) = (cs.policy.clone(), cs.lazy);
+            let mut seen_at = observed(st, cs);
+            let mut keys: Vec<KeyPlan> = ids
+                .iter()
+                .map(|&id| {
+                    let key = DocKey {
+                        partition_key: partition_key.clone(),
+                        id: id.clone(),
+                    };
+                    let slot = cs.index.get(&key).copied();
+                    let meta = slot.map(|s| st.docs.get(s));
+                    let live = meta.is_some_and(|m| m.is_visible(&cs.rules, now));
+                    if let Some(m) = meta {
+                        seen_at = seen_at.max(m.lsn);
+                    }
+                    KeyPlan {
+                        seen: Seen {
+                            slot,
+                            version: meta.map_or(0, |m| m.version),
+                            live,
+                            indexed: meta.is_some_and(|m| m.indexed),
+                            terms: slot.map(|s| st.docs.terms_ref(s)),
+                        },
+                        key,
+                        current: if live {
+                            Current::Fetch
+                        } else {
+                            Current::Absent
+                        },
+                        new_body: None,
+                        changed: false,
+                    }
+                })
+                .collect();
+            // After a few documents changed under the batch, evaluate it under the lock.
+            let held = (attempt >= MAX_OPTIMISTIC_ATTEMPTS).then_some(state);
+            let evaluated = match self.evaluate(info, ops, &mut keys, (&policy, lazy), now) {
+                Ok(evaluated) => evaluated,
+                Err(Stop::Changed) if held.is_none() => continue,
+                Err(Stop::Changed) => {
+                    return Outcome::failed(StorageError::new(
+                        "a document changed under the shard lock during a batch",
+                    ));
+                }
+                Err(Stop::Failed(e)) => return Outcome::new(Err(e), seen_at),
+            };
+            // Commit, if the shard still holds what the batch saw.
+            let mut state = match held {
+                Some(state) => state,
+                None => self.lock(),
+            };
+            let st = &mut *state;
+            let at = if attempt >= MAX_OPTIMISTIC_ATTEMPTS {
+                now
+            } else {
+                st.now(clock)
+            };
+            let Some(cs) = st.collections.get(&info.uid) else {
+                return Outcome::failed(collection_gone(info));
+            };
+            let unchanged = same_policy(cs.policy.as_ref(), policy.as_ref())
+                && cs.lazy == lazy
+                && keys.iter().all(|k| {
+                    let slot = cs.index.get(&k.key).copied();
+                    slot == k.seen.slot
+                        && slot.is_none_or(|s| {
+                            let meta = st.docs.get(s);
+                            meta.version == k.seen.version
+                                && meta.is_visible(&cs.rules, at) == k.seen.live
+                                && Some(st.docs.terms_ref(s)) == k.seen.terms
+                        })
+                });
+            if !unchanged {
+                continue;
+            }
+            return self.commit_batch(state, info, &keys, evaluated, at, seen_at);
+        }
+    }
+
+    /// Evaluates every operation in order over the staged documents, fetching stored bodies
+    /// and terms as needed, and computes the new index terms.
+    fn evaluate(
+        &self,
+        info: &CollectionInfo,
+        ops: &[BatchOp],
+        keys: &mut [KeyPlan],
+        (policy, lazy): (&Option<Arc<IndexPaths>>, bool),
+        now: Millis,
+    ) -> Result<Evaluated, Stop> {
+        let mut fetched = 0;
+        let mut returned = 0;
+        let mut pending = Vec::with_capacity(ops.len());
+        for (index, op) in ops.iter().enumerate() {
+            let k = keys
+                .iter()
+                .position(|k| &k.key.id == op.id())
+                .expect("every operation's id has a plan");
+            let plan = &mut keys[k];
+            let failed = |e: Error| Stop::Failed(op.failed(index, e));
+            if let Current::Fetch = plan.current
+                && matches!(
+                    op,
+                    BatchOp::Read { .. } | BatchOp::Patch { .. } | BatchOp::Touch { .. }
+                )
+            {
+                let record = self.fetch(info, plan)?;
+                fetched += record.body.len();
+                if fetched > MAX_BATCH_BYTES {
+                    return Err(Error::from(InvalidInput::BatchTooLarge {
+                        limit: MAX_BATCH_BYTES,
+                    })
+                    .into());
+                }
+                plan.current = Current::Live(Arc::new(Staged {
+                    body: record.body.clone(),
+                    ttl: record.ttl,
+                    version: record.version,
+                    written: Some(record.last_write),
+                }));
+            }
+            let live = !matches!(plan.current, Current::Absent);
+            let version = match &plan.current {
+                Current::Fetch => plan.seen.version,
+                Current::Live(staged) => staged.version,
+                Current::Absent => 0,
+            };
+            // Existence and etag, as a single write judges them.
+            let not_found = || Error::DocumentNotFound {
+                id: plan.key.id.to_string(),
+                partition_key: plan.key.partition_key.clone(),
+            };
+            match op {
+                BatchOp::Create { .. } if live => {
+                    return Err(failed(Error::DocumentExists {
+                        id: plan.key.id.to_string(),
+                        partition_key: plan.key.partition_key.clone(),
+                    }));
+                }
+                BatchOp::Create { .. } | BatchOp::Upsert { .. } => {}
+                _ if !live => return Err(failed(not_found())),
+                _ => {}
+            }
+            let if_match = match op {
+                BatchOp::Upsert { if_match, .. }
+                | BatchOp::Replace { if_match, .. }
+                | BatchOp::Delete { if_match, .. }
+                | BatchOp::Patch { if_match, .. }
+                | BatchOp::Touch { if_match, .. } => if_match.as_deref(),
+                BatchOp::Create { .. } | BatchOp::Read { .. } => None,
+            };
+            if let Some(sent) = if_match
+                && !(live && Etag(version).matches(sent))
+            {
+                return Err(failed(Error::PreconditionFailed {
+                    id: plan.key.id.to_string(),
+                    if_match: sent.to_owned(),
+                }));
+            }
+            let next = || self.versions.fetch_add(1, Ordering::Relaxed);
+            let written = |body: &DocumentBody| {
+                let (stored, ttl) = body.clone().into_stored();
+                Arc::new(Staged {
+                    body: stored,
+                    ttl,
+                    version: next(),
+                    written: None,
+                })
+            };
+            let result = match op {
+                BatchOp::Create { body } | BatchOp::Replace { body, .. } => {
+                    let staged = written(body);
+                    plan.new_body = Some((index, body.map().clone()));
+                    plan.current = Current::Live(staged.clone());
+                    Pending::Document(k, staged)
+                }
+                BatchOp::Upsert { body, .. } => {
+                    let staged = written(body);
+                    plan.new_body = Some((index, body.map().clone()));
+                    plan.current = Current::Live(staged.clone());
+                    let outcome = if live {
+                        UpsertOutcome::Replaced
+                    } else {
+                        UpsertOutcome::Created
+                    };
+                    Pending::Upserted(outcome, k, staged)
+                }
+                BatchOp::Delete { .. } => {
+                    plan.current = Current::Absent;
+                    plan.new_body = None;
+                    Pending::Deleted
+                }
+                BatchOp::Read { .. } | BatchOp::Patch { .. } | BatchOp::Touch { .. } => {
+                    let Current::Live(staged) = plan.current.clone() else {
+                        unreachable!("fetched above");
+                    };
+                    match op {
+                        BatchOp::Read { .. } => Pending::Document(k, staged),
+                        BatchOp::Touch { .. } => {
+                            let touched = Arc::new(Staged {
+                                body: staged.body.clone(),
+                                ttl: staged.ttl,
+                                version: next(),
+                                written: None,
+                            });
+                            plan.current = Current::Live(touched.clone());
+                            Pending::Document(k, touched)
+                        }
+                        BatchOp::Patch { ops, condition, .. } => {
+                            let view = staged_view(&plan.key, &staged, now, now, None);
+                            if let Some(condition) = condition {
+                                condition.check(&view).map_err(failed)?;
+                            }
+                            let mut map = view.body_map();
+                            patch::apply(&mut map, ops).map_err(|e| failed(e.into()))?;
+                            let body = DocumentBody::parse(Arc::new(map), None)
+                                .map_err(|e| failed(e.into()))?;
+                            Engine::key_for(info, &body, Some(plan.key.partition_key.clone()))
+                                .map_err(|e| failed(e.into()))?;
+                            let staged = written(&body);
+                            plan.new_body = Some((index, body.map().clone()));
+                            plan.current = Current::Live(staged.clone());
+                            Pending::Document(k, staged)
+                        }
+                        _ => unreachable!("matched above"),
+                    }
+                }
+            };
+            if !matches!(op, BatchOp::Read { .. }) {
+                plan.changed = true;
+            }
+            if let Pending::Document(_, s) | Pending::Upserted(_, _, s) = &result {
+                returned += s.body.len();
+                if returned > MAX_BATCH_BYTES {
+                    return Err(Error::from(InvalidInput::BatchTooLarge {
+                        limit: MAX_BATCH_BYTES,
+                    })
+                    .into());
+                }
+            }
+            pending.push(result);
+        }
+        // Index entries: old terms fetched and new ones computed here, outside the lock.
+        let mut terms = Vec::with_capacity(keys.len());
+        for plan in keys.iter() {
+            let ends_live = !matches!(plan.current, Current::Absent);
+            let entries_change = plan.changed
+                && if ends_live {
+                    // A new body, unless left to the background indexer.
+                    plan.new_body.is_some() && !(lazy && policy.is_some())
+                } else {
+                    // A delete of what was stored.
+                    plan.seen.live
+                };
+            if !entries_change {
+                terms.push(None);
+                continue;
+            }
+            let old = if plan.seen.slot.is_some() && plan.seen.indexed {
+                self.store
+                    .get_terms(info.uid, &plan.key)
+                    .map_err(Error::from)?
+                    .map(|t| t.terms)
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let new = match (&plan.new_body, policy) {
+                (Some((index, map)), Some(p)) if ends_live => bounded_document_terms(map, p)
+                    .map_err(|e| Stop::Failed(ops[*index].failed(*index, e)))?,
+                _ => Vec::new(),
+            };
+            terms.push(Some((old, new)));
+        }
+        Ok(Evaluated { pending, terms })
+    }
+
+    /// The stored version the batch saw of a live document.
+    fn fetch(&self, info: &CollectionInfo, plan: &KeyPlan) -> Result<Arc<StoredDocument>, Stop> {
+        match self.store.get(info.uid, &plan.key).map_err(Error::from)? {
+            Some(record) if record.version == plan.seen.version => Ok(record),
+            _ => Err(Stop::Changed),
+        }
+    }
+
+    /// Commits an evaluated batch as one write and views its results as of `at`.
+    fn commit_batch(
+        &self,
+        mut state: MutexGuard<'_, ShardState>,
+        info: &CollectionInfo,
+        keys: &[KeyPlan],
+        evaluated: Evaluated,
+        at: Millis,
+        seen_at: Lsn,
+    ) -> Outcome<Vec<BatchOutput>> {
+        let st = &mut *state;
+        let cs = &st.collections[&info.uid];
+        let owed = cs.lazy && cs.policy.is_some();
+        let mut changes = Vec::new();
+        for (plan, terms) in keys.iter().zip(evaluated.terms) {
+            if !plan.changed {
+                continue;
+            }
+            match (&plan.current, terms) {
+                (Current::Live(staged), terms) => {
+                    let index = match terms {
+                        Some((old, new)) => IndexChange::Replace(old, new),
+                        None if plan.new_body.is_some() && owed => IndexChange::Owed,
+                        // Touched only: the same body keeps its entries.
+                        None => IndexChange::Unchanged,
+                    };
+                    changes.push(Change::Put {
+                        slot: plan.seen.slot,
+                        record: Arc::new(StoredDocument {
+                            collection: info.uid,
+                            key: plan.key.clone(),
+                            body: staged.body.clone(),
+                            last_write: at,
+                            version: staged.version,
+                            ttl: staged.ttl,
+                        }),
+                        index,
+                    });
+                }
+                // A stored document deleted (evaluate gives every such one its terms).
+                (Current::Absent, Some((old, _))) => changes.push(Change::Remove {
+                    slot: plan.seen.slot.expect("a live document has a slot"),
+                    cause: RemoveCause::Deleted,
+                    terms: old,
+                }),
+                // Created and deleted by the batch: nothing was stored.
+                (Current::Absent, None) => {}
+                (Current::Fetch, _) => unreachable!("a changed document was fetched or replaced"),
+            }
+        }
+        let (deadline, settle_at) = if changes.is_empty() {
+            (None, seen_at)
+        } else {
+            match st.commit(&*self.store, &changes, &self.metrics, &self.versions) {
+                Ok((deadline, lsn)) => {
+                    st.client_lsn = lsn;
+                    (deadline, lsn.max(seen_at))
+                }
+                Err(e) => return Outcome::failed(e),
+            }
+        };
+        let cs = &st.collections[&info.uid];
+        let default_ttl = cs.rules.default_ttl;
+        let settle_at = settle_at.max(cs.settings_lsn);
+        drop(state);
+        self.wake_purge_for(deadline);
+        if owed && keys.iter().any(|k| k.changed && k.new_body.is_some()) {
+            self.indexer_wake.notify_one();
+        }
+        let outputs = evaluated
+            .pending
+            .into_iter()
+            .map(|p| match p {
+                Pending::Document(k, s) => {
+                    BatchOutput::Document(staged_view(&keys[k].key, &s, at, at, Some(default_ttl)))
+                }
+                Pending::Upserted(outcome, k, s) => BatchOutput::Upserted(
+                    outcome,
+                    staged_view(&keys[k].key, &s, at, at, Some(default_ttl)),
+                ),
+                Pending::Deleted => BatchOutput::Deleted,
+            })
+            .collect();
+        Outcome::new(Ok(outputs), settle_at)
+    }
+}
+
+/// A staged document as a client sees it: written at `commit` if the batch wrote it, judged at
+/// `read_at`; without the collection's default TTL, no expiry instant (a condition's view).
+fn staged_view(
+    key: &DocKey,
+    staged: &Staged,
+    commit: Millis,
+    read_at: Millis,
+    default_ttl: Option<DefaultTtl>,
+) -> DocumentView {
+    let last_write = staged.written.unwrap_or(commit);
+    DocumentView {
+        key: key.clone(),
+        body: staged.body.clone(),
+        last_write,
+        etag: Etag(staged.version),
+        ttl: staged.ttl,
+        expires_at: default_ttl.and_then(|d| ttl::expires_at(last_write, staged.ttl, d)),
+        read_at,
+    }
+}

@@ -1,0 +1,169 @@
+//! `Documents.ExecuteBatch`: operations converted from the proto (a bad one fails the batch
+//! naming its index, as the engine's failures do), run off the async workers (a batch may
+//! read and write a hundred documents), answered once its write is durable.
+
+use mayfly_proto::v1::{
+    BatchCreate, BatchDelete, BatchOperation, BatchPatch, BatchRead, BatchReplace, BatchResult,
+    BatchTouch, BatchUpsert, Document, ExecuteBatchRequest, ExecuteBatchResponse, UpsertOutcome,
+    oneofs::BatchOp as ProtoOp,
+};
+use tonic::Status;
+
+use super::{convert, documents::DocumentsService, patch};
+use crate::auth::{Action, Principal, Target};
+use crate::engine::{
+    self, BatchOp, BatchOutput, Error, IdKind, InvalidInput, MAX_BATCH_OPERATIONS, ResourceId,
+};
+
+impl DocumentsService {
+    /// Runs a batch for `caller`.
+    pub(super) async fn run_batch(
+        &self,
+        caller: &Principal,
+        request: ExecuteBatchRequest,
+    ) -> Result<ExecuteBatchResponse, Status> {
+        let ExecuteBatchRequest {
+            database,
+            collection,
+            partition_key,
+            operations,
+        } = request;
+        let path = convert::collection_path(&database, &collection)?;
+        let partition_key =
+            convert::partition_key_value(partition_key)?.ok_or(InvalidInput::MissingField {
+                field: "partition_key",
+                hint: "a batch names the partition of all its documents: {\"value\": <value>} or {\"undefined\": {}}",
+            })?;
+        if operations.is_empty() || operations.len() > MAX_BATCH_OPERATIONS {
+            return Err(InvalidInput::BatchSize {
+                count: operations.len(),
+                max: MAX_BATCH_OPERATIONS,
+            }
+            .into());
+        }
+        let ops = operations
+            .into_iter()
+            .enumerate()
+            .map(|(index, op)| operation(index, op))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let action = if ops.iter().any(BatchOp::writes) {
+            Action::Write
+        } else {
+            Action::Read
+        };
+        caller.allow(
+            action,
+            Target::documents(&database, &collection, Some(&partition_key)),
+        )?;
+        let engine = self.engine()?;
+        let outcome = tokio::task::spawn_blocking({
+            let engine = engine.clone();
+            move || engine.execute_batch(&path, partition_key, &ops)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("batch task failed: {e}")))?;
+        let outputs = engine.settle(outcome).await?;
+        Ok(ExecuteBatchResponse {
+            results: outputs.into_iter().map(result).collect(),
+        })
+    }
+}
+
+fn result(output: BatchOutput) -> BatchResult {
+    let (document, outcome) = match output {
+        BatchOutput::Document(view) => (Some(Document::from(view)), UpsertOutcome::Unspecified),
+        BatchOutput::Upserted(engine::UpsertOutcome::Created, view) => {
+            (Some(view.into()), UpsertOutcome::Created)
+        }
+        BatchOutput::Upserted(engine::UpsertOutcome::Replaced, view) => {
+            (Some(view.into()), UpsertOutcome::Replaced)
+        }
+        BatchOutput::Deleted => (None, UpsertOutcome::Unspecified),
+    };
+    BatchResult {
+        document,
+        upsert_outcome: outcome as i32,
+    }
+}
+
+fn if_match(etag: String) -> Option<String> {
+    (!etag.is_empty()).then_some(etag)
+}
+
+/// One operation; a bad one fails the batch as [`Error::BatchOperation`].
+fn operation(index: usize, op: BatchOperation) -> Result<BatchOp, Error> {
+    let name = match &op.op {
+        None => "unset",
+        Some(ProtoOp::Create(_)) => "create",
+        Some(ProtoOp::Upsert(_)) => "upsert",
+        Some(ProtoOp::Replace(_)) => "replace",
+        Some(ProtoOp::Read(_)) => "read",
+        Some(ProtoOp::Delete(_)) => "delete",
+        Some(ProtoOp::Patch(_)) => "patch",
+        Some(ProtoOp::Touch(_)) => "touch",
+    };
+    let id = |raw: &str| ResourceId::parse(IdKind::Document, raw);
+    let converted: Result<BatchOp, Error> = (|| {
+        Ok(match op.op {
+            None => {
+                return Err(InvalidInput::MissingField {
+                    field: "op",
+                    hint: "set exactly one of create, upsert, replace, read, delete, patch or touch",
+                }
+                .into());
+            }
+            Some(ProtoOp::Create(BatchCreate { body, ttl })) => BatchOp::Create {
+                body: convert::document_body(body, ttl)?,
+            },
+            Some(ProtoOp::Upsert(BatchUpsert {
+                body,
+                ttl,
+                if_match: etag,
+            })) => BatchOp::Upsert {
+                body: convert::document_body(body, ttl)?,
+                if_match: if_match(etag),
+            },
+            Some(ProtoOp::Replace(BatchReplace {
+                id: raw,
+                body,
+                ttl,
+                if_match: etag,
+            })) => BatchOp::Replace {
+                id: id(&raw)?,
+                body: convert::document_body(body, ttl)?,
+                if_match: if_match(etag),
+            },
+            Some(ProtoOp::Read(BatchRead { id: raw })) => BatchOp::Read { id: id(&raw)? },
+            Some(ProtoOp::Delete(BatchDelete {
+                id: raw,
+                if_match: etag,
+            })) => BatchOp::Delete {
+                id: id(&raw)?,
+                if_match: if_match(etag),
+            },
+            Some(ProtoOp::Patch(BatchPatch {
+                id: raw,
+                operations,
+                if_match: etag,
+                condition,
+            })) => BatchOp::Patch {
+                id: id(&raw)?,
+                ops: patch::operations(operations)?,
+                condition: patch::condition(&condition)?,
+                if_match: if_match(etag),
+            },
+            Some(ProtoOp::Touch(BatchTouch {
+                id: raw,
+                if_match: etag,
+            })) => BatchOp::Touch {
+                id: id(&raw)?,
+                if_match: if_match(etag),
+            },
+        })
+    })();
+    converted.map_err(|e| Error::BatchOperation {
+        index,
+        op: name,
+        source: Box::new(e),
+    })
+}
