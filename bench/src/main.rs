@@ -12,6 +12,7 @@
 //! It drives the generated gRPC client with prebuilt bodies (not the higher-level `mayfly-client`
 //! wrapper) so that, sharing a machine with the server, it spends as little CPU as it can.
 
+mod counter;
 mod etcd;
 mod metrics;
 mod payload;
@@ -58,6 +59,9 @@ enum Workload {
     /// Preload, then run each query shape (indexed equality, ORDER BY TOP 10, COUNT, a
     /// full-scan filter) at --concurrency and at 1 in flight.
     Query,
+    /// Increment counters: patch incr versus read-modify-write, on one hot document and on
+    /// --counters documents.
+    Counter,
     /// Start --server-bin on a new --data-dir and run mixed load with expiry storms and
     /// stalled clients for --duration seconds, printing the server's RSS every minute.
     Soak,
@@ -106,6 +110,9 @@ struct Args {
     /// Percentage of reads in mixed.
     #[arg(long, default_value_t = 80)]
     read_percent: u8,
+    /// Counters the `counter` workload spreads its increments over (besides one hot one).
+    #[arg(long, default_value_t = 10_000)]
+    counters: u64,
     /// Documents loaded by expiry (leased keys, for etcd-expiry).
     #[arg(long, default_value_t = 500_000)]
     documents: u64,
@@ -202,6 +209,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bench.timed(bench.args.read_percent).await?
         }
         Workload::Expiry => bench.expiry().await?,
+        Workload::Counter => bench.counters().await?,
         Workload::Query => {
             bench.preload().await?;
             bench.queries().await?
