@@ -9,6 +9,9 @@ use super::{DocumentView, Error, InvalidInput, query};
 /// Longest condition text: a condition is a filter, not a program.
 pub const MAX_CONDITION_BYTES: usize = 16 * 1024;
 
+/// What a condition is the rest of.
+const PREFIX: &str = "SELECT TOP 1 VALUE 1 ";
+
 /// A parsed condition.
 #[derive(Debug)]
 pub struct PatchCondition {
@@ -39,7 +42,17 @@ impl PatchCondition {
         {
             return refuse("it must start with FROM");
         }
-        let query = mayfly_query::parse(&format!("SELECT VALUE 1 {trimmed}"))?;
+        // TOP 1: the first matching row settles it. The text is parsed as written (leading
+        // space included), so positions past the first line are the client's; those on it are
+        // shifted back by the prefix.
+        let query = mayfly_query::parse(&format!("{PREFIX}{text}")).map_err(|mut e| {
+            if let Some(p) = e.position.as_mut()
+                && p.line == 1
+            {
+                p.column = p.column.saturating_sub(PREFIX.len() as u32).max(1);
+            }
+            e
+        })?;
         if !query.group_by.is_empty() || !query.order_by.is_empty() {
             return refuse("GROUP BY and ORDER BY have no meaning in a condition");
         }
@@ -143,6 +156,15 @@ mod tests {
                 ),
                 "{text}: {err:?}"
             );
+        }
+        // Positions are the condition's own, not the query it is wrapped in.
+        match PatchCondition::parse("FROM c WHERE c.x = = 1") {
+            Err(Error::Query(e)) => {
+                let p = e.position.expect("a position");
+                assert_eq!(p.line, 1);
+                assert!((17..=21).contains(&p.column), "{p}");
+            }
+            other => panic!("{other:?}"),
         }
         let long = format!("FROM c WHERE c.x = '{}'", "x".repeat(MAX_CONDITION_BYTES));
         assert!(PatchCondition::parse(&long).is_err());

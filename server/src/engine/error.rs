@@ -53,6 +53,9 @@ pub enum Error {
         /// Why it failed.
         source: Box<Error>,
     },
+    /// Other writes changed a batch's documents during each of its attempts; nothing was
+    /// changed, and the batch may be retried.
+    Contended { attempts: usize },
     /// A query was refused (syntax, unknown name, limit) or failed while running; nothing was
     /// changed.
     Query(mayfly_query::QueryError),
@@ -115,6 +118,10 @@ impl fmt::Display for Error {
             Error::BatchOperation { index, op, source } => write!(
                 f,
                 "batch operation {index} ({op}) failed, so nothing in the batch was applied: {source}"
+            ),
+            Error::Contended { attempts } => write!(
+                f,
+                "other requests wrote this batch's documents during each of its {attempts} attempts, so nothing was applied; retry it after a short, random delay"
             ),
             Error::Storage(e) => write!(f, "storage failure, nothing was written: {e}"),
             Error::Query(e) => write!(f, "query: {e}"),

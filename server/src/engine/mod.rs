@@ -50,7 +50,7 @@ pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_
 pub use indexer::IndexerGuard;
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
-pub use patch::{MAX_PATCH_OPERATIONS, PatchOp};
+pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
 pub use purge::PurgeGuard;
 pub(crate) use query::QueryCursor;
 pub use query::{

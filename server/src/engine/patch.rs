@@ -9,6 +9,9 @@ use crate::model::partition_key::SYSTEM_PROPERTIES;
 /// Most operations one patch may carry (Cosmos DB's limit).
 pub const MAX_PATCH_OPERATIONS: usize = 10;
 
+/// Longest path, in bytes: checked before a path is split, so a long one costs nothing.
+pub const MAX_PATCH_PATH_BYTES: usize = 2048;
+
 /// One patch operation. Paths are JSON pointers (`/a/b/0`, `~1` for `/`, `~0` for `~`); `-`
 /// as the last segment of `add` or `set` appends to an array.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,11 +60,9 @@ impl PatchOp {
 /// validity (TTL, size, depth) are the caller's to check, as for any body.
 pub(super) fn apply(doc: &mut Map<String, Value>, ops: &[PatchOp]) -> Result<(), InvalidInput> {
     if ops.is_empty() || ops.len() > MAX_PATCH_OPERATIONS {
-        return Err(InvalidInput::BadJson {
-            reason: format!(
-                "a patch has 1 to {MAX_PATCH_OPERATIONS} operations; this one has {}",
-                ops.len()
-            ),
+        return Err(InvalidInput::PatchSize {
+            count: ops.len(),
+            max: MAX_PATCH_OPERATIONS,
         });
     }
     for (index, op) in ops.iter().enumerate() {
@@ -110,6 +111,12 @@ fn apply_one(doc: &mut Map<String, Value>, op: &PatchOp) -> Result<(), String> {
 
 /// A JSON pointer's unescaped segments; the root and protected members are refused.
 fn segments(path: &str) -> Result<Vec<String>, String> {
+    if path.len() > MAX_PATCH_PATH_BYTES {
+        return Err(format!(
+            "the path is {} bytes; the limit is {MAX_PATCH_PATH_BYTES}",
+            path.len()
+        ));
+    }
     let Some(rest) = path.strip_prefix('/') else {
         return Err("a path is a JSON pointer starting with '/'".into());
     };
@@ -376,6 +383,12 @@ mod tests {
                 "nothing is there",
             ),
             (PatchOp::Remove { path: p("/tags/2") }, "no element 2"),
+            (
+                PatchOp::Remove {
+                    path: "/".repeat(MAX_PATCH_PATH_BYTES + 1),
+                },
+                "the limit is 2048",
+            ),
             (
                 PatchOp::Incr {
                     path: p("/status"),

@@ -34,6 +34,10 @@ impl DocumentsService {
                 field: "partition_key",
                 hint: "a batch names the partition of all its documents: {\"value\": <value>} or {\"undefined\": {}}",
             })?;
+        let target = Target::documents(&database, &collection, Some(&partition_key));
+        // Checked before the operations are converted (bodies, conditions); a batch that
+        // turns out to write needs write access, checked once known.
+        caller.allow(Action::Read, target)?;
         if operations.is_empty() || operations.len() > MAX_BATCH_OPERATIONS {
             return Err(InvalidInput::BatchSize {
                 count: operations.len(),
@@ -46,23 +50,12 @@ impl DocumentsService {
             .enumerate()
             .map(|(index, op)| operation(index, op))
             .collect::<Result<Vec<_>, Error>>()?;
-        let action = if ops.iter().any(BatchOp::writes) {
-            Action::Write
-        } else {
-            Action::Read
-        };
-        caller.allow(
-            action,
-            Target::documents(&database, &collection, Some(&partition_key)),
-        )?;
-        let engine = self.engine()?;
-        let outcome = tokio::task::spawn_blocking({
-            let engine = engine.clone();
-            move || engine.execute_batch(&path, partition_key, &ops)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("batch task failed: {e}")))?;
-        let outputs = engine.settle(outcome).await?;
+        if ops.iter().any(BatchOp::writes) {
+            caller.allow(Action::Write, target)?;
+        }
+        let outputs = self
+            .settle_blocking(move |e| e.execute_batch(&path, partition_key, &ops))
+            .await?;
         Ok(ExecuteBatchResponse {
             results: outputs.into_iter().map(result).collect(),
         })

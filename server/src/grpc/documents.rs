@@ -65,6 +65,22 @@ impl DocumentsService {
         let engine = self.engine.get()?;
         Ok(engine.settle(op(&engine)).await?)
     }
+
+    /// [`Self::settle`] for operations that may take a while (a batch of a hundred documents,
+    /// a patch re-applied under contention): run off the async workers.
+    pub(super) async fn settle_blocking<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&engine::Engine) -> engine::Outcome<T> + Send + 'static,
+    ) -> Result<T, Status> {
+        let engine = self.engine.get()?;
+        let outcome = tokio::task::spawn_blocking({
+            let engine = engine.clone();
+            move || op(&engine)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("document task failed: {e}")))?;
+        Ok(engine.settle(outcome).await?)
+    }
 }
 
 fn if_match(etag: &str) -> Option<&str> {

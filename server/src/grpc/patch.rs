@@ -17,11 +17,9 @@ use crate::engine::{Error, InvalidInput, MAX_PATCH_OPERATIONS, PatchCondition, P
 /// A request's patch operations; the count is checked before any is converted.
 pub(super) fn operations(ops: Vec<v1::PatchOperation>) -> Result<Vec<PatchOp>, InvalidInput> {
     if ops.is_empty() || ops.len() > MAX_PATCH_OPERATIONS {
-        return Err(InvalidInput::BadJson {
-            reason: format!(
-                "a patch has 1 to {MAX_PATCH_OPERATIONS} operations; this one has {}",
-                ops.len()
-            ),
+        return Err(InvalidInput::PatchSize {
+            count: ops.len(),
+            max: MAX_PATCH_OPERATIONS,
         });
     }
     ops.into_iter()

@@ -28,6 +28,7 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::DocumentExists { .. } => (Code::AlreadyExists, "DOCUMENT_EXISTS"),
         Error::PreconditionFailed { .. } => (Code::FailedPrecondition, "ETAG_MISMATCH"),
         Error::ConditionNotMet { .. } => (Code::FailedPrecondition, "CONDITION_NOT_MET"),
+        Error::Contended { .. } => (Code::Aborted, "CONTENDED"),
         Error::BatchOperation { source, .. } => code_and_reason(source),
         Error::Storage(e) => match e.kind() {
             StorageErrorKind::Unavailable => (Code::Unavailable, "STORAGE_UNAVAILABLE"),
@@ -64,7 +65,7 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         InvalidInput::DocumentTooLarge { .. } => "DOCUMENT_TOO_LARGE",
         InvalidInput::DocumentTooDeep { .. } => "DOCUMENT_TOO_DEEP",
         InvalidInput::BadJson { .. } => "INVALID_JSON",
-        InvalidInput::Patch { .. } => "INVALID_PATCH",
+        InvalidInput::Patch { .. } | InvalidInput::PatchSize { .. } => "INVALID_PATCH",
         InvalidInput::MissingField { .. } => "MISSING_FIELD",
         InvalidInput::UnknownEnumValue { .. } => "UNKNOWN_ENUM_VALUE",
         InvalidInput::PageSize { .. } => "INVALID_PAGE_SIZE",

@@ -74,8 +74,10 @@ pub enum InvalidInput {
     TokenTtl { value: u32, max: u32 },
     /// A batch with no operations, or too many.
     BatchSize { count: usize, max: usize },
-    /// A batch reading or returning more document bytes than the limit.
-    BatchTooLarge { limit: usize },
+    /// A patch with no operations, or too many.
+    PatchSize { count: usize, max: usize },
+    /// A batch reading, returning or indexing more bytes than the limit.
+    BatchTooLarge { what: &'static str, limit: usize },
     /// A patch condition that is not `FROM <alias> [JOIN ...] [WHERE ...]`.
     PatchCondition { reason: String },
 }
@@ -163,9 +165,12 @@ impl fmt::Display for InvalidInput {
             InvalidInput::BatchSize { count, max } => {
                 write!(f, "a batch has 1 to {max} operations; this one has {count}")
             }
-            InvalidInput::BatchTooLarge { limit } => write!(
+            InvalidInput::PatchSize { count, max } => {
+                write!(f, "a patch has 1 to {max} operations; this one has {count}")
+            }
+            InvalidInput::BatchTooLarge { what, limit } => write!(
                 f,
-                "the batch reads or returns more than {limit} bytes of documents; split it into smaller batches"
+                "with this operation the batch {what} more than {limit} bytes; split it into smaller batches"
             ),
             InvalidInput::PatchCondition { reason } => write!(
                 f,

@@ -2,10 +2,11 @@
 //! under the lock; bodies and index terms are fetched, operations evaluated in order over a
 //! staged copy, and new terms computed, all outside it; the lock is taken again to check that
 //! nothing the batch saw has changed and to commit every change as one write. Should a
-//! document change in between, the batch is evaluated again (and after a few tries, once
-//! under the lock, as for a single write).
+//! document change in between, the batch is evaluated again; after [`MAX_BATCH_ATTEMPTS`] it
+//! fails as contended. Unlike a single write, it never falls back to working under the lock:
+//! a batch's work (a hundred bodies, conditions, terms) would stall the shard.
 
-use super::documents::{MAX_OPTIMISTIC_ATTEMPTS, same_policy};
+use super::documents::same_policy;
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
 use crate::engine::{
@@ -15,6 +16,14 @@ use crate::engine::{
     patch,
 };
 use serde_json::{Map, Value};
+
+/// Evaluations of a batch before it fails as contended: each retry means another write to
+/// one of its documents landed during the one before.
+pub(in crate::engine) const MAX_BATCH_ATTEMPTS: usize = 16;
+
+/// Most bytes of index terms (old and new) a batch may hold and write: what one batch's index
+/// changes cost in memory and in its storage write.
+const MAX_BATCH_TERM_BYTES: usize = 16 * 1024 * 1024;
 
 /// A document as the batch's staged state has it.
 #[derive(Debug)]
@@ -33,7 +42,11 @@ struct Seen {
     slot: Option<u32>,
     version: u64,
     live: bool,
+    /// The flags a purge changes without a new version: a batch that saw them before the
+    /// purge must not commit after it (it would remove the same index entries twice).
     indexed: bool,
+    dead: bool,
+    purged: bool,
     terms: Option<TermsRef>,
 }
 
@@ -106,9 +119,7 @@ impl Shard {
                 ids.push(op.id());
             }
         }
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
+        for _ in 0..MAX_BATCH_ATTEMPTS {
             // Look: what the shard holds at each key, now.
             let mut state = self.lock();
             let st = &mut *state;
@@ -116,7 +127,7 @@ impl Shard {
             let Some(cs) = st.collections.get(&info.uid) else {
                 return Outcome::failed(collection_gone(info));
             };
-            let (policy, lazy) = (cs.policy.clone(), cs.lazy);
+            let (policy, lazy, default_ttl) = (cs.policy.clone(), cs.lazy, cs.rules.default_ttl);
             let mut seen_at = observed(st, cs);
             let mut keys: Vec<KeyPlan> = ids
                 .iter()
@@ -137,6 +148,8 @@ impl Shard {
                             version: meta.map_or(0, |m| m.version),
                             live,
                             indexed: meta.is_some_and(|m| m.indexed),
+                            dead: meta.is_some_and(|m| m.dead),
+                            purged: meta.is_some_and(|m| m.purged),
                             terms: slot.map(|s| st.docs.terms_ref(s)),
                         },
                         key,
@@ -150,29 +163,17 @@ impl Shard {
                     }
                 })
                 .collect();
-            // After a few documents changed under the batch, evaluate it under the lock.
-            let held = (attempt >= MAX_OPTIMISTIC_ATTEMPTS).then_some(state);
-            let evaluated = match self.evaluate(info, ops, &mut keys, (&policy, lazy), now) {
-                Ok(evaluated) => evaluated,
-                Err(Stop::Changed) if held.is_none() => continue,
-                Err(Stop::Changed) => {
-                    return Outcome::failed(StorageError::new(
-                        "a document changed under the shard lock during a batch",
-                    ));
-                }
-                Err(Stop::Failed(e)) => return Outcome::new(Err(e), seen_at),
-            };
+            drop(state);
+            let evaluated =
+                match self.evaluate(info, ops, &mut keys, (&policy, lazy, default_ttl), now) {
+                    Ok(evaluated) => evaluated,
+                    Err(Stop::Changed) => continue,
+                    Err(Stop::Failed(e)) => return Outcome::new(Err(e), seen_at),
+                };
             // Commit, if the shard still holds what the batch saw.
-            let mut state = match held {
-                Some(state) => state,
-                None => self.lock(),
-            };
+            let mut state = self.lock();
             let st = &mut *state;
-            let at = if attempt >= MAX_OPTIMISTIC_ATTEMPTS {
-                now
-            } else {
-                st.now(clock)
-            };
+            let at = st.now(clock);
             let Some(cs) = st.collections.get(&info.uid) else {
                 return Outcome::failed(collection_gone(info));
             };
@@ -185,6 +186,8 @@ impl Shard {
                             let meta = st.docs.get(s);
                             meta.version == k.seen.version
                                 && meta.is_visible(&cs.rules, at) == k.seen.live
+                                && (meta.indexed, meta.dead, meta.purged)
+                                    == (k.seen.indexed, k.seen.dead, k.seen.purged)
                                 && Some(st.docs.terms_ref(s)) == k.seen.terms
                         })
                 });
@@ -193,6 +196,9 @@ impl Shard {
             }
             return self.commit_batch(state, info, &keys, evaluated, at, seen_at);
         }
+        Outcome::failed(Error::Contended {
+            attempts: MAX_BATCH_ATTEMPTS,
+        })
     }
 
     /// Evaluates every operation in order over the staged documents, fetching stored bodies
@@ -202,7 +208,7 @@ impl Shard {
         info: &CollectionInfo,
         ops: &[BatchOp],
         keys: &mut [KeyPlan],
-        (policy, lazy): (&Option<Arc<IndexPaths>>, bool),
+        (policy, lazy, default_ttl): (&Option<Arc<IndexPaths>>, bool, DefaultTtl),
         now: Millis,
     ) -> Result<Evaluated, Stop> {
         let mut fetched = 0;
@@ -224,10 +230,13 @@ impl Shard {
                 let record = self.fetch(info, plan)?;
                 fetched += record.body.len();
                 if fetched > MAX_BATCH_BYTES {
-                    return Err(Error::from(InvalidInput::BatchTooLarge {
-                        limit: MAX_BATCH_BYTES,
-                    })
-                    .into());
+                    return Err(Stop::Failed(op.failed(
+                        index,
+                        InvalidInput::BatchTooLarge {
+                            what: "reads",
+                            limit: MAX_BATCH_BYTES,
+                        },
+                    )));
                 }
                 plan.current = Current::Live(Arc::new(Staged {
                     body: record.body.clone(),
@@ -324,7 +333,7 @@ impl Shard {
                             Pending::Document(k, touched)
                         }
                         BatchOp::Patch { ops, condition, .. } => {
-                            let view = staged_view(&plan.key, &staged, now, now, None);
+                            let view = staged_view(&plan.key, &staged, now, now, Some(default_ttl));
                             if let Some(condition) = condition {
                                 condition.check(&view).map_err(failed)?;
                             }
@@ -349,16 +358,20 @@ impl Shard {
             if let Pending::Document(_, s) | Pending::Upserted(_, _, s) = &result {
                 returned += s.body.len();
                 if returned > MAX_BATCH_BYTES {
-                    return Err(Error::from(InvalidInput::BatchTooLarge {
-                        limit: MAX_BATCH_BYTES,
-                    })
-                    .into());
+                    return Err(Stop::Failed(op.failed(
+                        index,
+                        InvalidInput::BatchTooLarge {
+                            what: "returns",
+                            limit: MAX_BATCH_BYTES,
+                        },
+                    )));
                 }
             }
             pending.push(result);
         }
         // Index entries: old terms fetched and new ones computed here, outside the lock.
         let mut terms = Vec::with_capacity(keys.len());
+        let mut term_bytes = 0;
         for plan in keys.iter() {
             let ends_live = !matches!(plan.current, Current::Absent);
             let entries_change = plan.changed
@@ -387,6 +400,21 @@ impl Shard {
                     .map_err(|e| Stop::Failed(ops[*index].failed(*index, e)))?,
                 _ => Vec::new(),
             };
+            term_bytes += old.iter().chain(&new).map(Vec::len).sum::<usize>();
+            if term_bytes > MAX_BATCH_TERM_BYTES {
+                // Charged to the last operation that wrote the document.
+                let index = plan
+                    .new_body
+                    .as_ref()
+                    .map_or_else(|| last_write_of(ops, &plan.key.id), |(index, _)| *index);
+                return Err(Stop::Failed(ops[index].failed(
+                    index,
+                    InvalidInput::BatchTooLarge {
+                        what: "indexes",
+                        limit: MAX_BATCH_TERM_BYTES,
+                    },
+                )));
+            }
             terms.push(Some((old, new)));
         }
         Ok(Evaluated { pending, terms })
@@ -485,6 +513,13 @@ impl Shard {
             .collect();
         Outcome::new(Ok(outputs), settle_at)
     }
+}
+
+/// The last operation writing document `id` (there is one: its entries change).
+fn last_write_of(ops: &[BatchOp], id: &DocumentId) -> usize {
+    ops.iter()
+        .rposition(|op| op.writes() && op.id() == id)
+        .unwrap_or_default()
 }
 
 /// A staged document as a client sees it: written at `commit` if the batch wrote it, judged at
