@@ -159,4 +159,28 @@ mod tests {
         let spread: std::collections::HashSet<_> = (0..20).map(|_| policy.delay(1)).collect();
         assert!(spread.len() > 1, "jittered");
     }
+
+    #[test]
+    fn writes_are_retried_only_when_never_sent_or_on_request() {
+        let unavailable = Error::from_status(tonic::Status::unavailable("draining"), "here");
+        let refused = Error::connect(
+            "here",
+            &std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        );
+        let timeout = Error::timeout(Duration::from_secs(1));
+        let policy = RetryPolicy::default();
+        assert!(policy.may_retry(Call::Idempotent, &unavailable, 1));
+        assert!(policy.may_retry(Call::Idempotent, &unavailable, 2));
+        assert!(
+            !policy.may_retry(Call::Idempotent, &unavailable, 3),
+            "3 attempts"
+        );
+        assert!(!policy.may_retry(Call::Write, &unavailable, 1));
+        assert!(policy.may_retry(Call::Write, &refused, 1), "never sent");
+        assert!(!policy.may_retry(Call::Idempotent, &timeout, 1));
+        let writes = policy.retry_writes(true);
+        assert!(writes.may_retry(Call::Write, &unavailable, 1));
+        assert!(!writes.may_retry(Call::Write, &timeout, 1));
+        assert!(!RetryPolicy::none().may_retry(Call::Idempotent, &refused, 1));
+    }
 }
