@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use mayfly_client::{Client, Collection, DefaultTtl, Error, TouchOutcome};
+use mayfly_client::{Client, Collection, DefaultTtl, Ensured, Error, TouchOutcome, UpdateOutcome};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -28,23 +28,23 @@ struct SessionStore {
 
 impl SessionStore {
     async fn open(client: &Client, idle: Duration) -> Result<Self, Error> {
-        let db = match client.create_database("webapp").await {
-            Ok(db) => db,
-            Err(Error::Conflict(_)) => client.database("webapp"),
-            Err(e) => return Err(e),
-        };
+        let db = client
+            .create_database_if_not_exists("webapp")
+            .await?
+            .into_inner();
         let sessions = match db
-            .create_collection("sessions", "/user")
+            .create_collection_if_not_exists("sessions", "/user")
             .default_ttl(DefaultTtl::After(idle))
-            .await
+            .await?
         {
-            Ok(c) => c,
-            Err(Error::Conflict(_)) => {
-                let c = db.collection("sessions");
-                c.set_default_ttl(DefaultTtl::After(idle)).await?;
-                c
+            Ensured::Created(sessions) => sessions,
+            // Made by an earlier run, perhaps with another idle timeout.
+            Ensured::Existing(sessions, settings) => {
+                if settings.default_ttl != DefaultTtl::After(idle) {
+                    sessions.set_default_ttl(DefaultTtl::After(idle)).await?;
+                }
+                sessions
             }
-            Err(e) => return Err(e),
         };
         Ok(SessionStore { sessions })
     }
@@ -63,23 +63,31 @@ impl SessionStore {
     async fn request(&self, user: &str, session_id: &str) -> Result<Option<Session>, Error> {
         match self.sessions.touch(session_id, user).await? {
             TouchOutcome::Touched(doc) => {
-                println!(
-                    "  {session_id}: active, expires in {:?}",
-                    doc.remaining().unwrap_or_default()
-                );
+                println!("  {session_id}: active, {:?} left", doc.remaining());
                 Ok(Some(doc.deserialize()?))
             }
             TouchOutcome::Missing => Ok(None),
         }
     }
 
-    async fn add_to_cart(&self, mut session: Session, item: &str) -> Result<Session, Error> {
-        session.cart.push(item.to_owned());
-        let user = session.user.clone();
-        self.sessions
-            .replace(&session.id, user.as_str(), &session)
+    /// Read-modify-write that keeps the session's TTL, retrying if another request of the
+    /// same user wrote in between.
+    async fn add_to_cart(
+        &self,
+        user: &str,
+        session_id: &str,
+        item: &str,
+    ) -> Result<Option<Session>, Error> {
+        let outcome = self
+            .sessions
+            .update::<Session, _>(session_id, user, |session| {
+                session.cart.push(item.to_owned())
+            })
             .await?;
-        Ok(session)
+        Ok(match outcome {
+            UpdateOutcome::Updated { item, .. } => Some(item.into_value()),
+            UpdateOutcome::Missing => None,
+        })
     }
 }
 
@@ -113,7 +121,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("sessions expire after {idle:?} without a request");
     let session = store.login("ann").await?;
-    let session = store.add_to_cart(session, "teapot").await?;
+    store
+        .add_to_cart("ann", &session.id, "teapot")
+        .await?
+        .expect("just logged in");
     store.login("bob").await?;
 
     // Ann keeps clicking; Bob wanders off.

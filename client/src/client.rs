@@ -5,7 +5,7 @@ use mayfly_proto::v1::{
     GetDatabaseRequest, ListCollectionsRequest, ListDatabasesRequest,
     client::{CollectionsClient, DatabasesClient, DocumentsClient},
 };
-use std::{future::IntoFuture, pin::Pin};
+use std::{future::IntoFuture, io, pin::Pin, sync::Arc, time::Duration};
 use tonic::{
     Status,
     metadata::{Ascii, MetadataValue},
@@ -15,7 +15,8 @@ use tonic::{
 
 use crate::{
     collection::{Collection, CollectionInfo, IndexingMode, IndexingPaths},
-    error::Error,
+    error::{Error, ErrorDetails, Reason},
+    retry::RetryPolicy,
     tls::Tls,
     ttl::DefaultTtl,
 };
@@ -35,6 +36,16 @@ pub struct Client {
     pub(crate) databases: DatabasesClient<Transport>,
     pub(crate) collections: CollectionsClient<Transport>,
     pub(crate) documents: DocumentsClient<Transport>,
+    settings: Arc<Settings>,
+}
+
+/// What every request of a client shares.
+#[derive(Debug)]
+struct Settings {
+    /// The address as given, to name in errors.
+    address: String,
+    request_timeout: Option<Duration>,
+    retry: RetryPolicy,
 }
 
 /// The `authorization` metadata every request carries, if any.
@@ -52,13 +63,29 @@ impl Interceptor for Credentials {
     }
 }
 
-/// Options for [`Client::builder`]: credentials, TLS.
+/// Options for [`Client::builder`]: credentials, TLS, timeouts, keepalive, retries.
+///
+/// Defaults: connect timeout 5 s, request timeout 30 s, HTTP/2 keepalive pings every 30 s
+/// (also while idle) answered within 10 s, [`RetryPolicy::default`] (3 attempts for reads).
 #[derive(Debug)]
 pub struct ClientBuilder {
     address: String,
     credential: Option<String>,
     tls: Option<Tls>,
+    connect_timeout: Duration,
+    request_timeout: Option<Duration>,
+    keep_alive: Option<(Duration, Duration)>,
+    retry: RetryPolicy,
 }
+
+/// Default limit on establishing a connection (TCP, then TLS).
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default limit on one request (each page of a feed or query counts as one).
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default HTTP/2 keepalive: a ping this often ...
+const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// ... that must be answered this fast, or the connection is taken as dead.
+const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ClientBuilder {
     /// Sends an account key (read-write or read-only) with every request. The key of a server
@@ -101,7 +128,8 @@ impl ClientBuilder {
     }
 
     /// Connects over TLS, checking the server's certificate as `tls` says. An address
-    /// without a scheme then means `https://`.
+    /// without a scheme then means `https://`; an `https://` address without TLS configured
+    /// is refused (rather than sent in plaintext).
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
@@ -120,52 +148,229 @@ impl ClientBuilder {
         self
     }
 
-    /// Connects.
+    /// The longest a connection (TCP and TLS handshakes) may take; 5 s by default. A lazy
+    /// client's first request, or any request after the connection dropped, connects too.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// use std::time::Duration;
+    /// let client = mayfly_client::Client::builder(&address)
+    ///     .connect_timeout(Duration::from_secs(1))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The longest the client waits for the answer to one request, retries not counted
+    /// (each attempt has its own); 30 s by default. Each page of a feed or query counts as
+    /// one request. Past it the request fails with [`Error::Timeout`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// use std::time::Duration;
+    /// let client = mayfly_client::Client::builder(&address)
+    ///     .request_timeout(Duration::from_millis(500))
+    ///     .connect()
+    ///     .await?;
+    /// client.list_databases().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// No request timeout: a request waits for its answer as long as the connection lives
+    /// (HTTP/2 keepalive still detects a dead one).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// let client = mayfly_client::Client::builder(&address).no_request_timeout().connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn no_request_timeout(mut self) -> Self {
+        self.request_timeout = None;
+        self
+    }
+
+    /// HTTP/2 keepalive: a ping every `interval`, even without requests in flight, which the
+    /// server must answer within `timeout` or the connection is closed (and requests on it
+    /// fail with [`Error::Unavailable`]). 30 s and 10 s by default.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// use std::time::Duration;
+    /// let client = mayfly_client::Client::builder(&address)
+    ///     .keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn keep_alive(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.keep_alive = Some((interval, timeout));
+        self
+    }
+
+    /// No HTTP/2 keepalive pings.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// let client = mayfly_client::Client::builder(&address).no_keep_alive().connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn no_keep_alive(mut self) -> Self {
+        self.keep_alive = None;
+        self
+    }
+
+    /// How failed requests are sent again; [`RetryPolicy::default`] if not called.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// use std::time::Duration;
+    /// use mayfly_client::{Client, RetryPolicy};
+    /// let client = Client::builder(&address)
+    ///     .retry(RetryPolicy::default().max_attempts(5).base_delay(Duration::from_millis(20)))
+    ///     .connect()
+    ///     .await?;
+    /// let no_retries = Client::builder(&address).retry(RetryPolicy::none()).connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Connects, failing with [`Error::Connect`] (naming the address and the cause) if the
+    /// server cannot be reached within the connect timeout.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let err = mayfly_client::Client::builder("127.0.0.1:1").connect().await.unwrap_err();
+    /// assert!(err.to_string().starts_with("cannot connect to 127.0.0.1:1: "), "{err}");
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(self) -> Result<Client, Error> {
+        let (endpoint, credentials, settings) = self.prepare()?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| Error::connect(&settings.address, &e))?;
+        Ok(Client::with_credentials(channel, credentials, settings))
+    }
+
+    /// A client that connects on its first request (and again after the connection drops),
+    /// so that building it needs no server. Address and TLS settings are checked at once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = mayfly_client::Client::builder("127.0.0.1:1").connect_lazy()?;
+    /// let err = client.list_databases().await.unwrap_err(); // nobody there
+    /// assert!(matches!(err, mayfly_client::Error::Connect { .. }), "{err}");
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_lazy(self) -> Result<Client, Error> {
+        let (endpoint, credentials, settings) = self.prepare()?;
+        Ok(Client::with_credentials(
+            endpoint.connect_lazy(),
+            credentials,
+            settings,
+        ))
+    }
+
+    fn prepare(self) -> Result<(Endpoint, Credentials, Settings), Error> {
         let address = self.address.as_str();
         let uri = match (address.split_once("://"), &self.tls) {
             (None, None) => format!("http://{address}"),
             (None, Some(_)) => format!("https://{address}"),
             (Some(("http", _)), None) | (Some(("https", _)), Some(_)) => address.to_owned(),
             (Some(("https", _)), None) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{address} asks for TLS: give .tls(Tls::system_roots()) or a CA, so that \
-                     the server's certificate is checked"
-                )));
+                return Err(Error::invalid(
+                    format!(
+                        "{address} asks for TLS: give .tls(Tls::system_roots()) or a CA, so \
+                         that the server's certificate is checked"
+                    ),
+                    None,
+                ));
             }
             (Some(("http", _)), Some(_)) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{address} asks for plaintext but TLS is configured: use https:// or no scheme"
-                )));
+                return Err(Error::invalid(
+                    format!(
+                        "{address} asks for plaintext but TLS is configured: use https:// or \
+                         no scheme"
+                    ),
+                    None,
+                ));
             }
             (Some((scheme, _)), _) => {
-                return Err(Error::InvalidArgument(format!(
-                    "bad server address {address:?}: the scheme {scheme:?} is neither http nor https"
-                )));
+                return Err(Error::invalid(
+                    format!(
+                        "bad server address {address:?}: the scheme {scheme:?} is neither \
+                         http nor https"
+                    ),
+                    None,
+                ));
             }
         };
+        // An address that does not parse (a port above 65535, say) cannot be connected to:
+        // reported like any other connect failure, with the address and why.
         let mut endpoint = Endpoint::from_shared(uri)
-            .map_err(|e| Error::InvalidArgument(format!("bad server address {address:?}: {e}")))?
-            .tcp_nodelay(true);
+            .map_err(|e| {
+                let cause = io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("not a valid server address: {e}"),
+                );
+                Error::connect(address, &cause)
+            })?
+            .tcp_nodelay(true)
+            .connect_timeout(self.connect_timeout);
+        if let Some((interval, timeout)) = self.keep_alive {
+            endpoint = endpoint
+                .http2_keep_alive_interval(interval)
+                .keep_alive_timeout(timeout)
+                .keep_alive_while_idle(true);
+        }
         if let Some(tls) = &self.tls {
-            endpoint = endpoint.tls_config(tls.config()).map_err(|e| {
-                Error::InvalidArgument(format!("TLS settings: {}", with_sources(&e)))
-            })?;
+            endpoint = endpoint
+                .tls_config(tls.config())
+                .map_err(|e| Error::invalid(format!("TLS settings: {}", with_sources(&e)), None))?;
         }
         let credentials = match self.credential {
             None => Credentials(None),
             Some(credential) => Credentials(Some(format!("Bearer {credential}").parse().map_err(
-                |_| {
-                    Error::InvalidArgument(
-                        "a key or token is printable ASCII; this one is not".into(),
-                    )
-                },
+                |_| Error::invalid("a key or token is printable ASCII; this one is not", None),
             )?)),
         };
-        let channel = endpoint.connect().await.map_err(|e| {
-            Error::Unavailable(format!("cannot connect to {address}: {}", with_sources(&e)))
-        })?;
-        Ok(Client::with_credentials(channel, credentials))
+        let settings = Settings {
+            address: self.address,
+            request_timeout: self.request_timeout,
+            retry: self.retry,
+        };
+        Ok((endpoint, credentials, settings))
     }
 }
 
@@ -179,6 +384,55 @@ fn with_sources(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Whether a request may be sent twice (see [`RetryPolicy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// Sending it twice has the effect of sending it once: reads, and a few writes.
+    Idempotent,
+    /// Sent again only with [`RetryPolicy::retry_writes`], or if it never left.
+    Write,
+}
+
+impl Client {
+    /// Sends a request through `send` (called once per attempt) under the request timeout,
+    /// retrying as the policy says.
+    pub(crate) async fn call<R, F, Fut>(&self, call: Call, mut send: F) -> Result<R, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let settings = &*self.settings;
+        let mut attempt = 1;
+        loop {
+            let outcome = match settings.request_timeout {
+                Some(limit) => match tokio::time::timeout(limit, send()).await {
+                    Ok(answer) => answer.map_err(|s| self.error(s)),
+                    Err(_) => Err(Error::timeout(limit)),
+                },
+                None => send().await.map_err(|s| self.error(s)),
+            };
+            match outcome {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(e) if settings.retry.may_retry(call, &e, attempt) => {
+                    tokio::time::sleep(settings.retry.delay(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A status from this client's server as an [`Error`].
+    pub(crate) fn error(&self, status: Status) -> Error {
+        Error::from_status(status, &self.settings.address)
+    }
+
+    /// The request timeout, if any.
+    pub(crate) fn request_timeout(&self) -> Option<Duration> {
+        self.settings.request_timeout
+    }
 }
 
 impl Client {
@@ -197,35 +451,36 @@ impl Client {
         Self::builder(address).connect().await
     }
 
-    /// A client with options: a key or token, TLS.
-    pub fn builder(address: impl AsRef<str>) -> ClientBuilder {
-        ClientBuilder {
-            address: address.as_ref().to_owned(),
-            credential: None,
-            tls: None,
-        }
-    }
-
-    /// Uses an existing tonic channel (for TLS, timeouts, load balancing, ...).
+    /// A client with options: a key or token, TLS, timeouts, keepalive, retries (see
+    /// [`ClientBuilder`] for the defaults).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
-    /// # let address = format!("http://{}", server.local_addr());
-    /// let channel = tonic::transport::Endpoint::from_shared(address)?
-    ///     .timeout(std::time::Duration::from_secs(5))
+    /// # let address = server.local_addr().to_string();
+    /// use std::time::Duration;
+    /// let client = mayfly_client::Client::builder(&address)
+    ///     .request_timeout(Duration::from_secs(2))
     ///     .connect()
     ///     .await?;
-    /// let client = mayfly_client::Client::from_channel(channel);
     /// # Ok(()) }
     /// ```
-    pub fn from_channel(channel: Channel) -> Self {
-        Self::with_credentials(channel, Credentials::default())
+    pub fn builder(address: impl AsRef<str>) -> ClientBuilder {
+        ClientBuilder {
+            address: address.as_ref().to_owned(),
+            credential: None,
+            tls: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            keep_alive: Some((DEFAULT_KEEP_ALIVE_INTERVAL, DEFAULT_KEEP_ALIVE_TIMEOUT)),
+            retry: RetryPolicy::default(),
+        }
     }
 
-    fn with_credentials(channel: Channel, credentials: Credentials) -> Self {
+    fn with_credentials(channel: Channel, credentials: Credentials, settings: Settings) -> Self {
         Client {
+            settings: Arc::new(settings),
             databases: DatabasesClient::with_interceptor(channel.clone(), credentials.clone()),
             collections: CollectionsClient::with_interceptor(channel.clone(), credentials.clone()),
             documents: DocumentsClient::with_interceptor(channel, credentials)
@@ -246,11 +501,42 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn create_database(&self, id: &str) -> Result<Database, Error> {
-        self.databases
-            .clone()
-            .create_database(CreateDatabaseRequest { id: id.to_owned() })
-            .await?;
+        let request = CreateDatabaseRequest { id: id.to_owned() };
+        self.call(Call::Write, || {
+            let mut databases = self.databases.clone();
+            let request = request.clone();
+            async move { databases.create_database(request).await }
+        })
+        .await?;
         Ok(self.database(id))
+    }
+
+    /// Creates a database unless one with the id exists: [`Ensured::Created`] or
+    /// [`Ensured::Existing`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use mayfly_client::Ensured;
+    /// assert!(matches!(client.create_database_if_not_exists("app").await?, Ensured::Created(_)));
+    /// let db = client.create_database_if_not_exists("app").await?;
+    /// assert!(matches!(db, Ensured::Existing(_, ())));
+    /// assert_eq!(db.into_inner().id(), "app");
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_database_if_not_exists(
+        &self,
+        id: &str,
+    ) -> Result<Ensured<Database>, Error> {
+        match self.create_database(id).await {
+            Ok(db) => Ok(Ensured::Created(db)),
+            Err(e) if e.reason() == Some(&Reason::DatabaseExists) => {
+                Ok(Ensured::Existing(self.database(id), ()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A handle on a database (no request is made).
@@ -285,16 +571,12 @@ impl Client {
     /// ```
     pub async fn list_databases(&self) -> Result<Vec<String>, Error> {
         let response = self
-            .databases
-            .clone()
-            .list_databases(ListDatabasesRequest {})
+            .call(Call::Idempotent, || {
+                let mut databases = self.databases.clone();
+                async move { databases.list_databases(ListDatabasesRequest {}).await }
+            })
             .await?;
-        Ok(response
-            .into_inner()
-            .databases
-            .into_iter()
-            .map(|d| d.id)
-            .collect())
+        Ok(response.databases.into_iter().map(|d| d.id).collect())
     }
 }
 
@@ -332,20 +614,21 @@ impl Database {
     /// # Ok(()) }
     /// ```
     pub async fn exists(&self) -> Result<bool, Error> {
-        match self
+        let request = GetDatabaseRequest {
+            id: self.id.clone(),
+        };
+        let found = self
             .client
-            .databases
-            .clone()
-            .get_database(GetDatabaseRequest {
-                id: self.id.clone(),
+            .call(Call::Idempotent, || {
+                let mut databases = self.client.databases.clone();
+                let request = request.clone();
+                async move { databases.get_database(request).await }
             })
-            .await
-        {
+            .await;
+        match found {
             Ok(_) => Ok(true),
-            Err(status) => match Error::from(status) {
-                Error::DatabaseNotFound(_) => Ok(false),
-                e => Err(e),
-            },
+            Err(Error::DatabaseNotFound(_)) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -362,11 +645,14 @@ impl Database {
     /// # Ok(()) }
     /// ```
     pub async fn delete(&self) -> Result<(), Error> {
+        let request = DeleteDatabaseRequest {
+            id: self.id.clone(),
+        };
         self.client
-            .databases
-            .clone()
-            .delete_database(DeleteDatabaseRequest {
-                id: self.id.clone(),
+            .call(Call::Write, || {
+                let mut databases = self.client.databases.clone();
+                let request = request.clone();
+                async move { databases.delete_database(request).await }
             })
             .await?;
         Ok(())
@@ -402,6 +688,41 @@ impl Database {
         }
     }
 
+    /// Creates a collection unless one with the id exists: [`Ensured::Created`] or
+    /// [`Ensured::Existing`]. Settings given to the builder apply only when it is created; an
+    /// existing collection keeps its own, except that one partitioned by another path is an
+    /// error ([`Error::Conflict`] with [`Reason::CollectionExists`]): its documents would be
+    /// addressed by another value. The database must exist.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::{DefaultTtl, Ensured};
+    /// let db = client.create_database_if_not_exists("app").await?.into_inner();
+    /// let sessions = db
+    ///     .create_collection_if_not_exists("sessions", "/user")
+    ///     .default_ttl(DefaultTtl::After(Duration::from_secs(1800)))
+    ///     .await?;
+    /// assert!(matches!(sessions, Ensured::Created(_)));
+    /// let again = db.create_collection_if_not_exists("sessions", "/user").await?;
+    /// let Ensured::Existing(sessions, settings) = again else { panic!("exists") };
+    /// assert_eq!(settings.default_ttl, DefaultTtl::After(Duration::from_secs(1800)));
+    ///
+    /// let err = db.create_collection_if_not_exists("sessions", "/tenant").await.unwrap_err();
+    /// assert_eq!(err.reason(), Some(&mayfly_client::Reason::CollectionExists));
+    /// # Ok(()) }
+    /// ```
+    pub fn create_collection_if_not_exists(
+        &self,
+        id: &str,
+        partition_key_path: &str,
+    ) -> EnsureCollection<'_> {
+        EnsureCollection(self.create_collection(id, partition_key_path))
+    }
+
     /// A handle on a collection (no request is made).
     ///
     /// ```
@@ -432,19 +753,21 @@ impl Database {
     /// # Ok(()) }
     /// ```
     pub async fn list_collections(&self) -> Result<Vec<CollectionInfo>, Error> {
+        let request = ListCollectionsRequest {
+            database: self.id.clone(),
+        };
         let response = self
             .client
-            .collections
-            .clone()
-            .list_collections(ListCollectionsRequest {
-                database: self.id.clone(),
+            .call(Call::Idempotent, || {
+                let mut collections = self.client.collections.clone();
+                let request = request.clone();
+                async move { collections.list_collections(request).await }
             })
             .await?;
         Ok(response
-            .into_inner()
             .collections
             .into_iter()
-            .map(CollectionInfo::from)
+            .map(CollectionInfo::from_proto)
             .collect())
     }
 }
@@ -550,11 +873,147 @@ impl<'a> IntoFuture for CreateCollection<'a> {
             };
             database
                 .client
-                .collections
-                .clone()
-                .create_collection(request)
+                .call(Call::Write, || {
+                    let mut collections = database.client.collections.clone();
+                    let request = request.clone();
+                    async move { collections.create_collection(request).await }
+                })
                 .await?;
             Ok(database.collection(&id))
+        })
+    }
+}
+
+/// The outcome of `create_*_if_not_exists`: `S` is what was found of an existing one's
+/// settings (a [`CollectionInfo`] for a collection, nothing for a database).
+#[derive(Clone, Debug)]
+pub enum Ensured<T, S = ()> {
+    /// It did not exist, and was created with the settings given.
+    Created(T),
+    /// It existed already, with these settings.
+    Existing(T, S),
+}
+
+impl<T, S> Ensured<T, S> {
+    /// The database or collection, created or not.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let db = client.create_database_if_not_exists("app").await?.into_inner();
+    /// assert!(db.exists().await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn into_inner(self) -> T {
+        match self {
+            Ensured::Created(t) | Ensured::Existing(t, _) => t,
+        }
+    }
+
+    /// Whether it was created by this call.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// assert!(client.create_database_if_not_exists("app").await?.is_created());
+    /// assert!(!client.create_database_if_not_exists("app").await?.is_created());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_created(&self) -> bool {
+        matches!(self, Ensured::Created(_))
+    }
+}
+
+/// A collection being created unless it exists; see
+/// [`Database::create_collection_if_not_exists`]. `.await` it to send.
+#[derive(Debug)]
+#[must_use = "nothing is created until the request is awaited"]
+pub struct EnsureCollection<'a>(CreateCollection<'a>);
+
+impl EnsureCollection<'_> {
+    /// The default TTL if it is created ([`CreateCollection::default_ttl`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::DefaultTtl;
+    /// db.create_collection_if_not_exists("events", "/source").default_ttl(DefaultTtl::NoDefault).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn default_ttl(self, ttl: DefaultTtl) -> Self {
+        EnsureCollection(self.0.default_ttl(ttl))
+    }
+
+    /// The indexing mode if it is created ([`CreateCollection::indexing_mode`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::IndexingMode;
+    /// db.create_collection_if_not_exists("logs", "/host").indexing_mode(IndexingMode::Lazy).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn indexing_mode(self, mode: IndexingMode) -> Self {
+        EnsureCollection(self.0.indexing_mode(mode))
+    }
+
+    /// The indexed paths if it is created ([`CreateCollection::indexing_paths`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::IndexingPaths;
+    /// db.create_collection_if_not_exists("logs", "/host")
+    ///     .indexing_paths(IndexingPaths::new(["/*"], ["/message/?"]))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn indexing_paths(self, paths: IndexingPaths) -> Self {
+        EnsureCollection(self.0.indexing_paths(paths))
+    }
+}
+
+impl<'a> IntoFuture for EnsureCollection<'a> {
+    type Output = Result<Ensured<Collection, CollectionInfo>, Error>;
+    type IntoFuture = BoxFuture<'a, Self::Output>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let database = self.0.database;
+            let id = self.0.id.clone();
+            let path = self.0.partition_key_path.clone();
+            match self.0.await {
+                Ok(collection) => Ok(Ensured::Created(collection)),
+                Err(e) if e.reason() == Some(&Reason::CollectionExists) => {
+                    let info = database.collection(&id).info().await?;
+                    if info.partition_key_path != path {
+                        return Err(Error::Conflict(ErrorDetails::new(
+                            tonic::Code::AlreadyExists,
+                            format!(
+                                "collection '{id}' exists with partition key path '{}', not \
+                                 '{path}'",
+                                info.partition_key_path
+                            ),
+                            Some(Reason::CollectionExists),
+                        )));
+                    }
+                    Ok(Ensured::Existing(database.collection(&id), info))
+                }
+                Err(e) => Err(e),
+            }
         })
     }
 }

@@ -8,14 +8,20 @@ use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 
 use crate::{
-    client::Client,
-    document::{Document, PartitionKey},
-    error::Error,
+    client::{Call, Client},
+    document::{Document, Item, PartitionKey, ReplaceOutcome, UpdateOutcome},
+    error::{Error, ErrorDetails, Reason},
     feed::ReadFeed,
     query::Query,
-    requests::{CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument},
+    requests::{
+        CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
+        conflict_backoff, send_replace,
+    },
     ttl::{DefaultTtl, wire_seconds},
 };
+
+/// How many conflicts [`Collection::update`] takes before giving up.
+pub(crate) const UPDATE_MAX_CONFLICTS: u32 = 100;
 
 /// How a collection indexes its documents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -102,8 +108,8 @@ pub struct CollectionInfo {
     pub index_complete: bool,
 }
 
-impl From<v1::Collection> for CollectionInfo {
-    fn from(c: v1::Collection) -> Self {
+impl CollectionInfo {
+    pub(crate) fn from_proto(c: v1::Collection) -> Self {
         let v1::Collection {
             database,
             id,
@@ -250,14 +256,15 @@ impl Collection {
             database: self.database.clone(),
             id: self.id.clone(),
         };
-        Ok(self
+        let collection = self
             .client
-            .collections
-            .clone()
-            .get_collection(request)
-            .await?
-            .into_inner()
-            .into())
+            .call(Call::Idempotent, || {
+                let mut collections = self.client.collections.clone();
+                let request = request.clone();
+                async move { collections.get_collection(request).await }
+            })
+            .await?;
+        Ok(CollectionInfo::from_proto(collection))
     }
 
     /// Changes the default TTL; it applies at once to every document that inherits it.
@@ -318,14 +325,15 @@ impl Collection {
                 .map_or(v1::IndexingMode::Unspecified as i32, IndexingMode::to_wire),
             indexing_paths: indexing_paths.as_ref().map(IndexingPaths::to_wire),
         };
-        Ok(self
+        let collection = self
             .client
-            .collections
-            .clone()
-            .replace_collection(request)
-            .await?
-            .into_inner()
-            .into())
+            .call(Call::Write, || {
+                let mut collections = self.client.collections.clone();
+                let request = request.clone();
+                async move { collections.replace_collection(request).await }
+            })
+            .await?;
+        Ok(CollectionInfo::from_proto(collection))
     }
 
     /// Deletes the collection and its documents.
@@ -347,9 +355,11 @@ impl Collection {
             id: self.id.clone(),
         };
         self.client
-            .collections
-            .clone()
-            .delete_collection(request)
+            .call(Call::Write, || {
+                let mut collections = self.client.collections.clone();
+                let request = request.clone();
+                async move { collections.delete_collection(request).await }
+            })
             .await?;
         Ok(())
     }
@@ -372,7 +382,7 @@ impl Collection {
     ///     .ttl(DocumentTtl::After(Duration::from_secs(60)))
     ///     .await?;
     /// assert_eq!(doc.body()["ttl"], 60);
-    /// assert!(doc.remaining().unwrap() <= Duration::from_secs(60));
+    /// assert!(doc.remaining() <= mayfly_client::Lifetime::Remaining(Duration::from_secs(60)));
     /// # Ok(()) }
     /// ```
     pub fn create<T: Serialize + ?Sized>(&self, document: &T) -> CreateDocument<'_> {
@@ -398,8 +408,9 @@ impl Collection {
         UpsertDocument::new(self, to_object(document))
     }
 
-    /// Replaces a live document. Without a `ttl` (in the body or via `.ttl(...)`) it inherits
-    /// the collection default again.
+    /// Replaces a live document; [`ReplaceOutcome::Missing`] if there is none. Without a
+    /// `ttl` (in the body or via `.ttl(...)`) it inherits the collection default again;
+    /// `.ttl(DocumentTtl::Keep)` keeps the document's own.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -413,7 +424,7 @@ impl Collection {
     ///     .replace("SO05", "CO1", &serde_json::json!({"id": "SO05", "customerId": "CO1", "n": 2}))
     ///     .if_match(v1.etag())
     ///     .await?;
-    /// assert_eq!(v2.body()["n"], 2);
+    /// assert_eq!(v2.into_document().expect("was there").body()["n"], 2);
     /// # Ok(()) }
     /// ```
     pub fn replace<T: Serialize + ?Sized>(
@@ -449,14 +460,20 @@ impl Collection {
             database: self.database.clone(),
             collection: self.id.clone(),
             id: id.to_owned(),
-            partition_key: Some(partition_key.into().into()),
+            partition_key: Some(partition_key.into().into_proto()),
         };
-        match self.client.documents.clone().read_document(request).await {
-            Ok(response) => Ok(Some(response.into_inner().into())),
-            Err(status) => match Error::from(status) {
-                Error::NotFound(_) => Ok(None),
-                e => Err(e),
-            },
+        let read = self
+            .client
+            .call(Call::Idempotent, || {
+                let mut documents = self.client.documents.clone();
+                let request = request.clone();
+                async move { documents.read_document(request).await }
+            })
+            .await;
+        match read {
+            Ok(document) => Ok(Some(Document::from_proto(document))),
+            Err(Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -487,6 +504,152 @@ impl Collection {
             .await?
             .map(|d| d.deserialize())
             .transpose()
+    }
+
+    /// Reads a live document as an [`Item`]: the typed value with its etag, `_ts`, TTL,
+    /// expiry instant and remaining lifetime; `None` if it does not exist or has expired.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::{DocumentTtl, Lifetime};
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// #[serde(rename_all = "camelCase")]
+    /// struct Order { id: String, customer_id: String, total: f64 }
+    ///
+    /// let order = Order { id: "SO05".into(), customer_id: "CO1".into(), total: 42.5 };
+    /// orders.create(&order).ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
+    /// let item = orders.read_item::<Order>("SO05", "CO1").await?.expect("alive");
+    /// assert_eq!(item.total, 42.5);
+    /// assert!(item.lifetime() <= Lifetime::Remaining(Duration::from_secs(60)));
+    /// println!("etag {}, written at {}", item.etag(), item.ts());
+    /// # Ok(()) }
+    /// ```
+    pub async fn read_item<T: DeserializeOwned>(
+        &self,
+        id: &str,
+        partition_key: impl Into<PartitionKey>,
+    ) -> Result<Option<Item<T>>, Error> {
+        self.read(id, partition_key)
+            .await?
+            .map(Document::into_item)
+            .transpose()
+    }
+
+    /// Replaces the document an [`Item`] was read from with its (changed) value, if nobody
+    /// wrote it since (`if_match` on the item's etag), keeping the item's TTL (as read, or
+    /// as set with [`Item::set_ttl`]). See [`Collection::update`] for the loop around it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// use mayfly_client::Error;
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Counter { id: String, k: i64, n: i64 }
+    /// c.create(&Counter { id: "a".into(), k: 1, n: 0 }).await?;
+    /// let mut item = c.read_item::<Counter>("a", 1).await?.expect("there");
+    /// item.n += 1;
+    /// c.replace_item(&item).await?;
+    /// let stale = c.replace_item(&item).await.unwrap_err(); // its etag is the old one
+    /// assert!(matches!(stale, Error::PreconditionFailed(_)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn replace_item<T: Serialize>(
+        &self,
+        item: &Item<T>,
+    ) -> Result<ReplaceOutcome, Error> {
+        let mut body = to_object(item.value())?;
+        body.remove("ttl");
+        send_replace(
+            self,
+            item.id(),
+            item.partition_key(),
+            mayfly_proto::json::JsonObject::new(body),
+            item.ttl().to_wire(),
+            Some(item.etag().to_owned()),
+        )
+        .await
+    }
+
+    /// Read-modify-write of one document: reads it as an [`Item`], lets `change` modify it,
+    /// and writes it back with `if_match`; if another write landed in between, reads again
+    /// and calls `change` again (after a short random backoff, at most 100 times, then
+    /// [`Error::PreconditionFailed`]). The document keeps its own TTL unless `change` sets
+    /// another with [`Item::set_ttl`]; a `ttl` field of `T` is ignored. `change` sees the
+    /// item dereferenced to `T`. The outcome says how many conflicts were retried, or that the
+    /// document was missing (nothing is written then).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::{DocumentTtl, UpdateOutcome};
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Counter { id: String, k: String, n: i64 }
+    /// c.create(&Counter { id: "hits".into(), k: "x".into(), n: 0 })
+    ///     .ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
+    /// let outcome = c.update::<Counter, _>("hits", "x", |counter| counter.n += 1).await?;
+    /// let UpdateOutcome::Updated { item, conflicts } = outcome else { panic!("there") };
+    /// assert_eq!((item.n, conflicts), (1, 0));
+    /// assert_eq!(item.ttl(), DocumentTtl::After(Duration::from_secs(60)), "TTL kept");
+    /// let gone = c.update::<Counter, _>("nope", "x", |counter| counter.n += 1).await?;
+    /// assert!(matches!(gone, UpdateOutcome::Missing));
+    /// # Ok(()) }
+    /// ```
+    pub async fn update<T, F>(
+        &self,
+        id: &str,
+        partition_key: impl Into<PartitionKey>,
+        mut change: F,
+    ) -> Result<UpdateOutcome<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(&mut Item<T>),
+    {
+        let partition_key = partition_key.into();
+        let mut conflicts = 0;
+        loop {
+            let Some(mut item) = self.read_item::<T>(id, partition_key.clone()).await? else {
+                return Ok(UpdateOutcome::Missing);
+            };
+            change(&mut item);
+            match self.replace_item(&item).await {
+                Ok(ReplaceOutcome::Replaced(written)) => {
+                    return Ok(UpdateOutcome::Updated {
+                        item: written.into_item()?,
+                        conflicts,
+                    });
+                }
+                Ok(ReplaceOutcome::Missing) => return Ok(UpdateOutcome::Missing),
+                Err(e) if e.reason() == Some(&Reason::EtagMismatch) => {
+                    if conflicts == UPDATE_MAX_CONFLICTS {
+                        return Err(Error::PreconditionFailed(ErrorDetails::new(
+                            tonic::Code::FailedPrecondition,
+                            format!(
+                                "document '{id}': gave up after {conflicts} conflicting writes"
+                            ),
+                            Some(Reason::EtagMismatch),
+                        )));
+                    }
+                    conflicts += 1;
+                    tokio::time::sleep(conflict_backoff(conflicts)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Restarts a document's TTL clock without resending its body.
@@ -554,7 +717,7 @@ impl Collection {
     }
 
     /// Runs a query in the Azure Cosmos DB for NoSQL SQL dialect; results arrive as `T`
-    /// (use `serde_json::Value` for any shape). Await it for [`QueryResults`], a stream of
+    /// (use `serde_json::Value` for any shape). Await it for [`QueryResults`](crate::QueryResults), a stream of
     /// results that also reads page by page.
     ///
     /// ```

@@ -60,8 +60,9 @@ impl From<bool> for PartitionKey {
     }
 }
 
-impl From<PartitionKey> for v1::PartitionKey {
-    fn from(pk: PartitionKey) -> Self {
+impl PartitionKey {
+    pub(crate) fn into_proto(self) -> v1::PartitionKey {
+        let pk = self;
         let value = |kind| PartitionKeyKind::Value(prost_types::Value { kind: Some(kind) });
         let kind = match pk {
             PartitionKey::Undefined => PartitionKeyKind::Undefined(()),
@@ -72,9 +73,7 @@ impl From<PartitionKey> for v1::PartitionKey {
         };
         v1::PartitionKey { kind: Some(kind) }
     }
-}
 
-impl PartitionKey {
     fn from_proto(pk: Option<v1::PartitionKey>) -> Self {
         match pk.and_then(|p| p.kind) {
             Some(PartitionKeyKind::Value(prost_types::Value { kind })) => match kind {
@@ -108,8 +107,10 @@ fn system_time(ts: prost_types::Timestamp) -> SystemTime {
     UNIX_EPOCH + secs + Duration::from_nanos(u64::try_from(ts.nanos).unwrap_or(0))
 }
 
-impl From<v1::Document> for Document {
-    fn from(doc: v1::Document) -> Self {
+impl Document {
+    /// The document as the server sent it. (Not a `From` impl: that would show the
+    /// protobuf type in the public API.)
+    pub(crate) fn from_proto(doc: v1::Document) -> Self {
         let v1::Document {
             id,
             partition_key,
@@ -136,9 +137,7 @@ impl From<v1::Document> for Document {
             }),
         }
     }
-}
 
-impl Document {
     /// The document id.
     ///
     /// ```
@@ -303,7 +302,8 @@ impl Document {
         self.expires_at
     }
 
-    /// Time it had left when the server answered (free of clock skew); `None` = never expires.
+    /// Time it had left when the server answered (measured by the server, so free of clock
+    /// skew), or [`Lifetime::Never`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -314,13 +314,367 @@ impl Document {
     /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
     /// use std::time::Duration;
     /// let doc = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1", "ttl": 60})).await?;
-    /// assert!(doc.remaining().is_some_and(|left| left <= Duration::from_secs(60)));
+    /// use mayfly_client::Lifetime;
+    /// assert!(doc.remaining() <= Lifetime::Remaining(Duration::from_secs(60)));
     /// let forever = orders.create(&serde_json::json!({"id": "SO06", "customerId": "CO1"})).await?;
-    /// assert_eq!(forever.remaining(), None);
+    /// assert_eq!(forever.remaining(), Lifetime::Never);
     /// # Ok(()) }
     /// ```
-    pub fn remaining(&self) -> Option<Duration> {
-        self.expires_in
+    pub fn remaining(&self) -> Lifetime {
+        Lifetime::from(self.expires_in)
+    }
+
+    /// The document as an [`Item`]: its body as a `T`, with its system properties.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// #[serde(rename_all = "camelCase")]
+    /// struct Order { id: String, customer_id: String, total: f64 }
+    /// let order = Order { id: "SO05".into(), customer_id: "CO1".into(), total: 42.5 };
+    /// let item = orders.create(&order).await?.into_item::<Order>()?;
+    /// assert_eq!((item.total, item.etag().is_empty()), (42.5, false));
+    /// # Ok(()) }
+    /// ```
+    pub fn into_item<T: DeserializeOwned>(self) -> Result<Item<T>, Error> {
+        let value = T::deserialize(Value::Object(self.body))?;
+        Ok(Item {
+            value,
+            id: self.id,
+            partition_key: self.partition_key,
+            ts: self.ts,
+            etag: self.etag,
+            ttl: self.ttl,
+            modified_at: self.modified_at,
+            expires_at: self.expires_at,
+            lifetime: Lifetime::from(self.expires_in),
+        })
+    }
+}
+
+/// How long a document has left.
+///
+/// `Remaining` sorts before `Never`, so `lifetime <= Lifetime::Remaining(limit)` reads as
+/// "expires within `limit`".
+///
+/// ```
+/// use std::time::Duration;
+/// use mayfly_client::Lifetime;
+/// assert!(Lifetime::Remaining(Duration::from_secs(5)) < Lifetime::Never);
+/// assert_eq!(Lifetime::Never.remaining(), None);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Lifetime {
+    /// It expires after this long (measured by the server when it answered).
+    Remaining(Duration),
+    /// It never expires under the collection's current settings.
+    Never,
+}
+
+impl Lifetime {
+    /// The time left, or `None` for [`Lifetime::Never`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mayfly_client::Lifetime;
+    /// assert_eq!(Lifetime::Remaining(Duration::from_secs(5)).remaining(), Some(Duration::from_secs(5)));
+    /// ```
+    pub fn remaining(self) -> Option<Duration> {
+        match self {
+            Lifetime::Remaining(left) => Some(left),
+            Lifetime::Never => None,
+        }
+    }
+}
+
+impl From<Option<Duration>> for Lifetime {
+    fn from(left: Option<Duration>) -> Self {
+        left.map_or(Lifetime::Never, Lifetime::Remaining)
+    }
+}
+
+/// A typed document: its body as a `T`, with its etag, `_ts`, own TTL, expiry instant and
+/// remaining [`Lifetime`], all from one request. Dereferences to the `T`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// # let db = client.create_database("app").await?;
+/// # let sessions = db.create_collection("sessions", "/user").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+/// use std::time::Duration;
+/// use mayfly_client::{DocumentTtl, Lifetime};
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Session { id: String, user: String, clicks: u32 }
+/// sessions.create(&Session { id: "s1".into(), user: "ann".into(), clicks: 0 })
+///     .ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
+/// let s1 = sessions.read_item::<Session>("s1", "ann").await?.expect("alive");
+/// assert_eq!(s1.clicks, 0);
+/// assert_eq!(s1.ttl(), DocumentTtl::After(Duration::from_secs(60)));
+/// assert!(s1.lifetime() <= Lifetime::Remaining(Duration::from_secs(60)));
+/// assert!(s1.expires_at().is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Item<T> {
+    value: T,
+    id: String,
+    partition_key: PartitionKey,
+    ts: i64,
+    etag: String,
+    ttl: DocumentTtl,
+    modified_at: SystemTime,
+    expires_at: Option<SystemTime>,
+    lifetime: Lifetime,
+}
+
+impl<T> Item<T> {
+    /// The value.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1, "n": 5})).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert_eq!(item.value()["n"], 5);
+    /// # Ok(()) }
+    /// ```
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// The value, to change (for [`Collection::replace_item`](crate::Collection::replace_item)
+    /// or in [`Collection::update`](crate::Collection::update)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1, "n": 5})).await?;
+    /// let mut item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// item.value_mut()["n"] = 6.into();
+    /// c.replace_item(&item).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn value_mut(&mut self) -> &mut T {
+        &mut self.value
+    }
+
+    /// The value, without the system properties.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let value = c.read_item::<serde_json::Value>("a", 1).await?.expect("there").into_value();
+    /// assert_eq!(value["id"], "a");
+    /// # Ok(()) }
+    /// ```
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// The document id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// assert_eq!(c.read_item::<serde_json::Value>("a", 1).await?.expect("there").id(), "a");
+    /// # Ok(()) }
+    /// ```
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The partition the document is stored in.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert_eq!(item.partition_key(), &mayfly_client::PartitionKey::from(1));
+    /// # Ok(()) }
+    /// ```
+    pub fn partition_key(&self) -> &PartitionKey {
+        &self.partition_key
+    }
+
+    /// `_ts`: the last write, in Unix seconds.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert!(item.ts() > 1_700_000_000);
+    /// # Ok(()) }
+    /// ```
+    pub fn ts(&self) -> i64 {
+        self.ts
+    }
+
+    /// The last write, with millisecond precision.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert!(item.modified_at() <= std::time::SystemTime::now() + std::time::Duration::from_secs(1));
+    /// # Ok(()) }
+    /// ```
+    pub fn modified_at(&self) -> SystemTime {
+        self.modified_at
+    }
+
+    /// `_etag` of the version read or written.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// let written = c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert_eq!(item.etag(), written.etag());
+    /// # Ok(()) }
+    /// ```
+    pub fn etag(&self) -> &str {
+        &self.etag
+    }
+
+    /// The document's own TTL ([`DocumentTtl::Inherit`] when it has none).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// use mayfly_client::DocumentTtl;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).ttl(DocumentTtl::Never).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert_eq!(item.ttl(), DocumentTtl::Never);
+    /// # Ok(()) }
+    /// ```
+    pub fn ttl(&self) -> DocumentTtl {
+        self.ttl
+    }
+
+    /// Sets the TTL the item is written back with (by
+    /// [`Collection::replace_item`](crate::Collection::replace_item) or
+    /// [`Collection::update`](crate::Collection::update)); it keeps the one read otherwise.
+    /// [`DocumentTtl::Keep`] is the TTL read.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::DocumentTtl;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let mut item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// item.set_ttl(DocumentTtl::After(Duration::from_secs(30)));
+    /// let written = c.replace_item(&item).await?.into_document().expect("still there");
+    /// assert_eq!(written.ttl(), DocumentTtl::After(Duration::from_secs(30)));
+    /// # Ok(()) }
+    /// ```
+    pub fn set_ttl(&mut self, ttl: DocumentTtl) {
+        if ttl != DocumentTtl::Keep {
+            self.ttl = ttl;
+        }
+    }
+
+    /// When the document expires under the collection's settings at the time of the
+    /// request; `None` = never.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1, "ttl": 60})).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert_eq!(item.expires_at(), Some(item.modified_at() + std::time::Duration::from_secs(60)));
+    /// # Ok(()) }
+    /// ```
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        self.expires_at
+    }
+
+    /// The time it had left when the server answered.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let item = c.read_item::<serde_json::Value>("a", 1).await?.expect("there");
+    /// assert_eq!(item.lifetime(), mayfly_client::Lifetime::Never, "TTL is off");
+    /// # Ok(()) }
+    /// ```
+    pub fn lifetime(&self) -> Lifetime {
+        self.lifetime
+    }
+}
+
+impl<T> std::ops::Deref for Item<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T> std::ops::DerefMut for Item<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.value
     }
 }
 
@@ -331,6 +685,27 @@ pub enum UpsertOutcome {
     Created(Document),
     /// A live document was replaced.
     Replaced(Document),
+}
+
+impl TouchOutcome {
+    /// The touched document, if it was there.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// assert!(c.touch("nobody", 1).await?.into_document().is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn into_document(self) -> Option<Document> {
+        match self {
+            TouchOutcome::Touched(d) => Some(d),
+            TouchOutcome::Missing => None,
+        }
+    }
 }
 
 impl UpsertOutcome {
@@ -352,6 +727,53 @@ impl UpsertOutcome {
             UpsertOutcome::Created(d) | UpsertOutcome::Replaced(d) => d,
         }
     }
+}
+
+/// What a replace did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReplaceOutcome {
+    /// The document was replaced; this is the new version.
+    Replaced(Document),
+    /// No live document: never written, deleted, or expired already. Nothing was written.
+    Missing,
+}
+
+impl ReplaceOutcome {
+    /// The new version, if the document was there.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let doc = c.replace("a", 1, &serde_json::json!({"id": "a", "k": 1, "n": 2})).await?.into_document();
+    /// assert_eq!(doc.expect("was there").body()["n"], 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn into_document(self) -> Option<Document> {
+        match self {
+            ReplaceOutcome::Replaced(d) => Some(d),
+            ReplaceOutcome::Missing => None,
+        }
+    }
+}
+
+/// What an [`update`](crate::Collection::update) did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum UpdateOutcome<T> {
+    /// The change was written.
+    Updated {
+        /// The version written.
+        item: Item<T>,
+        /// How many times another write landed between the read and the write, so that the
+        /// change was made again on a fresh read.
+        conflicts: u32,
+    },
+    /// No live document: never written, deleted, or expired already.
+    Missing,
 }
 
 /// What a touch did.

@@ -1,42 +1,325 @@
-//! Errors, converted from gRPC statuses in one place.
+//! Errors, converted from gRPC statuses in one place ([`Error::from_status`]).
 
-use std::fmt;
+use std::{fmt, io, sync::Arc, time::Duration};
 
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 /// What can go wrong talking to Mayfly.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Every error the server sends names its cause in [`Error::reason`] (the `ErrorInfo` reason
+/// of the gRPC status), so that, say, a [`Conflict`](Error::Conflict) on a database can be
+/// told from one on a document without reading the message. A document that is not there is
+/// not an error for the verbs that name one (see the crate's table of outcomes).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Error {
     /// The document does not exist: never written, deleted, or expired.
-    NotFound(String),
+    NotFound(ErrorDetails),
     /// The database does not exist.
-    DatabaseNotFound(String),
+    DatabaseNotFound(ErrorDetails),
     /// The collection does not exist.
-    CollectionNotFound(String),
-    /// The database, collection or document already exists.
-    Conflict(String),
-    /// An `if_match` etag no longer matches.
-    PreconditionFailed(String),
-    /// The request was rejected as malformed; the message says what to fix.
-    InvalidArgument(String),
-    /// The server could not be reached or is shutting down; the request may be retried.
-    Unavailable(String),
+    CollectionNotFound(ErrorDetails),
+    /// The database, collection or document already exists ([`Reason::DatabaseExists`],
+    /// [`Reason::CollectionExists`], [`Reason::DocumentExists`]).
+    Conflict(ErrorDetails),
+    /// An `if_match` etag no longer matches ([`Reason::EtagMismatch`]), or a condition was
+    /// false ([`Reason::ConditionNotMet`]).
+    PreconditionFailed(ErrorDetails),
+    /// The request was rejected as malformed; the message says what to fix and the reason
+    /// which rule it broke (e.g. [`Reason::InvalidTtl`], [`Reason::PartitionKeyMismatch`]).
+    InvalidArgument(ErrorDetails),
+    /// The server could not serve the request now, or the connection broke during it. With
+    /// [`Reason::OutcomeUnknown`] a write may or may not have been applied.
+    Unavailable(ErrorDetails),
+    /// The server is out of a budget (throughput, memory for responses); nothing was changed
+    /// and the request may be sent again later.
+    ResourceExhausted(ErrorDetails),
+    /// No answer within the request timeout (see
+    /// [`ClientBuilder::request_timeout`](crate::ClientBuilder::request_timeout)), or the
+    /// server's `DEADLINE_EXCEEDED`. A write that timed out may or may not have been applied.
+    Timeout(ErrorDetails),
+    /// The server could not be reached at all: the request was never sent.
+    Connect {
+        /// The address as given to [`Client::builder`](crate::Client::builder).
+        address: String,
+        /// The cause: the operating system's error (with its [`io::ErrorKind`], e.g.
+        /// `ConnectionRefused`) or the TLS library's, with the layers around it in its text.
+        source: Arc<io::Error>,
+    },
     /// A document body could not be converted to or from JSON.
     Serialization(String),
     /// The server needs a key or resource token, and none was given, or the one given is
     /// not valid (unknown, altered, regenerated since, or an expired token).
-    Unauthenticated(String),
+    Unauthenticated(ErrorDetails),
     /// The key or token is valid but does not allow this request: a read-only key asked to
     /// write, or a token used outside its database, collection or partition.
-    PermissionDenied(String),
-    /// Any other gRPC failure.
-    Other {
-        /// The gRPC status code.
-        code: Code,
-        /// The server's message.
-        message: String,
-    },
+    PermissionDenied(ErrorDetails),
+    /// Any other gRPC failure ([`ErrorDetails::code`] says which).
+    Other(ErrorDetails),
+}
+
+/// What the server (or this client, for checks it makes before sending) said about a failed
+/// request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorDetails {
+    code: i32,
+    message: String,
+    reason: Option<Reason>,
+    operation_index: Option<usize>,
+}
+
+impl ErrorDetails {
+    pub(crate) fn new(code: Code, message: impl Into<String>, reason: Option<Reason>) -> Self {
+        ErrorDetails {
+            code: code as i32,
+            message: message.into(),
+            reason,
+            operation_index: None,
+        }
+    }
+
+    /// The gRPC status code, as numbered by gRPC (`5` NOT_FOUND, `14` UNAVAILABLE, ...).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// client.create_database("app").await?;
+    /// match client.create_database("app").await {
+    ///     Err(mayfly_client::Error::Conflict(details)) => assert_eq!(details.code(), 6), // ALREADY_EXISTS
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn code(&self) -> i32 {
+        self.code
+    }
+
+    /// The message, meant for a person.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// match client.database("nope").collection("c").info().await {
+    ///     Err(mayfly_client::Error::DatabaseNotFound(details)) => assert!(details.message().contains("nope")),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The server's `ErrorInfo` reason; `None` for a status without one (sent by the HTTP/2
+    /// layer, or made by this client from a broken connection).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use mayfly_client::{Error, Reason};
+    /// client.create_database("app").await?;
+    /// if let Err(Error::Conflict(details)) = client.create_database("app").await {
+    ///     assert_eq!(details.reason(), Some(&Reason::DatabaseExists));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn reason(&self) -> Option<&Reason> {
+        self.reason.as_ref()
+    }
+
+    /// The index (from 0) of the operation of a transactional batch that failed, when the
+    /// server names one.
+    ///
+    /// ```
+    /// use mayfly_client::ErrorDetails;
+    /// # fn check(details: &ErrorDetails) {
+    /// if let Some(i) = details.operation_index() {
+    ///     eprintln!("operation {i} of the batch failed: {}", details.message());
+    /// }
+    /// # }
+    /// ```
+    pub fn operation_index(&self) -> Option<usize> {
+        self.operation_index
+    }
+}
+
+impl fmt::Display for ErrorDetails {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Declares [`Reason`] and its wire names in one table, so that the two cannot drift apart.
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident = $wire:literal,)*) => {
+        /// Why the server refused a request: the `reason` of the `google.rpc.ErrorInfo` that
+        /// every Mayfly error carries (domain `mayfly.v1`). A reason this client does not know
+        /// (from a newer server) arrives as [`Reason::Other`] with its name.
+        ///
+        /// ```
+        /// use mayfly_client::Reason;
+        /// assert_eq!(Reason::from_wire("ETAG_MISMATCH"), Reason::EtagMismatch);
+        /// assert_eq!(Reason::EtagMismatch.as_str(), "ETAG_MISMATCH");
+        /// assert_eq!(Reason::from_wire("SOMETHING_NEW"), Reason::Other("SOMETHING_NEW".into()));
+        /// ```
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+            /// A reason this client does not know, as the server named it.
+            Other(String),
+        }
+
+        impl Reason {
+            /// The reason from its wire name (`"DOCUMENT_NOT_FOUND"`).
+            ///
+            /// ```
+            /// use mayfly_client::Reason;
+            /// assert_eq!(Reason::from_wire("INVALID_TTL"), Reason::InvalidTtl);
+            /// ```
+            pub fn from_wire(name: &str) -> Self {
+                match name {
+                    $($wire => Reason::$variant,)*
+                    other => Reason::Other(other.to_owned()),
+                }
+            }
+
+            /// The wire name (`"DOCUMENT_NOT_FOUND"`).
+            ///
+            /// ```
+            /// use mayfly_client::Reason;
+            /// assert_eq!(Reason::OutcomeUnknown.as_str(), "OUTCOME_UNKNOWN");
+            /// ```
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $(Reason::$variant => $wire,)*
+                    Reason::Other(name) => name,
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// The database does not exist.
+    DatabaseNotFound = "DATABASE_NOT_FOUND",
+    /// The collection does not exist.
+    CollectionNotFound = "COLLECTION_NOT_FOUND",
+    /// The document does not exist (never written, deleted, or expired).
+    DocumentNotFound = "DOCUMENT_NOT_FOUND",
+    /// A database with the id exists.
+    DatabaseExists = "DATABASE_EXISTS",
+    /// A collection with the id exists (or exists with another partition key path, for
+    /// [`Database::create_collection_if_not_exists`](crate::Database::create_collection_if_not_exists)).
+    CollectionExists = "COLLECTION_EXISTS",
+    /// A live document with the id exists in the partition.
+    DocumentExists = "DOCUMENT_EXISTS",
+    /// The `if_match` etag is not the live document's.
+    EtagMismatch = "ETAG_MISMATCH",
+    /// A patch's condition was false for the document.
+    ConditionNotMet = "CONDITION_NOT_MET",
+    /// Storage cannot make writes durable now; nothing was changed, retry later.
+    StorageUnavailable = "STORAGE_UNAVAILABLE",
+    /// A fault in storage.
+    StorageFailure = "STORAGE_FAILURE",
+    /// Storage failed partway through a write: it may or may not have been applied. Never
+    /// retried automatically, a write sent again could apply twice.
+    OutcomeUnknown = "OUTCOME_UNKNOWN",
+    /// A query that does not parse.
+    QuerySyntax = "QUERY_SYNTAX",
+    /// A query that parses but is not valid (unknown name, wrong arity, ...).
+    QueryInvalid = "QUERY_INVALID",
+    /// A query using something Mayfly does not support.
+    QueryUnsupported = "QUERY_UNSUPPORTED",
+    /// A query beyond a limit (size, nesting, results held).
+    QueryLimit = "QUERY_LIMIT",
+    /// A query that failed while running.
+    QueryEvaluation = "QUERY_EVALUATION",
+    /// A collection's `defaultTtl` out of range.
+    InvalidDefaultTtl = "INVALID_DEFAULT_TTL",
+    /// A document's `ttl` out of range or not a whole number.
+    InvalidTtl = "INVALID_TTL",
+    /// A default TTL on a collection without an index.
+    TtlWithoutIndex = "TTL_WITHOUT_INDEX",
+    /// A document, collection or database id that is empty, too long or has `/ \ ? #`.
+    InvalidId = "INVALID_ID",
+    /// A partition key path that is not a JSON path.
+    InvalidPartitionKeyPath = "INVALID_PARTITION_KEY_PATH",
+    /// A partition key value that is not a string, number, bool or null.
+    InvalidPartitionKey = "INVALID_PARTITION_KEY",
+    /// A partition key value too long.
+    PartitionKeyTooLong = "PARTITION_KEY_TOO_LONG",
+    /// The partition key given differs from the one in the body.
+    PartitionKeyMismatch = "PARTITION_KEY_MISMATCH",
+    /// The id given differs from the one in the body.
+    IdMismatch = "ID_MISMATCH",
+    /// A body without a string `id`.
+    MissingId = "MISSING_ID",
+    /// A `ttl` in the body and another in the request.
+    ConflictingTtl = "CONFLICTING_TTL",
+    /// A document above 2 MiB of JSON.
+    DocumentTooLarge = "DOCUMENT_TOO_LARGE",
+    /// A document nested deeper than 128 levels.
+    DocumentTooDeep = "DOCUMENT_TOO_DEEP",
+    /// A body that is not valid JSON.
+    InvalidJson = "INVALID_JSON",
+    /// A patch operation that cannot apply (its index and path in the message).
+    InvalidPatch = "INVALID_PATCH",
+    /// A patch condition that is not a valid `FROM c WHERE ...` predicate.
+    InvalidPatchCondition = "INVALID_PATCH_CONDITION",
+    /// A required request field left out.
+    MissingField = "MISSING_FIELD",
+    /// An enum value the server does not know.
+    UnknownEnumValue = "UNKNOWN_ENUM_VALUE",
+    /// A page size outside 1–1000.
+    InvalidPageSize = "INVALID_PAGE_SIZE",
+    /// A continuation token that is not one of this collection's.
+    InvalidContinuation = "INVALID_CONTINUATION",
+    /// An indexing policy that is not valid.
+    InvalidIndexingPolicy = "INVALID_INDEXING_POLICY",
+    /// A query that would read every document of a collection without an index, without
+    /// `enable_scan`.
+    ScanNotEnabled = "SCAN_NOT_ENABLED",
+    /// A document whose index entries are too large.
+    IndexTermsTooLarge = "INDEX_TERMS_TOO_LARGE",
+    /// A resource token lifetime out of range.
+    InvalidTokenTtl = "INVALID_TOKEN_TTL",
+    /// A transactional batch that is empty, spans partitions or is otherwise malformed.
+    InvalidBatch = "INVALID_BATCH",
+    /// A transactional batch above its size limits.
+    BatchTooLarge = "BATCH_TOO_LARGE",
+    /// The server needs a key or token and none was sent.
+    MissingCredentials = "MISSING_CREDENTIALS",
+    /// The key or token is not valid.
+    InvalidCredentials = "INVALID_CREDENTIALS",
+    /// The resource token has expired.
+    TokenExpired = "TOKEN_EXPIRED",
+    /// A read-only key asked to write.
+    ReadOnlyKey = "READ_ONLY_KEY",
+    /// A read-only token asked to write.
+    ReadOnlyToken = "READ_ONLY_TOKEN",
+    /// A request only a key may make (managing databases, collections, keys).
+    KeyRequired = "KEY_REQUIRED",
+    /// A token used outside its database, collection or partition.
+    OutOfTokenScope = "OUT_OF_TOKEN_SCOPE",
+    /// Key administration on a server without keys.
+    NoKeys = "NO_KEYS",
+    /// Key administration on a server whose keys were given on its command line.
+    KeysGiven = "KEYS_GIVEN",
+    /// A new key that could not be written to disk.
+    KeyNotWritten = "KEY_NOT_WRITTEN",
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl Error {
@@ -48,25 +331,207 @@ impl Error {
     /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
     /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
     /// # let db = client.create_database("salesdb").await?;
-    /// # let orders = db.create_collection("orders", "/customerId").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
-    /// let err = orders.replace("nope", "CO1", &serde_json::json!({"id": "nope", "customerId": "CO1"})).await.unwrap_err();
-    /// assert!(matches!(err, mayfly_client::Error::NotFound(_)));
-    /// assert!(err.message().starts_with("document 'nope' does not exist"));
+    /// let err = db.collection("nope").info().await.unwrap_err();
+    /// assert!(matches!(err, mayfly_client::Error::CollectionNotFound(_)));
+    /// assert!(err.message().contains("'nope'"), "{err}");
     /// # Ok(()) }
     /// ```
     pub fn message(&self) -> &str {
         match self {
-            Error::NotFound(m)
-            | Error::DatabaseNotFound(m)
-            | Error::CollectionNotFound(m)
-            | Error::Conflict(m)
-            | Error::PreconditionFailed(m)
-            | Error::InvalidArgument(m)
-            | Error::Unavailable(m)
-            | Error::Serialization(m)
-            | Error::Unauthenticated(m)
-            | Error::PermissionDenied(m)
-            | Error::Other { message: m, .. } => m,
+            Error::Serialization(m) => m,
+            Error::Connect { .. } => "cannot connect",
+            _ => self.details().map_or("", ErrorDetails::message),
+        }
+    }
+
+    /// What the server said: code, message, reason. `None` for [`Error::Connect`] and
+    /// [`Error::Serialization`], which arise in this client.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let err = client.database("nope").delete().await.unwrap_err();
+    /// assert_eq!(err.details().map(|d| d.code()), Some(5)); // NOT_FOUND
+    /// # Ok(()) }
+    /// ```
+    pub fn details(&self) -> Option<&ErrorDetails> {
+        match self {
+            Error::NotFound(d)
+            | Error::DatabaseNotFound(d)
+            | Error::CollectionNotFound(d)
+            | Error::Conflict(d)
+            | Error::PreconditionFailed(d)
+            | Error::InvalidArgument(d)
+            | Error::Unavailable(d)
+            | Error::ResourceExhausted(d)
+            | Error::Timeout(d)
+            | Error::Unauthenticated(d)
+            | Error::PermissionDenied(d)
+            | Error::Other(d) => Some(d),
+            Error::Connect { .. } | Error::Serialization(_) => None,
+        }
+    }
+
+    /// The server's reason for the error ([`ErrorDetails::reason`]); `None` for errors that
+    /// arise in this client or statuses without one.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use mayfly_client::Reason;
+    /// let bad_ttl = c.create(&serde_json::json!({"id": "a", "k": 1, "ttl": 0})).await.unwrap_err();
+    /// assert_eq!(bad_ttl.reason(), Some(&Reason::InvalidTtl));
+    /// let wrong_key = c.create(&serde_json::json!({"id": "a", "k": 1})).partition_key(2).await.unwrap_err();
+    /// assert_eq!(wrong_key.reason(), Some(&Reason::PartitionKeyMismatch));
+    /// # Ok(()) }
+    /// ```
+    pub fn reason(&self) -> Option<&Reason> {
+        self.details().and_then(ErrorDetails::reason)
+    }
+
+    /// The failing operation of a transactional batch ([`ErrorDetails::operation_index`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// let err = client.database("nope").delete().await.unwrap_err();
+    /// assert_eq!(err.operation_index(), None, "not a batch");
+    /// # Ok(()) }
+    /// ```
+    pub fn operation_index(&self) -> Option<usize> {
+        self.details().and_then(ErrorDetails::operation_index)
+    }
+
+    /// Whether sending the same request again later may succeed and cannot apply it twice:
+    /// [`Error::Connect`] (never sent), [`Error::Unavailable`] other than
+    /// [`Reason::OutcomeUnknown`] (storage refusing writes, the connection breaking), and
+    /// [`Error::ResourceExhausted`] (throttled, nothing changed). Not [`Error::Timeout`] nor
+    /// `OUTCOME_UNKNOWN`: the request may have been applied, which only the caller can judge
+    /// (reads and `update` are safe to repeat, a create or an increment may not be).
+    ///
+    /// The client's [`RetryPolicy`](crate::RetryPolicy) retries these errors by itself
+    /// (for reads always, for writes on request).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let err = mayfly_client::Client::connect("127.0.0.1:1").await.unwrap_err();
+    /// assert!(err.is_retryable());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::ResourceExhausted(_) => true,
+            Error::Unavailable(d) => d.reason != Some(Reason::OutcomeUnknown),
+            _ => false,
+        }
+    }
+
+    /// An error found by this client before sending, with the reason the server would give.
+    pub(crate) fn invalid(message: impl Into<String>, reason: Option<Reason>) -> Self {
+        Error::InvalidArgument(ErrorDetails::new(Code::InvalidArgument, message, reason))
+    }
+
+    /// The client's own deadline passed.
+    pub(crate) fn timeout(after: Duration) -> Self {
+        Error::Timeout(ErrorDetails::new(
+            Code::DeadlineExceeded,
+            format!("no answer within {after:?} (the client's request timeout)"),
+            None,
+        ))
+    }
+
+    /// A failure to reach `address`, with its cause chain folded into one `io::Error` that
+    /// keeps the operating system's error kind.
+    pub(crate) fn connect(address: &str, cause: &(dyn std::error::Error + 'static)) -> Self {
+        let mut kind = io::ErrorKind::Other;
+        let mut parts: Vec<String> = Vec::new();
+        let mut next = Some(cause);
+        while let Some(e) = next {
+            if let Some(io) = e.downcast_ref::<io::Error>() {
+                kind = io.kind();
+            }
+            let text = e.to_string();
+            // tonic and hyper wrap the cause in layers that name only themselves.
+            if !matches!(text.as_str(), "transport error" | "client error (Connect)")
+                && !parts.iter().any(|p| p == &text)
+            {
+                parts.push(text);
+            }
+            next = e.source();
+        }
+        Error::Connect {
+            address: address.to_owned(),
+            source: Arc::new(io::Error::new(kind, parts.join(": "))),
+        }
+    }
+
+    /// The one conversion from a gRPC status; `address` names the server for connection
+    /// failures.
+    pub(crate) fn from_status(status: Status, address: &str) -> Self {
+        // A status made on this side from a failed connection carries its cause.
+        if let Some(cause) = std::error::Error::source(&status) {
+            let mut next = Some(cause);
+            while let Some(e) = next {
+                if e.is::<tonic::ConnectError>() {
+                    return Error::connect(address, e);
+                }
+                next = e.source();
+            }
+            let mut text = status.message().to_owned();
+            let mut next = Some(cause);
+            while let Some(e) = next {
+                let part = e.to_string();
+                if part != text && !text.ends_with(&part) {
+                    text.push_str(": ");
+                    text.push_str(&part);
+                }
+                next = e.source();
+            }
+            let details = ErrorDetails::new(status.code(), text, None);
+            return match status.code() {
+                Code::DeadlineExceeded | Code::Cancelled => Error::Timeout(details),
+                Code::ResourceExhausted => Error::ResourceExhausted(details),
+                // The server was reached, or not to the end: the connection broke.
+                _ => Error::Unavailable(details),
+            };
+        }
+        // The server names the cause in a google.rpc.ErrorInfo (domain "mayfly.v1").
+        let info = status.get_error_details().error_info().cloned();
+        let reason = info.as_ref().map(|i| Reason::from_wire(&i.reason));
+        let operation_index = info
+            .as_ref()
+            .and_then(|i| i.metadata.get("operation_index"))
+            .and_then(|i| i.parse().ok());
+        let details = ErrorDetails {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+            reason,
+            operation_index,
+        };
+        match status.code() {
+            Code::NotFound => match details.reason {
+                Some(Reason::DatabaseNotFound) => Error::DatabaseNotFound(details),
+                Some(Reason::CollectionNotFound) => Error::CollectionNotFound(details),
+                _ => Error::NotFound(details),
+            },
+            Code::AlreadyExists => Error::Conflict(details),
+            Code::FailedPrecondition => Error::PreconditionFailed(details),
+            Code::InvalidArgument => Error::InvalidArgument(details),
+            Code::Unavailable => Error::Unavailable(details),
+            Code::ResourceExhausted => Error::ResourceExhausted(details),
+            Code::DeadlineExceeded => Error::Timeout(details),
+            Code::Unauthenticated => Error::Unauthenticated(details),
+            Code::PermissionDenied => Error::PermissionDenied(details),
+            _ => Error::Other(details),
         }
     }
 }
@@ -81,61 +546,80 @@ impl fmt::Display for Error {
             Error::PreconditionFailed(_) => "precondition failed",
             Error::InvalidArgument(_) => "invalid argument",
             Error::Unavailable(_) => "unavailable",
+            Error::ResourceExhausted(_) => "resource exhausted",
+            Error::Timeout(_) => "timeout",
+            Error::Connect { address, source } => {
+                return write!(f, "cannot connect to {address}: {source}");
+            }
             Error::Serialization(_) => "serialization",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::PermissionDenied(_) => "permission denied",
-            Error::Other { .. } => "error",
+            Error::Other(_) => "error",
         };
-        write!(f, "{kind}: {}", self.message())
+        write!(f, "{kind}: {}", self.message())?;
+        if let Some(reason) = self.reason() {
+            write!(f, " ({reason})")?;
+        }
+        Ok(())
     }
 }
 
-impl std::error::Error for Error {}
-
-impl From<Status> for Error {
-    fn from(status: Status) -> Self {
-        // The server names the cause in a google.rpc.ErrorInfo (domain "mayfly.v1").
-        let details = status.get_error_details();
-        let reason = details.error_info().map(|info| info.reason.as_str());
-        let message = status.message().to_owned();
-        // A status made on this side from a failed connection (TLS refused, connection reset)
-        // carries its cause: the server was not reached, or not to the end.
-        if status.code() == Code::Unknown
-            && let Some(cause) = std::error::Error::source(&status)
-        {
-            let mut text = format!("{message}: {cause}");
-            let mut next = cause.source();
-            while let Some(e) = next {
-                text.push_str(&format!(": {e}"));
-                next = e.source();
-            }
-            return Error::Unavailable(text);
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Connect { source, .. } => Some(&**source),
+            _ => None,
         }
-        match status.code() {
-            Code::NotFound => match reason {
-                Some("DATABASE_NOT_FOUND") => Error::DatabaseNotFound(message),
-                Some("COLLECTION_NOT_FOUND") => Error::CollectionNotFound(message),
-                _ => Error::NotFound(message),
-            },
-            Code::AlreadyExists => Error::Conflict(message),
-            Code::FailedPrecondition => Error::PreconditionFailed(message),
-            Code::InvalidArgument => Error::InvalidArgument(message),
-            Code::Unavailable => Error::Unavailable(message),
-            Code::Unauthenticated => Error::Unauthenticated(message),
-            Code::PermissionDenied => Error::PermissionDenied(message),
-            code => Error::Other { code, message },
-        }
-    }
-}
-
-impl From<tonic::transport::Error> for Error {
-    fn from(e: tonic::transport::Error) -> Self {
-        Error::Unavailable(format!("cannot connect: {e}"))
     }
 }
 
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error::Serialization(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_through_their_wire_names() {
+        for reason in [
+            Reason::DocumentNotFound,
+            Reason::OutcomeUnknown,
+            Reason::BatchTooLarge,
+            Reason::Other("NEW".into()),
+        ] {
+            assert_eq!(Reason::from_wire(reason.as_str()), reason);
+        }
+    }
+
+    #[test]
+    fn batch_statuses_name_their_operation() {
+        let details = tonic_types::ErrorDetails::with_error_info(
+            "ETAG_MISMATCH",
+            "mayfly.v1",
+            [("operation_index".to_owned(), "56".to_owned())],
+        );
+        let status = Status::with_error_details(Code::FailedPrecondition, "stale", details);
+        let e = Error::from_status(status, "here");
+        assert!(matches!(e, Error::PreconditionFailed(_)));
+        assert_eq!(e.operation_index(), Some(56));
+        assert_eq!(e.reason(), Some(&Reason::EtagMismatch));
+        assert_eq!(e.to_string(), "precondition failed: stale (ETAG_MISMATCH)");
+    }
+
+    #[test]
+    fn outcome_unknown_is_not_retryable() {
+        let details = tonic_types::ErrorDetails::with_error_info(
+            "OUTCOME_UNKNOWN",
+            "mayfly.v1",
+            std::collections::HashMap::<String, String>::new(),
+        );
+        let status = Status::with_error_details(Code::Unavailable, "?", details);
+        assert!(!Error::from_status(status, "here").is_retryable());
+        assert!(Error::from_status(Status::unavailable("draining"), "here").is_retryable());
+        assert!(!Error::timeout(Duration::from_secs(1)).is_retryable());
     }
 }

@@ -1,16 +1,39 @@
 //! Read feeds: a collection's or partition's live documents, page by page.
 
-use std::future::IntoFuture;
+use std::{
+    collections::VecDeque,
+    future::IntoFuture,
+    marker::PhantomData,
+    pin::Pin,
+    task::{Context, Poll},
+};
 
 use mayfly_proto::v1::{self, ReadFeedRequest};
-use tonic::Streaming;
+use serde::de::DeserializeOwned;
+use tokio_stream::Stream;
 
 use crate::{
-    client::BoxFuture,
+    client::{BoxFuture, Call},
     collection::Collection,
-    document::{Document, PartitionKey},
-    error::Error,
+    document::{Document, Item, PartitionKey},
+    error::{Error, Reason},
+    pages::Pages,
 };
+
+/// A page size given to a feed or query: 1 to 1000, checked here so that 0 (which the wire
+/// reads as "the default") is not taken silently.
+pub(crate) fn checked_page_size(size: Option<u32>) -> Result<u32, Error> {
+    match size {
+        None => Ok(0),
+        Some(n @ 1..=1000) => Ok(n),
+        Some(n) => Err(Error::invalid(
+            format!(
+                "page_size {n} is out of range; use 1..=1000, or leave it unset for the default"
+            ),
+            Some(Reason::InvalidPageSize),
+        )),
+    }
+}
 
 /// A feed request; see [`Collection::read_feed`].
 #[derive(Debug)]
@@ -18,7 +41,7 @@ use crate::{
 pub struct ReadFeed<'a> {
     collection: &'a Collection,
     partition_key: Option<PartitionKey>,
-    page_size: u32,
+    page_size: Option<u32>,
     continuation: Option<String>,
 }
 
@@ -27,7 +50,7 @@ impl<'a> ReadFeed<'a> {
         ReadFeed {
             collection,
             partition_key: None,
-            page_size: 0,
+            page_size: None,
             continuation: None,
         }
     }
@@ -52,7 +75,8 @@ impl<'a> ReadFeed<'a> {
         self
     }
 
-    /// Documents per page, 1 to 1000 (default 100).
+    /// Documents per page, 1 to 1000 (default 100); any other value fails the request with
+    /// [`Error::InvalidArgument`] ([`Reason::InvalidPageSize`]) before it is sent.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -62,10 +86,11 @@ impl<'a> ReadFeed<'a> {
     /// # let db = client.create_database("app").await?;
     /// # let c = db.create_collection("c", "/k").await?;
     /// let mut feed = c.read_feed().page_size(500).await?;
+    /// assert!(c.read_feed().page_size(0).await.is_err());
     /// # Ok(()) }
     /// ```
     pub fn page_size(mut self, page_size: u32) -> Self {
-        self.page_size = page_size;
+        self.page_size = Some(page_size);
         self
     }
 
@@ -109,18 +134,21 @@ impl<'a> IntoFuture for ReadFeed<'a> {
             let request = ReadFeedRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
-                partition_key: partition_key.map(v1::PartitionKey::from),
-                page_size,
+                partition_key: partition_key.map(PartitionKey::into_proto),
+                page_size: checked_page_size(page_size)?,
                 continuation: continuation.unwrap_or_default(),
             };
-            let stream = collection
-                .client
-                .documents
-                .clone()
-                .read_feed(request)
-                .await?
-                .into_inner();
-            Ok(Feed { stream })
+            let client = &collection.client;
+            let stream = client
+                .call(Call::Idempotent, || {
+                    let mut documents = client.documents.clone();
+                    let request = request.clone();
+                    async move { documents.read_feed(request).await }
+                })
+                .await?;
+            Ok(Feed {
+                pages: Pages::new(stream, client.clone()),
+            })
         })
     }
 }
@@ -134,10 +162,22 @@ pub struct FeedPage {
     pub continuation: Option<String>,
 }
 
-/// An open feed.
+/// An open feed: read it page by page, or as a typed [`Stream`] with [`Feed::into_stream`].
+/// Pages are produced by the server as they are read, each within the request timeout.
 #[derive(Debug)]
 pub struct Feed {
-    stream: Streaming<v1::ReadFeedPage>,
+    pages: Pages<v1::ReadFeedPage>,
+}
+
+fn feed_page(page: v1::ReadFeedPage) -> FeedPage {
+    let v1::ReadFeedPage {
+        documents,
+        continuation,
+    } = page;
+    FeedPage {
+        documents: documents.into_iter().map(Document::from_proto).collect(),
+        continuation: (!continuation.is_empty()).then_some(continuation),
+    }
 }
 
 impl Feed {
@@ -154,22 +194,13 @@ impl Feed {
     /// let mut feed = c.read_feed().await?;
     /// while let Some(page) = feed.next_page().await? {
     ///     for doc in page.documents {
-    ///         println!("{} expires in {:?}", doc.id(), doc.remaining());
+    ///         println!("{} has {:?} left", doc.id(), doc.remaining());
     ///     }
     /// }
     /// # Ok(()) }
     /// ```
     pub async fn next_page(&mut self) -> Result<Option<FeedPage>, Error> {
-        Ok(self.stream.message().await?.map(|page| {
-            let v1::ReadFeedPage {
-                documents,
-                continuation,
-            } = page;
-            FeedPage {
-                documents: documents.into_iter().map(Document::from).collect(),
-                continuation: (!continuation.is_empty()).then_some(continuation),
-            }
-        }))
+        Ok(self.pages.next().await?.map(feed_page))
     }
 
     /// Every remaining document, in feed order.
@@ -192,5 +223,73 @@ impl Feed {
             all.extend(page.documents);
         }
         Ok(all)
+    }
+}
+
+impl Feed {
+    /// The rest of the feed as a [`Stream`] of typed [`Item`]s, one document at a time; pages
+    /// are fetched as the stream is read. A document that does not deserialize as `T` is an
+    /// `Err` item of its own; the stream goes on after it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// use tokio_stream::StreamExt as _;
+    /// #[derive(serde::Deserialize)]
+    /// struct Event { id: String, n: u32 }
+    /// for n in 0..5 {
+    ///     c.create(&serde_json::json!({"id": format!("e{n}"), "k": 1, "n": n})).await?;
+    /// }
+    /// let mut events = c.read_feed().page_size(2).await?.into_stream::<Event>();
+    /// let mut total = 0;
+    /// while let Some(event) = events.next().await {
+    ///     let event = event?;
+    ///     total += event.n;
+    ///     println!("{} (etag {})", event.id, event.etag());
+    /// }
+    /// assert_eq!(total, 10);
+    /// # Ok(()) }
+    /// ```
+    pub fn into_stream<T: DeserializeOwned>(self) -> FeedStream<T> {
+        FeedStream {
+            pages: self.pages,
+            buffered: VecDeque::new(),
+            items: PhantomData,
+        }
+    }
+}
+
+/// A feed as a [`Stream`] of typed [`Item`]s; see [`Feed::into_stream`].
+#[derive(Debug)]
+pub struct FeedStream<T> {
+    pages: Pages<v1::ReadFeedPage>,
+    /// Documents of the last page, not yet handed out.
+    buffered: VecDeque<v1::Document>,
+    items: PhantomData<fn() -> T>,
+}
+
+// Nothing is pinned in place: documents are moved out of the buffer.
+impl<T> Unpin for FeedStream<T> {}
+
+impl<T: DeserializeOwned> Stream for FeedStream<T> {
+    type Item = Result<Item<T>, Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(document) = this.buffered.pop_front() {
+                return Poll::Ready(Some(Document::from_proto(document).into_item()));
+            }
+            match this.pages.poll_page(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(page))) => this.buffered.extend(page.documents),
+            }
+        }
     }
 }

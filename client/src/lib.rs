@@ -8,7 +8,7 @@
 //! # let server = mayfly_server::RunningServer::start(Default::default()).await?;
 //! # let address = server.local_addr().to_string();
 //! use std::time::Duration;
-//! use mayfly_client::{Client, DefaultTtl, DocumentTtl, TouchOutcome};
+//! use mayfly_client::{Client, DefaultTtl, DocumentTtl, Lifetime, TouchOutcome};
 //! use serde_json::json;
 //!
 //! let client = Client::connect(address).await?;
@@ -19,9 +19,37 @@
 //! sessions.create(&json!({"id": "s2", "user": "bob"})).ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
 //! if let TouchOutcome::Touched(s1) = sessions.touch("s1", "ann").await? { println!("{:?} left", s1.remaining()); }
 //! let s2 = sessions.read("s2", "bob").await?;                             // None once expired
-//! assert!(s2.expect("alive").remaining() <= Some(Duration::from_secs(60)));
+//! assert!(s2.expect("alive").remaining() <= Lifetime::Remaining(Duration::from_secs(60)));
 //! # Ok(()) }
 //! ```
+//!
+//! # Outcomes
+//!
+//! A document that is not there (never written, deleted, or expired: from its expiry instant on
+//! it does not exist) is an ordinary outcome for every verb that names one by id, never an
+//! error: with TTL, documents disappearing is the normal course of things. A missing database
+//! or collection is an error, and so is a stale `if_match`.
+//!
+//! | verb | document there | no document | stale `if_match` |
+//! | --- | --- | --- | --- |
+//! | [`read`](Collection::read), [`read_item`](Collection::read_item), [`get`](Collection::get) | `Ok(Some(..))` | `Ok(None)` | — |
+//! | [`create`](Collection::create) | `Err(`[`Error::Conflict`]`)`, reason `DOCUMENT_EXISTS` | `Ok(Document)` | — |
+//! | [`upsert`](Collection::upsert) | `Ok(`[`UpsertOutcome::Replaced`]`)` | `Ok(`[`UpsertOutcome::Created`]`)`; with `if_match`, `Err(`[`Error::PreconditionFailed`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
+//! | [`replace`](Collection::replace), [`replace_item`](Collection::replace_item) | `Ok(`[`ReplaceOutcome::Replaced`]`)` | `Ok(`[`ReplaceOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
+//! | [`update`](Collection::update) | `Ok(`[`UpdateOutcome::Updated`]`)` | `Ok(`[`UpdateOutcome::Missing`]`)` | retried (its own `if_match`) |
+//! | [`touch`](Collection::touch) | `Ok(`[`TouchOutcome::Touched`]`)` | `Ok(`[`TouchOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
+//! | [`delete_document`](Collection::delete_document) | `Ok(`[`DeleteOutcome::Deleted`]`)` | `Ok(`[`DeleteOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
+//!
+//! Every error the server sends carries its [`Reason`] ([`Error::reason`]); which errors are
+//! worth sending again is [`Error::is_retryable`], and which requests the client sends again
+//! by itself is [`RetryPolicy`].
+//!
+//! # Connections
+//!
+//! [`Client::builder`] sets a connect timeout (5 s), a per-request timeout (30 s, failing
+//! with [`Error::Timeout`]), HTTP/2 keepalive (a ping every 30 s, answered within 10 s) and
+//! [`RetryPolicy::default`]; [`ClientBuilder::connect_lazy`] makes a client without dialing.
+//! A server that cannot be reached is [`Error::Connect`], naming the address and the cause.
 //!
 //! [Mayfly]: https://example.invalid/mayfly
 
@@ -30,19 +58,25 @@ mod collection;
 mod document;
 mod error;
 mod feed;
+mod pages;
 mod query;
 mod requests;
+mod retry;
 mod tls;
 mod ttl;
 
-pub use client::{Client, ClientBuilder, CreateCollection, Database};
+pub use client::{Client, ClientBuilder, CreateCollection, Database, EnsureCollection, Ensured};
 pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths};
-pub use document::{DeleteOutcome, Document, PartitionKey, TouchOutcome, UpsertOutcome};
-pub use error::Error;
-pub use feed::{Feed, FeedPage, ReadFeed};
+pub use document::{
+    DeleteOutcome, Document, Item, Lifetime, PartitionKey, ReplaceOutcome, TouchOutcome,
+    UpdateOutcome, UpsertOutcome,
+};
+pub use error::{Error, ErrorDetails, Reason};
+pub use feed::{Feed, FeedPage, FeedStream, ReadFeed};
 pub use query::{Query, QueryMetrics, QueryPage, QueryResults};
 pub use requests::{
     CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
 };
+pub use retry::RetryPolicy;
 pub use tls::Tls;
 pub use ttl::{DefaultTtl, DocumentTtl};

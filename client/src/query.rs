@@ -12,9 +12,15 @@ use std::{
 use mayfly_proto::{json, v1};
 use serde::{Serialize, de::DeserializeOwned};
 use tokio_stream::Stream;
-use tonic::Streaming;
 
-use crate::{client::BoxFuture, collection::Collection, document::PartitionKey, error::Error};
+use crate::{
+    client::{BoxFuture, Call},
+    collection::Collection,
+    document::PartitionKey,
+    error::Error,
+    feed::checked_page_size,
+    pages::Pages,
+};
 
 /// A query request; see [`Collection::query`].
 #[derive(Debug)]
@@ -24,7 +30,7 @@ pub struct Query<'a, T> {
     text: String,
     parameters: Result<HashMap<String, prost_types::Value>, Error>,
     partition_key: Option<PartitionKey>,
-    page_size: u32,
+    page_size: Option<u32>,
     continuation: Option<String>,
     enable_scan: bool,
     results: PhantomData<fn() -> T>,
@@ -37,7 +43,7 @@ impl<'a, T> Query<'a, T> {
             text: text.to_owned(),
             parameters: Ok(HashMap::new()),
             partition_key: None,
-            page_size: 0,
+            page_size: None,
             continuation: None,
             enable_scan: false,
             results: PhantomData,
@@ -82,9 +88,24 @@ impl<'a, T> Query<'a, T> {
         self
     }
 
-    /// Results per page, 1 to 1000 (default 100).
+    /// Results per page, 1 to 1000 (default 100); any other value fails the request with
+    /// [`Error::InvalidArgument`] ([`Reason::InvalidPageSize`](crate::Reason::InvalidPageSize))
+    /// before it is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// let page = c.query::<serde_json::Value>("SELECT * FROM c").page_size(10).await?.next_page().await?;
+    /// let zero = c.query::<serde_json::Value>("SELECT * FROM c").page_size(0).await.unwrap_err();
+    /// assert_eq!(zero.reason(), Some(&mayfly_client::Reason::InvalidPageSize));
+    /// # Ok(()) }
+    /// ```
     pub fn page_size(mut self, page_size: u32) -> Self {
-        self.page_size = page_size;
+        self.page_size = Some(page_size);
         self
     }
 
@@ -113,21 +134,21 @@ impl<'a, T: DeserializeOwned + 'a> IntoFuture for Query<'a, T> {
                 collection: self.collection.id.clone(),
                 query: self.text,
                 parameters: self.parameters?,
-                partition_key: self.partition_key.map(v1::PartitionKey::from),
-                page_size: self.page_size,
+                partition_key: self.partition_key.map(PartitionKey::into_proto),
+                page_size: checked_page_size(self.page_size)?,
                 continuation: self.continuation.unwrap_or_default(),
                 enable_scan: self.enable_scan,
             };
-            let stream = self
-                .collection
-                .client
-                .documents
-                .clone()
-                .query(request)
-                .await?
-                .into_inner();
+            let client = &self.collection.client;
+            let stream = client
+                .call(Call::Idempotent, || {
+                    let mut documents = client.documents.clone();
+                    let request = request.clone();
+                    async move { documents.query(request).await }
+                })
+                .await?;
             Ok(QueryResults {
-                stream,
+                stream: Pages::new(stream, client.clone()),
                 buffered: VecDeque::new(),
                 buffered_continuation: None,
                 results: PhantomData,
@@ -162,7 +183,7 @@ pub struct QueryPage<T> {
 /// [`Stream`] of results.
 #[derive(Debug)]
 pub struct QueryResults<T> {
-    stream: Streaming<v1::QueryPage>,
+    stream: Pages<v1::QueryPage>,
     /// Results of a page taken by the `Stream`, not yet handed out (each converted on its
     /// own, so one that fails does not take the others with it).
     buffered: VecDeque<Result<T, Error>>,
@@ -231,7 +252,7 @@ impl<T: DeserializeOwned> QueryResults<T> {
                 metrics: QueryMetrics::default(),
             }));
         }
-        match self.stream.message().await? {
+        match self.stream.next().await? {
             Some(page) => convert(page).map(Some),
             None => Ok(None),
         }
@@ -256,10 +277,10 @@ impl<T: DeserializeOwned> Stream for QueryResults<T> {
             if let Some(next) = this.buffered.pop_front() {
                 return Poll::Ready(Some(next));
             }
-            match Pin::new(&mut this.stream).poll_next(cx) {
+            match this.stream.poll_page(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status.into()))),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(Some(Ok(page))) => {
                     this.buffered_continuation =
                         (!page.continuation.is_empty()).then_some(page.continuation);

@@ -12,15 +12,19 @@ use mayfly_proto::{
 use serde_json::{Map, Value};
 
 use crate::{
-    client::BoxFuture,
+    client::{BoxFuture, Call},
     collection::Collection,
-    document::{DeleteOutcome, Document, PartitionKey, TouchOutcome, UpsertOutcome},
-    error::Error,
+    document::{
+        DeleteOutcome, Document, PartitionKey, ReplaceOutcome, TouchOutcome, UpsertOutcome,
+    },
+    error::{Error, ErrorDetails, Reason},
+    retry::jitter,
     ttl::DocumentTtl,
 };
 
 /// The one place a document's TTL choice meets its body: an explicit choice replaces any
-/// `ttl` property in the body and travels as the request's `ttl` field.
+/// `ttl` property in the body and travels as the request's `ttl` field. `Keep` must have been
+/// resolved to the TTL read (only replace can).
 fn body_and_ttl(
     body: Result<Map<String, Value>, Error>,
     ttl: Option<DocumentTtl>,
@@ -28,6 +32,13 @@ fn body_and_ttl(
     let mut body = body?;
     let field = match ttl {
         None => None,
+        Some(DocumentTtl::Keep) => {
+            return Err(Error::invalid(
+                "DocumentTtl::Keep keeps the TTL of the version a replace overwrites: use it \
+                 with replace (or update), not create or upsert",
+                Some(Reason::InvalidTtl),
+            ));
+        }
         Some(ttl) => {
             body.remove("ttl");
             ttl.to_wire()
@@ -36,13 +47,34 @@ fn body_and_ttl(
     Ok((JsonObject::new(body), field))
 }
 
-/// Maps NOT_FOUND to an outcome instead of an error.
-fn missing_or<T>(status: tonic::Status, missing: T) -> Result<T, Error> {
-    match Error::from(status) {
-        Error::NotFound(_) => Ok(missing),
-        e => Err(e),
+/// Maps "no such document" to an outcome instead of an error (see the crate's table).
+fn missing_or<T>(result: Result<T, Error>, missing: T) -> Result<T, Error> {
+    match result {
+        Err(Error::NotFound(_)) => Ok(missing),
+        other => other,
     }
 }
+
+/// Idempotent without `if_match` (a second try has the effect of the first); with it a second
+/// try after a first that landed would fail on the new etag.
+fn call_for(if_match: &Option<String>) -> Call {
+    match if_match {
+        None => Call::Idempotent,
+        Some(_) => Call::Write,
+    }
+}
+
+/// An `if_match` mismatch found by the client, worded as the server's.
+pub(crate) fn stale(id: &str) -> Error {
+    Error::PreconditionFailed(ErrorDetails::new(
+        tonic::Code::FailedPrecondition,
+        format!("document '{id}' has changed: the etag given is no longer its etag"),
+        Some(Reason::EtagMismatch),
+    ))
+}
+
+/// How many times a replace keeping the TTL reads again after another write landed.
+const KEEP_ATTEMPTS: u32 = 20;
 
 /// A document being created; see [`Collection::create`].
 #[derive(Debug)]
@@ -120,17 +152,18 @@ impl<'a> IntoFuture for CreateDocument<'a> {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
                 body: Some(body),
-                partition_key: partition_key.map(v1::PartitionKey::from),
+                partition_key: partition_key.map(PartitionKey::into_proto),
                 ttl,
             };
-            Ok(collection
-                .client
-                .documents
-                .clone()
-                .create_document(request)
-                .await?
-                .into_inner()
-                .into())
+            let client = &collection.client;
+            let document = client
+                .call(Call::Write, || {
+                    let mut documents = client.documents.clone();
+                    let request = request.clone();
+                    async move { documents.create_document(request).await }
+                })
+                .await?;
+            Ok(Document::from_proto(document))
         })
     }
 }
@@ -235,23 +268,25 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
                 body: Some(body),
-                partition_key: partition_key.map(v1::PartitionKey::from),
+                partition_key: partition_key.map(PartitionKey::into_proto),
                 ttl,
                 if_match: if_match.unwrap_or_default(),
             };
-            let v1::UpsertDocumentResponse { document, outcome } = collection
-                .client
-                .documents
-                .clone()
-                .upsert_document(request)
-                .await?
-                .into_inner();
-            let document: Document = document
-                .ok_or_else(|| Error::Other {
-                    code: tonic::Code::Internal,
-                    message: "upsert returned no document".into(),
-                })?
-                .into();
+            let client = &collection.client;
+            let v1::UpsertDocumentResponse { document, outcome } = client
+                .call(Call::Write, || {
+                    let mut documents = client.documents.clone();
+                    let request = request.clone();
+                    async move { documents.upsert_document(request).await }
+                })
+                .await?;
+            let document = Document::from_proto(document.ok_or_else(|| {
+                Error::Other(ErrorDetails::new(
+                    tonic::Code::Internal,
+                    "upsert returned no document",
+                    None,
+                ))
+            })?);
             Ok(match v1::UpsertOutcome::try_from(outcome) {
                 Ok(v1::UpsertOutcome::Created) => UpsertOutcome::Created(document),
                 _ => UpsertOutcome::Replaced(document),
@@ -289,7 +324,8 @@ impl<'a> ReplaceDocument<'a> {
         }
     }
 
-    /// Sets the document's own TTL (overriding any `ttl` in the body); `Inherit` removes it.
+    /// Sets the document's own TTL (overriding any `ttl` in the body); `Inherit` removes it,
+    /// [`DocumentTtl::Keep`] keeps the one of the version replaced.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -302,7 +338,9 @@ impl<'a> ReplaceDocument<'a> {
     /// c.create(&serde_json::json!({"id": "a", "k": 1, "ttl": 30})).await?;
     /// let doc = c.replace("a", 1, &serde_json::json!({"id": "a", "k": 1, "ttl": 30}))
     ///     .ttl(DocumentTtl::Inherit)
-    ///     .await?;
+    ///     .await?
+    ///     .into_document()
+    ///     .expect("was there");
     /// assert!(!doc.body().contains_key("ttl"));
     /// # Ok(()) }
     /// ```
@@ -331,7 +369,7 @@ impl<'a> ReplaceDocument<'a> {
 }
 
 impl<'a> IntoFuture for ReplaceDocument<'a> {
-    type Output = Result<Document, Error>;
+    type Output = Result<ReplaceOutcome, Error>;
     type IntoFuture = BoxFuture<'a, Self::Output>;
 
     fn into_future(self) -> Self::IntoFuture {
@@ -344,26 +382,77 @@ impl<'a> IntoFuture for ReplaceDocument<'a> {
                 ttl,
                 if_match,
             } = self;
-            let (body, ttl) = body_and_ttl(body, ttl)?;
-            let request = ReplaceDocumentRequest {
-                database: collection.database.clone(),
-                collection: collection.id.clone(),
-                id,
-                partition_key: Some(partition_key.into()),
-                body: Some(body),
-                ttl,
-                if_match: if_match.unwrap_or_default(),
-            };
-            Ok(collection
-                .client
-                .documents
-                .clone()
-                .replace_document(request)
-                .await?
-                .into_inner()
-                .into())
+            if ttl != Some(DocumentTtl::Keep) {
+                let (body, ttl) = body_and_ttl(body, ttl)?;
+                return send_replace(collection, &id, &partition_key, body, ttl, if_match).await;
+            }
+            // Keep: the TTL of the version overwritten, made sure of by writing with if_match
+            // on the version read.
+            let body = body?;
+            let mut conflicts = 0;
+            loop {
+                let Some(current) = collection.read(&id, partition_key.clone()).await? else {
+                    return Ok(ReplaceOutcome::Missing);
+                };
+                if if_match.as_ref().is_some_and(|etag| etag != current.etag()) {
+                    return Err(stale(&id));
+                }
+                let (body, ttl) = body_and_ttl(Ok(body.clone()), Some(current.ttl()))?;
+                let etag = Some(current.etag().to_owned());
+                match send_replace(collection, &id, &partition_key, body, ttl, etag).await {
+                    Err(e)
+                        if if_match.is_none()
+                            && e.reason() == Some(&Reason::EtagMismatch)
+                            && conflicts < KEEP_ATTEMPTS =>
+                    {
+                        conflicts += 1;
+                        tokio::time::sleep(conflict_backoff(conflicts)).await;
+                    }
+                    other => return other,
+                }
+            }
         })
     }
+}
+
+/// The wait before trying a read-modify-write again after the `conflicts`-th conflict:
+/// random up to 1 ms × 2ⁿ⁻¹, at most 64 ms, so that writers contending for one document
+/// spread out instead of colliding again.
+pub(crate) fn conflict_backoff(conflicts: u32) -> std::time::Duration {
+    let ceiling = std::time::Duration::from_millis(1 << conflicts.saturating_sub(1).min(6));
+    jitter(ceiling)
+}
+
+/// Sends one replace.
+pub(crate) async fn send_replace(
+    collection: &Collection,
+    id: &str,
+    partition_key: &PartitionKey,
+    body: JsonObject,
+    ttl: Option<i64>,
+    if_match: Option<String>,
+) -> Result<ReplaceOutcome, Error> {
+    let request = ReplaceDocumentRequest {
+        database: collection.database.clone(),
+        collection: collection.id.clone(),
+        id: id.to_owned(),
+        partition_key: Some(partition_key.clone().into_proto()),
+        body: Some(body),
+        ttl,
+        if_match: if_match.unwrap_or_default(),
+    };
+    let client = &collection.client;
+    let written = client
+        .call(Call::Write, || {
+            let mut documents = client.documents.clone();
+            let request = request.clone();
+            async move { documents.replace_document(request).await }
+        })
+        .await;
+    missing_or(
+        written.map(|d| ReplaceOutcome::Replaced(Document::from_proto(d))),
+        ReplaceOutcome::Missing,
+    )
 }
 
 /// A touch; see [`Collection::touch`].
@@ -418,23 +507,26 @@ impl<'a> IntoFuture for TouchDocument<'a> {
                 partition_key,
                 if_match,
             } = self;
+            let call = call_for(&if_match);
             let request = TouchDocumentRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
                 id,
-                partition_key: Some(partition_key.into()),
+                partition_key: Some(partition_key.into_proto()),
                 if_match: if_match.unwrap_or_default(),
             };
-            match collection
-                .client
-                .documents
-                .clone()
-                .touch_document(request)
-                .await
-            {
-                Ok(response) => Ok(TouchOutcome::Touched(response.into_inner().into())),
-                Err(status) => missing_or(status, TouchOutcome::Missing),
-            }
+            let client = &collection.client;
+            let touched = client
+                .call(call, || {
+                    let mut documents = client.documents.clone();
+                    let request = request.clone();
+                    async move { documents.touch_document(request).await }
+                })
+                .await;
+            missing_or(
+                touched.map(|d| TouchOutcome::Touched(Document::from_proto(d))),
+                TouchOutcome::Missing,
+            )
         })
     }
 }
@@ -490,23 +582,26 @@ impl<'a> IntoFuture for DeleteDocument<'a> {
                 partition_key,
                 if_match,
             } = self;
+            let call = call_for(&if_match);
             let request = DeleteDocumentRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
                 id,
-                partition_key: Some(partition_key.into()),
+                partition_key: Some(partition_key.into_proto()),
                 if_match: if_match.unwrap_or_default(),
             };
-            match collection
-                .client
-                .documents
-                .clone()
-                .delete_document(request)
-                .await
-            {
-                Ok(_) => Ok(DeleteOutcome::Deleted),
-                Err(status) => missing_or(status, DeleteOutcome::Missing),
-            }
+            let client = &collection.client;
+            let deleted = client
+                .call(call, || {
+                    let mut documents = client.documents.clone();
+                    let request = request.clone();
+                    async move { documents.delete_document(request).await }
+                })
+                .await;
+            missing_or(
+                deleted.map(|_| DeleteOutcome::Deleted),
+                DeleteOutcome::Missing,
+            )
         })
     }
 }

@@ -81,5 +81,5 @@ impl Tls {
 
 fn read(path: &Path) -> Result<Vec<u8>, Error> {
     std::fs::read(path)
-        .map_err(|e| Error::InvalidArgument(format!("cannot read {}: {e}", path.display())))
+        .map_err(|e| Error::invalid(format!("cannot read {}: {e}", path.display()), None))
 }

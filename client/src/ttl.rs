@@ -12,6 +12,31 @@ pub enum DocumentTtl {
     /// Expires this long after the last write (whole seconds, rounded up), if the collection has
     /// TTL on.
     After(Duration),
+    /// For a replace: the TTL of the version replaced, whatever the body says (a replace
+    /// without a TTL would make the document inherit the collection default). The client reads
+    /// that version first and writes with `if_match` on it, so the TTL kept is the one of the
+    /// version overwritten; a write landing in between makes it read again. Not for create
+    /// or upsert, which are refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").default_ttl(mayfly_client::DefaultTtl::NoDefault).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::DocumentTtl;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
+    /// let doc = c.replace("a", 1, &serde_json::json!({"id": "a", "k": 1, "n": 2}))
+    ///     .ttl(DocumentTtl::Keep)
+    ///     .await?
+    ///     .into_document()
+    ///     .expect("was there");
+    /// assert_eq!(doc.ttl(), DocumentTtl::After(Duration::from_secs(60)));
+    /// # Ok(()) }
+    /// ```
+    Keep,
 }
 
 /// A collection's default TTL (Cosmos DB's `defaultTtl`).
@@ -40,10 +65,11 @@ pub(crate) fn wire_seconds(ttl: Option<Duration>) -> i64 {
 }
 
 impl DocumentTtl {
-    /// The `ttl` value to send, or `None` to inherit.
+    /// The `ttl` value to send, or `None` to inherit. `Keep` is resolved to the TTL read
+    /// before this is called.
     pub(crate) fn to_wire(self) -> Option<i64> {
         match self {
-            DocumentTtl::Inherit => None,
+            DocumentTtl::Inherit | DocumentTtl::Keep => None,
             DocumentTtl::Never => Some(wire_seconds(None)),
             DocumentTtl::After(d) => Some(wire_seconds(Some(d))),
         }

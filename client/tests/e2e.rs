@@ -7,7 +7,7 @@ use std::{
 
 use mayfly_client::{
     Client, Collection, CollectionSettings, DefaultTtl, DeleteOutcome, DocumentTtl, Error,
-    IndexingMode, PartitionKey, TouchOutcome, UpsertOutcome,
+    IndexingMode, PartitionKey, ReplaceOutcome, TouchOutcome, UpsertOutcome,
 };
 use mayfly_proto::v1;
 use mayfly_server::{
@@ -63,7 +63,7 @@ impl Setup {
 
 fn invalid(result: Result<impl std::fmt::Debug, Error>) -> String {
     match result {
-        Err(Error::InvalidArgument(message)) => message,
+        Err(Error::InvalidArgument(details)) => details.message().to_owned(),
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
 }
@@ -92,7 +92,9 @@ async fn crud_round_trip() {
     let replaced = c
         .replace("a", "p", &json!({"id": "a", "pk": "p", "n": 2}))
         .await
-        .expect("replace");
+        .expect("replace")
+        .into_document()
+        .expect("was there");
     assert_ne!(replaced.etag(), created.etag());
     let upserted = c
         .upsert(&json!({"id": "a", "pk": "p", "n": 3}))
@@ -191,7 +193,9 @@ async fn etags_guard_every_write() {
         .replace("a", "p", &json!({"id": "a", "pk": "p", "v": 2}))
         .if_match(v1.etag())
         .await
-        .expect("fresh etag");
+        .expect("fresh etag")
+        .into_document()
+        .expect("was there");
     let stale = v1.etag();
     let precondition = |r: Result<(), Error>| matches!(r, Err(Error::PreconditionFailed(_)));
     assert!(precondition(
@@ -258,7 +262,7 @@ async fn not_found_and_conflict_statuses() {
     ));
     // A misspelt collection is an error, not a quiet "no such document".
     assert!(
-        matches!(missing.read("a", "p").await, Err(Error::CollectionNotFound(m)) if m.contains("collection 'missing'"))
+        matches!(missing.read("a", "p").await, Err(Error::CollectionNotFound(m)) if m.message().contains("collection 'missing'"))
     );
     assert!(matches!(
         missing.touch("a", "p").await,
@@ -275,7 +279,7 @@ async fn not_found_and_conflict_statuses() {
     let c = db.collection("c");
     assert!(matches!(
         c.replace("a", "p", &json!({"id": "a", "pk": "p"})).await,
-        Err(Error::NotFound(_))
+        Ok(ReplaceOutcome::Missing)
     ));
     assert!(matches!(
         s.client.database("nope").delete().await,

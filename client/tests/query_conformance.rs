@@ -118,7 +118,7 @@ async fn every_conformance_case_over_grpc() {
                         .get("error_contains")
                         .and_then(Value::as_str)
                         .unwrap_or("");
-                    if message.to_lowercase().contains(want) {
+                    if message.message().to_lowercase().contains(want) {
                         Ok(())
                     } else {
                         Err(format!("message without '{want}': {message}"))

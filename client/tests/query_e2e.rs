@@ -106,7 +106,7 @@ async fn refused(c: &Collection, text: &str, params: &[(&str, Value)]) -> String
         Err(e) => Err(e),
     };
     match outcome {
-        Err(Error::InvalidArgument(message)) => message,
+        Err(Error::InvalidArgument(details)) => details.message().to_owned(),
         other => panic!(
             "{}: expected INVALID_ARGUMENT, got {other:?}",
             &text[..text.len().min(80)]

@@ -1,0 +1,186 @@
+//! When and how soon a failed request is sent again.
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    time::Duration,
+};
+
+use crate::{client::Call, error::Error};
+
+/// How the client sends a failed request again: only for errors where that is safe
+/// ([`Error::is_retryable`]: the server could not be reached, was unavailable, or throttled
+/// the request), after an exponential backoff with jitter (attempt *n* waits a random time
+/// between half and all of `base_delay × 2ⁿ⁻¹`, at most `max_delay`).
+///
+/// Which requests are retried:
+///
+/// | request | retried by default |
+/// | --- | --- |
+/// | reads: `read`, `read_item`, `get`, `exists`, `info`, listings, opening a feed or query | yes |
+/// | `delete_document` and `touch` without `if_match` | yes: a second try has the effect of the first (a delete whose first try landed then reports [`DeleteOutcome::Missing`](crate::DeleteOutcome::Missing)) |
+/// | other writes (create, upsert, replace, the write of `update`, writes with `if_match`, database and collection changes) | only if the request never reached the server ([`Error::Connect`]), or with [`RetryPolicy::retry_writes`] |
+///
+/// Never retried: [`Error::Timeout`] and [`Reason::OutcomeUnknown`](crate::Reason::OutcomeUnknown),
+/// after which a write may have been applied; the next page of a feed or query (a broken
+/// stream is resumed from its continuation by the caller).
+///
+/// Defaults: 3 attempts, 100 ms base delay, 2 s longest delay, writes not retried.
+///
+/// ```
+/// use std::time::Duration;
+/// use mayfly_client::RetryPolicy;
+/// let patient = RetryPolicy::default()
+///     .max_attempts(6)
+///     .base_delay(Duration::from_millis(50))
+///     .max_delay(Duration::from_secs(5));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+    retry_writes: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+            retry_writes: false,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Every request is sent once.
+    ///
+    /// ```
+    /// use mayfly_client::RetryPolicy;
+    /// assert_eq!(RetryPolicy::none(), RetryPolicy::default().max_attempts(1));
+    /// ```
+    pub fn none() -> Self {
+        RetryPolicy::default().max_attempts(1)
+    }
+
+    /// Attempts in all, the first included (at least 1).
+    ///
+    /// ```
+    /// use mayfly_client::RetryPolicy;
+    /// let policy = RetryPolicy::default().max_attempts(5);
+    /// ```
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The backoff before the first retry, doubled for each next one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mayfly_client::RetryPolicy;
+    /// let policy = RetryPolicy::default().base_delay(Duration::from_millis(10));
+    /// ```
+    pub fn base_delay(mut self, delay: Duration) -> Self {
+        self.base_delay = delay;
+        self
+    }
+
+    /// The longest backoff.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mayfly_client::RetryPolicy;
+    /// let policy = RetryPolicy::default().max_delay(Duration::from_secs(1));
+    /// ```
+    pub fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// Also retries writes that are not idempotent (create, upsert, replace, writes with
+    /// `if_match`) on retryable errors. Such an error (a broken connection, most of all) can
+    /// come after the server applied the write, so a create may then fail with
+    /// [`Error::Conflict`] on its own document, an `if_match` write with
+    /// [`Error::PreconditionFailed`], and an upsert may apply twice. Off by default.
+    ///
+    /// ```
+    /// use mayfly_client::RetryPolicy;
+    /// let policy = RetryPolicy::default().retry_writes(true);
+    /// ```
+    pub fn retry_writes(mut self, retry: bool) -> Self {
+        self.retry_writes = retry;
+        self
+    }
+
+    /// Whether attempt number `attempt` (from 1), which failed with `error`, is followed by
+    /// another.
+    pub(crate) fn may_retry(&self, call: Call, error: &Error, attempt: u32) -> bool {
+        attempt < self.max_attempts
+            && error.is_retryable()
+            && (call == Call::Idempotent
+                || self.retry_writes
+                // Never sent: nothing can have been applied.
+                || matches!(error, Error::Connect { .. }))
+    }
+
+    /// The backoff after attempt number `attempt` (from 1).
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
+        let doubled = self
+            .base_delay
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+        let ceiling = doubled.min(self.max_delay);
+        ceiling / 2 + jitter(ceiling / 2)
+    }
+}
+
+/// A random duration from zero to `max`: spreads the retries of clients that failed together.
+/// The randomness comes from std's per-hasher random keys (no dependency needed).
+pub(crate) fn jitter(max: Duration) -> Duration {
+    let random = RandomState::new().hash_one(std::time::Instant::now());
+    max.mul_f64(random as f64 / u64::MAX as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_the_ceiling() {
+        let policy = RetryPolicy::default();
+        for _ in 0..100 {
+            let first = policy.delay(1);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            let third = policy.delay(3);
+            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
+            assert!(policy.delay(30) <= Duration::from_secs(2));
+        }
+        let spread: std::collections::HashSet<_> = (0..20).map(|_| policy.delay(1)).collect();
+        assert!(spread.len() > 1, "jittered");
+    }
+
+    #[test]
+    fn writes_are_retried_only_when_never_sent_or_on_request() {
+        let unavailable = Error::from_status(tonic::Status::unavailable("draining"), "here");
+        let refused = Error::connect(
+            "here",
+            &std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        );
+        let timeout = Error::timeout(Duration::from_secs(1));
+        let policy = RetryPolicy::default();
+        assert!(policy.may_retry(Call::Idempotent, &unavailable, 1));
+        assert!(policy.may_retry(Call::Idempotent, &unavailable, 2));
+        assert!(
+            !policy.may_retry(Call::Idempotent, &unavailable, 3),
+            "3 attempts"
+        );
+        assert!(!policy.may_retry(Call::Write, &unavailable, 1));
+        assert!(policy.may_retry(Call::Write, &refused, 1), "never sent");
+        assert!(!policy.may_retry(Call::Idempotent, &timeout, 1));
+        let writes = policy.retry_writes(true);
+        assert!(writes.may_retry(Call::Write, &unavailable, 1));
+        assert!(!writes.may_retry(Call::Write, &timeout, 1));
+        assert!(!RetryPolicy::none().may_retry(Call::Idempotent, &refused, 1));
+    }
+}

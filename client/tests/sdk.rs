@@ -1,0 +1,599 @@
+//! The client SDK's behaviour end to end (issue 11): timeouts, connect errors, reasons,
+//! `create_*_if_not_exists`, `Item<T>`, `DocumentTtl::Keep`, `update`, typed streams, and the
+//! one table of outcomes. Each test runs its own server on 127.0.0.1:0.
+
+use std::{
+    io,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use mayfly_client::{
+    Client, Collection, DefaultTtl, DeleteOutcome, DocumentTtl, Ensured, Error, Lifetime,
+    PartitionKey, Reason, ReplaceOutcome, TouchOutcome, UpdateOutcome,
+};
+use mayfly_server::RunningServer;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_stream::StreamExt as _;
+
+async fn start() -> (RunningServer, Client) {
+    let server = RunningServer::start(Default::default())
+        .await
+        .expect("server starts");
+    let client = Client::connect(server.local_addr().to_string())
+        .await
+        .expect("client connects");
+    (server, client)
+}
+
+async fn collection(client: &Client, ttl: DefaultTtl) -> Collection {
+    let db = client
+        .create_database_if_not_exists("db")
+        .await
+        .expect("db")
+        .into_inner();
+    let name = format!("c{}", db.list_collections().await.expect("list").len());
+    db.create_collection(&name, "/pk")
+        .default_ttl(ttl)
+        .await
+        .expect("collection")
+}
+
+/// A port nothing listens on: bound, then let go.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    listener.local_addr().expect("address").port()
+}
+
+#[tokio::test]
+async fn a_server_that_accepts_and_never_answers_times_out() {
+    // Accepts connections and holds them, reading and writing nothing.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("address").to_string();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let limit = Duration::from_millis(300);
+    for lazy in [true, false] {
+        let builder = Client::builder(&address)
+            .request_timeout(limit)
+            .connect_timeout(Duration::from_millis(500));
+        let client = if lazy {
+            builder.connect_lazy().expect("nothing dialed yet")
+        } else {
+            match builder.connect().await {
+                Ok(client) => client,
+                // No HTTP/2 answer within the connect timeout: as good a failure.
+                Err(e) => {
+                    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+                    continue;
+                }
+            }
+        };
+        let began = Instant::now();
+        let e = client.list_databases().await.expect_err("nobody answers");
+        let took = began.elapsed();
+        assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+        assert!(!e.is_retryable(), "a timeout is the caller's to judge");
+        assert!(took >= limit, "{took:?}");
+        assert!(
+            took < Duration::from_secs(2),
+            "within the timeout: {took:?}"
+        );
+        eprintln!("lazy={lazy}: {e} after {took:?}");
+    }
+    holder.abort();
+}
+
+#[tokio::test]
+async fn a_refused_port_names_the_address_and_the_cause() {
+    let address = format!("127.0.0.1:{}", closed_port());
+    for lazy in [false, true] {
+        let e = if lazy {
+            let client = Client::builder(&address)
+                .connect_lazy()
+                .expect("nothing dialed yet");
+            client.list_databases().await.expect_err("refused")
+        } else {
+            Client::connect(&address).await.expect_err("refused")
+        };
+        let Error::Connect {
+            address: named,
+            source,
+        } = &e
+        else {
+            panic!("not Connect: {e:?}")
+        };
+        assert_eq!(named, &address);
+        assert_eq!(source.kind(), io::ErrorKind::ConnectionRefused, "{source}");
+        let cause = std::error::Error::source(&e).expect("a source");
+        assert!(
+            cause.to_string().to_lowercase().contains("refused"),
+            "{cause}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("cannot connect to {address}: ")),
+            "{text}"
+        );
+        assert!(e.is_retryable());
+        eprintln!("{text}");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_port_and_a_stopped_server_are_connect_errors_too() {
+    let e = Client::connect("127.0.0.1:99999")
+        .await
+        .expect_err("no such port");
+    match &e {
+        // Whether the port is refused as it parses or when dialed, the error says where
+        // and why.
+        Error::Connect { address, source } => {
+            assert_eq!(address, "127.0.0.1:99999");
+            assert!(!source.to_string().is_empty());
+        }
+        other => panic!("not Connect: {other:?}"),
+    }
+    assert!(std::error::Error::source(&e).is_some());
+    eprintln!("{e}");
+
+    let (server, client) = start().await;
+    let address = server.local_addr().to_string();
+    client.list_databases().await.expect("served");
+    server.shutdown().await.expect("stops");
+    let e = client.list_databases().await.expect_err("stopped");
+    match &e {
+        Error::Connect { address: named, .. } => assert_eq!(named, &address),
+        other => panic!("not Connect: {other:?}"),
+    }
+    assert!(e.to_string().contains(&address), "{e}");
+    eprintln!("{e}");
+}
+
+#[tokio::test]
+async fn https_without_tls_configured_is_refused() {
+    let e = Client::connect("https://127.0.0.1:1")
+        .await
+        .expect_err("no TLS configured");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.message().contains(".tls("), "{e}");
+    let lazy = Client::builder("https://127.0.0.1:1")
+        .connect_lazy()
+        .expect_err("no TLS configured");
+    assert!(matches!(lazy, Error::InvalidArgument(_)), "{lazy:?}");
+}
+
+#[tokio::test]
+async fn every_server_error_carries_its_reason() {
+    let (_server, client) = start().await;
+    client.create_database("db").await.expect("db");
+    let db_exists = client.create_database("db").await.expect_err("exists");
+    assert!(matches!(db_exists, Error::Conflict(_)));
+    assert_eq!(db_exists.reason(), Some(&Reason::DatabaseExists));
+    let c = collection(&client, DefaultTtl::NoDefault).await;
+    c.create(&json!({"id": "a", "pk": "p"})).await.expect("new");
+    let doc_exists = c
+        .create(&json!({"id": "a", "pk": "p"}))
+        .await
+        .expect_err("exists");
+    assert!(matches!(doc_exists, Error::Conflict(_)));
+    assert_eq!(doc_exists.reason(), Some(&Reason::DocumentExists));
+    assert!(
+        doc_exists.to_string().ends_with("(DOCUMENT_EXISTS)"),
+        "{doc_exists}"
+    );
+
+    let bad_ttl = c
+        .create(&json!({"id": "b", "pk": "p", "ttl": 0}))
+        .await
+        .expect_err("ttl 0");
+    assert_eq!(bad_ttl.reason(), Some(&Reason::InvalidTtl));
+    let mismatch = c
+        .create(&json!({"id": "b", "pk": "p"}))
+        .partition_key("q")
+        .await
+        .expect_err("wrong key");
+    assert_eq!(mismatch.reason(), Some(&Reason::PartitionKeyMismatch));
+    assert!(matches!(
+        (&bad_ttl, &mismatch),
+        (Error::InvalidArgument(_), Error::InvalidArgument(_))
+    ));
+    let stale = c
+        .replace("a", "p", &json!({"id": "a", "pk": "p"}))
+        .if_match("\"stale\"")
+        .await
+        .expect_err("stale");
+    assert_eq!(stale.reason(), Some(&Reason::EtagMismatch));
+    let missing = client
+        .database("nope")
+        .collection("c")
+        .read("a", "p")
+        .await
+        .expect_err("no database");
+    assert_eq!(missing.reason(), Some(&Reason::DatabaseNotFound));
+    assert_eq!(missing.details().map(|d| d.code()), Some(5));
+    for e in [&db_exists, &doc_exists, &bad_ttl, &stale, &missing] {
+        assert!(!e.is_retryable(), "{e}");
+        assert_eq!(e.operation_index(), None);
+    }
+}
+
+#[tokio::test]
+async fn page_size_zero_is_refused_before_sending() {
+    let (_server, client) = start().await;
+    let c = collection(&client, DefaultTtl::Off).await;
+    for size in [0, 1001] {
+        let feed = c.read_feed().page_size(size).await.expect_err("refused");
+        assert_eq!(feed.reason(), Some(&Reason::InvalidPageSize), "{feed}");
+        let query = c
+            .query::<serde_json::Value>("SELECT * FROM c")
+            .page_size(size)
+            .await
+            .expect_err("refused");
+        assert!(matches!(query, Error::InvalidArgument(_)), "{query:?}");
+        assert_eq!(query.reason(), Some(&Reason::InvalidPageSize));
+    }
+    c.read_feed().page_size(1).await.expect("1 is fine");
+    c.read_feed().page_size(1000).await.expect("1000 is fine");
+}
+
+#[tokio::test]
+async fn create_if_not_exists_creates_then_finds() {
+    let (_server, client) = start().await;
+    let db = client
+        .create_database_if_not_exists("app")
+        .await
+        .expect("db");
+    assert!(matches!(db, Ensured::Created(_)));
+    let db = client
+        .create_database_if_not_exists("app")
+        .await
+        .expect("db");
+    assert!(matches!(db, Ensured::Existing(_, ())));
+    let db = db.into_inner();
+
+    let ttl = DefaultTtl::After(Duration::from_secs(1800));
+    let first = db
+        .create_collection_if_not_exists("sessions", "/user")
+        .default_ttl(ttl)
+        .await
+        .expect("created");
+    assert!(first.is_created());
+    // Other settings on an existing collection are reported, not applied.
+    let second = db
+        .create_collection_if_not_exists("sessions", "/user")
+        .default_ttl(DefaultTtl::Off)
+        .await
+        .expect("found");
+    let Ensured::Existing(sessions, settings) = second else {
+        panic!("exists")
+    };
+    assert_eq!(settings.default_ttl, ttl);
+    assert_eq!(settings.partition_key_path, "/user");
+    assert_eq!(sessions.info().await.expect("info").default_ttl, ttl);
+
+    let e = db
+        .create_collection_if_not_exists("sessions", "/tenant")
+        .await
+        .expect_err("another partition key path");
+    assert!(matches!(e, Error::Conflict(_)), "{e:?}");
+    assert_eq!(e.reason(), Some(&Reason::CollectionExists));
+    assert!(
+        e.message().contains("'/user'") && e.message().contains("'/tenant'"),
+        "{e}"
+    );
+
+    let e = client
+        .database("nope")
+        .create_collection_if_not_exists("c", "/k")
+        .await
+        .expect_err("no database");
+    assert!(matches!(e, Error::DatabaseNotFound(_)), "{e:?}");
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Counter {
+    id: String,
+    pk: String,
+    n: u64,
+}
+
+#[tokio::test]
+async fn items_carry_value_and_system_properties_in_one_read() {
+    let (_server, client) = start().await;
+    let c = collection(&client, DefaultTtl::NoDefault).await;
+    let counter = Counter {
+        id: "a".into(),
+        pk: "p".into(),
+        n: 7,
+    };
+    let written = c
+        .create(&counter)
+        .ttl(DocumentTtl::After(Duration::from_secs(60)))
+        .await
+        .expect("create");
+    let item = c
+        .read_item::<Counter>("a", "p")
+        .await
+        .expect("read")
+        .expect("there");
+    assert_eq!(item.value(), &counter);
+    assert_eq!(item.n, 7, "derefs to the value");
+    assert_eq!(item.id(), "a");
+    assert_eq!(item.partition_key(), &PartitionKey::from("p"));
+    assert_eq!(item.etag(), written.etag());
+    assert_eq!(item.ts(), written.ts());
+    assert_eq!(item.modified_at(), written.modified_at());
+    assert_eq!(item.ttl(), DocumentTtl::After(Duration::from_secs(60)));
+    assert_eq!(
+        item.expires_at(),
+        Some(item.modified_at() + Duration::from_secs(60))
+    );
+    let Lifetime::Remaining(left) = item.lifetime() else {
+        panic!("expires")
+    };
+    assert!(left <= Duration::from_secs(60) && left > Duration::from_secs(50));
+    assert_eq!(item.clone().into_value(), counter);
+
+    let typed = written.into_item::<Counter>().expect("typed write");
+    assert_eq!(typed.etag(), item.etag());
+
+    c.create(&json!({"id": "forever", "pk": "p"}))
+        .await
+        .expect("create");
+    let forever = c
+        .read_item::<serde_json::Value>("forever", "p")
+        .await
+        .expect("read")
+        .expect("there");
+    assert_eq!(forever.lifetime(), Lifetime::Never);
+    assert_eq!(forever.ttl(), DocumentTtl::Inherit);
+    assert!(
+        c.read_item::<Counter>("b", "p")
+            .await
+            .expect("read")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn keep_keeps_a_documents_own_ttl_across_writes() {
+    let (_server, client) = start().await;
+    let c = collection(&client, DefaultTtl::NoDefault).await;
+    let sixty = DocumentTtl::After(Duration::from_secs(60));
+    let v1 = c
+        .create(&json!({"id": "a", "pk": "p", "n": 1}))
+        .ttl(sixty)
+        .await
+        .expect("create");
+
+    let kept = c
+        .replace("a", "p", &json!({"id": "a", "pk": "p", "n": 2}))
+        .ttl(DocumentTtl::Keep)
+        .await
+        .expect("replace")
+        .into_document()
+        .expect("there");
+    assert_eq!(kept.ttl(), sixty);
+    assert_eq!(kept.body()["n"], 2);
+
+    // Keep with a stale etag is refused like any stale write.
+    let stale = c
+        .replace("a", "p", &json!({"id": "a", "pk": "p", "n": 3}))
+        .ttl(DocumentTtl::Keep)
+        .if_match(v1.etag())
+        .await
+        .expect_err("stale");
+    assert_eq!(stale.reason(), Some(&Reason::EtagMismatch));
+
+    // update keeps it too, unless the closure sets another.
+    let UpdateOutcome::Updated { item, .. } = c
+        .update::<serde_json::Value, _>("a", "p", |doc| doc["n"] = json!(4))
+        .await
+        .expect("update")
+    else {
+        panic!("there")
+    };
+    assert_eq!(item.ttl(), sixty);
+    assert_eq!(item.value()["n"], 4);
+    let read = c.read("a", "p").await.expect("read").expect("there");
+    assert_eq!(read.ttl(), sixty);
+    assert!(read.remaining() <= Lifetime::Remaining(Duration::from_secs(60)));
+
+    let UpdateOutcome::Updated { item, .. } = c
+        .update::<serde_json::Value, _>("a", "p", |doc| doc.set_ttl(DocumentTtl::Never))
+        .await
+        .expect("update")
+    else {
+        panic!("there")
+    };
+    assert_eq!(item.ttl(), DocumentTtl::Never);
+
+    // Without Keep a replace drops it (the issue's pitfall), so Keep is what to use.
+    let dropped = c
+        .replace("a", "p", &json!({"id": "a", "pk": "p"}))
+        .await
+        .expect("replace")
+        .into_document()
+        .expect("there");
+    assert_eq!(dropped.ttl(), DocumentTtl::Inherit);
+
+    let e = c
+        .create(&json!({"id": "b", "pk": "p"}))
+        .ttl(DocumentTtl::Keep)
+        .await
+        .expect_err("nothing to keep");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(
+        c.replace("gone", "p", &json!({"id": "gone", "pk": "p"}))
+            .ttl(DocumentTtl::Keep)
+            .await
+            .expect("no error")
+            == ReplaceOutcome::Missing
+    );
+}
+
+#[tokio::test]
+async fn twenty_tasks_incrementing_through_update_count_to_200() {
+    let (_server, client) = start().await;
+    let c = Arc::new(collection(&client, DefaultTtl::NoDefault).await);
+    c.create(&Counter {
+        id: "hits".into(),
+        pk: "p".into(),
+        n: 0,
+    })
+    .ttl(DocumentTtl::After(Duration::from_secs(600)))
+    .await
+    .expect("create");
+    let began = Instant::now();
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                let mut conflicts = 0;
+                for _ in 0..10 {
+                    match c
+                        .update::<Counter, _>("hits", "p", |counter| counter.n += 1)
+                        .await
+                        .expect("update")
+                    {
+                        UpdateOutcome::Updated { conflicts: n, .. } => conflicts += n,
+                        UpdateOutcome::Missing => panic!("the counter is there"),
+                    }
+                }
+                conflicts
+            })
+        })
+        .collect();
+    let mut conflicts = 0;
+    for task in tasks {
+        conflicts += task.await.expect("task");
+    }
+    let counter = c
+        .read_item::<Counter>("hits", "p")
+        .await
+        .expect("read")
+        .expect("there");
+    eprintln!(
+        "200 increments through update() in {:?}: {conflicts} conflicts retried ({:.2} per increment)",
+        began.elapsed(),
+        f64::from(conflicts) / 200.0
+    );
+    assert_eq!(counter.n, 200, "no increment lost");
+    assert_eq!(
+        counter.ttl(),
+        DocumentTtl::After(Duration::from_secs(600)),
+        "TTL kept through 200 writes"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_document_is_an_outcome_for_every_verb() {
+    let (_server, client) = start().await;
+    let c = collection(&client, DefaultTtl::NoDefault).await;
+    let body = json!({"id": "a", "pk": "p"});
+    assert!(c.read("a", "p").await.expect("read").is_none());
+    assert!(
+        c.read_item::<serde_json::Value>("a", "p")
+            .await
+            .expect("read")
+            .is_none()
+    );
+    assert_eq!(
+        c.replace("a", "p", &body).await.expect("replace"),
+        ReplaceOutcome::Missing
+    );
+    assert_eq!(
+        c.touch("a", "p").await.expect("touch"),
+        TouchOutcome::Missing
+    );
+    assert_eq!(
+        c.delete_document("a", "p").await.expect("delete"),
+        DeleteOutcome::Missing
+    );
+    assert!(matches!(
+        c.update::<serde_json::Value, _>("a", "p", |_| ())
+            .await
+            .expect("update"),
+        UpdateOutcome::Missing
+    ));
+    assert!(
+        c.read("a", "p").await.expect("read").is_none(),
+        "nothing written"
+    );
+}
+
+#[tokio::test]
+async fn feeds_and_queries_stream_typed_values() {
+    let (_server, client) = start().await;
+    let c = collection(&client, DefaultTtl::Off).await;
+    for n in 0..25 {
+        c.create(&Counter {
+            id: format!("c{n:02}"),
+            pk: "p".into(),
+            n,
+        })
+        .await
+        .expect("create");
+    }
+    let mut items = c
+        .read_feed()
+        .page_size(4)
+        .await
+        .expect("feed")
+        .into_stream::<Counter>();
+    let mut seen = Vec::new();
+    while let Some(item) = items.next().await {
+        let item = item.expect("item");
+        assert!(!item.etag().is_empty());
+        seen.push(item.into_value().n);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..25).collect::<Vec<_>>());
+
+    // A document of another shape is an error of its own; the stream goes on.
+    c.create(&json!({"id": "odd", "pk": "p", "n": "not a number"}))
+        .await
+        .expect("create");
+    let results: Vec<_> = c
+        .read_feed()
+        .page_size(7)
+        .await
+        .expect("feed")
+        .into_stream::<Counter>()
+        .collect()
+        .await;
+    assert_eq!(results.len(), 26);
+    assert_eq!(results.iter().filter(|r| r.is_err()).count(), 1);
+    assert!(matches!(
+        results.iter().find(|r| r.is_err()),
+        Some(Err(Error::Serialization(_)))
+    ));
+
+    let mut big = c
+        .query::<Counter>("SELECT * FROM c WHERE c.n >= @min ORDER BY c.n")
+        .param("@min", 20)
+        .page_size(2)
+        .await
+        .expect("query");
+    let mut ns = Vec::new();
+    while let Some(counter) = big.next().await {
+        ns.push(counter.expect("counter").n);
+    }
+    assert_eq!(ns, [20, 21, 22, 23, 24]);
+    let ids: Vec<String> = c
+        .query::<String>("SELECT VALUE c.id FROM c WHERE c.n < 3")
+        .await
+        .expect("query")
+        .map(|id| id.expect("id"))
+        .collect()
+        .await;
+    assert_eq!(ids.len(), 3);
+}
