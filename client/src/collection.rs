@@ -8,10 +8,12 @@ use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 
 use crate::{
+    batch::Batch,
     client::{Call, Client},
     document::{Document, Item, PartitionKey, ReplaceOutcome, UpdateOutcome},
     error::{Error, ErrorDetails, Reason},
     feed::ReadFeed,
+    patch::Patch,
     query::Query,
     requests::{
         CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
@@ -694,6 +696,50 @@ impl Collection {
         partition_key: impl Into<PartitionKey>,
     ) -> DeleteDocument<'_> {
         DeleteDocument::new(self, id, partition_key.into())
+    }
+
+    /// Starts a patch of a live document: add operations (at most 10), then `.await`. The
+    /// server applies them as one write (new etag, TTL clock restarted); concurrent patches of
+    /// one document all apply, one after the other, so increments from many clients all count
+    /// without conflicts to retry. See [`Patch`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let pages = db.create_collection("pages", "/site").await?;
+    /// use mayfly_client::PatchOutcome;
+    /// pages.create(&serde_json::json!({"id": "home", "site": "a", "views": 0})).await?;
+    /// let viewed = pages.patch("home", "a").incr("/views", 1).set("/status", "live").await?;
+    /// assert!(matches!(viewed, PatchOutcome::Patched(ref d) if d.body()["views"] == 1));
+    /// assert_eq!(pages.patch("gone", "a").incr("/views", 1).await?, PatchOutcome::Missing);
+    /// # Ok(()) }
+    /// ```
+    pub fn patch(&self, id: &str, partition_key: impl Into<PartitionKey>) -> Patch<'_> {
+        Patch::new(self, id, partition_key.into())
+    }
+
+    /// Starts a transactional batch on the documents of one partition: up to 100 operations,
+    /// applied all together or not at all. See [`Batch`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// let results = c.batch("k1")
+    ///     .create(&serde_json::json!({"id": "a", "k": "k1"}))
+    ///     .create(&serde_json::json!({"id": "b", "k": "k1"}))
+    ///     .await?;
+    /// assert_eq!(results.len(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn batch(&self, partition_key: impl Into<PartitionKey>) -> Batch<'_> {
+        Batch::new(self, partition_key.into())
     }
 
     /// Streams the collection's live documents page by page.

@@ -294,6 +294,9 @@ reasons! {
     InvalidBatch = "INVALID_BATCH",
     /// A transactional batch above its size limits.
     BatchTooLarge = "BATCH_TOO_LARGE",
+    /// Other writes changed a batch's documents during each of its attempts on the server;
+    /// nothing was applied and it may be sent again (status `ABORTED`).
+    Contended = "CONTENDED",
     /// The server needs a key or token and none was sent.
     MissingCredentials = "MISSING_CREDENTIALS",
     /// The key or token is not valid.
@@ -431,6 +434,7 @@ impl Error {
         match self {
             Error::Connect { .. } | Error::ResourceExhausted(_) => true,
             Error::Unavailable(d) => d.reason != Some(Reason::OutcomeUnknown),
+            Error::Other(d) => d.reason == Some(Reason::Contended),
             _ => false,
         }
     }

@@ -39,6 +39,8 @@
 //! | [`update`](Collection::update) | `Ok(`[`UpdateOutcome::Updated`]`)` | `Ok(`[`UpdateOutcome::Missing`]`)` | retried (its own `if_match`) |
 //! | [`touch`](Collection::touch) | `Ok(`[`TouchOutcome::Touched`]`)` | `Ok(`[`TouchOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
 //! | [`delete_document`](Collection::delete_document) | `Ok(`[`DeleteOutcome::Deleted`]`)` | `Ok(`[`DeleteOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
+//! | [`patch`](Collection::patch) | `Ok(`[`PatchOutcome::Patched`]`)` | `Ok(`[`PatchOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)`, also for a false condition ([`Reason::ConditionNotMet`]) |
+//! | [`batch`](Collection::batch) | `Ok(Vec<`[`BatchResult`]`>)` | the operation's error, [`Error::operation_index`] naming it: a batch is all or nothing, so a missing document fails it | the operation's error, likewise |
 //!
 //! Every error the server sends carries its [`Reason`] ([`Error::reason`]); which errors are
 //! worth sending again is [`Error::is_retryable`], and which requests the client sends again
@@ -53,18 +55,21 @@
 //!
 //! [Mayfly]: https://example.invalid/mayfly
 
+mod batch;
 mod client;
 mod collection;
 mod document;
 mod error;
 mod feed;
 mod pages;
+mod patch;
 mod query;
 mod requests;
 mod retry;
 mod tls;
 mod ttl;
 
+pub use batch::{Batch, BatchResult, MAX_BATCH_OPERATIONS};
 pub use client::{Client, ClientBuilder, CreateCollection, Database, EnsureCollection, Ensured};
 pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths};
 pub use document::{
@@ -73,6 +78,7 @@ pub use document::{
 };
 pub use error::{Error, ErrorDetails, Reason};
 pub use feed::{Feed, FeedPage, FeedStream, ReadFeed};
+pub use patch::{Patch, PatchOps, PatchOutcome};
 pub use query::{Query, QueryMetrics, QueryPage, QueryResults};
 pub use requests::{
     CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,

@@ -25,7 +25,7 @@ use crate::{
 /// The one place a document's TTL choice meets its body: an explicit choice replaces any
 /// `ttl` property in the body and travels as the request's `ttl` field. `Keep` must have been
 /// resolved to the TTL read (only replace can).
-fn body_and_ttl(
+pub(crate) fn body_and_ttl(
     body: Result<Map<String, Value>, Error>,
     ttl: Option<DocumentTtl>,
 ) -> Result<(JsonObject, Option<i64>), Error> {

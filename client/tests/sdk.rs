@@ -1,6 +1,7 @@
 //! The client SDK's behaviour end to end (issue 11): timeouts, connect errors, reasons,
 //! `create_*_if_not_exists`, `Item<T>`, `DocumentTtl::Keep`, `update`, typed streams, and the
-//! one table of outcomes. Each test runs its own server on 127.0.0.1:0.
+//! one table of outcomes, patch and transactional batch. Each test runs its own server on
+//! 127.0.0.1:0.
 
 use std::{
     io,
@@ -9,8 +10,9 @@ use std::{
 };
 
 use mayfly_client::{
-    Client, Collection, DefaultTtl, DeleteOutcome, DocumentTtl, Ensured, Error, Lifetime,
-    PartitionKey, Reason, ReplaceOutcome, TouchOutcome, UpdateOutcome,
+    BatchResult, Client, Collection, DefaultTtl, DeleteOutcome, DocumentTtl, Ensured, Error,
+    Lifetime, PartitionKey, PatchOps, PatchOutcome, Reason, ReplaceOutcome, TouchOutcome,
+    UpdateOutcome,
 };
 use mayfly_server::RunningServer;
 use serde::{Deserialize, Serialize};
@@ -596,4 +598,124 @@ async fn feeds_and_queries_stream_typed_values() {
         .collect()
         .await;
     assert_eq!(ids.len(), 3);
+}
+
+#[tokio::test]
+async fn twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts() {
+    let (_server, client) = start().await;
+    let c = Arc::new(collection(&client, DefaultTtl::NoDefault).await);
+    c.create(&json!({"id": "hits", "pk": "p"}))
+        .ttl(DocumentTtl::After(Duration::from_secs(600)))
+        .await
+        .expect("create");
+    let began = Instant::now();
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                for _ in 0..10 {
+                    // Any error, an etag conflict included, fails the test: there is none to
+                    // retry.
+                    match c.patch("hits", "p").incr("/n", 1).await.expect("patch") {
+                        PatchOutcome::Patched(doc) => {
+                            seen.push(doc.body()["n"].as_i64().expect("a number"))
+                        }
+                        PatchOutcome::Missing => panic!("the counter is there"),
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for task in tasks {
+        seen.extend(task.await.expect("task"));
+    }
+    eprintln!(
+        "200 increments through patch().incr() in {:?}, no conflicts",
+        began.elapsed()
+    );
+    // Each increment applied on its own: every count from 1 to 200 was returned once.
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=200).collect::<Vec<i64>>());
+    let counter = c.read("hits", "p").await.expect("read").expect("there");
+    assert_eq!(counter.body()["n"], 200);
+    assert_eq!(
+        counter.ttl(),
+        DocumentTtl::After(Duration::from_secs(600)),
+        "a patch that does not touch /ttl keeps it"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_whose_57th_of_100_operations_fails_changes_nothing() {
+    let (_server, client) = start().await;
+    let c = collection(&client, DefaultTtl::NoDefault).await;
+    let before = c
+        .create(&json!({"id": "summary", "pk": "p", "orders": 0}))
+        .await
+        .expect("create");
+    let batch = |failing: bool| {
+        let mut batch = c.batch("p");
+        for i in 0..99 {
+            batch = if i == 56 && failing {
+                // An etag the summary does not have.
+                batch
+                    .patch("summary", PatchOps::new().incr("/orders", 1))
+                    .if_match("00000000000000ff")
+            } else if i == 56 {
+                batch.patch("summary", PatchOps::new().incr("/orders", 1))
+            } else {
+                batch.create(&json!({"id": format!("o{i}"), "pk": "p"}))
+            };
+        }
+        batch.read("summary")
+    };
+    let err = batch(true).await.expect_err("the 57th fails");
+    assert!(matches!(err, Error::PreconditionFailed(_)), "{err:?}");
+    assert_eq!(err.operation_index(), Some(56));
+    assert_eq!(err.reason(), Some(&Reason::EtagMismatch));
+    assert!(
+        err.message().contains("batch operation 56 (patch)"),
+        "{err}"
+    );
+    let summary = c.read("summary", "p").await.expect("read").expect("there");
+    assert_eq!(summary.etag(), before.etag(), "untouched");
+    for i in [0, 55, 57, 98] {
+        assert!(
+            c.read(&format!("o{i}"), "p").await.expect("read").is_none(),
+            "o{i} was not created"
+        );
+    }
+
+    let results = batch(false).await.expect("committed");
+    assert_eq!(results.len(), 100);
+    assert!(matches!(&results[0], BatchResult::Document(d) if d.id() == "o0"));
+    let read = results[99].document().expect("read");
+    assert_eq!(read.body()["orders"], 1);
+    assert_eq!(
+        Some(read),
+        results[56].document(),
+        "the read sees the patch"
+    );
+    assert!(c.read("o98", "p").await.expect("read").is_some());
+}
+
+#[tokio::test]
+async fn batch_and_patch_mistakes_are_refused_naming_the_rule() {
+    let (_server, client) = start().await;
+    let c = collection(&client, DefaultTtl::NoDefault).await;
+    let misplaced = c
+        .batch("p")
+        .read("a")
+        .ttl(DocumentTtl::Never)
+        .await
+        .expect_err("ttl on a read");
+    assert_eq!(misplaced.reason(), Some(&Reason::InvalidBatch));
+    let empty = c.batch("p").await.expect_err("empty");
+    assert_eq!(empty.reason(), Some(&Reason::InvalidBatch));
+    let too_many = (0..11).fold(c.patch("a", "p"), |p, i| p.incr(&format!("/n{i}"), 1));
+    let refused = too_many.await.expect_err("11 operations");
+    assert_eq!(refused.reason(), Some(&Reason::InvalidPatch));
 }
