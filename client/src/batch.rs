@@ -20,9 +20,41 @@ use crate::{
 };
 
 /// Most operations one batch may carry.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// # let db = client.create_database("app").await?;
+/// # let c = db.create_collection("c", "/k").await?;
+/// use mayfly_client::{MAX_BATCH_OPERATIONS, Reason};
+/// let too_many = (0..=MAX_BATCH_OPERATIONS).fold(c.batch(1), |b, i| b.read(&format!("d{i}")));
+/// assert_eq!(too_many.await.unwrap_err().reason(), Some(&Reason::InvalidBatch));
+/// # Ok(()) }
+/// ```
 pub const MAX_BATCH_OPERATIONS: usize = 100;
 
 /// What one operation of a committed batch did, in the batch's order.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// # let db = client.create_database("app").await?;
+/// # let c = db.create_collection("c", "/k").await?;
+/// use mayfly_client::{BatchResult, UpsertOutcome};
+/// let results = c.batch(1)
+///     .create(&serde_json::json!({"id": "a", "k": 1}))
+///     .upsert(&serde_json::json!({"id": "a", "k": 1, "n": 2}))
+///     .delete("a")
+///     .await?;
+/// assert!(matches!(results[0], BatchResult::Document(_)));
+/// assert!(matches!(results[1], BatchResult::Upserted(UpsertOutcome::Replaced(_))));
+/// assert_eq!(results[2], BatchResult::Deleted);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum BatchResult {

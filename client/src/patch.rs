@@ -173,6 +173,22 @@ impl PatchOps {
 }
 
 /// What a patch did.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// # let db = client.create_database("app").await?;
+/// # let c = db.create_collection("c", "/k").await?;
+/// use mayfly_client::PatchOutcome;
+/// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+/// match c.patch("a", 1).incr("/n", 5).await? {
+///     PatchOutcome::Patched(doc) => assert_eq!(doc.body()["n"], 5),
+///     PatchOutcome::Missing => unreachable!("just created"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum PatchOutcome {
     /// The document was patched; this is the new version.
@@ -202,7 +218,28 @@ impl PatchOutcome {
     }
 }
 
-/// A patch being built; see [`Collection::patch`]. `.await` sends it.
+/// A patch being built; see [`Collection::patch`]. `.await` sends it. A patch is never sent
+/// twice by the client's [`RetryPolicy`](crate::RetryPolicy) unless it allows writes: an
+/// `incr` sent again would count twice.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// # let db = client.create_database("app").await?;
+/// # let c = db.create_collection("c", "/k").await?;
+/// c.create(&serde_json::json!({"id": "a", "k": 1, "tags": []})).await?;
+/// let doc = c.patch("a", 1)
+///     .incr("/count", 1)
+///     .set("/status", "active")
+///     .add("/tags/-", "new")
+///     .await?
+///     .into_document()
+///     .expect("there");
+/// assert_eq!(doc.body()["tags"], serde_json::json!(["new"]));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[must_use = "nothing is written until the request is awaited"]
 pub struct Patch<'a> {
