@@ -467,12 +467,17 @@ impl<'a> IntoFuture for Batch<'a> {
                     Some(Reason::InvalidBatch),
                 ));
             }
-            // A batch of reads can be sent twice; one that writes, like any write, not.
+            // A batch of reads can be sent twice; one that writes only if it was not applied.
             let call = if ops.iter().all(|o| matches!(o.op, Some(BatchOp::Read(_)))) {
                 Call::Idempotent
             } else {
-                Call::Write
+                Call::Once
             };
+            // Which results may come without a document.
+            let kinds: Vec<bool> = ops
+                .iter()
+                .map(|o| matches!(o.op, Some(BatchOp::Delete(_))))
+                .collect();
             let request = ExecuteBatchRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
@@ -487,13 +492,30 @@ impl<'a> IntoFuture for Batch<'a> {
                     async move { documents.execute_batch(request).await }
                 })
                 .await?;
-            Ok(response
+            if response.results.len() != kinds.len() {
+                return Err(Error::invalid(
+                    format!(
+                        "the server answered a batch of {} operations with {} results",
+                        kinds.len(),
+                        response.results.len()
+                    ),
+                    None,
+                ));
+            }
+            response
                 .results
                 .into_iter()
-                .map(|r| {
+                .zip(kinds)
+                .map(|(r, deleted)| {
                     let outcome = mayfly_proto::v1::UpsertOutcome::try_from(r.upsert_outcome);
-                    match (r.document.map(Document::from_proto), outcome) {
-                        (None, _) => BatchResult::Deleted,
+                    Ok(match (r.document.map(Document::from_proto), outcome) {
+                        (None, _) if deleted => BatchResult::Deleted,
+                        (None, _) => {
+                            return Err(Error::invalid(
+                                "the server answered a batch operation other than a delete without its document",
+                                None,
+                            ));
+                        }
                         (Some(d), Ok(mayfly_proto::v1::UpsertOutcome::Created)) => {
                             BatchResult::Upserted(UpsertOutcome::Created(d))
                         }
@@ -501,9 +523,9 @@ impl<'a> IntoFuture for Batch<'a> {
                             BatchResult::Upserted(UpsertOutcome::Replaced(d))
                         }
                         (Some(d), _) => BatchResult::Document(d),
-                    }
+                    })
                 })
-                .collect())
+                .collect()
         })
     }
 }

@@ -67,7 +67,14 @@ impl Interceptor for Credentials {
 ///
 /// Defaults: connect timeout 5 s, request timeout 30 s, HTTP/2 keepalive pings every 30 s
 /// (also while idle) answered within 10 s, [`RetryPolicy::default`] (3 attempts for reads).
-#[derive(Debug)]
+///
+/// ```
+/// use std::time::Duration;
+/// let builder = mayfly_client::Client::builder("127.0.0.1:7070")
+///     .key("a-key-of-at-least-16-characters")
+///     .request_timeout(Duration::from_secs(5));
+/// assert!(!format!("{builder:?}").contains("a-key-of"), "the key is not printed");
+/// ```
 pub struct ClientBuilder {
     address: String,
     credential: Option<String>,
@@ -76,6 +83,24 @@ pub struct ClientBuilder {
     request_timeout: Option<Duration>,
     keep_alive: Option<(Duration, Duration)>,
     retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key or token stays out of logs.
+        f.debug_struct("ClientBuilder")
+            .field("address", &self.address)
+            .field(
+                "credential",
+                &self.credential.as_ref().map(|_| "<redacted>"),
+            )
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("keep_alive", &self.keep_alive)
+            .field("retry", &self.retry)
+            .finish()
+    }
 }
 
 /// Default limit on establishing a connection (TCP, then TLS).
@@ -148,8 +173,10 @@ impl ClientBuilder {
         self
     }
 
-    /// The longest a connection (TCP and TLS handshakes) may take; 5 s by default. A lazy
-    /// client's first request, or any request after the connection dropped, connects too.
+    /// The longest [`connect`](Self::connect) may take, TCP and TLS handshakes included; 5 s
+    /// by default. A lazy client's first request, or any request after the connection
+    /// dropped, connects too: there this limit covers the TCP connect, and the request
+    /// timeout the rest.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -274,11 +301,20 @@ impl ClientBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn connect(self) -> Result<Client, Error> {
+        let limit = self.connect_timeout;
         let (endpoint, credentials, settings) = self.prepare()?;
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| Error::connect(&settings.address, &e))?;
+        // The endpoint's own timeout covers the TCP connect only; this one the TLS and HTTP/2
+        // handshakes too (a server that accepts and never answers a ClientHello).
+        let channel = match tokio::time::timeout(limit, endpoint.connect()).await {
+            Ok(connected) => connected.map_err(|e| Error::connect(&settings.address, &e))?,
+            Err(_) => {
+                let cause = io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection within {limit:?} (the connect timeout)"),
+                );
+                return Err(Error::connect(&settings.address, &cause));
+            }
+        };
         Ok(Client::with_credentials(channel, credentials, settings))
     }
 
@@ -361,9 +397,15 @@ impl ClientBuilder {
         }
         let credentials = match self.credential {
             None => Credentials(None),
-            Some(credential) => Credentials(Some(format!("Bearer {credential}").parse().map_err(
-                |_| Error::invalid("a key or token is printable ASCII; this one is not", None),
-            )?)),
+            Some(credential) => {
+                let mut value: MetadataValue<Ascii> =
+                    format!("Bearer {credential}").parse().map_err(|_| {
+                        Error::invalid("a key or token is printable ASCII; this one is not", None)
+                    })?;
+                // Kept out of HPACK's table and out of debug output.
+                value.set_sensitive(true);
+                Credentials(Some(value))
+            }
         };
         let settings = Settings {
             address: self.address,
@@ -391,8 +433,13 @@ fn with_sources(e: &dyn std::error::Error) -> String {
 pub(crate) enum Call {
     /// Sending it twice has the effect of sending it once: reads, and a few writes.
     Idempotent,
-    /// Sent again only with [`RetryPolicy::retry_writes`], or if it never left.
+    /// Sent again after a failure that may have come after it applied only with
+    /// [`RetryPolicy::retry_writes`] (create, upsert, replace without `if_match`).
     Write,
+    /// Sent again only after failures that guarantee nothing was applied: a second try
+    /// could apply it twice (a patch `incr`, a batch) or report its own first try as a
+    /// conflict (any write with `if_match`, which `update` would then apply again).
+    Once,
 }
 
 impl Client {

@@ -588,7 +588,10 @@ impl Collection {
     /// [`Error::PreconditionFailed`]). The document keeps its own TTL unless `change` sets
     /// another with [`Item::set_ttl`]; a `ttl` field of `T` is ignored. `change` sees the
     /// item dereferenced to `T`. The outcome says how many conflicts were retried, or that the
-    /// document was missing (nothing is written then).
+    /// document was missing (nothing is written then). The whole document is written from `T`:
+    /// give `T` the `id`, the partition key and every property to keep (a
+    /// `#[serde(flatten)] rest: serde_json::Map<..>` field keeps the ones it does not name).
+    /// For a counter, [`patch`](Self::patch) with `incr` needs no read and no retries.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -104,7 +104,13 @@ pub struct Document {
 
 fn system_time(ts: prost_types::Timestamp) -> SystemTime {
     let secs = Duration::from_secs(u64::try_from(ts.seconds).unwrap_or(0));
-    UNIX_EPOCH + secs + Duration::from_nanos(u64::try_from(ts.nanos).unwrap_or(0))
+    let nanos = Duration::from_nanos(u64::try_from(ts.nanos).unwrap_or(0));
+    // Checked: a timestamp past what SystemTime holds (from a broken or hostile server)
+    // must not panic; it reads as the far future.
+    UNIX_EPOCH
+        .checked_add(secs)
+        .and_then(|t| t.checked_add(nanos))
+        .unwrap_or_else(|| UNIX_EPOCH + Duration::from_secs(1 << 40))
 }
 
 impl Document {

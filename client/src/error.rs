@@ -413,12 +413,14 @@ impl Error {
         self.details().and_then(ErrorDetails::operation_index)
     }
 
-    /// Whether sending the same request again later may succeed and cannot apply it twice:
-    /// [`Error::Connect`] (never sent), [`Error::Unavailable`] other than
-    /// [`Reason::OutcomeUnknown`] (storage refusing writes, the connection breaking), and
-    /// [`Error::ResourceExhausted`] (throttled, nothing changed). Not [`Error::Timeout`] nor
-    /// `OUTCOME_UNKNOWN`: the request may have been applied, which only the caller can judge
-    /// (reads and `update` are safe to repeat, a create or an increment may not be).
+    /// Whether sending the same request again later may succeed and cannot apply it twice,
+    /// because nothing was applied: [`Error::Connect`] (never sent), [`Error::Unavailable`]
+    /// with a reason other than [`Reason::OutcomeUnknown`] (storage refusing writes),
+    /// [`Error::ResourceExhausted`]
+    /// (throttled) and a batch that failed as [`Reason::Contended`]. Not [`Error::Timeout`],
+    /// nor `OUTCOME_UNKNOWN`, which is also what a connection broken during a request reports:
+    /// the request may have been applied, which only the caller can judge (a read may be
+    /// sent again; a create, an `incr` or an [`update`](crate::Collection::update) may not).
     ///
     /// The client's [`RetryPolicy`](crate::RetryPolicy) retries these errors by itself
     /// (for reads always, for writes on request).
@@ -433,7 +435,9 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::ResourceExhausted(_) => true,
-            Error::Unavailable(d) => d.reason != Some(Reason::OutcomeUnknown),
+            // The server says why (storage refusing writes): nothing was applied. Without a
+            // reason the status came from elsewhere (a proxy, the HTTP/2 layer): unknown.
+            Error::Unavailable(d) => d.reason.is_some() && d.reason != Some(Reason::OutcomeUnknown),
             Error::Other(d) => d.reason == Some(Reason::Contended),
             _ => false,
         }
@@ -500,12 +504,22 @@ impl Error {
                 }
                 next = e.source();
             }
-            let details = ErrorDetails::new(status.code(), text, None);
             return match status.code() {
-                Code::DeadlineExceeded | Code::Cancelled => Error::Timeout(details),
-                Code::ResourceExhausted => Error::ResourceExhausted(details),
-                // The server was reached, or not to the end: the connection broke.
-                _ => Error::Unavailable(details),
+                Code::DeadlineExceeded => {
+                    Error::Timeout(ErrorDetails::new(status.code(), text, None))
+                }
+                Code::ResourceExhausted => {
+                    Error::ResourceExhausted(ErrorDetails::new(status.code(), text, None))
+                }
+                // The server was reached, or not to the end: the connection broke (or hyper
+                // cancelled the request when it did). What the server did is unknown.
+                _ => Error::Unavailable(ErrorDetails::new(
+                    Code::Unavailable,
+                    format!(
+                        "the connection to {address} broke during the request, which may or may not have been applied: {text}"
+                    ),
+                    Some(Reason::OutcomeUnknown),
+                )),
             };
         }
         // The server names the cause in a google.rpc.ErrorInfo (domain "mayfly.v1").
@@ -623,7 +637,17 @@ mod tests {
         );
         let status = Status::with_error_details(Code::Unavailable, "?", details);
         assert!(!Error::from_status(status, "here").is_retryable());
-        assert!(Error::from_status(Status::unavailable("draining"), "here").is_retryable());
+        assert!(
+            !Error::from_status(Status::unavailable("draining"), "here").is_retryable(),
+            "no reason: not the server's word that nothing was applied"
+        );
+        let storage = tonic_types::ErrorDetails::with_error_info(
+            "STORAGE_UNAVAILABLE",
+            "mayfly.v1",
+            std::collections::HashMap::<String, String>::new(),
+        );
+        let status = Status::with_error_details(Code::Unavailable, "disk full", storage);
+        assert!(Error::from_status(status, "here").is_retryable());
         assert!(!Error::timeout(Duration::from_secs(1)).is_retryable());
     }
 }

@@ -218,9 +218,9 @@ impl PatchOutcome {
     }
 }
 
-/// A patch being built; see [`Collection::patch`]. `.await` sends it. A patch is never sent
-/// twice by the client's [`RetryPolicy`](crate::RetryPolicy) unless it allows writes: an
-/// `incr` sent again would count twice.
+/// A patch being built; see [`Collection::patch`]. `.await` sends it. The client's
+/// [`RetryPolicy`](crate::RetryPolicy) sends a patch again only after failures that
+/// guarantee it was not applied: an `incr` sent twice would count twice.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -516,7 +516,7 @@ impl<'a> IntoFuture for Patch<'a> {
             };
             let client = &collection.client;
             let answer = client
-                .call(Call::Write, || {
+                .call(Call::Once, || {
                     let mut documents = client.documents.clone();
                     let request = request.clone();
                     async move { documents.patch_document(request).await }

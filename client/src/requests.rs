@@ -60,7 +60,7 @@ fn missing_or<T>(result: Result<T, Error>, missing: T) -> Result<T, Error> {
 fn call_for(if_match: &Option<String>) -> Call {
     match if_match {
         None => Call::Idempotent,
-        Some(_) => Call::Write,
+        Some(_) => Call::Once,
     }
 }
 
@@ -441,9 +441,16 @@ pub(crate) async fn send_replace(
         ttl,
         if_match: if_match.unwrap_or_default(),
     };
+    // With if_match (every replace of `update` and `Keep`), a second try after a first that
+    // landed would fail on its own etag, and `update` would apply its change again.
+    let call = if request.if_match.is_empty() {
+        Call::Write
+    } else {
+        Call::Once
+    };
     let client = &collection.client;
     let written = client
-        .call(Call::Write, || {
+        .call(call, || {
             let mut documents = client.documents.clone();
             let request = request.clone();
             async move { documents.replace_document(request).await }

@@ -12,17 +12,16 @@ use crate::{client::Call, error::Error};
 /// the request), after an exponential backoff with jitter (attempt *n* waits a random time
 /// between half and all of `base_delay × 2ⁿ⁻¹`, at most `max_delay`).
 ///
-/// Which requests are retried:
+/// Which requests are sent again:
 ///
-/// | request | retried by default |
-/// | --- | --- |
-/// | reads: `read`, `read_item`, `get`, `exists`, `info`, listings, opening a feed or query | yes |
-/// | `delete_document` and `touch` without `if_match` | yes: a second try has the effect of the first (a delete whose first try landed then reports [`DeleteOutcome::Missing`](crate::DeleteOutcome::Missing)) |
-/// | other writes (create, upsert, replace, the write of `update`, writes with `if_match`, database and collection changes) | only if the request never reached the server ([`Error::Connect`]), or with [`RetryPolicy::retry_writes`] |
+/// | failure | reads, and `touch`/`delete` without `if_match` | create, upsert, replace without `if_match` | patch, batches that write, writes with `if_match` (`update`'s too) |
+/// | --- | --- | --- | --- |
+/// | nothing was applied ([`Error::is_retryable`]: never sent, storage refusing writes, throttled, a contended batch) | yes | yes | yes |
+/// | it may have been applied (the connection broke, `OUTCOME_UNKNOWN`) | yes | only with [`RetryPolicy::retry_writes`] | never: an `incr` would count twice, an `if_match` write report its own first try as a conflict |
+/// | [`Error::Timeout`] | no | no | no |
 ///
-/// Never retried: [`Error::Timeout`] and [`Reason::OutcomeUnknown`](crate::Reason::OutcomeUnknown),
-/// after which a write may have been applied; the next page of a feed or query (a broken
-/// stream is resumed from its continuation by the caller).
+/// The next page of a feed or query is not sent again: a broken stream is resumed from its
+/// continuation by the caller.
 ///
 /// Defaults: 3 attempts, 100 ms base delay, 2 s longest delay, writes not retried.
 ///
@@ -99,11 +98,12 @@ impl RetryPolicy {
         self
     }
 
-    /// Also retries writes that are not idempotent (create, upsert, replace, writes with
-    /// `if_match`) on retryable errors. Such an error (a broken connection, most of all) can
-    /// come after the server applied the write, so a create may then fail with
-    /// [`Error::Conflict`] on its own document, an `if_match` write with
-    /// [`Error::PreconditionFailed`], and an upsert may apply twice. Off by default.
+    /// Also sends creates, upserts and replaces without `if_match` again after a failure that
+    /// may have come after the server applied them (the connection broke, `OUTCOME_UNKNOWN`):
+    /// a create may then fail with [`Error::Conflict`] on its own document, and an upsert or
+    /// replace apply twice. Off by default. Never for patches, batches that write, writes with
+    /// `if_match` or [`update`](crate::Collection::update)'s write: sent twice, an `incr` would
+    /// count twice, and an `if_match` write would report its own first try as a conflict.
     ///
     /// ```
     /// use mayfly_client::RetryPolicy;
@@ -117,12 +117,16 @@ impl RetryPolicy {
     /// Whether attempt number `attempt` (from 1), which failed with `error`, is followed by
     /// another.
     pub(crate) fn may_retry(&self, call: Call, error: &Error, attempt: u32) -> bool {
+        // A broken connection or OUTCOME_UNKNOWN: the request may have been applied.
+        let maybe_applied = matches!(error, Error::Unavailable(_));
         attempt < self.max_attempts
-            && error.is_retryable()
-            && (call == Call::Idempotent
-                || self.retry_writes
-                // Never sent: nothing can have been applied.
-                || matches!(error, Error::Connect { .. }))
+            && (error.is_retryable()
+                || maybe_applied
+                    && match call {
+                        Call::Idempotent => true,
+                        Call::Write => self.retry_writes,
+                        Call::Once => false,
+                    })
     }
 
     /// The backoff after attempt number `attempt` (from 1).
@@ -168,7 +172,16 @@ mod tests {
             &std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
         );
         let timeout = Error::timeout(Duration::from_secs(1));
+        let refusing = Error::Unavailable(crate::ErrorDetails::new(
+            tonic::Code::Unavailable,
+            "storage cannot make writes durable now",
+            Some(crate::Reason::StorageUnavailable),
+        ));
         let policy = RetryPolicy::default();
+        assert!(
+            policy.may_retry(Call::Once, &refusing, 1),
+            "nothing applied: even a patch"
+        );
         assert!(policy.may_retry(Call::Idempotent, &unavailable, 1));
         assert!(policy.may_retry(Call::Idempotent, &unavailable, 2));
         assert!(
@@ -181,6 +194,11 @@ mod tests {
         let writes = policy.retry_writes(true);
         assert!(writes.may_retry(Call::Write, &unavailable, 1));
         assert!(!writes.may_retry(Call::Write, &timeout, 1));
+        assert!(
+            !writes.may_retry(Call::Once, &unavailable, 1),
+            "a patch or if_match write never, once it may have applied"
+        );
+        assert!(writes.may_retry(Call::Once, &refused, 1), "never sent");
         assert!(!RetryPolicy::none().may_retry(Call::Idempotent, &refused, 1));
     }
 }

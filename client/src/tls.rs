@@ -8,11 +8,22 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use crate::Error;
 
 /// How the client checks the server over TLS (see [`ClientBuilder::tls`](crate::ClientBuilder::tls)).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Tls {
     ca_pem: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
     domain: Option<String>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client's private key stays out of logs.
+        f.debug_struct("Tls")
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .field("domain", &self.domain)
+            .finish()
+    }
 }
 
 impl Tls {

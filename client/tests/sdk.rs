@@ -90,7 +90,70 @@ async fn a_server_that_accepts_and_never_answers_times_out() {
         );
         eprintln!("lazy={lazy}: {e} after {took:?}");
     }
+    // Over TLS the handshake itself never completes: the connect timeout covers it.
+    let began = Instant::now();
+    let e = Client::builder(&address)
+        .tls(mayfly_client::Tls::system_roots())
+        .connect_timeout(limit)
+        .connect()
+        .await
+        .expect_err("no TLS handshake");
+    let took = began.elapsed();
+    assert!(
+        matches!(&e, Error::Connect { source, .. } if source.kind() == io::ErrorKind::TimedOut),
+        "{e:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "within the connect timeout: {took:?}"
+    );
+    eprintln!("tls: {e} after {took:?}");
     holder.abort();
+}
+
+/// A write whose connection breaks after the server received it is not sent again, and the
+/// error says its outcome is unknown.
+#[tokio::test]
+async fn a_write_cut_off_mid_request_is_not_sent_twice() {
+    // Accepts, reads the request, then closes the connection: the write "reached" the server.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("address").to_string();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    let cutter = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt as _;
+        while let Ok((mut socket, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = vec![0; 65_536];
+            let _ = socket.read(&mut buf).await;
+            drop(socket);
+        }
+    });
+    let client = Client::builder(&address)
+        .request_timeout(Duration::from_secs(5))
+        .connect_lazy()
+        .expect("lazy");
+    let c = client.database("db").collection("c");
+    let e = c
+        .patch("counter", "p")
+        .incr("/n", 1)
+        .await
+        .expect_err("cut off");
+    eprintln!("{e}");
+    let Error::Unavailable(details) = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(details.reason(), Some(&Reason::OutcomeUnknown), "{e}");
+    assert!(!e.is_retryable(), "{e}");
+    assert!(e.to_string().contains(&address), "names the server: {e}");
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one connection, one try: {e}"
+    );
+    cutter.abort();
 }
 
 #[tokio::test]

@@ -53,8 +53,8 @@ pub enum Error {
         /// Why it failed.
         source: Box<Error>,
     },
-    /// Other writes changed a batch's documents during each of its attempts; nothing was
-    /// changed, and the batch may be retried.
+    /// Other writes changed a batch's (or a patch's) documents during each of its attempts;
+    /// nothing was changed, and it may be retried.
     Contended { attempts: usize },
     /// A query was refused (syntax, unknown name, limit) or failed while running; nothing was
     /// changed.
@@ -121,7 +121,7 @@ impl fmt::Display for Error {
             ),
             Error::Contended { attempts } => write!(
                 f,
-                "other requests wrote this batch's documents during each of its {attempts} attempts, so nothing was applied; retry it after a short, random delay"
+                "other requests wrote the documents during each of this request's {attempts} attempts, so nothing was applied; retry it after a short, random delay"
             ),
             Error::Storage(e) => write!(f, "storage failure, nothing was written: {e}"),
             Error::Query(e) => write!(f, "query: {e}"),

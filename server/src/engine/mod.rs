@@ -683,10 +683,6 @@ impl Engine {
             Err(e) => return Outcome::failed(e),
         };
         let shard = self.shard_for(info.uid, &key.partition_key);
-        let mut last = Outcome::failed(Error::PreconditionFailed {
-            id: key.id.to_string(),
-            if_match: String::new(),
-        });
         for _ in 0..ATTEMPTS {
             let read = shard.read(&info, key, &*self.inner.clock);
             let current = match read.result {
@@ -727,11 +723,12 @@ impl Engine {
                 .put(&info, body_key, body, WriteMode::Replace, Some(&etag))
                 .map(|(view, _)| view);
             match written.result {
-                Err(Error::PreconditionFailed { .. }) if if_match.is_none() => last = written,
+                // Another write landed since the read: apply the patch to that one.
+                Err(Error::PreconditionFailed { .. }) if if_match.is_none() => {}
                 _ => return written,
             }
         }
-        last
+        Outcome::failed(Error::Contended { attempts: ATTEMPTS })
     }
 
     /// Reads a live document.
