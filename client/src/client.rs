@@ -933,6 +933,19 @@ impl<'a> IntoFuture for CreateCollection<'a> {
 
 /// The outcome of `create_*_if_not_exists`: `S` is what was found of an existing one's
 /// settings (a [`CollectionInfo`] for a collection, nothing for a database).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// use mayfly_client::Ensured;
+/// let first = client.create_database_if_not_exists("app").await?;
+/// assert!(first.is_created());
+/// let again = client.create_database_if_not_exists("app").await?;
+/// assert!(matches!(again, Ensured::Existing(_, ())));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub enum Ensured<T, S = ()> {
     /// It did not exist, and was created with the settings given.
@@ -977,6 +990,21 @@ impl<T, S> Ensured<T, S> {
 
 /// A collection being created unless it exists; see
 /// [`Database::create_collection_if_not_exists`]. `.await` it to send.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// use std::time::Duration;
+/// use mayfly_client::DefaultTtl;
+/// let db = client.create_database("app").await?;
+/// let sessions = db.create_collection_if_not_exists("sessions", "/user")
+///     .default_ttl(DefaultTtl::After(Duration::from_secs(1800)))
+///     .await?
+///     .into_inner();
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[must_use = "nothing is created until the request is awaited"]
 pub struct EnsureCollection<'a>(CreateCollection<'a>);

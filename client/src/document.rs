@@ -768,6 +768,20 @@ impl ReplaceOutcome {
 }
 
 /// What an [`update`](crate::Collection::update) did.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// use mayfly_client::UpdateOutcome;
+/// let db = client.create_database("app").await?;
+/// let c = db.create_collection("c", "/k").await?;
+/// c.create(&serde_json::json!({"id": "a", "k": 1, "n": 1})).await?;
+/// let outcome = c.update::<serde_json::Value, _>("a", 1, |doc| doc["n"] = 2.into()).await?;
+/// assert!(matches!(outcome, UpdateOutcome::Updated { conflicts: 0, .. }));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum UpdateOutcome<T> {
     /// The change was written.

@@ -61,6 +61,20 @@ pub enum Error {
 
 /// What the server (or this client, for checks it makes before sending) said about a failed
 /// request.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// use mayfly_client::{Error, Reason};
+/// let db = client.create_database("app").await?;
+/// let c = db.create_collection("c", "/k").await?;
+/// let err = c.create(&serde_json::json!({"id": "a", "k": 1, "ttl": 0})).await.unwrap_err();
+/// let details = err.details().expect("from the server");
+/// assert_eq!(details.reason(), Some(&Reason::InvalidTtl));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorDetails {
     code: i32,

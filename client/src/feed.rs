@@ -264,6 +264,22 @@ impl Feed {
 }
 
 /// A feed as a [`Stream`] of typed [`Item`]s; see [`Feed::into_stream`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// use tokio_stream::StreamExt as _;
+/// let db = client.create_database("app").await?;
+/// let c = db.create_collection("c", "/k").await?;
+/// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+/// let mut docs = c.read_feed().await?.into_stream::<serde_json::Value>();
+/// while let Some(item) = docs.next().await {
+///     assert_eq!(item?.id(), "a");
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct FeedStream<T> {
     pages: Pages<v1::ReadFeedPage>,
