@@ -428,7 +428,8 @@ impl Error {
     }
 
     /// Whether sending the same request again later may succeed and cannot apply it twice,
-    /// because nothing was applied: [`Error::Connect`] (never sent), [`Error::Unavailable`]
+    /// because nothing was applied: [`Error::Connect`] (never sent) unless retrying cannot
+    /// help (an invalid address, a certificate refused), [`Error::Unavailable`]
     /// with a reason other than [`Reason::OutcomeUnknown`] (storage refusing writes),
     /// [`Error::ResourceExhausted`]
     /// (throttled) and a batch that failed as [`Reason::Contended`]. Not [`Error::Timeout`],
@@ -448,7 +449,22 @@ impl Error {
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Connect { .. } | Error::ResourceExhausted(_) => true,
+            // A refused, reset or timed-out connection may succeed later; a bad address or a
+            // certificate the client refuses will not.
+            Error::Connect { source, .. } => matches!(
+                source.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::NotConnected
+                    | io::ErrorKind::TimedOut
+                    | io::ErrorKind::AddrNotAvailable
+                    | io::ErrorKind::NetworkUnreachable
+                    | io::ErrorKind::HostUnreachable
+                    | io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::BrokenPipe
+            ),
+            Error::ResourceExhausted(_) => true,
             // The server says why (storage refusing writes): nothing was applied. Without a
             // reason the status came from elsewhere (a proxy, the HTTP/2 layer): unknown.
             Error::Unavailable(d) => d.reason.is_some() && d.reason != Some(Reason::OutcomeUnknown),
@@ -537,7 +553,12 @@ impl Error {
             };
         }
         // The server names the cause in a google.rpc.ErrorInfo (domain "mayfly.v1").
-        let info = status.get_error_details().error_info().cloned();
+        let info = status
+            .get_error_details()
+            .error_info()
+            // A proxy's ErrorInfo is not Mayfly's word on the cause.
+            .filter(|info| info.domain == "mayfly.v1")
+            .cloned();
         let reason = info.as_ref().map(|i| Reason::from_wire(&i.reason));
         let operation_index = info
             .as_ref()
