@@ -11,15 +11,15 @@ use std::{
 use mayfly_proto::{
     json::JsonObject,
     v1::{
-        BatchCreate, BatchOperation, BatchPatch, BatchRead, CreateCollectionRequest,
-        CreateDatabaseRequest, CreateDocumentRequest, ExecuteBatchRequest, PatchDocumentRequest,
-        PatchIncrement, PatchOperation, PatchValue, ReadFeedRequest,
-        client::{CollectionsClient, DatabasesClient, DocumentsClient},
+        BatchCreate, BatchOperation, BatchPatch, BatchRead, CreateDocumentRequest,
+        ExecuteBatchRequest, PatchDocumentRequest, PatchIncrement, PatchOperation, PatchValue,
+        ReadFeedRequest,
+        client::DocumentsClient,
         oneofs::{BatchOp, PatchIncrementBy, PatchOp},
     },
 };
 use serde_json::{Map, Value, json};
-use support::clients::string_pk;
+use support::clients::{channel, clients, database_and_collection, string_pk};
 use tonic::{Code, Status, transport::Channel};
 use tonic_types::StatusExt;
 
@@ -65,31 +65,6 @@ fn reason(status: &Status) -> (String, HashMap<String, String>) {
     let details = status.get_error_details();
     let info = details.error_info().expect("error info");
     (info.reason.clone(), info.metadata.clone())
-}
-
-async fn connect(url: &str) -> Channel {
-    Channel::from_shared(url.to_owned())
-        .expect("url")
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .expect("connects")
-}
-
-async fn setup(channel: &Channel) {
-    DatabasesClient::new(channel.clone())
-        .create_database(CreateDatabaseRequest { id: "d".into() })
-        .await
-        .expect("database");
-    CollectionsClient::new(channel.clone())
-        .create_collection(CreateCollectionRequest {
-            database: "d".into(),
-            id: "c".into(),
-            partition_key_path: "/pk".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("collection");
 }
 
 async fn create_counter(docs: &mut DocumentsClient<Channel>, pk: &str) {
@@ -148,8 +123,8 @@ async fn partition(
 async fn patch_and_batch_failures_name_their_operation() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = support::Mayfly::start(dir.path(), &[]);
-    let channel = connect(&server.url()).await;
-    setup(&channel).await;
+    let channel = channel(&server.url()).await;
+    database_and_collection(&mut clients(channel.clone())).await;
     let mut docs = DocumentsClient::new(channel);
     create_counter(&mut docs, "p").await;
     let patch = |operations: Vec<PatchOperation>, condition: &str| PatchDocumentRequest {
@@ -304,9 +279,9 @@ async fn a_batch_in_flight_at_sigkill_is_all_there_or_not_at_all() {
     let (mut whole, mut in_flight_applied) = (0, 0);
     for round in 0..=ROUNDS {
         let server = support::Mayfly::start(&data, &[]);
-        let channel = connect(&server.url()).await;
+        let channel = channel(&server.url()).await;
         if round == 0 {
-            setup(&channel).await;
+            database_and_collection(&mut clients(channel.clone())).await;
         }
         let mut docs = DocumentsClient::new(channel.clone());
         for (pk, acked) in &ledger {

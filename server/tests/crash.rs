@@ -122,15 +122,6 @@ fn pk(id: &str) -> Option<PartitionKey> {
     })
 }
 
-async fn connect(url: &str) -> Channel {
-    Channel::from_shared(url.to_owned())
-        .expect("url")
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .expect("connects")
-}
-
 /// One writer: its own ids, upserts (new and existing ids, random TTLs) and deletes, one at a
 /// time, until the server dies under it.
 async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: u64) -> u64 {
@@ -421,7 +412,7 @@ async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
 
     for round in 0..rounds {
         let server = support::Mayfly::start(&data, &[]);
-        let channel = connect(&server.url()).await;
+        let channel = support::clients::channel(&server.url()).await;
         if round == 0 {
             DatabasesClient::new(channel.clone())
                 .create_database(CreateDatabaseRequest {
@@ -472,7 +463,7 @@ async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
         }
     }
     let server = support::Mayfly::start(&data, &[]);
-    let channel = connect(&server.url()).await;
+    let channel = support::clients::channel(&server.url()).await;
     let checked = verify(channel.clone(), &ledger, killed_at).await;
     totals.queried += verify_query(channel, &ledger).await;
     totals.present += checked.present;

@@ -28,6 +28,21 @@ pub(crate) async fn connect(server: &Mayfly) -> Clients {
         .connect()
         .await
         .expect("connects to mayfly");
+    clients(channel)
+}
+
+/// A connection to `url` whose requests time out after 10 s (a killed server's load notices).
+pub(crate) async fn channel(url: &str) -> Channel {
+    Channel::from_shared(url.to_owned())
+        .expect("url")
+        .timeout(std::time::Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("connects")
+}
+
+/// The service clients over `channel`.
+pub(crate) fn clients(channel: Channel) -> Clients {
     Clients {
         databases: DatabasesClient::new(channel.clone()),
         collections: CollectionsClient::new(channel.clone()),
@@ -46,9 +61,8 @@ pub(crate) fn string_pk(value: &str) -> PartitionKey {
     }
 }
 
-/// Database `d`, collection `c` (partition key `/pk`) and `count` documents `doc-000`, … in
-/// partitions `p0`..`p2`, each padded with `pad` bytes of text.
-pub(crate) async fn seeded(c: &mut Clients, count: usize, pad: usize) {
+/// Database `d` and its collection `c` (partition key `/pk`, TTL off).
+pub(crate) async fn database_and_collection(c: &mut Clients) {
     c.databases
         .create_database(CreateDatabaseRequest { id: "d".into() })
         .await
@@ -62,6 +76,12 @@ pub(crate) async fn seeded(c: &mut Clients, count: usize, pad: usize) {
         })
         .await
         .expect("collection");
+}
+
+/// Database `d`, collection `c` (partition key `/pk`) and `count` documents `doc-000`, … in
+/// partitions `p0`..`p2`, each padded with `pad` bytes of text.
+pub(crate) async fn seeded(c: &mut Clients, count: usize, pad: usize) {
+    database_and_collection(c).await;
     let padding = "x".repeat(pad);
     for i in 0..count {
         let body = serde_json::json!({

@@ -229,15 +229,7 @@ impl Shard {
             {
                 let record = self.fetch(info, plan)?;
                 fetched += record.body.len();
-                if fetched > MAX_BATCH_BYTES {
-                    return Err(Stop::Failed(op.failed(
-                        index,
-                        InvalidInput::BatchTooLarge {
-                            what: "reads",
-                            limit: MAX_BATCH_BYTES,
-                        },
-                    )));
-                }
+                over_limit(op, index, fetched, "reads")?;
                 plan.current = Current::Live(Arc::new(Staged {
                     body: record.body.clone(),
                     ttl: record.ttl,
@@ -357,15 +349,7 @@ impl Shard {
             }
             if let Pending::Document(_, s) | Pending::Upserted(_, _, s) = &result {
                 returned += s.body.len();
-                if returned > MAX_BATCH_BYTES {
-                    return Err(Stop::Failed(op.failed(
-                        index,
-                        InvalidInput::BatchTooLarge {
-                            what: "returns",
-                            limit: MAX_BATCH_BYTES,
-                        },
-                    )));
-                }
+                over_limit(op, index, returned, "returns")?;
             }
             pending.push(result);
         }
@@ -513,6 +497,20 @@ impl Shard {
             .collect();
         Outcome::new(Ok(outputs), settle_at)
     }
+}
+
+/// Fails the batch at `op` (number `index`) once it `what`s more than [`MAX_BATCH_BYTES`].
+fn over_limit(op: &BatchOp, index: usize, bytes: usize, what: &'static str) -> Result<(), Stop> {
+    if bytes > MAX_BATCH_BYTES {
+        return Err(Stop::Failed(op.failed(
+            index,
+            InvalidInput::BatchTooLarge {
+                what,
+                limit: MAX_BATCH_BYTES,
+            },
+        )));
+    }
+    Ok(())
 }
 
 /// The last operation writing document `id` (there is one: its entries change).

@@ -20,6 +20,39 @@ fn failed_at(result: Result<Vec<BatchOutput>, Error>) -> (usize, Error) {
     }
 }
 
+/// Documents d0, d1 and d2 of partition "p", each "open".
+fn three_open(f: &Fixture, path: &CollectionPath) {
+    for i in 0..3 {
+        f.engine
+            .create_document(
+                path,
+                body(json!({"id": format!("d{i}"), "pk": "p", "status": "open"})),
+                None,
+            )
+            .result
+            .expect("created");
+    }
+}
+
+/// d0 patched to "closed", d1 deleted: index changes both index tests check.
+fn close_d0_delete_d1() -> Vec<BatchOp> {
+    vec![
+        BatchOp::Patch {
+            id: id("d0"),
+            ops: vec![PatchOp::Set {
+                path: "/status".into(),
+                value: json!("closed"),
+            }],
+            condition: None,
+            if_match: None,
+        },
+        BatchOp::Delete {
+            id: id("d1"),
+            if_match: None,
+        },
+    ]
+}
+
 #[test]
 fn a_batch_whose_57th_operation_fails_changes_nothing() {
     let f = Fixture::new(Some(-1));
@@ -240,43 +273,17 @@ fn an_expired_document_does_not_exist_for_a_batch() {
 #[test]
 fn batches_keep_the_index_in_step() {
     let f = Fixture::new(Some(-1));
-    for i in 0..3 {
-        f.engine
-            .create_document(
-                &f.path,
-                body(json!({"id": format!("d{i}"), "pk": "p", "status": "open"})),
-                None,
-            )
-            .result
-            .expect("created");
-    }
-    run(
-        &f,
-        &[
-            BatchOp::Patch {
-                id: id("d0"),
-                ops: vec![PatchOp::Set {
-                    path: "/status".into(),
-                    value: json!("closed"),
-                }],
-                condition: None,
-                if_match: None,
-            },
-            BatchOp::Delete {
-                id: id("d1"),
-                if_match: None,
-            },
-            BatchOp::Upsert {
-                body: body(json!({"id": "d3", "pk": "p", "status": "closed"})),
-                if_match: None,
-            },
-            BatchOp::Touch {
-                id: id("d2"),
-                if_match: None,
-            },
-        ],
-    )
-    .expect("committed");
+    three_open(&f, &f.path);
+    let mut ops = close_d0_delete_d1();
+    ops.push(BatchOp::Upsert {
+        body: body(json!({"id": "d3", "pk": "p", "status": "closed"})),
+        if_match: None,
+    });
+    ops.push(BatchOp::Touch {
+        id: id("d2"),
+        if_match: None,
+    });
+    run(&f, &ops).expect("committed");
     let (closed, metrics) = run_query(
         &f,
         "SELECT VALUE c.id FROM c WHERE c.status = 'closed' ORDER BY c.id",
@@ -374,41 +381,15 @@ fn a_batch_returning_too_much_is_refused() {
 fn lazy_batches_leave_their_entries_to_the_indexer() {
     let f = Fixture::new(None);
     let (_, path) = f.collection("lazy", IndexingMode::Lazy, IndexPaths::default());
-    for i in 0..3 {
-        f.engine
-            .create_document(
-                &path,
-                body(json!({"id": format!("d{i}"), "pk": "p", "status": "open"})),
-                None,
-            )
-            .result
-            .expect("created");
-    }
+    three_open(&f, &path);
     f.engine.index_now();
+    let mut ops = close_d0_delete_d1();
+    ops.push(BatchOp::Touch {
+        id: id("d2"),
+        if_match: None,
+    });
     f.engine
-        .execute_batch(
-            &path,
-            pk("p"),
-            &[
-                BatchOp::Patch {
-                    id: id("d0"),
-                    ops: vec![PatchOp::Set {
-                        path: "/status".into(),
-                        value: json!("closed"),
-                    }],
-                    condition: None,
-                    if_match: None,
-                },
-                BatchOp::Delete {
-                    id: id("d1"),
-                    if_match: None,
-                },
-                BatchOp::Touch {
-                    id: id("d2"),
-                    if_match: None,
-                },
-            ],
-        )
+        .execute_batch(&path, pk("p"), &ops)
         .result
         .expect("committed");
     let ids = |status: &str| {
