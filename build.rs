@@ -13,11 +13,21 @@ const PROTOS: &[&str] = &[
     "proto/mayfly/v1/service.proto",
 ];
 
+/// Served by reflection only (no code is generated from it): the `google.rpc.ErrorInfo` every
+/// error carries, so that grpcurl shows its reason instead of raw bytes.
+const REFLECTED: &str = "google/rpc/error_details.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/mayfly");
-    let fds = protox::compile(PROTOS, ["proto"])?;
+    println!("cargo:rerun-if-changed=proto/{REFLECTED}");
+    let mut reflected: Vec<String> = PROTOS.iter().map(|p| (*p).to_owned()).collect();
+    reflected.push(format!("proto/{REFLECTED}"));
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    fs::write(out_dir.join("mayfly_descriptor.bin"), fds.encode_to_vec())?;
+    fs::write(
+        out_dir.join("mayfly_descriptor.bin"),
+        protox::compile(&reflected, ["proto"])?.encode_to_vec(),
+    )?;
+    let fds = protox::compile(PROTOS, ["proto"])?;
     tonic_prost_build::configure()
         // Bodies decode straight into JSON with Mayfly's own depth limit (prost's recursion
         // limit of 100 would cap documents at ~33 levels; SPEC allows 128).

@@ -224,9 +224,12 @@ fn the_readme_grpcurl_session_works_as_written() {
     assert!(doc["body"]["id"].is_string());
     let after = read_after.expect("the session reads it again after its TTL");
     assert!(!after.status.success());
+    let stderr = String::from_utf8_lossy(&after.stderr);
+    assert!(stderr.contains("Code: NotFound"), "NOT_FOUND after the TTL");
+    // Reflection serves google.rpc.ErrorInfo: grpcurl shows the reason, not raw bytes.
     assert!(
-        String::from_utf8_lossy(&after.stderr).contains("Code: NotFound"),
-        "NOT_FOUND after the TTL"
+        stderr.contains(r#""reason":"DOCUMENT_NOT_FOUND""#),
+        "the reason decoded: {stderr}"
     );
 }
 
