@@ -135,12 +135,10 @@ impl Bench {
                 tokio::spawn(async move {
                     let mut client = bench.documents(worker);
                     let mut latencies = Histogram::<u64>::new(3).expect("valid histogram");
-                    let mut rng = (worker as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let mut rng = crate::WorkerRng::new(worker as u64 + 1);
                     while !stop.load(Ordering::Relaxed) {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let n = first + rng % count;
+                        let r = rng.next();
+                        let n = first + r % count;
                         let started = Instant::now();
                         let done = match method {
                             Method::Patch => bench.patch_incr(&mut client, n).await,

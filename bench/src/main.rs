@@ -303,6 +303,23 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A load task's own pseudo-random numbers (xorshift64), seeded from its number: cheap, and
+/// the same sequence on every run.
+pub(crate) struct WorkerRng(u64);
+
+impl WorkerRng {
+    pub(crate) fn new(seed: u64) -> Self {
+        WorkerRng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
 /// Splits 0..n into `parts` contiguous ranges.
 fn split(n: u64, parts: usize) -> impl Iterator<Item = (usize, std::ops::Range<u64>)> {
     let parts = parts.max(1) as u64;
@@ -426,16 +443,14 @@ impl Bench {
                     let mut client = bench.documents(worker);
                     let mut reads = Histogram::<u64>::new(3).expect("valid histogram");
                     let mut writes = Histogram::<u64>::new(3).expect("valid histogram");
-                    let mut rng = (worker as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let mut rng = WorkerRng::new(worker as u64 + 1);
                     while !stop.load(Ordering::Relaxed) {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let read = (rng % 100) < u64::from(read_percent);
+                        let r = rng.next();
+                        let read = (r % 100) < u64::from(read_percent);
                         let started = Instant::now();
                         let ok = if read {
                             client
-                                .read_document(bench.read_request(rng % bench.args.preload.max(1)))
+                                .read_document(bench.read_request(r % bench.args.preload.max(1)))
                                 .await
                                 .is_ok()
                         } else {

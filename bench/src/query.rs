@@ -90,12 +90,10 @@ impl Bench {
                     let mut latency = Histogram::<u64>::new(3).expect("valid histogram");
                     let mut total = Seen::default();
                     let mut index = String::new();
-                    let mut rng = (worker as u64 + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let mut rng = crate::WorkerRng::new(worker as u64 + 7);
                     while !stop.load(Ordering::Relaxed) {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let group = rng % group_count(bench.args.preload);
+                        let r = rng.next();
+                        let group = r % group_count(bench.args.preload);
                         let began = Instant::now();
                         match bench.query(&mut client, shape, group).await {
                             Ok((seen, used)) => {
