@@ -32,6 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Bodies decode straight into JSON with Mayfly's own depth limit (prost's recursion
         // limit of 100 would cap documents at ~33 levels; SPEC allows 128).
         .extern_path(".google.protobuf.Struct", "crate::json::JsonObject")
+        // Query results are encoded from JSON and decoded into JSON, without a
+        // prost_types::Value tree in between (see src/query_page.rs).
+        .extern_path(".mayfly.v1.QueryPage", "crate::query_page::QueryPage")
         // Undecodable requests are INVALID_ARGUMENT, not tonic's INTERNAL.
         .codec_path("crate::codec::MayflyCodec")
         .compile_fds(fds)?;

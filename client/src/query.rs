@@ -196,8 +196,7 @@ pub struct QueryResults<T> {
 impl<T> Unpin for QueryResults<T> {}
 
 /// One result as `T`.
-fn result<T: DeserializeOwned>(v: prost_types::Value) -> Result<T, Error> {
-    let v = json::from_proto_value(v).map_err(|e| Error::Serialization(e.to_string()))?;
+fn result<T: DeserializeOwned>(v: serde_json::Value) -> Result<T, Error> {
     serde_json::from_value(v).map_err(|e| Error::Serialization(e.to_string()))
 }
 

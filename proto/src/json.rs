@@ -169,6 +169,10 @@ pub fn encode(map: &Map<String, Value>) -> Bytes {
 /// Decodes bytes made by [`encode`]. Bytes that are not a valid encoding (never produced by
 /// `encode`) decode to whatever part of them is readable.
 pub fn decode(bytes: &[u8]) -> Map<String, Value> {
+    // What `encode` made is within the limits: no need to measure it first.
+    if let Ok(map) = decode_struct(bytes, 1, &mut None) {
+        return map;
+    }
     let mut object = JsonObject::default();
     let _ = object.merge(bytes);
     match object.repr {
@@ -613,6 +617,35 @@ fn encode_value(value: &Value, buf: &mut impl BufMut) {
                 encode_value(v, buf);
             }
         }
+    }
+}
+
+/// Encodes `value` as the `google.protobuf.Value` field `tag`.
+pub fn encode_value_field(tag: u32, value: &Value, buf: &mut impl BufMut) {
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(value_len(value) as u64, buf);
+    encode_value(value, buf);
+}
+
+/// Encoded length of [`encode_value_field`]'s output.
+pub fn value_field_len(tag: u32, value: &Value) -> usize {
+    prost::encoding::key_len(tag) + {
+        let len = value_len(value);
+        encoded_len_varint(len as u64) + len
+    }
+}
+
+/// Decodes one `google.protobuf.Value` field into JSON. A value nested deeper than
+/// [`MAX_DEPTH`], a NaN or infinite number, or a string that is not UTF-8 is an error.
+pub fn decode_value_field(wire_type: WireType, buf: &mut impl Buf) -> Result<Value, DecodeError> {
+    let bytes = take_delimited(wire_type, buf)?;
+    let mut defect = None;
+    // A list or struct at the top is level 1, as a document body is.
+    let value = decode_value(&bytes, 0, &mut defect)?;
+    match defect {
+        None => Ok(value),
+        #[allow(deprecated)]
+        Some(defect) => Err(DecodeError::new(format!("google.protobuf.Value: {defect}"))),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod codec;
 pub mod json;
+pub mod query_page;
 
 #[allow(
     unreachable_pub,
@@ -31,15 +32,15 @@ pub mod v1 {
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
         DeleteDocumentResponse, Document, GetCollectionRequest, GetDatabaseRequest, IndexingMode,
         IndexingPaths, ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
-        ListDatabasesResponse, PartitionKey, QueryMetrics, QueryPage, QueryRequest,
-        ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest,
-        ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest,
-        UpsertDocumentResponse, UpsertOutcome,
+        ListDatabasesResponse, PartitionKey, QueryMetrics, QueryRequest, ReadDocumentRequest,
+        ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest, ReplaceDocumentRequest,
+        TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
     };
     pub use crate::generated::{
         CreateResourceTokenRequest, KeyKind, RegenerateKeyRequest, RegenerateKeyResponse,
         ResourceToken, TokenPermission,
     };
+    pub use crate::query_page::QueryPage;
 
     /// Oneof types nested in messages.
     pub mod oneofs {

@@ -93,6 +93,40 @@ impl<'q, 'p> Execution<'q, 'p> {
         Ok(if sink.done() { Flow::Done } else { Flow::More })
     }
 
+    /// [`Self::push`] for a document the caller is done with: a streaming `SELECT * FROM c`
+    /// without joins (the common "documents matching a filter") returns the document itself,
+    /// not a copy.
+    pub fn push_owned(&mut self, document: Value) -> Result<Flow, QueryError> {
+        let query = self.sink.query;
+        let whole_document = matches!(query.select, Select::Star)
+            && self.sink.mode == Mode::Stream
+            && query.joins.is_empty()
+            && query
+                .from
+                .as_ref()
+                .is_some_and(|f| f.root.is_none() && f.path.is_empty() && !f.iterate);
+        if !whole_document {
+            return self.push(&document);
+        }
+        if self.sink.done() {
+            return Ok(Flow::Done);
+        }
+        self.eval.reset_budget();
+        let mut matched = false;
+        rows(&self.eval, query, None, Some(&document), &mut |_| {
+            matched = true;
+            Ok(Flow::More)
+        })?;
+        if matched {
+            self.sink.emit(document)?;
+        }
+        Ok(if self.sink.done() {
+            Flow::Done
+        } else {
+            Flow::More
+        })
+    }
+
     /// Results ready now (a streaming query's, as documents are pushed).
     pub fn take_ready(&mut self) -> Vec<Value> {
         std::mem::take(&mut self.sink.out)
@@ -715,6 +749,57 @@ pub(crate) fn canonical(v: Option<&Value>, out: &mut String) {
         }
         Some(other) => {
             let _ = write!(out, "{}{other}", type_rank(Some(other)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// `push_owned` returns what `push` does, for queries it takes the document for and for
+    /// those it hands to `push`.
+    #[test]
+    fn push_owned_returns_what_push_does() {
+        let docs: Vec<Value> = (0..20)
+            .map(|i| json!({"id": i.to_string(), "n": i, "g": i % 3, "arr": [i, i + 1]}))
+            .collect();
+        let params = Map::new();
+        for text in [
+            "SELECT * FROM c",
+            "SELECT * FROM c WHERE c.g = 1",
+            "SELECT TOP 3 * FROM c WHERE c.n > 4",
+            "SELECT * FROM c WHERE c.g = 2 OFFSET 2 LIMIT 3",
+            "SELECT * FROM c WHERE c.missing = 1",
+            "SELECT VALUE c FROM c JOIN a IN c.arr WHERE a > 15",
+            "SELECT * FROM c IN c.arr",
+            "SELECT * FROM c.arr",
+            "SELECT c.id FROM c WHERE c.g = 0",
+            "SELECT DISTINCT VALUE c.g FROM c",
+        ] {
+            let query = crate::parse(text).expect("parses");
+            let collect = |owned: bool| {
+                let mut run = Execution::new(&query, &params, Context::new(0, 1)).expect("starts");
+                let mut out = Vec::new();
+                for doc in &docs {
+                    let flow = if owned {
+                        run.push_owned(doc.clone())
+                    } else {
+                        run.push(doc)
+                    }
+                    .expect("runs");
+                    out.extend(run.take_ready());
+                    if flow == Flow::Done {
+                        break;
+                    }
+                }
+                out.extend(run.finish().expect("finishes"));
+                out
+            };
+            let expected = collect(false);
+            assert_eq!(collect(true), expected, "{text}");
         }
     }
 }

@@ -34,7 +34,8 @@ use crate::{
     engine::{
         CollectionPath, CollectionSettings, DefaultTtl, DocumentBody, DocumentTtl, Engine,
         EngineConfig, Error, FeedScope, IdKind, IndexingMode, ManualClock, Millis,
-        PartitionKeyPath, PartitionKeyValue, QueryCursor, QuerySpec, ResourceId, TokenKey,
+        PartitionKeyPath, PartitionKeyValue, QueryCursor, QueryReads, QuerySpec, ResourceId,
+        TokenKey,
     },
     grpc::DocumentsService,
     storage::MemoryStorage,
@@ -461,7 +462,15 @@ fn resume_query(f: &Fixture, token: &str) {
                 assert!(pages <= READ_DOCS + 4, "the query does not end");
                 let page = match f
                     .engine
-                    .query_stream_page(&path, spec, &scope, PAGE, c, read_at)
+                    .query_stream_page(
+                        &path,
+                        spec,
+                        &scope,
+                        PAGE,
+                        c,
+                        read_at,
+                        QueryReads::unlimited(),
+                    )
                     .result
                 {
                     Ok(page) => page,
@@ -582,7 +591,11 @@ fn engine_query(
         }
     };
     if let QueryCursor::Offset(_) = cursor {
-        return match f.engine.query_all(&path, spec, &scope, read_at).result {
+        return match f
+            .engine
+            .query_all(&path, spec, &scope, read_at, QueryReads::unlimited())
+            .result
+        {
             Ok((results, _)) => Some(results),
             Err(e) => {
                 assert_client_error(&e);
@@ -594,7 +607,15 @@ fn engine_query(
     for _ in 0..READ_DOCS + 4 {
         let page = match f
             .engine
-            .query_stream_page(&path, spec, &scope, page_size, cursor, read_at)
+            .query_stream_page(
+                &path,
+                spec,
+                &scope,
+                page_size,
+                cursor,
+                read_at,
+                QueryReads::unlimited(),
+            )
             .result
         {
             Ok(page) => page,
@@ -1058,7 +1079,15 @@ pub fn generated_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                 .ok(),
             Ok(cursor) => f
                 .engine
-                .query_stream_page(&path, spec, &FeedScope::Collection, 2, cursor, read_at)
+                .query_stream_page(
+                    &path,
+                    spec,
+                    &FeedScope::Collection,
+                    2,
+                    cursor,
+                    read_at,
+                    QueryReads::unlimited(),
+                )
                 .result
                 .ok()
                 .and_then(|page| page.continuation),

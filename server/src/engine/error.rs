@@ -59,6 +59,10 @@ pub enum Error {
     /// A query was refused (syntax, unknown name, limit) or failed while running; nothing was
     /// changed.
     Query(mayfly_query::QueryError),
+    /// A query tried on an async worker needed more reads than it may make there (see
+    /// [`super::QueryReads::inline`]); the edge runs it again on a blocking thread. Never
+    /// shown to a client.
+    ReadBudgetSpent,
 }
 
 impl fmt::Display for Error {
@@ -125,6 +129,9 @@ impl fmt::Display for Error {
             ),
             Error::Storage(e) => write!(f, "storage failure, nothing was written: {e}"),
             Error::Query(e) => write!(f, "query: {e}"),
+            Error::ReadBudgetSpent => {
+                f.write_str("internal: a query tried on an async worker was not run again off it")
+            }
             Error::NotDurable(e) => write!(
                 f,
                 "the outcome is unknown: storage could not confirm it durable, so a write this request made or read may or may not survive a restart: {e}"

@@ -21,6 +21,7 @@ mod outcome;
 mod patch;
 mod purge;
 mod query;
+mod query_reads;
 mod recovery;
 mod shard;
 mod token_seal;
@@ -56,6 +57,7 @@ pub(crate) use query::QueryCursor;
 pub use query::{
     MAX_EXAMINED_PER_PAGE, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics, QueryPage, QuerySpec,
 };
+pub use query_reads::{INLINE_READS, QueryReads};
 pub use recovery::{ExpiryRebuild, Recovery};
 pub use token_seal::TokenKey;
 // The domain types, where the engine's callers have always found them.

@@ -19,7 +19,7 @@ use mayfly_query::{Context, Execution, Flow, QueryError, ast::Query};
 use serde_json::{Map, Value};
 
 use super::{
-    CollectionInfo, Engine, Error, FeedScope, InvalidInput, Millis, Outcome,
+    CollectionInfo, Engine, Error, FeedScope, InvalidInput, Millis, Outcome, QueryReads,
     document::DocumentView,
     feed::{self, Cursor},
     index::{
@@ -28,7 +28,7 @@ use super::{
     },
     shard::Reading,
 };
-use crate::storage::{IndexEntry, Lsn};
+use crate::storage::IndexEntry;
 
 /// Documents read from a shard at a time.
 const SCAN_BATCH: usize = 256;
@@ -132,6 +132,12 @@ pub(crate) enum QueryCursor {
 }
 
 impl Engine {
+    /// Whether a storage read may wait on a disk or a network (see
+    /// [`crate::storage::Storage::reads_may_block`]): queries then run off the async workers.
+    pub fn reads_may_block(&self) -> bool {
+        self.inner.storage.reads_may_block()
+    }
+
     /// The clock reading a query judges expiry at.
     pub fn query_reading(&self) -> Millis {
         // The latest reading any shard acted on: shard time never steps back, so a document
@@ -332,8 +338,14 @@ impl Engine {
         self.shard_range(info, scope).0
     }
 
-    /// One page of a streaming query from `cursor`, judged at `read_at`. Blocks on storage:
-    /// call it off the async runtime.
+    /// One page of a streaming query from `cursor`, judged at `read_at`, within `reads`
+    /// (with [`QueryReads::inline`], a page that needs more fails with
+    /// [`Error::ReadBudgetSpent`]). Blocks on storage: unless inline, call it off the async
+    /// runtime.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one page's inputs, each distinct"
+    )]
     pub(crate) fn query_stream_page(
         &self,
         path: &super::CollectionPath,
@@ -342,18 +354,10 @@ impl Engine {
         page_size: usize,
         cursor: QueryCursor,
         read_at: Millis,
+        mut reads: QueryReads,
     ) -> Outcome<QueryPage> {
-        let mut settle_at = Lsn::ZERO;
-        let result = self.stream_page(
-            path,
-            spec,
-            scope,
-            page_size,
-            cursor,
-            read_at,
-            &mut settle_at,
-        );
-        Outcome::new(result, settle_at)
+        let result = self.stream_page(path, spec, scope, page_size, cursor, read_at, &mut reads);
+        Outcome::new(result, reads.settle_at)
     }
 
     #[allow(
@@ -368,7 +372,7 @@ impl Engine {
         page_size: usize,
         cursor: QueryCursor,
         read_at: Millis,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<QueryPage, Error> {
         let info = self.get_collection(path)?;
         let (mut cursor, skipped, returned) = match cursor {
@@ -395,7 +399,7 @@ impl Engine {
                     page_size,
                     (at, skipped, returned),
                     read_at,
-                    settle_at,
+                    reads,
                 );
             }
             QueryCursor::Offset(_) => {
@@ -415,11 +419,11 @@ impl Engine {
         let mut bytes = 0;
         let started = Instant::now();
         loop {
-            let scanned = self.scan_batch(&info, scope, &cursor, read_at, settle_at)?;
+            let scanned = self.scan_batch(&info, scope, &cursor, read_at, reads)?;
             let mut stopped_at = None;
             for view in &scanned.documents {
                 page.metrics.documents_examined += 1;
-                let flow = run.push(&as_document(view))?;
+                let flow = run.push_owned(as_document(view))?;
                 for r in run.take_ready() {
                     bytes += mayfly_query::value::approximate_size(&r);
                     page.results.push(r);
@@ -471,15 +475,16 @@ impl Engine {
     }
 
     /// The next batch of live documents at `cursor`, judged at `read_at`; what it reflects is
-    /// folded into `settle_at`.
+    /// noted in `reads`.
     fn scan_batch(
         &self,
         info: &CollectionInfo,
         scope: &FeedScope,
         cursor: &Cursor,
         read_at: Millis,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<feed::ShardPage, Error> {
+        reads.spend(SCAN_BATCH)?;
         let scanned = self.inner.shards[cursor.shard].scan_page(
             info,
             scope,
@@ -488,22 +493,23 @@ impl Engine {
             (usize::MAX, true),
             Reading::At(read_at),
         )?;
-        *settle_at = (*settle_at).max(scanned.settle_at);
+        reads.reflect(scanned.settle_at);
         Ok(scanned)
     }
 
     /// Every result of a query that reads its whole scope, judged at `read_at`, with the
-    /// metrics of the run. Blocks on storage: call it off the async runtime.
+    /// metrics of the run, within `reads` (see [`Self::query_stream_page`]). Blocks on
+    /// storage: unless inline, call it off the async runtime.
     pub fn query_all(
         &self,
         path: &super::CollectionPath,
         spec: &QuerySpec,
         scope: &FeedScope,
         read_at: Millis,
+        mut reads: QueryReads,
     ) -> Outcome<(Vec<Value>, QueryMetrics)> {
-        let mut settle_at = Lsn::ZERO;
-        let result = self.run_all(path, spec, scope, read_at, &mut settle_at);
-        Outcome::new(result, settle_at)
+        let result = self.run_all(path, spec, scope, read_at, &mut reads);
+        Outcome::new(result, reads.settle_at)
     }
 
     fn run_all(
@@ -512,7 +518,7 @@ impl Engine {
         spec: &QuerySpec,
         scope: &FeedScope,
         read_at: Millis,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<(Vec<Value>, QueryMetrics), Error> {
         let started = Instant::now();
         let info = self.get_collection(path)?;
@@ -533,7 +539,7 @@ impl Engine {
                 (first, last),
                 read_at,
                 &mut metrics,
-                settle_at,
+                reads,
             )?
         {
             metrics.results_returned = 1;
@@ -554,7 +560,7 @@ impl Engine {
                 &mut run,
                 &mut results,
                 &mut metrics,
-                settle_at,
+                reads,
             )? {
                 results.extend(run.finish()?);
                 metrics.results_returned = results.len() as u64;
@@ -579,10 +585,10 @@ impl Engine {
                         ),
                     }));
                 }
-                let scanned = self.scan_batch(&info, scope, &cursor, read_at, settle_at)?;
+                let scanned = self.scan_batch(&info, scope, &cursor, read_at, reads)?;
                 for view in &scanned.documents {
                     metrics.documents_examined += 1;
-                    let flow = run.push(&as_document(view))?;
+                    let flow = run.push_owned(as_document(view))?;
                     results.extend(run.take_ready());
                     if flow == Flow::Done {
                         break 'shards;
@@ -645,7 +651,7 @@ impl Engine {
         page_size: usize,
         (at, skipped, returned): (EntryCursor, u64, u64),
         read_at: Millis,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<QueryPage, Error> {
         let (_, last) = self.shard_range(info, scope);
         let mut run =
@@ -669,16 +675,17 @@ impl Engine {
                 &cursor,
                 last,
                 &mut page.metrics.index_entries_examined,
+                reads,
             )?;
-            let docs =
-                self.entry_documents(info, cursor.shard, batch.entries, read_at, settle_at)?;
+            let docs = self.entry_documents(info, cursor.shard, batch.entries, read_at, reads)?;
             let mut stopped = None;
             for (entry, view) in docs {
+                reads.check_time()?;
                 page.metrics.documents_examined += 1;
                 let Some(doc) = named_by(&entry, view, plan) else {
                     continue;
                 };
-                let flow = run.push(&doc)?;
+                let flow = run.push_owned(doc)?;
                 for r in run.take_ready() {
                     bytes += mayfly_query::value::approximate_size(&r);
                     page.results.push(r);

@@ -19,7 +19,8 @@ use super::{
 };
 use crate::auth::{Action, Principal, Target};
 use crate::engine::{
-    self, CollectionPath, Engine, FeedScope, InvalidInput, Outcome, QueryCursor, QuerySpec,
+    self, CollectionPath, Engine, FeedScope, InvalidInput, Outcome, QueryCursor, QueryReads,
+    QuerySpec,
 };
 use crate::net::{Charge, PeerShare};
 
@@ -61,6 +62,7 @@ impl Plan {
         engine: &Engine,
         cursor: QueryCursor,
         read_at: engine::Millis,
+        reads: QueryReads,
     ) -> Outcome<engine::QueryPage> {
         engine.query_stream_page(
             &self.path,
@@ -69,6 +71,7 @@ impl Plan {
             self.page_size,
             cursor,
             read_at,
+            reads,
         )
     }
 }
@@ -122,7 +125,9 @@ impl DocumentsService {
             QueryCursor::Offset(offset) => {
                 let p = plan.clone();
                 let (results, metrics) = self
-                    .off_runtime(move |e| e.query_all(&p.path, &p.spec, &p.scope, read_at))
+                    .run_query(move |e, reads| {
+                        e.query_all(&p.path, &p.spec, &p.scope, read_at, reads)
+                    })
                     .await?;
                 // Held from page to page: charged like a response waiting to be read (twice
                 // the JSON size, for what values take in memory), refused if that is full.
@@ -148,7 +153,7 @@ impl DocumentsService {
             cursor @ (QueryCursor::Stream { .. } | QueryCursor::Index { .. }) => {
                 let p = plan.clone();
                 let first = self
-                    .off_runtime(move |e| p.page(e, cursor, read_at))
+                    .run_query(move |e, reads| p.page(e, cursor.clone(), read_at, reads))
                     .await?;
                 let next = first.continuation.clone().map_or(Next::Done, Next::After);
                 let first = page_message(first);
@@ -185,14 +190,14 @@ impl DocumentsService {
                     }
                     Next::After(token) => {
                         service
-                            .off_runtime(move |e| {
+                            .run_query(move |e, reads| {
                                 match e.query_cursor(
                                     &plan.path,
                                     &plan.spec,
                                     &plan.scope,
                                     Some(&token),
                                 ) {
-                                    Ok(cursor) => plan.page(e, cursor, read_at),
+                                    Ok(cursor) => plan.page(e, cursor, read_at, reads),
                                     Err(err) => Outcome::failed(err),
                                 }
                             })
@@ -272,15 +277,23 @@ impl DocumentsService {
         })
     }
 
-    /// Runs `op` on a blocking thread with the engine in service, then waits until what it
-    /// reflects is durable.
-    async fn off_runtime<T: Send + 'static>(
+    /// Runs `op` with the engine in service, then waits until what it reflects is durable.
+    /// On storage whose reads never wait, it is tried here, on the async worker, within
+    /// [`engine::INLINE_READS`] storage reads; one that needs more, and any query on storage
+    /// that may wait (the disk), runs on a blocking thread without that limit.
+    async fn run_query<T: Send + 'static>(
         &self,
-        op: impl FnOnce(&Engine) -> Outcome<T> + Send + 'static,
+        op: impl Fn(&Engine, QueryReads) -> Outcome<T> + Send + 'static,
     ) -> Result<T, Status> {
         let engine = self.engine()?;
+        if !engine.reads_may_block() {
+            let inline = op(&engine, QueryReads::inline());
+            if !matches!(inline.result, Err(engine::Error::ReadBudgetSpent)) {
+                return Ok(engine.settle(inline).await?);
+            }
+        }
         let worker = engine.clone();
-        let outcome = tokio::task::spawn_blocking(move || op(&worker))
+        let outcome = tokio::task::spawn_blocking(move || op(&worker, QueryReads::unlimited()))
             .await
             .map_err(|e| Status::internal(format!("query task failed: {e}")))?;
         Ok(engine.settle(outcome).await?)
@@ -290,7 +303,7 @@ impl DocumentsService {
 fn page_message(page: engine::QueryPage) -> QueryPage {
     let m = page.metrics;
     QueryPage {
-        results: page.results.iter().map(json::to_proto_value).collect(),
+        results: page.results,
         continuation: page.continuation.unwrap_or_default(),
         metrics: Some(QueryMetrics {
             documents_examined: m.documents_examined,

@@ -36,6 +36,8 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
             StorageErrorKind::OutcomeUnknown => (Code::Unavailable, "OUTCOME_UNKNOWN"),
         },
         Error::NotDurable(_) => (Code::Unavailable, "OUTCOME_UNKNOWN"),
+        // The edge reruns such a query off the async workers; reaching here is a bug.
+        Error::ReadBudgetSpent => (Code::Internal, "INTERNAL"),
         Error::Query(e) => (
             Code::InvalidArgument,
             match e.kind {

@@ -54,6 +54,10 @@ impl Storage for MemoryStorage {
     fn failure(&self) -> Option<StorageError> {
         None
     }
+
+    fn reads_may_block(&self) -> bool {
+        false
+    }
 }
 
 /// One collection's part of a shard: documents, their terms records, and index entries in

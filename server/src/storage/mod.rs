@@ -262,6 +262,13 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn reopen_ready(&self) -> Result<(), StorageError> {
         Ok(())
     }
+
+    /// Whether a read may wait on a disk or a network. A query that reads such storage always
+    /// runs on a blocking thread, so that many wait at once; on storage that never waits a
+    /// small query is answered on the async worker (see `engine::QueryReads`).
+    fn reads_may_block(&self) -> bool {
+        true
+    }
 }
 
 /// The documents of one engine shard.

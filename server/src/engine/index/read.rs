@@ -9,11 +9,11 @@ use serde_json::Value;
 
 use super::{plan::IndexPlan, terms::term_at};
 use crate::engine::{
-    CollectionInfo, Engine, Error, FeedScope, Millis,
+    CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads,
     document::DocumentView,
     query::{QUERY_TIME_LIMIT, QueryMetrics, as_document},
 };
-use crate::storage::{DocKey, IndexEntry, IndexRange, Lsn};
+use crate::storage::{DocKey, IndexEntry, IndexRange};
 
 /// Index entries read at a time.
 pub(crate) const ENTRY_BATCH: usize = 256;
@@ -66,6 +66,10 @@ pub(crate) fn named_by(entry: &IndexEntry, view: DocumentView, plan: &IndexPlan)
 impl Engine {
     /// The next batch of a plan's entries from `at`, ascending, in the scope's shards up to
     /// `last`. Entries of other partitions are dropped (they still count as examined).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one read's inputs, each distinct"
+    )]
     pub(crate) fn entry_batch(
         &self,
         info: &CollectionInfo,
@@ -74,6 +78,7 @@ impl Engine {
         at: &EntryCursor,
         last: usize,
         examined: &mut u64,
+        reads: &mut QueryReads,
     ) -> Result<EntryBatch, Error> {
         let range = &plan.ranges[at.range];
         let entries = self.inner.shards[at.shard].scan_index(
@@ -87,6 +92,7 @@ impl Engine {
             ENTRY_BATCH,
         )?;
         *examined += entries.len() as u64;
+        reads.spend(entries.len())?;
         let next = if entries.len() == ENTRY_BATCH {
             Some(EntryCursor {
                 after: entries.last().cloned(),
@@ -121,11 +127,12 @@ impl Engine {
         shard: usize,
         entries: Vec<IndexEntry>,
         read_at: Millis,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<Vec<(IndexEntry, DocumentView)>, Error> {
+        reads.spend(entries.len())?;
         let keys: Vec<DocKey> = entries.iter().map(|e| e.key.clone()).collect();
         let (views, settle) = self.inner.shards[shard].fetch_live(info, &keys, read_at)?;
-        *settle_at = (*settle_at).max(settle);
+        reads.reflect(settle);
         // Views come in entry order, without the entries whose documents are gone.
         let mut entries = entries.into_iter();
         let mut out = Vec::with_capacity(views.len());
@@ -154,7 +161,7 @@ impl Engine {
         run: &mut Execution<'_, '_>,
         results: &mut Vec<Value>,
         metrics: &mut QueryMetrics,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<bool, Error> {
         let started = Instant::now();
         if let Some(descending) = plan.ordered {
@@ -171,7 +178,7 @@ impl Engine {
                 run,
                 results,
                 metrics,
-                settle_at,
+                reads,
             )?;
             return Ok(true);
         }
@@ -191,15 +198,17 @@ impl Engine {
                 &cursor,
                 last,
                 &mut metrics.index_entries_examined,
+                reads,
             )?;
             for (entry, view) in
-                self.entry_documents(info, cursor.shard, batch.entries, read_at, settle_at)?
+                self.entry_documents(info, cursor.shard, batch.entries, read_at, reads)?
             {
+                reads.check_time()?;
                 metrics.documents_examined += 1;
                 let Some(doc) = named_by(&entry, view, plan) else {
                     continue;
                 };
-                let flow = run.push(&doc)?;
+                let flow = run.push_owned(doc)?;
                 results.extend(run.take_ready());
                 if flow == Flow::Done {
                     return Ok(true);
@@ -224,7 +233,7 @@ impl Engine {
         run: &mut Execution<'_, '_>,
         results: &mut Vec<Value>,
         metrics: &mut QueryMetrics,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<(), Error> {
         let started = Instant::now();
         let range = &plan.ranges[0];
@@ -263,6 +272,7 @@ impl Engine {
                         head.batch,
                     )?;
                     metrics.index_entries_examined += entries.len() as u64;
+                    reads.spend(entries.len())?;
                     head.exhausted = entries.len() < head.batch;
                     head.batch = (head.batch * 2).min(ENTRY_BATCH);
                     head.after = entries.last().cloned();
@@ -289,14 +299,12 @@ impl Engine {
             };
             let entry = heads[i].buffer.pop_front().expect("has a front");
             let shard = heads[i].shard;
-            for (entry, view) in
-                self.entry_documents(info, shard, vec![entry], read_at, settle_at)?
-            {
+            for (entry, view) in self.entry_documents(info, shard, vec![entry], read_at, reads)? {
                 metrics.documents_examined += 1;
                 let Some(doc) = named_by(&entry, view, plan) else {
                     continue;
                 };
-                let flow = run.push(&doc)?;
+                let flow = run.push_owned(doc)?;
                 results.extend(run.take_ready());
                 if flow == Flow::Done {
                     return Ok(());
@@ -326,16 +334,17 @@ impl Engine {
         (first, last): (usize, usize),
         read_at: Millis,
         metrics: &mut QueryMetrics,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<Option<u64>, Error> {
         let mut count = 0;
         match plan {
             // Every live document, counted in memory.
             None if matches!(scope, FeedScope::Collection) => {
+                reads.unbounded()?;
                 for shard in first..=last {
                     let (n, settle) = self.inner.shards[shard].count_live(info, read_at)?;
                     count += n;
-                    *settle_at = (*settle_at).max(settle);
+                    reads.reflect(settle);
                 }
             }
             Some(plan) if plan.counts_exactly() && plan.ordered.is_none() => {
@@ -356,12 +365,13 @@ impl Engine {
                         &cursor,
                         last,
                         &mut metrics.index_entries_examined,
+                        reads,
                     )?;
                     let keys: Vec<DocKey> = batch.entries.into_iter().map(|e| e.key).collect();
                     let (n, settle) =
                         self.inner.shards[cursor.shard].count_live_keys(info, &keys, read_at)?;
                     count += n;
-                    *settle_at = (*settle_at).max(settle);
+                    reads.reflect(settle);
                     at = batch.next;
                 }
             }
