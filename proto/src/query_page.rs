@@ -53,7 +53,11 @@ impl prost::Message for QueryPage {
     ) -> Result<(), DecodeError> {
         match tag {
             RESULTS => {
-                self.results.push(json::decode_value_field(wire_type, buf)?);
+                let result = json::decode_value_field(wire_type, buf).map_err(|mut e| {
+                    e.push("QueryPage", "results");
+                    e
+                })?;
+                self.results.push(result);
                 Ok(())
             }
             CONTINUATION => encoding::string::merge(wire_type, &mut self.continuation, buf, ctx),

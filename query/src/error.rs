@@ -29,6 +29,9 @@ pub enum ErrorKind {
     Limit,
     /// Evaluating it failed (a function refused its arguments).
     Evaluation,
+    /// The caller's deadline passed (see `Execution::interrupt_at`): not the query's fault;
+    /// the caller runs it again where it may take longer.
+    Interrupted,
 }
 
 /// A refused or failed query, with a message for the client.

@@ -9,6 +9,7 @@ use std::{
     cell::{Cell, RefCell},
     collections::HashMap,
     fmt::Write as _,
+    time::Instant,
 };
 
 use regex::Regex;
@@ -62,6 +63,10 @@ pub(crate) struct Evaluator<'p> {
     pub(crate) budget: Cell<u64>,
     /// Expression evaluations left for the current document.
     steps: Cell<u64>,
+    /// When to stop, whatever the budget says (see `Execution::interrupt_at`).
+    pub(crate) deadline: Option<Instant>,
+    /// Charges since the deadline was last looked at.
+    ticks: Cell<u32>,
     likes: RefCell<HashMap<(String, Option<char>), Regex>>,
 }
 
@@ -72,6 +77,8 @@ impl<'p> Evaluator<'p> {
             params,
             budget: Cell::new(MAX_ROWS_PER_DOCUMENT),
             steps: Cell::new(MAX_STEPS_PER_DOCUMENT),
+            deadline: None,
+            ticks: Cell::new(0),
             likes: RefCell::new(HashMap::new()),
         }
     }
@@ -92,8 +99,26 @@ impl<'p> Evaluator<'p> {
         Ok(())
     }
 
+    /// Fails once the deadline has passed, looking at the clock every 256 charges.
+    fn tick(&self) -> Result<(), QueryError> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
+        let ticks = self.ticks.get().wrapping_add(1);
+        self.ticks.set(ticks);
+        if ticks.is_multiple_of(256) && Instant::now() > deadline {
+            return Err(QueryError::new(
+                ErrorKind::Interrupted,
+                None,
+                "the query ran past its caller's deadline",
+            ));
+        }
+        Ok(())
+    }
+
     /// Counts `n` evaluation steps against the document's budget.
     pub(crate) fn charge_steps(&self, n: u64) -> Result<(), QueryError> {
+        self.tick()?;
         let left = self.steps.get();
         if left < n {
             return Err(QueryError::limit(format!(
@@ -106,6 +131,7 @@ impl<'p> Evaluator<'p> {
 
     /// Counts one enumerated row against the budget.
     pub(crate) fn charge_row(&self) -> Result<(), QueryError> {
+        self.tick()?;
         let left = self.budget.get();
         if left == 0 {
             return Err(QueryError::limit(format!(

@@ -75,6 +75,15 @@ impl<'q, 'p> Execution<'q, 'p> {
         self
     }
 
+    /// Stops the run with an [`crate::ErrorKind::Interrupted`] error once `deadline` has
+    /// passed (looked at every few hundred evaluation steps and rows): for a caller that may
+    /// only spend so long where it runs the query, and runs it again elsewhere if it must.
+    #[must_use]
+    pub fn interrupt_at(mut self, deadline: std::time::Instant) -> Self {
+        self.eval.deadline = Some(deadline);
+        self
+    }
+
     /// Rows skipped and results returned so far, for a continuation.
     pub fn counters(&self) -> (u64, u64) {
         (self.sink.skipped, self.sink.returned)
@@ -758,6 +767,28 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A run with a deadline stops inside one document's evaluation once it has passed (a
+    /// cross join of one document's arrays), and one without runs to the end.
+    #[test]
+    fn a_run_past_its_deadline_is_interrupted_inside_a_document() {
+        let items: Vec<i64> = (0..40).collect();
+        let doc = json!({"id": "a", "xs": items});
+        let params = Map::new();
+        let query = crate::parse(
+            "SELECT VALUE COUNT(1) FROM c JOIN a IN c.xs JOIN b IN c.xs JOIN d IN c.xs",
+        )
+        .expect("parses");
+        let past = std::time::Instant::now() - std::time::Duration::from_millis(1);
+        let mut late = Execution::new(&query, &params, Context::new(0, 1))
+            .expect("starts")
+            .interrupt_at(past);
+        let err = late.push(&doc).expect_err("interrupted");
+        assert_eq!(err.kind, crate::ErrorKind::Interrupted, "{err:?}");
+        let mut run = Execution::new(&query, &params, Context::new(0, 1)).expect("starts");
+        run.push(&doc).expect("runs");
+        assert_eq!(run.finish().expect("finishes"), [json!(64_000)]);
+    }
 
     /// `push_owned` returns what `push` does, for queries it takes the document for and for
     /// those it hands to `push`.

@@ -591,11 +591,23 @@ fn engine_query(
         }
     };
     if let QueryCursor::Offset(_) = cursor {
-        return match f
+        let all = f
             .engine
             .query_all(&path, spec, &scope, read_at, QueryReads::unlimited())
-            .result
-        {
+            .result;
+        // Tried on an async worker, a query either gives up or returns the same.
+        let inline = f
+            .engine
+            .query_all(&path, spec, &scope, read_at, QueryReads::inline())
+            .result;
+        if !matches!(inline, Err(Error::ReadBudgetSpent)) {
+            assert_eq!(
+                format!("{inline:?}"),
+                format!("{all:?}"),
+                "inline run differs"
+            );
+        }
+        return match all {
             Ok((results, _)) => Some(results),
             Err(e) => {
                 assert_client_error(&e);
@@ -605,7 +617,19 @@ fn engine_query(
     }
     let mut results = Vec::new();
     for _ in 0..READ_DOCS + 4 {
-        let page = match f
+        let page = f
+            .engine
+            .query_stream_page(
+                &path,
+                spec,
+                &scope,
+                page_size,
+                cursor.clone(),
+                read_at,
+                QueryReads::unlimited(),
+            )
+            .result;
+        let inline = f
             .engine
             .query_stream_page(
                 &path,
@@ -614,10 +638,17 @@ fn engine_query(
                 page_size,
                 cursor,
                 read_at,
-                QueryReads::unlimited(),
+                QueryReads::inline(),
             )
-            .result
-        {
+            .result;
+        if !matches!(inline, Err(Error::ReadBudgetSpent)) {
+            assert_eq!(
+                format!("{inline:?}"),
+                format!("{page:?}"),
+                "inline page differs"
+            );
+        }
+        let page = match page {
             Ok(page) => page,
             Err(e) => {
                 assert_client_error(&e);

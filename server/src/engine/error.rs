@@ -150,7 +150,11 @@ impl From<InvalidInput> for Error {
 
 impl From<mayfly_query::QueryError> for Error {
     fn from(e: mayfly_query::QueryError) -> Self {
-        Error::Query(e)
+        match e.kind {
+            // Only runs tried inline set a deadline (see `QueryReads::execution`).
+            mayfly_query::ErrorKind::Interrupted => Error::ReadBudgetSpent,
+            _ => Error::Query(e),
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use mayfly_query::{Context, Execution, Flow, QueryError, ast::Query};
+use mayfly_query::{Context, Flow, QueryError, ast::Query};
 use serde_json::{Map, Value};
 
 use super::{
@@ -409,8 +409,9 @@ impl Engine {
             }
         };
         let (_, last) = self.shard_range(&info, scope);
-        let mut run =
-            Execution::new(&spec.query, &spec.params, context(read_at))?.resume(skipped, returned);
+        let mut run = reads
+            .execution(&spec.query, &spec.params, context(read_at))?
+            .resume(skipped, returned);
         let mut page = QueryPage {
             results: Vec::new(),
             continuation: None,
@@ -546,7 +547,7 @@ impl Engine {
             return Ok((vec![Value::from(n)], metrics));
         }
         if let Some(plan) = &plan {
-            let mut run = Execution::new(&spec.query, &spec.params, context(read_at))?;
+            let mut run = reads.execution(&spec.query, &spec.params, context(read_at))?;
             if plan.ordered.is_some() {
                 run = run.presorted();
             }
@@ -562,6 +563,7 @@ impl Engine {
                 &mut metrics,
                 reads,
             )? {
+                reads.check_time()?;
                 results.extend(run.finish()?);
                 metrics.results_returned = results.len() as u64;
                 return Ok((results, metrics));
@@ -569,7 +571,7 @@ impl Engine {
             // An ordered plan some shard cannot serve: read the documents instead.
             metrics = QueryMetrics::default();
         }
-        let mut run = Execution::new(&spec.query, &spec.params, context(read_at))?;
+        let mut run = reads.execution(&spec.query, &spec.params, context(read_at))?;
         let mut results = Vec::new();
         'shards: for shard in first..=last {
             let mut cursor = Cursor { shard, after: None };
@@ -600,6 +602,7 @@ impl Engine {
                 cursor.after = scanned.last;
             }
         }
+        reads.check_time()?;
         results.extend(run.finish()?);
         metrics.results_returned = results.len() as u64;
         Ok((results, metrics))
@@ -654,8 +657,9 @@ impl Engine {
         reads: &mut QueryReads,
     ) -> Result<QueryPage, Error> {
         let (_, last) = self.shard_range(info, scope);
-        let mut run =
-            Execution::new(&spec.query, &spec.params, context(read_at))?.resume(skipped, returned);
+        let mut run = reads
+            .execution(&spec.query, &spec.params, context(read_at))?
+            .resume(skipped, returned);
         let mut page = QueryPage {
             results: Vec::new(),
             continuation: None,

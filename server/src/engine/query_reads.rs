@@ -47,6 +47,21 @@ impl QueryReads {
         }
     }
 
+    /// Starts `query`'s execution; an inline run's stops (as [`Error::ReadBudgetSpent`]) when
+    /// its time is up, even inside one document's evaluation.
+    pub(crate) fn execution<'q, 'p>(
+        &self,
+        query: &'q mayfly_query::ast::Query,
+        params: &'p serde_json::Map<String, serde_json::Value>,
+        context: mayfly_query::Context,
+    ) -> Result<mayfly_query::Execution<'q, 'p>, Error> {
+        let run = mayfly_query::Execution::new(query, params, context)?;
+        Ok(match self.inline {
+            Some((_, until)) => run.interrupt_at(until),
+            None => run,
+        })
+    }
+
     /// Notes that the run read state reflecting writes up to `at`.
     pub(crate) fn reflect(&mut self, at: Lsn) {
         self.settle_at = self.settle_at.max(at);

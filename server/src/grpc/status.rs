@@ -46,6 +46,8 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
                 ErrorKind::Unsupported => "QUERY_UNSUPPORTED",
                 ErrorKind::Limit => "QUERY_LIMIT",
                 ErrorKind::Evaluation => "QUERY_EVALUATION",
+                // The engine turns it into ReadBudgetSpent; never sent.
+                ErrorKind::Interrupted => "INTERNAL",
             },
         ),
     }

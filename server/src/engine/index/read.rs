@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{plan::IndexPlan, terms::term_at};
 use crate::engine::{
-    CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads,
+    CollectionInfo, Engine, Error, FeedScope, INLINE_READS, Millis, QueryReads,
     document::DocumentView,
     query::{QUERY_TIME_LIMIT, QueryMetrics, as_document},
 };
@@ -246,13 +246,17 @@ impl Engine {
             /// all), doubling up to [`ENTRY_BATCH`].
             batch: usize,
         }
+        // With many shards, a smaller first read each keeps a `TOP 10` within an inline
+        // run's reads.
+        let first_batch =
+            FIRST_ORDERED_BATCH.min((INLINE_READS as usize / (2 * (last - first + 1))).max(2));
         let mut heads: Vec<Head> = (first..=last)
             .map(|shard| Head {
                 shard,
                 buffer: VecDeque::new(),
                 after: None,
                 exhausted: false,
-                batch: FIRST_ORDERED_BATCH,
+                batch: first_batch,
             })
             .collect();
         loop {
