@@ -572,6 +572,23 @@ pub fn query(data: &[u8]) {
     }
 }
 
+/// What `run` returns with no read limit; run as an async worker would run it (inline), it
+/// must give up or return the same.
+pub(crate) fn same_inline<T: std::fmt::Debug>(
+    run: impl Fn(QueryReads) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let all = run(QueryReads::unlimited());
+    let inline = run(QueryReads::inline());
+    if !matches!(inline, Err(Error::ReadBudgetSpent)) {
+        assert_eq!(
+            format!("{inline:?}"),
+            format!("{all:?}"),
+            "a query run inline differs from the same query off the async workers"
+        );
+    }
+    all
+}
+
 /// Every result of `spec` over the fixture's read collection, in pages of `page_size` as the
 /// gRPC edge reads them (continuation tokens between pages); `None` if the engine refused
 /// it as a client's error.
@@ -591,22 +608,11 @@ fn engine_query(
         }
     };
     if let QueryCursor::Offset(_) = cursor {
-        let all = f
-            .engine
-            .query_all(&path, spec, &scope, read_at, QueryReads::unlimited())
-            .result;
-        // Tried on an async worker, a query either gives up or returns the same.
-        let inline = f
-            .engine
-            .query_all(&path, spec, &scope, read_at, QueryReads::inline())
-            .result;
-        if !matches!(inline, Err(Error::ReadBudgetSpent)) {
-            assert_eq!(
-                format!("{inline:?}"),
-                format!("{all:?}"),
-                "inline run differs"
-            );
-        }
+        let all = same_inline(|reads| {
+            f.engine
+                .query_all(&path, spec, &scope, read_at, reads)
+                .result
+        });
         return match all {
             Ok((results, _)) => Some(results),
             Err(e) => {
@@ -617,37 +623,19 @@ fn engine_query(
     }
     let mut results = Vec::new();
     for _ in 0..READ_DOCS + 4 {
-        let page = f
-            .engine
-            .query_stream_page(
-                &path,
-                spec,
-                &scope,
-                page_size,
-                cursor.clone(),
-                read_at,
-                QueryReads::unlimited(),
-            )
-            .result;
-        let inline = f
-            .engine
-            .query_stream_page(
-                &path,
-                spec,
-                &scope,
-                page_size,
-                cursor,
-                read_at,
-                QueryReads::inline(),
-            )
-            .result;
-        if !matches!(inline, Err(Error::ReadBudgetSpent)) {
-            assert_eq!(
-                format!("{inline:?}"),
-                format!("{page:?}"),
-                "inline page differs"
-            );
-        }
+        let page = same_inline(|reads| {
+            f.engine
+                .query_stream_page(
+                    &path,
+                    spec,
+                    &scope,
+                    page_size,
+                    cursor.clone(),
+                    read_at,
+                    reads,
+                )
+                .result
+        });
         let page = match page {
             Ok(page) => page,
             Err(e) => {

@@ -1677,49 +1677,26 @@ fn query_on(
     let scope = FeedScope::Collection;
     let read_at = engine.query_reading();
     if !spec.is_streaming() {
-        let all = engine
-            .query_all(path, &spec, &scope, read_at, QueryReads::unlimited())
-            .result;
-        // Tried on an async worker, a query either runs out of its reads or returns the same.
-        match engine
-            .query_all(path, &spec, &scope, read_at, QueryReads::inline())
-            .result
-        {
-            Err(Error::ReadBudgetSpent) => {}
-            inline => assert_eq!(format!("{inline:?}"), format!("{all:?}"), "{text}"),
-        }
-        return all;
+        return crate::fuzz_entry::same_inline(|reads| {
+            engine.query_all(path, &spec, &scope, read_at, reads).result
+        });
     }
     let (mut results, mut metrics, mut token) = (Vec::new(), QueryMetrics::default(), None);
     loop {
         let cursor = engine.query_cursor(path, &spec, &scope, token.as_deref())?;
-        let page = engine
-            .query_stream_page(
-                path,
-                &spec,
-                &scope,
-                page_size,
-                cursor.clone(),
-                read_at,
-                QueryReads::unlimited(),
-            )
-            .result;
-        match engine
-            .query_stream_page(
-                path,
-                &spec,
-                &scope,
-                page_size,
-                cursor,
-                read_at,
-                QueryReads::inline(),
-            )
-            .result
-        {
-            Err(Error::ReadBudgetSpent) => {}
-            inline => assert_eq!(format!("{inline:?}"), format!("{page:?}"), "{text}"),
-        }
-        let page = page?;
+        let page = crate::fuzz_entry::same_inline(|reads| {
+            engine
+                .query_stream_page(
+                    path,
+                    &spec,
+                    &scope,
+                    page_size,
+                    cursor.clone(),
+                    read_at,
+                    reads,
+                )
+                .result
+        })?;
         assert!(
             page.results.len() <= page_size,
             "a page holds at most its size"
