@@ -629,10 +629,7 @@ pub fn encode_value_field(tag: u32, value: &Value, buf: &mut impl BufMut) {
 
 /// Encoded length of [`encode_value_field`]'s output.
 pub fn value_field_len(tag: u32, value: &Value) -> usize {
-    prost::encoding::key_len(tag) + {
-        let len = value_len(value);
-        encoded_len_varint(len as u64) + len
-    }
+    delimited_len(prost::encoding::key_len(tag), value_len(value))
 }
 
 /// Decodes one `google.protobuf.Value` field into JSON. A value nested deeper than
