@@ -91,15 +91,24 @@ impl<'q, 'p> Execution<'q, 'p> {
 
     /// Feeds one document (the body with its system properties).
     pub fn push(&mut self, document: &Value) -> Result<Flow, QueryError> {
+        self.feed(document, |eval, sink, env| sink.accept(eval, env))
+    }
+
+    /// Binds `document`'s rows, filtered, handing each to `on_row`.
+    fn feed(
+        &mut self,
+        document: &Value,
+        mut on_row: impl FnMut(&Evaluator<'p>, &mut Sink<'q>, &Env<'_>) -> Result<Flow, QueryError>,
+    ) -> Result<Flow, QueryError> {
         if self.sink.done() {
             return Ok(Flow::Done);
         }
         self.eval.reset_budget();
         let (eval, sink) = (&self.eval, &mut self.sink);
         rows(eval, sink.query, None, Some(document), &mut |env| {
-            sink.accept(eval, env)
+            on_row(eval, sink, env)
         })?;
-        Ok(if sink.done() { Flow::Done } else { Flow::More })
+        Ok(self.sink.flow())
     }
 
     /// [`Self::push`] for a document the caller is done with: a streaming `SELECT * FROM c`
@@ -117,23 +126,16 @@ impl<'q, 'p> Execution<'q, 'p> {
         if !whole_document {
             return self.push(&document);
         }
-        if self.sink.done() {
-            return Ok(Flow::Done);
-        }
-        self.eval.reset_budget();
+        // Without joins the document binds one row: if it passes the filter, it is the result.
         let mut matched = false;
-        rows(&self.eval, query, None, Some(&document), &mut |_| {
+        self.feed(&document, |_, _, _| {
             matched = true;
             Ok(Flow::More)
         })?;
         if matched {
             self.sink.emit(document)?;
         }
-        Ok(if self.sink.done() {
-            Flow::Done
-        } else {
-            Flow::More
-        })
+        Ok(self.sink.flow())
     }
 
     /// Results ready now (a streaming query's, as documents are pushed).
@@ -368,6 +370,10 @@ impl<'q> Sink<'q> {
             group_index: HashMap::new(),
             out: Vec::new(),
         })
+    }
+
+    fn flow(&self) -> Flow {
+        if self.done() { Flow::Done } else { Flow::More }
     }
 
     fn done(&self) -> bool {
