@@ -32,6 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Bodies decode straight into JSON with Mayfly's own depth limit (prost's recursion
         // limit of 100 would cap documents at ~33 levels; SPEC allows 128).
         .extern_path(".google.protobuf.Struct", "crate::json::JsonObject")
+        // Patch values, query parameters and partition keys likewise: one depth limit for
+        // every JSON-carrying field (prost's would stop a Value at ~32 levels of objects).
+        .extern_path(".google.protobuf.Value", "crate::json::JsonValue")
         // Query results are encoded from JSON and decoded into JSON, without a
         // prost_types::Value tree in between (see src/query_page.rs).
         .extern_path(".mayfly.v1.QueryPage", "crate::query_page::QueryPage")

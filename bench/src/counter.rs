@@ -37,9 +37,9 @@ enum Method {
 
 fn pk(n: u64) -> Option<v1::PartitionKey> {
     Some(v1::PartitionKey {
-        kind: Some(PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(prost_types::value::Kind::StringValue(partition(n))),
-        })),
+        kind: Some(PartitionKeyKind::Value(mayfly_proto::json::JsonValue::new(
+            Value::String(partition(n)),
+        ))),
     })
 }
 

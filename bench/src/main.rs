@@ -379,9 +379,9 @@ impl Bench {
             collection: self.collection.clone(),
             id: format!("d{n}"),
             partition_key: Some(v1::PartitionKey {
-                kind: Some(PartitionKeyKind::Value(prost_types::Value {
-                    kind: Some(prost_types::value::Kind::StringValue(partition(n))),
-                })),
+                kind: Some(PartitionKeyKind::Value(mayfly_proto::json::JsonValue::new(
+                    Value::String(partition(n)),
+                ))),
             }),
         }
     }

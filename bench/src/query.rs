@@ -168,9 +168,7 @@ impl Bench {
         if shape.grouped {
             parameters.insert(
                 "@g".to_owned(),
-                prost_types::Value {
-                    kind: Some(prost_types::value::Kind::NumberValue(group as f64)),
-                },
+                mayfly_proto::json::JsonValue::new(serde_json::json!(group)),
             );
         }
         let mut stream = client

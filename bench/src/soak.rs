@@ -123,9 +123,7 @@ pub(crate) async fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>
                         query: "SELECT TOP 20 c.id, c.n FROM c WHERE c.n >= @n".into(),
                         parameters: [(
                             "@n".to_owned(),
-                            prost_types::Value {
-                                kind: Some(prost_types::value::Kind::NumberValue(n as f64)),
-                            },
+                            mayfly_proto::json::JsonValue::new(serde_json::json!(n)),
                         )]
                         .into(),
                         partition_key: bench.read_request(n).partition_key,

@@ -2,8 +2,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mayfly_proto::v1::{self, oneofs::PartitionKeyKind};
-use prost_types::value::Kind;
+use mayfly_proto::{
+    json::JsonValue,
+    v1::{self, oneofs::PartitionKeyKind},
+};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -63,23 +65,29 @@ impl From<bool> for PartitionKey {
 impl PartitionKey {
     pub(crate) fn into_proto(self) -> v1::PartitionKey {
         let pk = self;
-        let value = |kind| PartitionKeyKind::Value(prost_types::Value { kind: Some(kind) });
+        let value = |value: Value| PartitionKeyKind::Value(JsonValue::new(value));
         let kind = match pk {
             PartitionKey::Undefined => PartitionKeyKind::Undefined(()),
-            PartitionKey::Null => value(Kind::NullValue(0)),
-            PartitionKey::Bool(b) => value(Kind::BoolValue(b)),
-            PartitionKey::Number(x) => value(Kind::NumberValue(x)),
-            PartitionKey::String(s) => value(Kind::StringValue(s)),
+            PartitionKey::Null => value(Value::Null),
+            PartitionKey::Bool(b) => value(Value::Bool(b)),
+            // NaN or infinity (not JSON) goes as NaN, for the server to refuse.
+            PartitionKey::Number(x) => match serde_json::Number::from_f64(x) {
+                Some(n) => value(Value::Number(n)),
+                None => PartitionKeyKind::Value(JsonValue::from(prost_types::Value {
+                    kind: Some(prost_types::value::Kind::NumberValue(x)),
+                })),
+            },
+            PartitionKey::String(s) => value(Value::String(s)),
         };
         v1::PartitionKey { kind: Some(kind) }
     }
 
     fn from_proto(pk: Option<v1::PartitionKey>) -> Self {
         match pk.and_then(|p| p.kind) {
-            Some(PartitionKeyKind::Value(prost_types::Value { kind })) => match kind {
-                Some(Kind::BoolValue(b)) => PartitionKey::Bool(b),
-                Some(Kind::NumberValue(x)) => PartitionKey::Number(x),
-                Some(Kind::StringValue(s)) => PartitionKey::String(s),
+            Some(PartitionKeyKind::Value(value)) => match value.into_checked() {
+                Ok(Value::Bool(b)) => PartitionKey::Bool(b),
+                Ok(Value::Number(n)) => PartitionKey::Number(n.as_f64().unwrap_or(0.0)),
+                Ok(Value::String(s)) => PartitionKey::String(s),
                 // The server only sends scalars.
                 _ => PartitionKey::Null,
             },

@@ -61,7 +61,7 @@ impl PatchOps {
         match serde_json::to_value(value) {
             Ok(value) => self.push(make(PatchValue {
                 path: path.to_owned(),
-                value: Some(json::to_proto_value(&value)),
+                value: Some(json::JsonValue::new(value)),
             })),
             Err(e) => {
                 self.error
@@ -108,8 +108,9 @@ impl PatchOps {
         self.push(PatchOp::Remove(path.to_owned()))
     }
 
-    /// Adds `by` to the integer at `path` (created with `by` if absent; an overflow is
-    /// refused). Concurrent increments of one document all count.
+    /// Adds `by` to the integer at `path`, exactly (created with `by` if absent). A result
+    /// beyond ±2^53, where numbers (doubles) stop holding every integer, is refused with
+    /// `InvalidPatch` and changes nothing. Concurrent increments of one document all count.
     ///
     /// ```
     /// let ops = mayfly_client::PatchOps::new().incr("/count", -1);

@@ -28,7 +28,7 @@ use crate::{
 pub struct Query<'a, T> {
     collection: &'a Collection,
     text: String,
-    parameters: Result<HashMap<String, prost_types::Value>, Error>,
+    parameters: Result<HashMap<String, json::JsonValue>, Error>,
     partition_key: Option<PartitionKey>,
     page_size: Option<u32>,
     continuation: Option<String>,
@@ -74,7 +74,7 @@ impl<'a, T> Query<'a, T> {
             .map_err(|e| Error::Serialization(format!("query parameter {name}: {e}")));
         self.parameters = match (self.parameters, converted) {
             (Ok(mut map), Ok(v)) => {
-                map.insert(name.to_owned(), json::to_proto_value(&v));
+                map.insert(name.to_owned(), json::JsonValue::new(v));
                 Ok(map)
             }
             (Err(e), _) | (_, Err(e)) => Err(e),

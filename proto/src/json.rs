@@ -10,6 +10,10 @@
 //! - a server can keep a document as its encoded bytes ([`JsonObject::from_encoded`]) and send
 //!   them as they are, without rebuilding a JSON tree for every read.
 //!
+//! [`JsonValue`] does the same for `google.protobuf.Value` (patch values, query parameters,
+//! partition keys): every JSON-carrying field of a request is decoded here, with one depth
+//! limit, [`MAX_DEPTH`], whatever the field.
+//!
 //! Numbers are doubles on the wire (as in Cosmos DB). Integral values within ±2^53 decode as
 //! JSON integers so that typed clients can read them back into integer fields.
 
@@ -197,6 +201,83 @@ impl From<Map<String, Value>> for JsonObject {
     }
 }
 
+/// A JSON value carried as `google.protobuf.Value`: a patch operation's value, a query
+/// parameter, a partition key value.
+///
+/// prost's own `prost_types::Value` counts each JSON level as two or three message levels
+/// against its recursion limit (100), so such a value failed to decode at about 32 levels of
+/// objects or 48 of lists, with no reason. This type decodes with Mayfly's limit instead, the
+/// one document bodies have: a list or object at the top is level 1, at most [`MAX_DEPTH`]
+/// levels. Deeper parts are not descended into (hostile nesting cannot exhaust the stack)
+/// but recorded as a [`JsonDefect`], which the server refuses naming the field, as it does
+/// NaN or an infinite number. A string that is not UTF-8 fails decoding, as protobuf strings
+/// must be UTF-8.
+#[derive(Clone, Default, PartialEq)]
+pub struct JsonValue {
+    value: Value,
+    defect: Option<JsonDefect>,
+    /// What is sent instead of `value`: the encoding of a prost value that JSON cannot hold
+    /// (NaN), so that the receiver refuses it rather than getting a null.
+    raw: Option<Bytes>,
+}
+
+impl JsonValue {
+    /// Wraps a value.
+    pub fn new(value: Value) -> Self {
+        JsonValue {
+            value,
+            defect: None,
+            raw: None,
+        }
+    }
+
+    /// The value, or why it was rejected while decoding.
+    pub fn into_checked(self) -> Result<Value, JsonDefect> {
+        match self.defect {
+            Some(defect) => Err(defect),
+            None => Ok(self.value),
+        }
+    }
+
+    /// The value, or why it was rejected while decoding.
+    pub fn checked(&self) -> Result<&Value, &JsonDefect> {
+        match &self.defect {
+            Some(defect) => Err(defect),
+            None => Ok(&self.value),
+        }
+    }
+}
+
+impl fmt::Debug for JsonValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.defect {
+            Some(defect) => write!(f, "JsonValue(rejected: {defect})"),
+            None => write!(f, "{}", self.value),
+        }
+    }
+}
+
+impl From<Value> for JsonValue {
+    fn from(value: Value) -> Self {
+        JsonValue::new(value)
+    }
+}
+
+impl From<prost_types::Value> for JsonValue {
+    /// A value built with prost's types, checked as a received one is (NaN, depth). One
+    /// that is refused is sent as it was built.
+    fn from(value: prost_types::Value) -> Self {
+        let bytes = Bytes::from(value.encode_to_vec());
+        let mut out = JsonValue::default();
+        // Its strings are Rust strings, so its encoding always decodes.
+        let _ = out.merge(bytes.clone());
+        if out.defect.is_some() {
+            out.raw = Some(bytes);
+        }
+        out
+    }
+}
+
 // Field numbers of google/protobuf/struct.proto.
 const STRUCT_FIELDS: u32 = 1;
 const ENTRY_KEY: u32 = 1;
@@ -265,6 +346,74 @@ impl prost::Message for JsonObject {
     }
 }
 
+impl prost::Message for JsonValue {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match &self.raw {
+            Some(raw) => buf.put_slice(raw),
+            None => encode_value(&self.value, buf),
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        self.raw = None;
+        let mut defect = None;
+        // Each field is one kind of value; the last one sent wins.
+        self.value = match tag {
+            VALUE_NULL => {
+                check_wire_type(WireType::Varint, wire_type)?;
+                decode_varint(buf)?;
+                Value::Null
+            }
+            VALUE_NUMBER => {
+                check_wire_type(WireType::SixtyFourBit, wire_type)?;
+                if buf.remaining() < 8 {
+                    return Err(underflow());
+                }
+                number(buf.get_f64_le(), &mut defect)
+            }
+            VALUE_STRING => {
+                let bytes = take_delimited(wire_type, buf)?;
+                Value::String(string(&bytes, &mut defect))
+            }
+            VALUE_BOOL => {
+                check_wire_type(WireType::Varint, wire_type)?;
+                Value::Bool(decode_varint(buf)? != 0)
+            }
+            VALUE_STRUCT | VALUE_LIST => {
+                let bytes = take_delimited(wire_type, buf)?;
+                // The top-level value is level 0: a list or struct here is level 1.
+                container(tag, &bytes, 0, &mut defect)?
+            }
+            _ => return skip_field(wire_type, tag, buf, ctx),
+        };
+        if defect == Some(JsonDefect::InvalidUtf8) {
+            #[allow(deprecated)]
+            return Err(DecodeError::new(
+                "google.protobuf.Value: a string is not valid UTF-8",
+            ));
+        }
+        self.defect = defect;
+        Ok(())
+    }
+
+    fn encoded_len(&self) -> usize {
+        match &self.raw {
+            Some(raw) => raw.len(),
+            None => value_len(&self.value),
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = JsonValue::default();
+    }
+}
+
 fn underflow() -> DecodeError {
     // prost offers custom Message impls no other way to build this error.
     #[allow(deprecated)]
@@ -301,13 +450,17 @@ fn read_string(
     defect: &mut Option<JsonDefect>,
 ) -> Result<String, DecodeError> {
     let bytes = read_delimited(wire_type, buf)?;
-    Ok(match std::str::from_utf8(bytes) {
+    Ok(string(bytes, defect))
+}
+
+fn string(bytes: &[u8], defect: &mut Option<JsonDefect>) -> String {
+    match std::str::from_utf8(bytes) {
         Ok(s) => s.to_owned(),
         Err(_) => {
             defect.get_or_insert(JsonDefect::InvalidUtf8);
             String::from_utf8_lossy(bytes).into_owned()
         }
-    })
+    }
 }
 
 /// One `fields` map entry of a Struct that sits at nesting level `depth`.
@@ -360,16 +513,7 @@ fn decode_value(
                 Value::Bool(decode_varint(&mut buf)? != 0)
             }
             VALUE_STRUCT | VALUE_LIST => {
-                let inner = read_delimited(wire_type, &mut buf)?;
-                if depth + 1 > MAX_DEPTH {
-                    // Not descending is what keeps hostile input from exhausting the stack.
-                    defect.get_or_insert(JsonDefect::TooDeep);
-                    Value::Null
-                } else if tag == VALUE_STRUCT {
-                    Value::Object(decode_struct(inner, depth + 1, defect)?)
-                } else {
-                    Value::Array(decode_list(inner, depth + 1, defect)?)
-                }
+                container(tag, read_delimited(wire_type, &mut buf)?, depth, defect)?
             }
             _ => {
                 skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
@@ -378,6 +522,24 @@ fn decode_value(
         };
     }
     Ok(value)
+}
+
+/// The Struct (`tag` 5) or ListValue (6) `inner` of a Value held at nesting level `depth`.
+fn container(
+    tag: u32,
+    inner: &[u8],
+    depth: usize,
+    defect: &mut Option<JsonDefect>,
+) -> Result<Value, DecodeError> {
+    Ok(if depth + 1 > MAX_DEPTH {
+        // Not descending is what keeps hostile input from exhausting the stack.
+        defect.get_or_insert(JsonDefect::TooDeep);
+        Value::Null
+    } else if tag == VALUE_STRUCT {
+        Value::Object(decode_struct(inner, depth + 1, defect)?)
+    } else {
+        Value::Array(decode_list(inner, depth + 1, defect)?)
+    })
 }
 
 fn decode_struct(
@@ -832,6 +994,142 @@ mod tests {
         st.extend_from_slice(&entry);
         let decoded = JsonObject::decode(st.as_slice()).expect("decodes");
         assert_eq!(decoded.into_checked(), Err(JsonDefect::TooDeep));
+    }
+
+    /// `depth` levels of lists (`[[...[1]...]]`) or of objects (`{"a": {"a": ... 1}}`).
+    fn nested_value(depth: usize, lists: bool) -> Value {
+        let mut v = json!(1);
+        for _ in 0..depth {
+            v = if lists { json!([v]) } else { json!({ "a": v }) };
+        }
+        v
+    }
+
+    /// Regression: patch values, query parameters and partition keys decoded with prost's
+    /// `prost_types::Value`, whose recursion limit stopped them at 32 levels of objects or 48
+    /// of lists (with "recursion limit reached" and no reason), while bodies take 128.
+    #[test]
+    fn every_value_field_takes_max_depth_and_flags_one_more() {
+        use crate::v1::{
+            PartitionKey, PatchDocumentRequest, PatchOperation, PatchValue, QueryRequest,
+            oneofs::{PartitionKeyKind, PatchOp},
+        };
+        for lists in [true, false] {
+            for (depth, fits) in [(MAX_DEPTH, true), (MAX_DEPTH + 1, false)] {
+                let value = nested_value(depth, lists);
+                let expected = if fits {
+                    Ok(value.clone())
+                } else {
+                    Err(JsonDefect::TooDeep)
+                };
+                let patch = PatchDocumentRequest {
+                    operations: vec![PatchOperation {
+                        op: Some(PatchOp::Set(PatchValue {
+                            path: "/x".into(),
+                            value: Some(JsonValue::new(value.clone())),
+                        })),
+                    }],
+                    ..Default::default()
+                };
+                let patch = PatchDocumentRequest::decode(patch.encode_to_vec().as_slice())
+                    .expect("decodes");
+                let Some(PatchOp::Set(set)) = patch.operations[0].op.clone() else {
+                    panic!("a set")
+                };
+                assert_eq!(set.value.expect("a value").into_checked(), expected);
+
+                let query = QueryRequest {
+                    parameters: [("@p".to_owned(), JsonValue::new(value.clone()))].into(),
+                    ..Default::default()
+                };
+                let mut query =
+                    QueryRequest::decode(query.encode_to_vec().as_slice()).expect("decodes");
+                let param = query.parameters.remove("@p").expect("the parameter");
+                assert_eq!(param.into_checked(), expected);
+
+                let key = PartitionKey {
+                    kind: Some(PartitionKeyKind::Value(JsonValue::new(value.clone()))),
+                };
+                let key = PartitionKey::decode(key.encode_to_vec().as_slice()).expect("decodes");
+                let Some(PartitionKeyKind::Value(key)) = key.kind else {
+                    panic!("a value")
+                };
+                assert_eq!(key.into_checked(), expected);
+            }
+        }
+    }
+
+    #[test]
+    fn json_values_travel_as_google_protobuf_value() {
+        for value in [
+            json!(null),
+            json!(true),
+            json!(-7),
+            json!(2.5),
+            json!("text"),
+            json!([1, "two", {"three": [3.25, null]}]),
+            json!({"k": "v", "n": 9007199254740992_i64}),
+        ] {
+            let ours = JsonValue::new(value.clone());
+            let theirs = to_proto_value(&value);
+            assert_eq!(ours.encode_to_vec(), theirs.encode_to_vec(), "{value}");
+            assert_eq!(ours.encoded_len(), theirs.encoded_len(), "{value}");
+            let back = JsonValue::decode(theirs.encode_to_vec().as_slice()).expect("decodes");
+            assert_eq!(back.checked(), Ok(&value));
+            assert_eq!(JsonValue::from(theirs), ours);
+        }
+        // An empty Value (no kind set) is null, as in protobuf's JSON mapping.
+        assert_eq!(
+            JsonValue::decode(&[][..]).expect("decodes").into_checked(),
+            Ok(Value::Null)
+        );
+        let nan = prost_types::Value {
+            kind: Some(prost_types::value::Kind::NumberValue(f64::NAN)),
+        };
+        let nan_bytes = nan.encode_to_vec();
+        let ours = JsonValue::from(nan);
+        assert_eq!(
+            ours.encode_to_vec(),
+            nan_bytes,
+            "sent as built, for the receiver to refuse"
+        );
+        assert_eq!(ours.into_checked(), Err(JsonDefect::NonFiniteNumber));
+        // A string that is not UTF-8 does not decode (protobuf strings are UTF-8).
+        let mut bad = Vec::new();
+        encode_key(VALUE_LIST, WireType::LengthDelimited, &mut bad);
+        encode_varint(5, &mut bad);
+        encode_key(LIST_VALUES, WireType::LengthDelimited, &mut bad);
+        encode_varint(3, &mut bad);
+        bad.extend_from_slice(&[(VALUE_STRING << 3 | 2) as u8, 1, 0xff]);
+        let err = JsonValue::decode(bad.as_slice()).expect_err("refused");
+        assert!(err.to_string().contains("not valid UTF-8"), "{err}");
+    }
+
+    #[test]
+    fn a_hostile_deep_value_does_not_exhaust_the_stack() {
+        // Value.list_value holding one Value, a million levels deep: lengths computed inside
+        // out, bytes written outside in.
+        const LEVELS: usize = 1_000_000;
+        let mut value_lens = vec![0usize; LEVELS + 1]; // value_lens[0]: an empty (null) Value
+        let mut list_lens = vec![0usize; LEVELS + 1];
+        for i in 1..=LEVELS {
+            list_lens[i] = delimited_len(1, value_lens[i - 1]);
+            value_lens[i] = delimited_len(1, list_lens[i]);
+        }
+        let mut bytes = Vec::with_capacity(value_lens[LEVELS]);
+        for i in (1..=LEVELS).rev() {
+            encode_key(VALUE_LIST, WireType::LengthDelimited, &mut bytes);
+            encode_varint(list_lens[i] as u64, &mut bytes);
+            encode_key(LIST_VALUES, WireType::LengthDelimited, &mut bytes);
+            encode_varint(value_lens[i - 1] as u64, &mut bytes);
+        }
+        let decoded = std::thread::Builder::new()
+            .stack_size(1536 * 1024)
+            .spawn(move || JsonValue::decode(bytes.as_slice()).map(JsonValue::into_checked))
+            .expect("spawns")
+            .join()
+            .expect("no stack overflow");
+        assert_eq!(decoded.expect("decodes"), Err(JsonDefect::TooDeep));
     }
 
     #[test]

@@ -84,6 +84,15 @@ impl<'q, 'p> Execution<'q, 'p> {
         self
     }
 
+    /// Stops the run with an [`crate::ErrorKind::Interrupted`] error once `stop` says so
+    /// (asked as often as the deadline of [`Self::interrupt_at`] is looked at): for a caller
+    /// whose client left, or that is shutting down.
+    #[must_use]
+    pub fn interrupt_when(mut self, stop: impl Fn() -> bool + 'p) -> Self {
+        self.eval.stop = Some(crate::eval::Stop(Box::new(stop)));
+        self
+    }
+
     /// Rows skipped and results returned so far, for a continuation.
     pub fn counters(&self) -> (u64, u64) {
         (self.sink.skipped, self.sink.returned)

@@ -11,6 +11,7 @@ mod eval;
 pub mod exec;
 pub mod functions;
 mod lexer;
+mod like;
 pub mod parser;
 pub mod value;
 

@@ -83,7 +83,7 @@ const PAGE: usize = 3;
 
 /// The `google.protobuf.Struct` decoder and JSON ↔ proto conversion: `data` decoded as a bare
 /// Struct and as each request message that carries a document (as the gRPC codec decodes
-/// them: prost, with Mayfly's Struct), and query parameters as `google.protobuf.Value`s.
+/// them: prost, with Mayfly's Struct and Value), and query parameters as `google.protobuf.Value`s.
 /// Asserts that an accepted body is within the depth and size limits, encodes and decodes
 /// back to itself, converts to `google.protobuf.Value` and back to itself, agrees with
 /// prost's own `Struct` decoding on canonical encodings, and that the gRPC edge answers a
@@ -122,7 +122,7 @@ pub fn json_decoder(data: &[u8]) {
     }
     if let Ok(request) = QueryRequest::decode(data) {
         for value in request.parameters.into_values() {
-            if let Ok(json) = json::from_proto_value(value) {
+            if let Ok(json) = value.into_checked() {
                 assert!(
                     depth(&json) <= MAX_DEPTH,
                     "a parameter deeper than the limit"
@@ -131,6 +131,14 @@ pub fn json_decoder(data: &[u8]) {
                     json::from_proto_value(json::to_proto_value(&json)).as_ref(),
                     Ok(&json),
                     "a parameter converts to proto and back unchanged"
+                );
+                let sent = json::JsonValue::new(json.clone()).encode_to_vec();
+                assert_eq!(
+                    json::JsonValue::decode(sent.as_slice())
+                        .ok()
+                        .map(json::JsonValue::into_checked),
+                    Some(Ok(json)),
+                    "a parameter re-sent is received unchanged"
                 );
             }
         }
@@ -408,7 +416,13 @@ fn resume_feed(f: &Fixture, token: &str) {
     for scope in scopes() {
         match f
             .engine
-            .read_feed_page(&path, &scope, PAGE, Some(token))
+            .read_feed_page(
+                &path,
+                &scope,
+                PAGE,
+                Some(token),
+                crate::engine::QueryReads::unlimited(),
+            )
             .result
         {
             Ok(page) => {
@@ -428,7 +442,13 @@ fn resume_feed(f: &Fixture, token: &str) {
                     assert!(pages <= READ_DOCS + 4, "the feed does not end");
                     let page = f
                         .engine
-                        .read_feed_page(&path, &scope, PAGE, Some(&token))
+                        .read_feed_page(
+                            &path,
+                            &scope,
+                            PAGE,
+                            Some(&token),
+                            crate::engine::QueryReads::unlimited(),
+                        )
                         .result
                         .expect("a token the engine issued resumes");
                     next = page.continuation;
@@ -1076,7 +1096,16 @@ pub fn generated_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut out = Vec::new();
     let path = f.path(READ_COLLECTION);
     for (i, scope) in scopes().into_iter().enumerate() {
-        if let Ok(page) = f.engine.read_feed_page(&path, &scope, 2, None).result
+        if let Ok(page) = f
+            .engine
+            .read_feed_page(
+                &path,
+                &scope,
+                2,
+                None,
+                crate::engine::QueryReads::unlimited(),
+            )
+            .result
             && let Some(token) = page.continuation
         {
             out.push((

@@ -15,7 +15,7 @@ use crate::{
     grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
     net::{
-        self, Limits, OPEN_MESSAGE_BYTES, RequestLimitsLayer, ResponseBudget, ServerTls, TlsError,
+        self, Budgets, Limits, OPEN_MESSAGE_BYTES, RequestLimitsLayer, ServerTls, TlsError,
         TlsFiles,
     },
     storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
@@ -396,11 +396,9 @@ pub async fn serve(
         limits,
         reflection,
     } = network;
-    // Shared by every streaming response and the query results they stream from.
-    let responses = ResponseBudget::new(
-        limits.response_budget_bytes,
-        limits.response_budget_per_ip_bytes,
-    );
+    // Shared by every connection; the response budget also by the query results that
+    // streaming responses stream from.
+    let budgets = Budgets::new(&limits);
     let (health, health_service) = tonic_health::server::health_reporter();
     // Open to callers without a key: their messages are small, and so is what they may send.
     let health_service = health_service.max_decoding_message_size(OPEN_MESSAGE_BYTES);
@@ -452,6 +450,14 @@ pub async fn serve(
         ))
     });
 
+    let documents =
+        DocumentsService::new(current.clone(), auth.clone()).with_budget(budgets.responses.clone());
+    // Streams and queries still running stop with the server, not after it.
+    let stop_streams = documents.stop_signal();
+    let shutdown = async move {
+        shutdown.await;
+        stop_streams.shut_down();
+    };
     let result = Server::builder()
         .max_concurrent_streams(limits.max_streams_per_connection)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
@@ -459,11 +465,7 @@ pub async fn serve(
         // tonic turns h2's cap on resets the server itself sends off; a client provoking them
         // without end is the "MadeYouReset" attack. 1024 is hyper's own default.
         .http2_max_local_error_reset_streams(Some(1024))
-        .layer(RequestLimitsLayer::new(
-            &limits,
-            responses.clone(),
-            auth.clone(),
-        ))
+        .layer(RequestLimitsLayer::new(&limits, &budgets, auth.clone()))
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
@@ -480,13 +482,11 @@ pub async fn serve(
             auth.clone(),
         )))
         .add_service(
-            DocumentsServer::new(
-                DocumentsService::new(current.clone(), auth).with_budget(responses.clone()),
-            )
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            DocumentsServer::new(documents)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(net::incoming(listener, tls, &limits, &responses), shutdown)
+        .serve_with_incoming_shutdown(net::incoming(listener, tls, &limits, &budgets), shutdown)
         .await
         .map_err(ServeError::Transport);
 

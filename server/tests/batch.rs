@@ -144,7 +144,7 @@ async fn patch_and_batch_failures_name_their_operation() {
                 PatchOperation {
                     op: Some(PatchOp::Set(PatchValue {
                         path: "/status".into(),
-                        value: Some(mayfly_proto::json::to_proto_value(&json!("open"))),
+                        value: Some(mayfly_proto::json::JsonValue::new(json!("open"))),
                     })),
                 },
             ],

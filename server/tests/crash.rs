@@ -116,9 +116,9 @@ fn partition(id: &str) -> String {
 
 fn pk(id: &str) -> Option<PartitionKey> {
     Some(PartitionKey {
-        kind: Some(PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(prost_types::value::Kind::StringValue(partition(id))),
-        })),
+        kind: Some(PartitionKeyKind::Value(mayfly_proto::json::JsonValue::new(
+            serde_json::Value::String(partition(id)),
+        ))),
     })
 }
 

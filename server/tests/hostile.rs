@@ -109,14 +109,22 @@ async fn undecodable_requests_are_invalid_argument_naming_the_field() {
     for _ in 0..100_000 {
         nested = length_delimited(6, &length_delimited(1, &nested));
     }
-    let deep_key = length_delimited(4, &length_delimited(1, &nested));
+    let mut deep_key = [
+        length_delimited(1, b"d"),
+        length_delimited(2, b"c"),
+        length_delimited(3, b"x"),
+    ]
+    .concat();
+    deep_key.extend(length_delimited(4, &length_delimited(1, &nested)));
+    // A partition key string that is not UTF-8.
+    let bad_utf8_key = length_delimited(4, &length_delimited(1, &length_delimited(3, &[0xff])));
 
     for (what, body, field) in [
         ("invalid UTF-8", bad_utf8, "ReadDocumentRequest.database"),
         ("a bad varint", bad_varint, ""),
         (
-            "a partition key 100,000 levels deep",
-            deep_key,
+            "a partition key that is not UTF-8",
+            bad_utf8_key,
             "ReadDocumentRequest.partition_key",
         ),
     ] {
@@ -128,6 +136,27 @@ async fn undecodable_requests_are_invalid_argument_naming_the_field() {
             status.message()
         );
     }
+
+    // Decoded without descending past the depth limit every JSON field has (the stack is
+    // never at risk), and refused as too deep, naming the field.
+    let status = raw_call(&channel, READ, deep_key)
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(
+        status
+            .get_error_details()
+            .error_info()
+            .map(|i| i.reason.as_str()),
+        Some("DOCUMENT_TOO_DEEP"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("partition_key"),
+        "{}",
+        status.message()
+    );
 
     // Still serving.
     let mut c = clients::connect(&server).await;

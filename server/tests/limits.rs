@@ -1,7 +1,8 @@
 //! Hostile and slow clients against the real binary, each bounded by a documented limit:
-//! feed readers that never read, uploads that stall or are not authorized, idle and silent
-//! connections, too many connections (in all and from one address), queries holding their
-//! results, and a process short of file descriptors.
+//! feed readers that never read, uploads that stall (from one address or many) or are not
+//! authorized, idle and silent connections, connections that carry only calls without a key,
+//! too many connections (in all and from one address), queries holding their results, and a
+//! process short of file descriptors.
 
 mod support;
 
@@ -12,9 +13,13 @@ use std::{
 };
 
 use bytes::{BufMut, Bytes, BytesMut};
-use mayfly_proto::v1::{CreateDocumentRequest, ReadFeedRequest};
+use mayfly_proto::v1::{
+    CreateDocumentRequest, ListDatabasesRequest, QueryRequest, ReadDocumentRequest,
+    ReadFeedRequest, client::DatabasesClient,
+};
 use prost::Message;
 use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
 
 use support::{Mayfly, clients};
 
@@ -61,13 +66,30 @@ async fn h2_connect_with_window(
 }
 
 fn grpc_request(addr: &str, method: &str) -> http::Request<()> {
+    grpc_call(addr, &format!("mayfly.v1.Documents/{method}"))
+}
+
+/// A request for `path` (service/method) of any service.
+fn grpc_call(addr: &str, path: &str) -> http::Request<()> {
     http::Request::builder()
         .method("POST")
-        .uri(format!("http://{addr}/mayfly.v1.Documents/{method}"))
+        .uri(format!("http://{addr}/{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .body(())
         .expect("request")
+}
+
+/// A gRPC client connection from `local` (another loopback address: another client as the
+/// server counts them); requests time out after 5 s.
+async fn channel_from(server: &Mayfly, local: &str) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(server.url())
+        .expect("valid uri")
+        .local_address(Some(local.parse().expect("local address")))
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
 }
 
 /// A gRPC message frame: flag, big-endian length, message.
@@ -77,6 +99,41 @@ fn framed(message: &impl Message) -> Bytes {
     buf.put_u32(u32::try_from(message.encoded_len()).expect("small"));
     message.encode(&mut buf).expect("encodes");
     buf.freeze()
+}
+
+/// Starts a CreateDocument call on `client` whose message declares (almost) 16 MiB, the most
+/// a request may have: only the message's 5-byte prefix is sent, the stream left open.
+async fn upload_declaring_16_mib(
+    client: &h2::client::SendRequest<Bytes>,
+    addr: &str,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut prefix = BytesMut::new();
+    prefix.put_u8(0);
+    prefix.put_u32(16 * 1024 * 1024 - 1);
+    let mut ready = client.clone().ready().await.expect("ready");
+    let (response, mut body) = ready
+        .send_request(grpc_request(addr, "CreateDocument"), false)
+        .expect("sent");
+    body.send_data(prefix.freeze(), false).expect("sent");
+    (response, body)
+}
+
+/// Writes one document (partition `p`) to `d`/`c`.
+async fn write_one(c: &mut clients::Clients, id: &str) -> Result<(), tonic::Status> {
+    c.documents
+        .create_document(CreateDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            body: Some(mayfly_proto::json::JsonObject::new(
+                serde_json::json!({"id": id, "pk": "p"})
+                    .as_object()
+                    .cloned()
+                    .expect("object"),
+            )),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
 }
 
 fn rss_bytes(pid: u32) -> u64 {
@@ -255,6 +312,10 @@ async fn stalled_uploads_end_at_the_request_read_timeout() {
             "2",
             "--request-budget-mb",
             &budget,
+            // All from one address: its share is the whole budget here, which is what this
+            // test measures (shares have a test of their own).
+            "--request-budget-per-ip-mb",
+            &budget,
         ],
     );
     let mut c = clients::connect(&server).await;
@@ -264,9 +325,6 @@ async fn stalled_uploads_end_at_the_request_read_timeout() {
 
     // A message announced as 16 MiB of which 15 MiB arrive, then nothing: the stream stays
     // open.
-    let mut prefix = BytesMut::new();
-    prefix.put_u8(0);
-    prefix.put_u32(16 * 1024 * 1024 - 1);
     let chunk = Bytes::from(vec![b'x'; 15 * 1024 * 1024]);
     let mut uploads = Vec::new();
     let mut senders = Vec::new();
@@ -277,15 +335,10 @@ async fn stalled_uploads_end_at_the_request_read_timeout() {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        let mut ready = client.ready().await.expect("ready");
-        let (response, mut body) = ready
-            .send_request(grpc_request(&server.addr, "CreateDocument"), false)
-            .expect("sent");
-        body.send_data(prefix.clone().freeze(), false)
-            .expect("sent");
+        let (response, mut body) = upload_declaring_16_mib(&client, &server.addr).await;
         body.send_data(chunk.clone(), false).expect("sent");
         uploads.push(response);
-        senders.push((ready, body));
+        senders.push((client, body));
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let peak = rss_bytes(pid).saturating_sub(before);
@@ -329,18 +382,7 @@ async fn stalled_uploads_end_at_the_request_read_timeout() {
     );
     drop(senders);
     // The server goes on serving.
-    c.documents
-        .create_document(CreateDocumentRequest {
-            database: "d".into(),
-            collection: "c".into(),
-            body: Some(mayfly_proto::json::JsonObject::new(
-                serde_json::json!({"id": "after", "pk": "p"})
-                    .as_object()
-                    .cloned()
-                    .expect("object"),
-            )),
-            ..Default::default()
-        })
+    write_one(&mut c, "after")
         .await
         .expect("served after the stalled uploads");
 }
@@ -537,21 +579,13 @@ async fn unauthenticated_calls_are_refused_before_their_message_is_read() {
     );
     let pid = server.child.id();
     let before = rss_bytes(pid);
-    let mut prefix = BytesMut::new();
-    prefix.put_u8(0);
-    prefix.put_u32(16 * 1024 * 1024 - 1);
     let chunk = Bytes::from(vec![b'x'; 1024 * 1024]);
     let started = Instant::now();
     let mut senders = Vec::new();
     let mut responses = Vec::new();
     let client = h2_connect(&server.addr).await;
     for _ in 0..STREAMS {
-        let mut ready = client.clone().ready().await.expect("ready");
-        let (response, mut body) = ready
-            .send_request(grpc_request(&server.addr, "CreateDocument"), false)
-            .expect("sent");
-        body.send_data(prefix.clone().freeze(), false)
-            .expect("sent");
+        let (response, mut body) = upload_declaring_16_mib(&client, &server.addr).await;
         // Within the stream's window: the server may take it without the test reading.
         let _ = body.send_data(chunk.slice(..60_000), false);
         responses.push(response);
@@ -635,7 +669,9 @@ async fn a_client_that_stops_reading_holds_its_share_for_the_send_timeout_only()
         let status = match head.headers.get("grpc-status") {
             Some(_) => head.headers,
             None => match tokio::time::timeout(Duration::from_millis(200), body.data()).await {
-                Err(_) | Ok(Some(Ok(_))) => {
+                // Data, none yet (the connection's window is shared), or the connection
+                // already closed at the send timeout: the stream was held.
+                Err(_) | Ok(Some(Ok(_) | Err(_))) => {
                     held.push(body);
                     continue;
                 }
@@ -885,4 +921,251 @@ fn the_descriptor_limit_is_raised_and_shared() {
         stderr.contains("serving at most 960 connections instead of 4096"),
         "{stderr}"
     );
+}
+
+/// Issue 23, finding 8: 17 streams declaring 16 MiB messages and sending their 5-byte prefix
+/// filled the shared request budget for the request read timeout, and another client got
+/// RESOURCE_EXHAUSTED on 1,580 of 1,589 reads. Now one client address may hold only its share
+/// (--request-budget-per-ip-mb) and the others keep the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_of_the_request_budget() {
+    const STREAMS: usize = 17;
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--request-budget-mb",
+            "64",
+            "--request-budget-per-ip-mb",
+            "32",
+        ],
+    );
+    // The other client, from 127.0.0.2.
+    let mut c = clients::clients(channel_from(&server, "127.0.0.2").await.expect("connects"));
+    clients::seeded(&mut c, 30, 0).await;
+
+    // From 127.0.0.1: messages announced as 16 MiB of which only the prefix arrives.
+    let attacker = h2_connect(&server.addr).await;
+    let mut uploads = Vec::new();
+    let mut senders = Vec::new();
+    for _ in 0..STREAMS {
+        let (response, body) = upload_declaring_16_mib(&attacker, &server.addr).await;
+        uploads.push(response);
+        senders.push(body);
+    }
+    let (mut held, mut refused) = (0, 0);
+    for response in uploads {
+        // Held ones are answered at the read timeout (30 s), long after this.
+        match tokio::time::timeout(Duration::from_secs(2), status_without_data(response)).await {
+            Err(_) => held += 1,
+            Ok(answer) => {
+                let (status, message) = answer.expect("HTTP/2 response").expect("no data");
+                assert_eq!(status, "8", "RESOURCE_EXHAUSTED: {message}");
+                assert!(message.contains("--request-budget-per-ip-mb"), "{message}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((held, refused), (2, STREAMS - 2), "32 MiB hold two");
+
+    // Meanwhile the other address is served: reads, a query, a feed and a write.
+    let started = Instant::now();
+    let reads = 300;
+    for i in 0..reads {
+        c.documents
+            .read_document(ReadDocumentRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                id: format!("doc-{:03}", i % 30),
+                partition_key: Some(clients::string_pk(&format!("p{}", i % 30 % 3))),
+            })
+            .await
+            .expect("read beside the stalled uploads");
+    }
+    let mut pages = c
+        .documents
+        .query(QueryRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            query: "SELECT * FROM c WHERE c.n >= 10".into(),
+            enable_scan: true,
+            ..Default::default()
+        })
+        .await
+        .expect("query")
+        .into_inner();
+    let mut results = 0;
+    while let Some(page) = pages.message().await.expect("page") {
+        results += page.results.len();
+    }
+    assert_eq!(results, 20);
+    let feed = ReadFeedRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        page_size: 7,
+        ..Default::default()
+    };
+    assert_eq!(whole_feed(&mut c, feed).await, 30);
+    write_one(&mut c, "beside")
+        .await
+        .expect("write beside the stalled uploads");
+    eprintln!(
+        "{STREAMS} uploads from one address declaring 16 MiB and stalling, --request-budget-mb \
+         64 --request-budget-per-ip-mb 32: {held} held, {refused} RESOURCE_EXHAUSTED; another \
+         address made {reads} reads, a query, a feed and a write in {:.2} s, none refused",
+        started.elapsed().as_secs_f64()
+    );
+    drop(senders);
+}
+
+/// The grpc.health.v1.Health/Watch stream of `service` ("": the server) on `client`: its
+/// first answer (SERVING) read, the stream left open.
+async fn health_watch(addr: &str, client: &h2::client::SendRequest<Bytes>) -> h2::RecvStream {
+    let mut ready = client.clone().ready().await.expect("ready");
+    let (response, mut body) = ready
+        .send_request(grpc_call(addr, "grpc.health.v1.Health/Watch"), false)
+        .expect("sent");
+    body.send_data(
+        framed(&tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        }),
+        true,
+    )
+    .expect("sent");
+    let mut stream = response.await.expect("answered").into_body();
+    let first = stream.data().await.expect("a status").expect("data");
+    let _ = stream.flow_control().release_capacity(first.len());
+    stream
+}
+
+/// A keyed client from 127.0.0.2 lists the databases; why not, if it cannot.
+async fn keyed_read(server: &Mayfly, key: &str) -> Result<(), String> {
+    let channel = channel_from(server, "127.0.0.2")
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut request = tonic::Request::new(ListDatabasesRequest {});
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("ascii"),
+    );
+    DatabasesClient::new(channel)
+        .list_databases(request)
+        .await
+        .map(drop)
+        .map_err(|status| format!("{status:?}"))
+}
+
+/// Issue 23, finding 10: grpc.health.v1.Health/Watch needs no key, and a call in flight kept
+/// a connection from the idle and first-request timeouts, so 64 Watch connections from 4
+/// addresses locked a client with the primary key out for as long as they liked (and so did
+/// calls refused UNAUTHENTICATED, sent more often than the idle timeout). Now only calls with
+/// a key keep a connection: one carrying none is closed at --first-request-timeout-secs, like
+/// a silent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_without_a_keyed_call_cannot_hold_every_place() {
+    const KEY: &str = "a-key-of-sixteen-or-more";
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start_with_keys(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--primary-key",
+            KEY,
+            "--max-connections",
+            "16",
+            "--max-connections-per-ip",
+            "4",
+            "--first-request-timeout-secs",
+            "3",
+        ],
+    );
+    keyed_read(&server, KEY).await.expect("served before");
+    // Its connection closes with the client; its place is free again shortly after.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let opened = Instant::now();
+    let mut connections = Vec::new();
+    let mut watches = Vec::new();
+    // Three addresses watch health on each of their four connections.
+    for local in ["127.0.0.3", "127.0.0.4", "127.0.0.5"] {
+        for _ in 0..4 {
+            let (client, connection) = h2_connect_from(&server.addr, local).await;
+            watches.push(health_watch(&server.addr, &client).await);
+            connections.push((client, connection));
+        }
+    }
+    // The fourth sends calls without a key, answered UNAUTHENTICATED, every 200 ms.
+    let mut refused_calls = Vec::new();
+    for _ in 0..4 {
+        let (client, connection) = h2_connect_from(&server.addr, "127.0.0.6").await;
+        let addr = server.addr.clone();
+        let sender = client.clone();
+        refused_calls.push(tokio::spawn(async move {
+            let mut refused = 0;
+            loop {
+                let Ok(mut ready) = sender.clone().ready().await else {
+                    return refused;
+                };
+                let Ok((response, mut body)) = ready
+                    .send_request(grpc_call(&addr, "mayfly.v1.Databases/ListDatabases"), false)
+                else {
+                    return refused;
+                };
+                let _ = body.send_data(framed(&ListDatabasesRequest {}), true);
+                match status_without_data(response).await {
+                    Ok(Some((status, _))) if status == "16" => refused += 1,
+                    Ok(other) => panic!("UNAUTHENTICATED, not {other:?}"),
+                    Err(_) => return refused,
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+        connections.push((client, connection));
+    }
+    // Every place is taken: the keyed client is turned away.
+    let first = keyed_read(&server, KEY).await;
+    if opened.elapsed() < Duration::from_millis(2500) {
+        assert!(first.is_err(), "all 16 places are taken");
+    }
+    // Until the connections without a keyed call reach the first-request timeout.
+    let deadline = Duration::from_secs(15);
+    let mut attempts = 1;
+    let mut last = first;
+    while last.is_err() && opened.elapsed() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        last = keyed_read(&server, KEY).await;
+        attempts += 1;
+    }
+    let served = opened.elapsed();
+    last.unwrap_or_else(|e| panic!("a keyed client is locked out for {served:?}: {e}"));
+    eprintln!(
+        "16 places taken by 12 health Watch connections and 4 sending calls without a key, \
+         --first-request-timeout-secs 3: a keyed client from another address served {:.1} s \
+         after they opened ({attempts} attempts)",
+        served.as_secs_f64()
+    );
+    assert!(served < Duration::from_secs(8), "{served:?}");
+    // Every one of them is closed, watches and all.
+    for (client, connection) in connections {
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(5), connection)
+            .await
+            .expect("closed by the server")
+            .expect("connection task");
+    }
+    for watch in &mut watches {
+        let end = tokio::time::timeout(Duration::from_secs(1), watch.data()).await;
+        assert!(
+            matches!(end, Ok(None | Some(Err(_)))),
+            "the watch ended: {end:?}"
+        );
+    }
+    let mut refused = 0;
+    for task in refused_calls {
+        refused += task.await.expect("task");
+    }
+    assert!(refused >= 4, "{refused} calls refused UNAUTHENTICATED");
 }

@@ -52,6 +52,9 @@ pub struct Function {
     pub max_args: usize,
     /// Evaluates a call; `args.len()` is within `min_args..=max_args`.
     pub call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+    /// For a function whose work can grow past its arguments' sizes: the evaluation steps a
+    /// call may take at most, charged before it runs (it cannot be interrupted).
+    pub cost: Option<fn(&[Val]) -> u64>,
 }
 
 impl PartialEq for Function {
@@ -73,6 +76,21 @@ const fn function(
         min_args,
         max_args,
         call,
+        cost: None,
+    }
+}
+
+/// [`function`] with a worst-case cost (see [`Function::cost`]).
+const fn costly(
+    name: &'static str,
+    min_args: usize,
+    max_args: usize,
+    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+    cost: fn(&[Val]) -> u64,
+) -> Function {
+    Function {
+        cost: Some(cost),
+        ..function(name, min_args, max_args, call)
     }
 }
 

@@ -36,7 +36,7 @@ use std::collections::HashSet;
 use regex::RegexBuilder;
 use serde_json::{Number, Value};
 
-use super::{Context, Function, FunctionError, function};
+use super::{Context, Function, FunctionError, costly, function};
 use crate::value::{Val, as_f64, boolean, number, string};
 
 /// `REPLICATE`'s documented limit on its result, in characters.
@@ -102,7 +102,7 @@ pub(super) const FUNCTIONS: &[Function] = &[
         Ok(parse_json(a).filter(Value::is_object))
     }),
     function("ToString", 1, 1, to_string),
-    function("RegexMatch", 2, 3, regex_match),
+    costly("RegexMatch", 2, 3, regex_match, regex_cost),
 ];
 
 /// Argument `i`, if given and defined.
@@ -291,6 +291,19 @@ fn to_string(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
             string(out)
         }
     })
+}
+
+/// Text bytes times pattern bytes per evaluation step that a `RegexMatch` is charged: the
+/// regular expression engine usually runs in time linear in the text, but a pattern its
+/// lazy DFA cannot hold falls back to simulating the pattern's automaton at every byte, and
+/// that cannot be interrupted. Charged before the match runs, this bounds it with the
+/// document's evaluation budget: a 2 MiB text takes patterns of up to about 60 characters,
+/// a 100 KiB text patterns of any allowed length.
+const REGEX_WORK_PER_STEP: u64 = 64;
+
+fn regex_cost(args: &[Val]) -> u64 {
+    let len = |i| str_arg(args, i).map_or(0, |s: &str| s.len() as u64);
+    len(0).saturating_mul(len(1).max(1)) / REGEX_WORK_PER_STEP
 }
 
 fn regex_match(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{Context, Function, FunctionError};
+use super::{Context, Function, FunctionError, function};
 use crate::value::{Val, boolean};
 
 pub(super) const FUNCTIONS: &[Function] = &[
@@ -31,24 +31,14 @@ pub(super) const FUNCTIONS: &[Function] = &[
     unary("IS_STRING", |_, a| {
         Ok(boolean(matches!(a[0], Some(Value::String(_)))))
     }),
-    Function {
-        name: "IIF",
-        min_args: 3,
-        max_args: 3,
-        call: iif,
-    },
+    function("IIF", 3, 3, iif),
 ];
 
 const fn unary(
     name: &'static str,
     call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
 ) -> Function {
-    Function {
-        name,
-        min_args: 1,
-        max_args: 1,
-        call,
-    }
+    function(name, 1, 1, call)
 }
 
 /// `IIF(condition, a, b)`: `a` if the condition is exactly `true`, else `b` (a non-boolean

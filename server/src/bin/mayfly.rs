@@ -125,6 +125,9 @@ struct Args {
     /// answered RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = Limits::default().request_budget_bytes / (1024 * 1024))]
     request_budget_mb: usize,
+    /// MiB of --request-budget-mb that the clients at one address (IPv6: one /64) may hold.
+    #[arg(long, default_value_t = Limits::default().request_budget_per_ip_bytes / (1024 * 1024))]
+    request_budget_per_ip_mb: usize,
 }
 
 impl Args {
@@ -146,6 +149,7 @@ impl Args {
                 .saturating_mul(1024 * 1024),
             send_timeout: Duration::from_secs(self.send_timeout_secs),
             request_budget_bytes: self.request_budget_mb.saturating_mul(1024 * 1024),
+            request_budget_per_ip_bytes: self.request_budget_per_ip_mb.saturating_mul(1024 * 1024),
         }
     }
 

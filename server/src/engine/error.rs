@@ -63,6 +63,17 @@ pub enum Error {
     /// [`super::QueryReads::inline`]); the edge runs it again on a blocking thread. Never
     /// shown to a client.
     ReadBudgetSpent,
+    /// The request's client went away before its work was done; nobody sees this.
+    Cancelled,
+    /// The server began shutting down before the request's work was done; nothing was
+    /// changed, and a feed or query resumes from its last continuation on a running server.
+    ShuttingDown,
+    /// The memory a page needs could not be reserved (see [`super::PageMemory`]); nothing
+    /// was held.
+    NoMemory,
+    /// A continuation made under another plan (the collection's indexing policy changed
+    /// since it was issued): resuming it would skip or repeat results.
+    ContinuationStale { reason: &'static str },
 }
 
 impl fmt::Display for Error {
@@ -132,6 +143,17 @@ impl fmt::Display for Error {
             Error::ReadBudgetSpent => {
                 f.write_str("internal: a query tried on an async worker was not run again off it")
             }
+            Error::Cancelled => f.write_str("the request was cancelled by its client"),
+            Error::ShuttingDown => f.write_str(
+                "the server is shutting down; retry on a running server (a feed or query resumes from its last continuation)",
+            ),
+            Error::NoMemory => f.write_str(
+                "the server's memory for responses is in use by other calls; retry later (a feed or query resumes from its last continuation)",
+            ),
+            Error::ContinuationStale { reason } => write!(
+                f,
+                "the continuation no longer applies: {reason}; start the query again without it"
+            ),
             Error::NotDurable(e) => write!(
                 f,
                 "the outcome is unknown: storage could not confirm it durable, so a write this request made or read may or may not survive a restart: {e}"

@@ -23,6 +23,8 @@ pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Documents read from storage per page, at most, as a multiple of the page size: bounds the
 /// work a page does when most documents it meets are expired.
 pub(super) const SCAN_FACTOR: usize = 8;
+/// Body bytes a feed page reserves memory for at a time (see `Engine::read_feed_page`).
+pub(super) const READ_WINDOW: usize = 256 * 1024;
 /// Version 2: partition keys in the ordered encoding storage keys use.
 const TOKEN_VERSION: u8 = 2;
 
@@ -85,6 +87,9 @@ pub(crate) struct ShardPage {
     pub(crate) last: Option<DocKey>,
     /// The shard has nothing after `last`.
     pub(crate) exhausted: bool,
+    /// It ended at the byte limit it was given: the size of the next document, which did not
+    /// fit.
+    pub(crate) next_size: Option<usize>,
 }
 
 /// Encodes a cursor, bound to the collection and scope it belongs to (sealed by the caller:
@@ -155,7 +160,10 @@ pub(crate) fn decode_token(
         1 => {
             let partition_key = r.partition_key()?;
             let id =
-                ResourceId::parse(IdKind::Document, r.str()?).map_err(|_| bad("it is corrupt"))?;
+                // As stored: a feed may stand at a document whose id is refused in requests
+                // since it was written.
+                ResourceId::parse_stored(IdKind::Document, r.str()?)
+                    .map_err(|_| bad("it is corrupt"))?;
             Some(DocKey { partition_key, id })
         }
         _ => return Err(bad("it is corrupt")),

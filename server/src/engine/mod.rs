@@ -55,9 +55,10 @@ pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
 pub use purge::PurgeGuard;
 pub(crate) use query::QueryCursor;
 pub use query::{
-    MAX_EXAMINED_PER_PAGE, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics, QueryPage, QuerySpec,
+    MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics,
+    QueryPage, QuerySpec,
 };
-pub use query_reads::{INLINE_READS, QueryReads};
+pub use query_reads::{Cancel, INLINE_READS, PageMemory, QueryReads};
 pub use recovery::{ExpiryRebuild, Recovery};
 pub use token_seal::TokenKey;
 // The domain types, where the engine's callers have always found them.
@@ -781,17 +782,19 @@ impl Engine {
         }
     }
 
-    /// One page of a read feed. `page_size` comes from [`page_size`].
+    /// One page of a read feed, within `reads` (see [`QueryReads`]: an inline run that needs
+    /// more fails with [`Error::ReadBudgetSpent`]). `page_size` comes from [`page_size`].
+    /// Blocks on storage: unless inline, call it off the async runtime.
     pub fn read_feed_page(
         &self,
         path: &CollectionPath,
         scope: &FeedScope,
         page_size: usize,
         continuation: Option<&str>,
+        mut reads: QueryReads,
     ) -> Outcome<FeedPage> {
-        let mut settle_at = Lsn::ZERO;
-        let result = self.feed_page(path, scope, page_size, continuation, &mut settle_at);
-        Outcome::new(result, settle_at)
+        let result = self.feed_page(path, scope, page_size, continuation, &mut reads);
+        Outcome::new(result.map_err(|e| reads.explain(e)), reads.settle_at)
     }
 
     fn feed_page(
@@ -800,7 +803,7 @@ impl Engine {
         scope: &FeedScope,
         page_size: usize,
         continuation: Option<&str>,
-        settle_at: &mut Lsn,
+        reads: &mut QueryReads,
     ) -> Result<FeedPage, Error> {
         let info = self.get_collection(path)?;
         let shards = self.shard_count();
@@ -828,25 +831,46 @@ impl Engine {
         }
         let mut documents = Vec::new();
         let mut bytes = 0;
+        // Memory is reserved before documents are read, a window at a time, so that a page
+        // holds what the response budget had free, never more.
+        let mut window = feed::READ_WINDOW;
         loop {
             let want = page_size - documents.len();
+            let room = window.min(self.inner.page_bytes.saturating_sub(bytes));
+            if !reads.hold(bytes + room) {
+                if documents.is_empty() {
+                    return Err(Error::NoMemory);
+                }
+                break;
+            }
+            reads.spend(want)?;
             let page = self.inner.shards[cursor.shard].scan_page(
                 &info,
                 scope,
                 cursor.after.as_ref(),
                 want,
-                (
-                    self.inner.page_bytes.saturating_sub(bytes),
-                    documents.is_empty(),
-                ),
+                (room, documents.is_empty()),
                 shard::Reading::Clock(&*self.inner.clock),
             )?;
-            *settle_at = (*settle_at).max(page.settle_at);
+            reads.reflect(page.settle_at);
             bytes += page.bytes;
+            // A first document larger than the window: kept only if the budget has room.
+            if page.bytes > room && !reads.hold(bytes) {
+                return Err(Error::NoMemory);
+            }
             documents.extend(page.documents);
             if !page.exhausted {
                 cursor.after = page.last;
-                break;
+                match page.next_size {
+                    // The window was full, not the page: reserve more and read on.
+                    Some(size)
+                        if documents.len() < page_size && bytes + size <= self.inner.page_bytes =>
+                    {
+                        window = window.max(size);
+                        continue;
+                    }
+                    _ => break,
+                }
             }
             if cursor.shard == last {
                 return Ok(FeedPage {

@@ -23,6 +23,14 @@ impl<T> Outcome<T> {
         Outcome { result, settle_at }
     }
 
+    /// A value that reflects no document state: nothing to wait for.
+    pub fn done(value: T) -> Self {
+        Outcome {
+            result: Ok(value),
+            settle_at: Lsn::ZERO,
+        }
+    }
+
     /// A failure that reflects no document state (bad input, a missing collection, storage
     /// refusing the write): nothing to wait for.
     pub(crate) fn failed(error: impl Into<Error>) -> Self {

@@ -24,8 +24,10 @@ pub enum PatchOp {
     Replace { path: String, value: Value },
     /// Removes a value that must exist.
     Remove { path: String },
-    /// Adds a number to a number (created with it if absent): integer stays integer unless
-    /// either side is fractional.
+    /// Adds a number to a number (created with it if absent). An integer `by` (the request's
+    /// `integer`) is added exactly and keeps an integer an integer; a result beyond ±2^53,
+    /// where numbers (doubles, as in Cosmos DB, and so stored) stop holding every integer, is
+    /// refused, so a counter never silently stops counting. A float `by` adds as doubles do.
     Incr { path: String, by: Number },
     /// Moves a value that must exist to another path (as `add` there).
     Move { from: String, path: String },
@@ -95,7 +97,12 @@ fn apply_one(doc: &mut Map<String, Value>, op: &PatchOp) -> Result<(), String> {
                     Ok(())
                 }
                 Some(other) => Err(format!("the value there is {}, not a number", kind(other))),
-                None => insert(doc, &segments, Value::Number(by.clone()), false),
+                None => {
+                    if let Some(b) = integer(by) {
+                        exact(b).map_err(|beyond| format!("{by} {beyond}"))?;
+                    }
+                    insert(doc, &segments, Value::Number(by.clone()), false)
+                }
             }
         }
         PatchOp::Move { from, path } => {
@@ -264,17 +271,70 @@ fn index(segment: &str) -> Option<usize> {
     segment.parse().ok()
 }
 
-fn add(current: &Number, by: &Number) -> Result<Number, String> {
-    if let (Some(a), Some(b)) = (current.as_i64(), by.as_i64()) {
-        return a
-            .checked_add(b)
-            .map(Number::from)
-            .ok_or_else(|| format!("{a} + {b} overflows a 64-bit integer"));
+/// Largest integer up to which a double (every number is stored as one) holds every integer.
+const MAX_EXACT_INTEGER: i128 = 1 << 53;
+
+/// Magnitude from which a double holds no fraction (2^52).
+const FRACTIONS_END: f64 = 4_503_599_627_370_496.0;
+
+/// Why an integer result beyond ±[`MAX_EXACT_INTEGER`] is refused.
+fn beyond_exact() -> String {
+    format!(
+        "is beyond ±{MAX_EXACT_INTEGER} (2^53): numbers are doubles (as in Cosmos DB), which hold every integer only that far, so the result would not be exact; nothing was changed"
+    )
+}
+
+/// An integer JSON number (i64 or u64), widened so that sums cannot overflow.
+fn integer(n: &Number) -> Option<i128> {
+    n.as_i64()
+        .map(i128::from)
+        .or_else(|| n.as_u64().map(i128::from))
+}
+
+/// `n` as a JSON integer, if it is within ±[`MAX_EXACT_INTEGER`].
+fn exact(n: i128) -> Result<Number, String> {
+    if n.abs() > MAX_EXACT_INTEGER {
+        return Err(beyond_exact());
     }
-    let (Some(a), Some(b)) = (current.as_f64(), by.as_f64()) else {
-        return Err("the numbers cannot be added".into());
+    // Within ±2^53, so within i64.
+    Ok(Number::from(n as i64))
+}
+
+/// `current + by`. An integer `by` adds exactly (see [`PatchOp::Incr`]); a float `by` adds
+/// as doubles do.
+fn add(current: &Number, by: &Number) -> Result<Number, String> {
+    let Some(b) = integer(by) else {
+        let (Some(a), Some(b)) = (current.as_f64(), by.as_f64()) else {
+            return Err("the numbers cannot be added".into());
+        };
+        return Number::from_f64(a + b).ok_or_else(|| format!("{a} + {b} is not a finite number"));
     };
-    Number::from_f64(a + b).ok_or_else(|| format!("{a} + {b} is not a finite number"))
+    let x = current.as_f64().unwrap_or(f64::NAN);
+    let a = match integer(current) {
+        Some(a) => a,
+        // An integral double (as a float `incr` earlier in the patch leaves one): exact in
+        // i128.
+        None if x.fract() == 0.0 && x.abs() < 2f64.powi(64) => x as i128,
+        // A double past 2^64: beyond ±2^53 whatever is added.
+        None if x.fract() == 0.0 => return Err(format!("{current} + {by} {}", beyond_exact())),
+        // A fractional double (so |x| < 2^52): added as doubles are, where a double still
+        // holds a fraction.
+        None => {
+            let sum = x + b as f64;
+            if sum.is_finite() && sum.abs() < FRACTIONS_END && b.abs() <= MAX_EXACT_INTEGER {
+                return Number::from_f64(sum)
+                    .ok_or_else(|| format!("{current} + {by} is not a number"));
+            }
+            return Err(format!(
+                "{current} + {by} would lose its fraction: doubles (every number is one, as in Cosmos DB) hold none from ±2^52 on; nothing was changed"
+            ));
+        }
+    };
+    let sum = a + b;
+    if i64::try_from(sum).is_err() {
+        return Err(format!("{current} + {by} overflows a 64-bit integer"));
+    }
+    exact(sum).map_err(|beyond| format!("{current} + {by} = {sum} {beyond}"))
 }
 
 #[cfg(test)]
@@ -463,6 +523,84 @@ mod tests {
         assert!(patched(vec![]).is_err(), "empty");
         let eleven = vec![PatchOp::Remove { path: p("/status") }; 11];
         assert!(patched(eleven).is_err(), "over the limit");
+    }
+
+    /// Regression (issue 23): integers past 2^53 were added as doubles, so `incr 1` on
+    /// 2^53 changed nothing and reported success.
+    #[test]
+    fn integer_increments_are_exact_or_refused() {
+        const TWO_53: i64 = 1 << 53;
+        let float = |x: f64| Value::Number(Number::from_f64(x).expect("finite"));
+        let incr = |current: Option<Value>, by: Number| {
+            let mut d = doc();
+            if let Some(current) = current {
+                d.insert("n".into(), current);
+            }
+            apply(&mut d, &[PatchOp::Incr { path: p("/n"), by }]).map(|()| d["n"].clone())
+        };
+        let int = |n: i64| Number::from(n);
+        // Exact integer results, up to ±2^53.
+        for (current, by, sum) in [
+            (json!(TWO_53 - 2), int(1), json!(TWO_53 - 1)),
+            (json!(TWO_53 - 1), int(1), json!(TWO_53)),
+            (json!(TWO_53), int(-1), json!(TWO_53 - 1)),
+            (json!(-TWO_53 + 1), int(-1), json!(-TWO_53)),
+            (json!(5), int(TWO_53 - 5), json!(TWO_53)),
+            (json!(-3), Number::from(u64::MAX >> 11), json!(TWO_53 - 4)),
+            // An integral double (a float increment earlier in the patch leaves one).
+            (float(6.0), int(1), json!(7)),
+        ] {
+            let got = incr(Some(current.clone()), by.clone()).expect("exact");
+            assert_eq!(got, sum, "{current} + {by}");
+            assert!(
+                got.is_i64(),
+                "{current} + {by}: an integer stays an integer"
+            );
+        }
+        // A fractional double adds as doubles do, while a double holds a fraction.
+        assert_eq!(incr(Some(float(1.5)), int(1)), Ok(json!(2.5)));
+        assert_eq!(incr(Some(float(0.1)), int(1)), Ok(json!(1.1)));
+        assert_eq!(
+            incr(Some(float(0.5)), int(TWO_53 / 2 - 2)),
+            Ok(float((TWO_53 / 2) as f64 - 1.5))
+        );
+        // Absent: created with the increment, if it is exact.
+        assert_eq!(incr(None, int(TWO_53)), Ok(json!(TWO_53)));
+        // Refused: beyond ±2^53 (as an integer, or over a double that cannot hold it), or
+        // past 64 bits; nothing is changed (the caller's copy is thrown away).
+        for (current, by, expected) in [
+            (Some(json!(TWO_53)), int(1), "beyond"),
+            (Some(json!(-TWO_53)), int(-1), "beyond"),
+            (Some(json!(0)), int(TWO_53 + 1), "beyond"),
+            (Some(float(TWO_53 as f64)), int(1), "beyond"),
+            (Some(float(1e300)), int(1), "beyond"),
+            (Some(float(0.5)), int(TWO_53), "fraction"),
+            (Some(float(0.5)), int(TWO_53 / 2), "fraction"),
+            (Some(float(-0.5)), int(-TWO_53 / 2), "fraction"),
+            (Some(json!(TWO_53)), int(i64::MAX), "overflows"),
+            (Some(json!(u64::MAX)), int(1), "overflows"),
+            (Some(json!(u64::MAX)), int(-1), "overflows"),
+            (Some(json!(i64::MIN)), int(-1), "overflows"),
+            (None, int(TWO_53 + 1), "beyond"),
+            (None, int(i64::MIN), "beyond"),
+        ] {
+            let err = incr(current.clone(), by.clone()).expect_err("refused");
+            let InvalidInput::Patch {
+                index: 0,
+                op: "incr",
+                reason,
+                ..
+            } = &err
+            else {
+                panic!("{current:?} + {by}: {err}");
+            };
+            assert!(reason.contains(expected), "{current:?} + {by}: {reason}");
+        }
+        // A float increment keeps double arithmetic (`number` makes a float).
+        assert_eq!(
+            incr(Some(json!(1)), Number::from_f64(0.5).expect("finite")),
+            Ok(json!(1.5))
+        );
     }
 
     #[test]

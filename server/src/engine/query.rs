@@ -10,10 +10,7 @@
 //! A query on an indexed collection reads the documents its plan's index entries name (see
 //! [`super::index`]); its streaming continuation is then a position among those entries.
 
-use std::{
-    hash::{Hash, Hasher},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use mayfly_query::{Context, Flow, QueryError, ast::Query};
 use serde_json::{Map, Value};
@@ -39,7 +36,8 @@ pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
 pub const PAGE_TIME_LIMIT: Duration = Duration::from_secs(2);
 /// How long a query that reads its whole scope may run.
 pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
-const TOKEN_VERSION: u8 = 1;
+/// Version 2: a stable fingerprint of the query, and an index position names its plan.
+const TOKEN_VERSION: u8 = 2;
 
 /// A query and its parameters, parsed and checked at the edge.
 #[derive(Debug)]
@@ -77,14 +75,13 @@ impl QuerySpec {
                 ),
             }));
         }
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        text.hash(&mut hasher);
-        Value::Object(params.clone()).to_string().hash(&mut hasher);
+        let params_text = Value::Object(params.clone()).to_string();
+        let fingerprint = stable_hash(&[text.as_bytes(), params_text.as_bytes()]);
         Ok(QuerySpec {
             query,
             params,
             enable_scan: false,
-            fingerprint: hasher.finish(),
+            fingerprint,
         })
     }
 
@@ -121,9 +118,11 @@ pub(crate) enum QueryCursor {
         skipped: u64,
         returned: u64,
     },
-    /// A streaming query reading index entries: the next entry, and the counts.
+    /// A streaming query reading index entries: the next entry under the plan with this
+    /// fingerprint, and the counts.
     Index {
         at: EntryCursor,
+        plan: u64,
         skipped: u64,
         returned: u64,
     },
@@ -161,28 +160,31 @@ impl Engine {
         let info = self.get_collection(path)?;
         let plan = self.query_plan(&info, spec)?;
         let Some(token) = token else {
-            return Ok(if spec.is_streaming() && plan.is_some() {
-                QueryCursor::Index {
-                    at: EntryCursor {
-                        shard: self.first_shard(&info, scope),
-                        range: 0,
-                        after: None,
-                    },
-                    skipped: 0,
-                    returned: 0,
-                }
-            } else if spec.is_streaming() {
-                QueryCursor::Stream {
-                    cursor: Cursor {
-                        shard: self.first_shard(&info, scope),
-                        after: None,
-                    },
-                    skipped: 0,
-                    returned: 0,
-                }
-            } else {
-                QueryCursor::Offset(0)
-            });
+            return Ok(
+                if let Some(plan) = plan.as_ref().filter(|_| spec.is_streaming()) {
+                    QueryCursor::Index {
+                        at: EntryCursor {
+                            shard: self.first_shard(&info, scope),
+                            range: 0,
+                            after: None,
+                        },
+                        plan: plan_fingerprint(plan),
+                        skipped: 0,
+                        returned: 0,
+                    }
+                } else if spec.is_streaming() {
+                    QueryCursor::Stream {
+                        cursor: Cursor {
+                            shard: self.first_shard(&info, scope),
+                            after: None,
+                        },
+                        skipped: 0,
+                        returned: 0,
+                    }
+                } else {
+                    QueryCursor::Offset(0)
+                },
+            );
         };
         let bad = |reason| Error::Invalid(InvalidInput::Continuation { reason });
         let bytes = self.inner.token_key.open(token)?;
@@ -200,17 +202,22 @@ impl Engine {
         }
         match (head[9], spec.is_streaming()) {
             (2, true) => {
-                let plan = plan.ok_or_else(|| {
-                    bad("the collection's index changed since the query began; start it again")
-                })?;
                 let (counts, rest) = rest
-                    .split_at_checked(8 + 4 + 2)
+                    .split_at_checked(8 + 8 + 4 + 2)
                     .ok_or_else(|| bad("it is not a token this server issued"))?;
                 let returned = u64::from_le_bytes(counts[..8].try_into().unwrap_or_default());
+                let made_under = u64::from_le_bytes(counts[8..16].try_into().unwrap_or_default());
+                // Entries are positions in one plan's ranges: under another plan they would
+                // skip or repeat results.
+                let plan = plan
+                    .filter(|p| plan_fingerprint(p) == made_under)
+                    .ok_or(Error::ContinuationStale {
+                        reason: "the collection's indexing policy changed since it was issued, so the query now reads another index",
+                    })?;
                 let range =
-                    u32::from_le_bytes(counts[8..12].try_into().unwrap_or_default()) as usize;
+                    u32::from_le_bytes(counts[16..20].try_into().unwrap_or_default()) as usize;
                 let term_len = usize::from(u16::from_le_bytes(
-                    counts[12..14].try_into().unwrap_or_default(),
+                    counts[20..22].try_into().unwrap_or_default(),
                 ));
                 let (term, feed_token) = rest
                     .split_at_checked(term_len)
@@ -229,6 +236,7 @@ impl Engine {
                             key,
                         }),
                     },
+                    plan: made_under,
                     skipped: word(10),
                     returned,
                 })
@@ -284,12 +292,14 @@ impl Engine {
             }
             QueryCursor::Index {
                 at,
+                plan,
                 skipped,
                 returned,
             } => {
                 out.push(2);
                 out.extend_from_slice(&skipped.to_le_bytes());
                 out.extend_from_slice(&returned.to_le_bytes());
+                out.extend_from_slice(&plan.to_le_bytes());
                 out.extend_from_slice(&(at.range as u32).to_le_bytes());
                 let term = at.after.as_ref().map_or(&[][..], |e| &e.term[..]);
                 out.extend_from_slice(&(term.len() as u16).to_le_bytes());
@@ -357,7 +367,7 @@ impl Engine {
         mut reads: QueryReads,
     ) -> Outcome<QueryPage> {
         let result = self.stream_page(path, spec, scope, page_size, cursor, read_at, &mut reads);
-        Outcome::new(result, reads.settle_at)
+        Outcome::new(result.map_err(|e| reads.explain(e)), reads.settle_at)
     }
 
     #[allow(
@@ -383,14 +393,18 @@ impl Engine {
             } => (cursor, skipped, returned),
             QueryCursor::Index {
                 at,
+                plan: made_under,
                 skipped,
                 returned,
             } => {
-                let plan = self.query_plan(&info, spec)?.ok_or(Error::Invalid(
-                    InvalidInput::Continuation {
-                        reason: "the collection's index changed since the query began; start it again",
-                    },
-                ))?;
+                // Checked against the cursor's plan when it was decoded, and again here: the
+                // policy may have changed in between.
+                let plan = self
+                    .query_plan(&info, spec)?
+                    .filter(|p| made_under == plan_fingerprint(p))
+                    .ok_or(Error::ContinuationStale {
+                        reason: "the collection's indexing policy changed while the query ran, so it now reads another index",
+                    })?;
                 return self.index_stream_page(
                     &info,
                     spec,
@@ -417,34 +431,48 @@ impl Engine {
             continuation: None,
             metrics: QueryMetrics::default(),
         };
-        let mut bytes = 0;
+        let (mut bytes, mut resume) = (0, None);
         let started = Instant::now();
         loop {
             let scanned = self.scan_batch(&info, scope, &cursor, read_at, reads)?;
             let mut stopped_at = None;
-            for view in &scanned.documents {
-                page.metrics.documents_examined += 1;
-                let flow = run.push_owned(as_document(view))?;
-                for r in run.take_ready() {
-                    bytes += mayfly_query::value::approximate_size(&r);
-                    page.results.push(r);
-                }
-                if flow == Flow::Done {
-                    page.metrics.results_returned = page.results.len() as u64;
-                    return Ok(page);
+            for (i, view) in scanned.documents.iter().enumerate() {
+                reads.check_time()?;
+                let fed = feed_document(
+                    &mut run,
+                    || as_document(view),
+                    view.body.len(),
+                    (&mut page, &mut bytes, &mut resume),
+                    reads,
+                )?;
+                match fed {
+                    Fed::Refused => {
+                        // The page ends before this document.
+                        let before = match i {
+                            0 => cursor.after.clone(),
+                            i => Some(scanned.documents[i - 1].key.clone()),
+                        };
+                        stopped_at = Some(before);
+                        break;
+                    }
+                    Fed::Kept(Flow::Done) => {
+                        page.metrics.results_returned = page.results.len() as u64;
+                        return Ok(page);
+                    }
+                    Fed::Kept(Flow::More) => {}
                 }
                 if page.results.len() >= page_size
                     || bytes >= self.page_bytes()
                     || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
                 {
-                    stopped_at = Some(view.key.clone());
+                    stopped_at = Some(Some(view.key.clone()));
                     break;
                 }
             }
             // Expired and deleted documents cost scanning too: a page also ends on time.
             let full = stopped_at.is_some() || started.elapsed() > PAGE_TIME_LIMIT;
-            if let Some(key) = stopped_at {
-                cursor.after = Some(key);
+            if let Some(after) = stopped_at {
+                cursor.after = after;
             } else if !scanned.exhausted {
                 cursor.after = scanned.last;
             } else if cursor.shard == last {
@@ -460,7 +488,7 @@ impl Engine {
                 break;
             }
         }
-        let (skipped, returned) = run.counters();
+        let (skipped, returned) = resume.unwrap_or_else(|| run.counters());
         page.metrics.results_returned = page.results.len() as u64;
         page.continuation = Some(self.encode_query_cursor(
             &info,
@@ -510,7 +538,7 @@ impl Engine {
         mut reads: QueryReads,
     ) -> Outcome<(Vec<Value>, QueryMetrics)> {
         let result = self.run_all(path, spec, scope, read_at, &mut reads);
-        Outcome::new(result, reads.settle_at)
+        Outcome::new(result.map_err(|e| reads.explain(e)), reads.settle_at)
     }
 
     fn run_all(
@@ -591,7 +619,7 @@ impl Engine {
                 for view in &scanned.documents {
                     metrics.documents_examined += 1;
                     let flow = run.push_owned(as_document(view))?;
-                    results.extend(run.take_ready());
+                    take_results(&mut run, &mut results)?;
                     if flow == Flow::Done {
                         break 'shards;
                     }
@@ -668,7 +696,7 @@ impl Engine {
                 ..QueryMetrics::default()
             },
         };
-        let mut bytes = 0;
+        let (mut bytes, mut resume) = (0, None);
         let started = Instant::now();
         let mut at = Some(at);
         while let Some(cursor) = at.take() {
@@ -682,36 +710,47 @@ impl Engine {
                 reads,
             )?;
             let docs = self.entry_documents(info, cursor.shard, batch.entries, read_at, reads)?;
+            // The last entry this page is done with, and where it ends, if before the batch's.
+            let mut done = cursor.after.clone();
             let mut stopped = None;
             for (entry, view) in docs {
                 reads.check_time()?;
-                page.metrics.documents_examined += 1;
+                let size = view.body.len();
                 let Some(doc) = named_by(&entry, view, plan) else {
+                    page.metrics.documents_examined += 1;
+                    done = Some(entry);
                     continue;
                 };
-                let flow = run.push_owned(doc)?;
-                for r in run.take_ready() {
-                    bytes += mayfly_query::value::approximate_size(&r);
-                    page.results.push(r);
-                }
-                if flow == Flow::Done {
-                    page.metrics.results_returned = page.results.len() as u64;
-                    return Ok(page);
+                let fed = feed_document(
+                    &mut run,
+                    || doc,
+                    size,
+                    (&mut page, &mut bytes, &mut resume),
+                    reads,
+                )?;
+                match fed {
+                    Fed::Refused => {
+                        stopped = Some(done);
+                        break;
+                    }
+                    Fed::Kept(Flow::Done) => {
+                        page.metrics.results_returned = page.results.len() as u64;
+                        return Ok(page);
+                    }
+                    Fed::Kept(Flow::More) => {}
                 }
                 if page.results.len() >= page_size
                     || bytes >= self.page_bytes()
                     || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
                 {
-                    stopped = Some(entry);
+                    stopped = Some(Some(entry));
                     break;
                 }
+                done = Some(entry);
             }
             let full = stopped.is_some();
             at = match stopped {
-                Some(entry) => Some(EntryCursor {
-                    after: Some(entry),
-                    ..cursor
-                }),
+                Some(after) => Some(EntryCursor { after, ..cursor }),
                 None => batch.next,
             };
             if full || started.elapsed() > PAGE_TIME_LIMIT {
@@ -720,13 +759,14 @@ impl Engine {
         }
         page.metrics.results_returned = page.results.len() as u64;
         if let Some(at) = at {
-            let (skipped, returned) = run.counters();
+            let (skipped, returned) = resume.unwrap_or_else(|| run.counters());
             page.continuation = Some(self.encode_query_cursor(
                 info,
                 spec,
                 scope,
                 &QueryCursor::Index {
                     at,
+                    plan: plan_fingerprint(plan),
                     skipped,
                     returned,
                 },
@@ -734,6 +774,106 @@ impl Engine {
         }
         Ok(page)
     }
+}
+
+/// The largest result a query may return, in its protobuf encoding: results travel in
+/// messages of at most 16 MiB, a page ends past 4 MiB (a document is at most 2 MiB; a
+/// projection may build more).
+pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
+
+/// Moves the results `run` has ready into `out`, refusing one too large to send; returns
+/// their size.
+pub(super) fn take_results(
+    run: &mut mayfly_query::Execution<'_, '_>,
+    out: &mut Vec<Value>,
+) -> Result<usize, Error> {
+    let mut bytes = 0;
+    for r in run.take_ready() {
+        // As it will travel: numbers and nesting cost more as protobuf than as JSON.
+        let size = mayfly_proto::json::value_field_len(1, &r);
+        if size > MAX_RESULT_BYTES {
+            return Err(Error::Query(QueryError {
+                kind: mayfly_query::ErrorKind::Limit,
+                position: None,
+                message: format!(
+                    "a result of about {} MiB is larger than the largest a query may return ({} MiB); project fewer or smaller values",
+                    size >> 20,
+                    MAX_RESULT_BYTES >> 20
+                ),
+            }));
+        }
+        bytes += size;
+        out.push(r);
+    }
+    Ok(bytes)
+}
+
+/// What became of a document fed to a page.
+enum Fed {
+    /// Its results are on the page; the run goes on or is done.
+    Kept(Flow),
+    /// Its results would not fit what the page could reserve: the page ends before it.
+    Refused,
+}
+
+/// Feeds the document `doc` makes (whose stored body is `size` bytes) to `run`, adding its
+/// results to `page` (whose results hold `bytes`) only within what `reads` can reserve for
+/// them: before they are built, by the document's size, and once built, by theirs. A page with
+/// no results yet fails instead (there is nothing to send); a refused document's results are
+/// taken back, and `resume` keeps the run's counters from before it for the continuation.
+fn feed_document(
+    run: &mut mayfly_query::Execution<'_, '_>,
+    doc: impl FnOnce() -> Value,
+    size: usize,
+    (page, bytes, resume): (&mut QueryPage, &mut usize, &mut Option<(u64, u64)>),
+    reads: &QueryReads,
+) -> Result<Fed, Error> {
+    let refused = |page: &QueryPage| match page.results.is_empty() {
+        true => Err(Error::NoMemory),
+        false => Ok(Fed::Refused),
+    };
+    if !reads.hold(*bytes + size) {
+        return refused(page);
+    }
+    page.metrics.documents_examined += 1;
+    let before = run.counters();
+    let flow = run.push_owned(doc())?;
+    let kept = page.results.len();
+    let added = take_results(run, &mut page.results)?;
+    if added > size && !reads.hold(*bytes + added) {
+        page.results.truncate(kept);
+        *resume = Some(before);
+        return refused(page);
+    }
+    *bytes += added;
+    Ok(Fed::Kept(flow))
+}
+
+/// A hash of `parts` that every build and release of the server computes alike (tokens
+/// outlive a process).
+fn stable_hash(parts: &[&[u8]]) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
+    u64::from_le_bytes(digest[..8].try_into().unwrap_or_default())
+}
+
+/// Identifies a plan: a continuation's index position means something under that plan only.
+fn plan_fingerprint(plan: &IndexPlan) -> u64 {
+    let mut parts: Vec<&[u8]> = vec![&plan.path];
+    let order = [plan.ordered.map_or(0, |d| 1 + u8::from(d))];
+    parts.push(&order);
+    let exact: Vec<u8> = plan.ranges.iter().map(|r| u8::from(r.exact)).collect();
+    parts.push(&exact);
+    for r in &plan.ranges {
+        parts.push(&r.low);
+        parts.push(&r.high);
+    }
+    stable_hash(&parts)
 }
 
 pub(super) fn context(read_at: Millis) -> Context {

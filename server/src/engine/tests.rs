@@ -258,7 +258,13 @@ fn an_expired_document_does_not_exist_for_any_operation() {
     ));
     let page = f
         .engine
-        .read_feed_page(&f.path, &FeedScope::Collection, 100, None)
+        .read_feed_page(
+            &f.path,
+            &FeedScope::Collection,
+            100,
+            None,
+            crate::engine::QueryReads::unlimited(),
+        )
         .result
         .expect("feed");
     assert!(page.documents.is_empty(), "feeds omit expired documents");
@@ -462,7 +468,13 @@ fn expired_is_final_whatever_the_settings_do_next() {
     }
     assert!(
         f.engine
-            .read_feed_page(&f.path, &FeedScope::Collection, 10, None)
+            .read_feed_page(
+                &f.path,
+                &FeedScope::Collection,
+                10,
+                None,
+                crate::engine::QueryReads::unlimited()
+            )
             .result
             .expect("feed")
             .documents
@@ -1021,7 +1033,13 @@ fn read_feed_pages_through_every_live_document_once() {
     loop {
         let page = f
             .engine
-            .read_feed_page(&f.path, &FeedScope::Collection, 30, token.as_deref())
+            .read_feed_page(
+                &f.path,
+                &FeedScope::Collection,
+                30,
+                token.as_deref(),
+                crate::engine::QueryReads::unlimited(),
+            )
             .result
             .expect("page");
         assert!(page.documents.len() <= 30);
@@ -1041,7 +1059,13 @@ fn read_feed_pages_through_every_live_document_once() {
     let partition = FeedScope::Partition(pk("p3"));
     let page = f
         .engine
-        .read_feed_page(&f.path, &partition, 1000, None)
+        .read_feed_page(
+            &f.path,
+            &partition,
+            1000,
+            None,
+            crate::engine::QueryReads::unlimited(),
+        )
         .result
         .expect("partition page");
     assert!(page.continuation.is_none());
@@ -2285,6 +2309,61 @@ fn concurrent_increments_all_count() {
     assert_eq!(view.body_map()["count"], serde_json::json!(200));
 }
 
+/// Regression (issue 23): `incr 1` on 9007199254740992 (2^53) returned a new etag while the
+/// stored value, a double, stayed the same; an integer increment is now exact or refused.
+#[test]
+fn an_integer_increment_is_exact_or_refused_past_2_53() {
+    let f = Fixture::new(Some(-1));
+    let near = 9_007_199_254_740_990_i64;
+    f.engine
+        .create_document(
+            &f.path,
+            body(json!({"id": "big", "pk": "p", "n": near})),
+            None,
+        )
+        .result
+        .expect("create");
+    let incr = |by: i64| {
+        f.engine
+            .patch_document(
+                &f.path,
+                &key("p", "big"),
+                &[PatchOp::Incr {
+                    path: "/n".into(),
+                    by: by.into(),
+                }],
+                None,
+                None,
+            )
+            .result
+    };
+    for expected in [near + 1, near + 2] {
+        let view = incr(1).expect("exact");
+        assert_eq!(view.body_map()["n"], json!(expected));
+        assert_eq!(
+            f.read("big").expect("read").body_map()["n"],
+            json!(expected)
+        );
+    }
+    let before = f.read("big").expect("read");
+    for _ in 0..3 {
+        let err = incr(1).expect_err("2^53 + 1 is not a double");
+        let Error::Invalid(InvalidInput::Patch {
+            op: "incr", reason, ..
+        }) = &err
+        else {
+            panic!("{err}")
+        };
+        assert!(reason.contains("beyond"), "{reason}");
+    }
+    let after = f.read("big").expect("read");
+    assert_eq!(after.etag, before.etag, "nothing was written");
+    assert_eq!(after.body_map()["n"], json!(1_i64 << 53));
+    // Downwards is exact again.
+    let view = incr(-3).expect("exact");
+    assert_eq!(view.body_map()["n"], json!(near - 1));
+}
+
 #[test]
 fn a_patch_is_a_write_and_may_change_the_ttl() {
     let f = Fixture::new(Some(-1));
@@ -2357,3 +2436,137 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
 }
 
 mod batch;
+
+/// A continuation holds a position in one plan's index entries: resumed under another plan
+/// (the indexing policy changed between pages) it would skip or repeat rows, so it is refused
+/// as stale; under the same plan it resumes exactly where it stopped.
+#[test]
+fn a_query_continuation_resumes_only_under_the_plan_that_made_it() {
+    let f = Fixture::new(None);
+    for i in 0..10 {
+        let doc = json!({"id": format!("d{i}"), "pk": format!("p{i}"), "n": i, "m": 100 - i});
+        f.engine
+            .upsert_document(&f.path, body(doc), None, None)
+            .result
+            .expect("upsert");
+    }
+    let text = "SELECT VALUE c.n FROM c WHERE c.n >= 0 AND c.m >= 0";
+    let spec = QuerySpec::parse(text, serde_json::Map::new()).expect("parses");
+    let all = FeedScope::Collection;
+    let first_page = |token: Option<&str>| {
+        let cursor = f
+            .engine
+            .query_cursor(&f.path, &spec, &all, token)
+            .expect("cursor");
+        f.engine
+            .query_stream_page(
+                &f.path,
+                &spec,
+                &all,
+                4,
+                cursor,
+                f.engine.query_reading(),
+                QueryReads::unlimited(),
+            )
+            .result
+    };
+    let rest = |token: String| {
+        let mut rows = Vec::new();
+        let mut token = Some(token);
+        while let Some(t) = token {
+            let cursor = f.engine.query_cursor(&f.path, &spec, &all, Some(&t))?;
+            let page = f
+                .engine
+                .query_stream_page(
+                    &f.path,
+                    &spec,
+                    &all,
+                    4,
+                    cursor,
+                    f.engine.query_reading(),
+                    QueryReads::unlimited(),
+                )
+                .result?;
+            rows.extend(page.results);
+            token = page.continuation;
+        }
+        Ok::<_, Error>(rows)
+    };
+    let page = first_page(None).expect("page");
+    assert_eq!(page.metrics.index.as_deref(), Some("/n/?"));
+    let token = page.continuation.expect("more");
+    // A change that leaves the plan as it was: the token resumes exactly.
+    let change = |paths: IndexPaths| {
+        f.engine
+            .replace_collection(
+                &f.path,
+                SettingsChange {
+                    default_ttl: DefaultTtl::Off,
+                    indexing_mode: None,
+                    index_paths: Some(Arc::new(paths)),
+                },
+            )
+            .expect("settings");
+        f.engine.index_now();
+    };
+    change(
+        IndexPaths::new(&["/n/?".to_owned(), "/m/?".to_owned()], &["/*".to_owned()])
+            .expect("valid"),
+    );
+    let mut rows = page.results.clone();
+    rows.extend(rest(token.clone()).expect("same plan"));
+    let mut rows: Vec<i64> = rows.iter().filter_map(Value::as_i64).collect();
+    rows.sort_unstable();
+    assert_eq!(rows, (0..10).collect::<Vec<_>>(), "every row once");
+    // /n is no longer indexed: the query now reads /m, where the token's place means nothing.
+    change(IndexPaths::new(&["/m/?".to_owned()], &["/*".to_owned()]).expect("valid"));
+    let err = rest(token).expect_err("stale");
+    assert!(matches!(err, Error::ContinuationStale { .. }), "{err:?}");
+    // Started again, the query reads the new index and returns every row once.
+    let page = first_page(None).expect("page");
+    assert_eq!(page.metrics.index.as_deref(), Some("/m/?"));
+    let mut rows = page.results.clone();
+    rows.extend(rest(page.continuation.expect("more")).expect("runs"));
+    let mut rows: Vec<i64> = rows.iter().filter_map(Value::as_i64).collect();
+    rows.sort_unstable();
+    assert_eq!(rows, (0..10).collect::<Vec<_>>());
+}
+
+/// A run stops soon after its cancel is raised, inside a long evaluation too, and says why.
+#[test]
+fn a_cancelled_query_stops_within_its_current_document() {
+    let f = Fixture::new(None);
+    let text = "a".repeat(60_000);
+    for i in 0..200 {
+        let doc = json!({"id": format!("d{i}"), "pk": "p", "s": text});
+        f.engine
+            .upsert_document(&f.path, body(doc), None, None)
+            .result
+            .expect("upsert");
+    }
+    // About 6 million comparisons per document: far below its evaluation budget, so only a
+    // cancel or the query's time limit stops the run.
+    let query = format!(
+        "SELECT VALUE COUNT(1) FROM c WHERE c.s LIKE '%{}b'",
+        "_".repeat(100)
+    );
+    let spec = QuerySpec::parse(&query, serde_json::Map::new()).expect("parses");
+    let cancel = Cancel::default().for_call();
+    let raise = cancel.clone();
+    let started = std::time::Instant::now();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        raise.cancel();
+    });
+    let outcome = f.engine.query_all(
+        &f.path,
+        &spec,
+        &FeedScope::Collection,
+        f.engine.query_reading(),
+        QueryReads::unlimited().cancelled_by(cancel),
+    );
+    canceller.join().expect("joins");
+    assert_eq!(outcome.result, Err(Error::Cancelled));
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}

@@ -45,7 +45,7 @@ impl server::Collections for CollectionsService {
         } = request.into_inner();
         caller.allow(Action::Manage, Target::Database(&database))?;
         let database = convert::database_id(&database)?;
-        let id = convert::collection_id(&id)?;
+        let id = convert::new_collection_id(&id)?;
         let path = PartitionKeyPath::parse(&partition_key_path)?;
         let mode = convert::indexing_mode(indexing_mode)?.unwrap_or_default();
         let settings = CollectionSettings::new(DefaultTtl::from_raw(default_ttl)?, mode)?;

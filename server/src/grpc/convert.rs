@@ -4,11 +4,10 @@
 use std::sync::Arc;
 
 use mayfly_proto::{
-    json::{JsonDefect, JsonObject},
+    json::{JsonDefect, JsonObject, JsonValue},
     v1::{self, oneofs::DefaultTtlState, oneofs::PartitionKeyKind},
 };
-use prost_types::value::Kind;
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 use crate::engine::{
     CollectionId, CollectionInfo, CollectionPath, DatabaseId, DefaultTtl, DocumentBody,
@@ -17,8 +16,20 @@ use crate::engine::{
 };
 use crate::storage::DocKey;
 
-pub(crate) fn database_id(raw: &str) -> Result<DatabaseId, InvalidInput> {
+/// The id of a database to create: every rule of today applies.
+pub(crate) fn new_database_id(raw: &str) -> Result<DatabaseId, InvalidInput> {
     ResourceId::parse(IdKind::Database, raw)
+}
+
+/// The id of a collection to create.
+pub(crate) fn new_collection_id(raw: &str) -> Result<CollectionId, InvalidInput> {
+    ResourceId::parse(IdKind::Collection, raw)
+}
+
+/// The id of an existing database. Ids are named by the rules they were created under: one
+/// made by an earlier version (with a control character, say) stays addressable.
+pub(crate) fn database_id(raw: &str) -> Result<DatabaseId, InvalidInput> {
+    ResourceId::parse_stored(IdKind::Database, raw)
 }
 
 pub(crate) fn collection_path(
@@ -31,8 +42,9 @@ pub(crate) fn collection_path(
     })
 }
 
+/// The id of an existing collection (see [`database_id`]).
 pub(crate) fn collection_id(raw: &str) -> Result<CollectionId, InvalidInput> {
-    ResourceId::parse(IdKind::Collection, raw)
+    ResourceId::parse_stored(IdKind::Collection, raw)
 }
 
 /// A point operation's address: the partition key is required.
@@ -46,7 +58,9 @@ pub(crate) fn doc_key(
     })?;
     Ok(DocKey {
         partition_key,
-        id: ResourceId::parse(IdKind::Document, id)?,
+        // An existing document's (see [`database_id`]); new ones' ids are checked in their
+        // bodies.
+        id: ResourceId::parse_stored(IdKind::Document, id)?,
     })
 }
 
@@ -65,23 +79,28 @@ pub(crate) fn partition_key_value(
     let Some(v1::PartitionKey { kind }) = pk else {
         return Ok(None);
     };
-    let scalar = |kind: Option<Kind>| -> Result<PartitionKeyValue, InvalidInput> {
+    let scalar = |value: JsonValue| -> Result<PartitionKeyValue, InvalidInput> {
         let wrong = |found| InvalidInput::PartitionKeyValueType {
             path: String::new(),
             found,
         };
-        Ok(match kind {
-            None | Some(Kind::NullValue(_)) => PartitionKeyValue::Null,
-            Some(Kind::BoolValue(b)) => PartitionKeyValue::Bool(b),
-            Some(Kind::NumberValue(x)) if x.is_finite() => PartitionKeyValue::number(x),
-            Some(Kind::NumberValue(_)) => return Err(wrong("NaN or infinite")),
-            Some(Kind::StringValue(s)) => PartitionKeyValue::string(&s)?,
-            Some(Kind::StructValue(_)) => return Err(wrong("an object")),
-            Some(Kind::ListValue(_)) => return Err(wrong("a list")),
+        let value = match value.into_checked() {
+            Ok(value) => value,
+            Err(JsonDefect::NonFiniteNumber) => return Err(wrong("NaN or infinite")),
+            Err(defect) => return Err(value_defect("the partition_key value", defect)),
+        };
+        Ok(match value {
+            Value::Null => PartitionKeyValue::Null,
+            Value::Bool(b) => PartitionKeyValue::Bool(b),
+            // Decoded from a finite double: always a finite f64.
+            Value::Number(n) => PartitionKeyValue::number(n.as_f64().unwrap_or(0.0)),
+            Value::String(s) => PartitionKeyValue::string(&s)?,
+            Value::Object(_) => return Err(wrong("an object")),
+            Value::Array(_) => return Err(wrong("a list")),
         })
     };
     match kind {
-        Some(PartitionKeyKind::Value(prost_types::Value { kind })) => scalar(kind).map(Some),
+        Some(PartitionKeyKind::Value(value)) => scalar(value).map(Some),
         Some(PartitionKeyKind::Undefined(())) => Ok(Some(PartitionKeyValue::Undefined)),
         None => Err(InvalidInput::MissingField {
             field: "partition_key",
@@ -90,21 +109,42 @@ pub(crate) fn partition_key_value(
     }
 }
 
+/// Why a received JSON value other than a body (`field`: a partition key, a patch value, a
+/// query parameter) cannot be used: one depth limit and one reason for every JSON field.
+pub(crate) fn value_defect(field: impl Into<String>, defect: JsonDefect) -> InvalidInput {
+    match defect {
+        JsonDefect::TooDeep => InvalidInput::ValueTooDeep {
+            field: field.into(),
+            limit: MAX_DEPTH,
+        },
+        other => InvalidInput::BadJson {
+            reason: format!("{}: {}", field.into(), value_defect_reason(&other)),
+        },
+    }
+}
+
+fn value_defect_reason(defect: &JsonDefect) -> &'static str {
+    match defect {
+        JsonDefect::NonFiniteNumber => {
+            "it holds NaN or an infinite number, which JSON cannot represent"
+        }
+        JsonDefect::InvalidUtf8 => "it holds a string that is not valid UTF-8",
+        JsonDefect::TooDeep => "nested too deep",
+        JsonDefect::TooLarge { .. } => "too large",
+    }
+}
+
 pub(crate) fn partition_key_proto(value: &PartitionKeyValue) -> v1::PartitionKey {
+    let json = |value: Value| PartitionKeyKind::Value(JsonValue::new(value));
     let kind = match value {
         PartitionKeyValue::Undefined => PartitionKeyKind::Undefined(()),
-        PartitionKeyValue::Null => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::NullValue(0)),
-        }),
-        PartitionKeyValue::Bool(b) => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::BoolValue(*b)),
-        }),
-        PartitionKeyValue::Number(x) => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::NumberValue(*x)),
-        }),
-        PartitionKeyValue::String(s) => PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(Kind::StringValue(s.to_string())),
-        }),
+        PartitionKeyValue::Null => json(Value::Null),
+        PartitionKeyValue::Bool(b) => json(Value::Bool(*b)),
+        // Partition key numbers are finite (checked on the way in).
+        PartitionKeyValue::Number(x) => {
+            json(Number::from_f64(*x).map_or(Value::Null, Value::Number))
+        }
+        PartitionKeyValue::String(s) => json(Value::String(s.to_string())),
     };
     v1::PartitionKey { kind: Some(kind) }
 }

@@ -34,7 +34,7 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<Database>, Status> {
         let caller = caller(&self.auth, &request)?;
         let CreateDatabaseRequest { id } = request.into_inner();
-        let database = convert::database_id(&id)?;
+        let database = convert::new_database_id(&id)?;
         caller.allow(Action::Manage, Target::Database(&id))?;
         let engine = self.engine.get()?;
         blocking(move || engine.create_database(database)).await?;

@@ -1,32 +1,34 @@
 //! `mayfly.v1.Documents`.
 
-use std::{pin::Pin, sync::Arc};
-
 use mayfly_proto::v1::{
     CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document,
     ExecuteBatchRequest, ExecuteBatchResponse, PatchDocumentRequest, QueryPage, QueryRequest,
     ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
     TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome, server,
 };
-use prost::Message;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::{caller, convert, patch};
+use super::{
+    caller, convert, patch,
+    stream::{Grant, PageSource, PageStream},
+};
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
     engine,
-    net::{Charge, ConnectionInfo, Limits, ResponseBudget},
+    net::{ConnectionInfo, Limits, ResponseBudget},
 };
 
 /// Serves documents from the engine.
 #[derive(Debug, Clone)]
 pub struct DocumentsService {
     engine: CurrentEngine,
-    auth: Authenticator,
-    /// What query results held between pages are charged to.
+    pub(super) auth: Authenticator,
+    /// What streams reserve their pages in, and query results held between pages are
+    /// charged to.
     pub(super) budget: ResponseBudget,
+    /// Raised when the server shuts down: every stream's work stops.
+    pub(super) stop: engine::Cancel,
 }
 
 impl DocumentsService {
@@ -40,7 +42,13 @@ impl DocumentsService {
                 limits.response_budget_bytes,
                 limits.response_budget_per_ip_bytes,
             ),
+            stop: engine::Cancel::default(),
         }
+    }
+
+    /// What stops every stream's work when the server shuts down (see [`engine::Cancel`]).
+    pub fn stop_signal(&self) -> engine::Cancel {
+        self.stop.clone()
     }
 
     /// The service charging the results a query holds between its pages to `budget`, the
@@ -86,9 +94,6 @@ impl DocumentsService {
 fn if_match(etag: &str) -> Option<&str> {
     (!etag.is_empty()).then_some(etag)
 }
-
-type FeedStream = Pin<Box<dyn Stream<Item = Result<ReadFeedPage, Status>> + Send>>;
-pub(super) type QueryStream = Pin<Box<dyn Stream<Item = Result<QueryPage, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl server::Documents for DocumentsService {
@@ -282,20 +287,20 @@ impl server::Documents for DocumentsService {
         Ok(Response::new(response))
     }
 
-    type ReadFeedStream = FeedStream;
-    type QueryStream = QueryStream;
+    type ReadFeedStream = PageStream<ReadFeedPage>;
+    type QueryStream = PageStream<QueryPage>;
 
     async fn query(
         &self,
         request: Request<QueryRequest>,
     ) -> Result<Response<Self::QueryStream>, Status> {
-        let caller = caller(&self.auth, &request)?;
         let share = request
             .extensions()
             .get::<ConnectionInfo>()
             .map(|c| c.share.clone());
+        let (metadata, _, request) = request.into_parts();
         let pages = self
-            .start_query(&caller, share, request.into_inner())
+            .start_query(&metadata.into_headers(), share, request)
             .await?;
         Ok(Response::new(pages))
     }
@@ -304,74 +309,79 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<ReadFeedRequest>,
     ) -> Result<Response<Self::ReadFeedStream>, Status> {
-        let caller = caller(&self.auth, &request)?;
         let share = request
             .extensions()
             .get::<ConnectionInfo>()
             .map(|c| c.share.clone());
+        let (metadata, _, request) = request.into_parts();
         let ReadFeedRequest {
             database,
             collection,
             partition_key,
             page_size,
             continuation,
-        } = request.into_inner();
+        } = request;
         let path = convert::collection_path(&database, &collection)?;
         let scope = convert::feed_scope(partition_key)?;
-        caller.allow(
-            Action::Read,
-            Target::documents(&database, &collection, scope.partition()),
+        let grant = Grant::read(
+            &self.auth,
+            &metadata.into_headers(),
+            &database,
+            &collection,
+            scope.partition(),
         )?;
         let page_size = engine::page_size(page_size)?;
         let token = (!continuation.is_empty()).then_some(continuation);
-        // The first page is read before answering, so a bad request fails the call itself.
-        let first = self
-            .settle(|e| e.read_feed_page(&path, &scope, page_size, token.as_deref()))
-            .await?;
-        let first = feed_message(first);
-        // Held until the transport asks for it, which a client granting no window never lets
-        // it do: charged as a response waiting to be read (twice, as the encoder's buffer is).
-        let mut charge = Charge::default();
-        self.budget
-            .grow(&mut charge, share.as_ref(), 2 * first.encoded_len())?;
-        // Each page goes to the engine in service then: a long read holds no engine, so a
-        // failed storage can be reopened under it, and its continuation stays valid. A page is
-        // read only when the transport asks for the next message, that is once the one before
-        // has left: a client that stops reading holds one page, not a queue of them.
-        let service = self.clone();
-        let feed = Arc::new((path, scope));
-        let pages = futures_util::stream::unfold(Next::First(first, charge), move |next| {
-            let (service, feed) = (service.clone(), feed.clone());
-            async move {
-                let page = match next {
-                    Next::Done => return None,
-                    Next::First(page, charge) => {
-                        // Handed to the encoder now: the response's own charge covers it.
-                        drop(charge);
-                        Ok(page)
-                    }
-                    Next::After(token) => {
-                        let (path, scope) = &*feed;
-                        service
-                            .settle(|e| e.read_feed_page(path, scope, page_size, Some(&token)))
-                            .await
-                            .map(feed_message)
-                    }
-                };
-                Some(match page {
-                    Ok(page) => {
-                        let next = if page.continuation.is_empty() {
-                            Next::Done
-                        } else {
-                            Next::After(page.continuation.clone())
-                        };
-                        (Ok(page), next)
-                    }
-                    Err(status) => (Err(status), Next::Done),
-                })
-            }
-        });
-        Ok(Response::new(Box::pin(pages)))
+        let feed = Feed {
+            path,
+            scope,
+            page_size,
+        };
+        let pages = self.open_stream(grant, share, feed, token).await?;
+        Ok(Response::new(pages))
+    }
+}
+
+/// A read feed: each page read from the continuation the one before left.
+struct Feed {
+    path: engine::CollectionPath,
+    scope: engine::FeedScope,
+    page_size: usize,
+}
+
+/// How long a feed page may take on an async worker: it evaluates nothing and reads at most
+/// its size times a small factor, so on memory storage it is rarely more than a millisecond.
+/// It runs there as before this driver, sparing a blocking thread per page (and the memory
+/// of many threads when many readers stall).
+const FEED_INLINE_TIME: std::time::Duration = std::time::Duration::from_millis(50);
+
+impl PageSource for Feed {
+    type Message = ReadFeedPage;
+    /// The continuation; `None` for the first page of a feed started without one.
+    type Cursor = Option<String>;
+
+    fn inline(&self) -> engine::QueryReads {
+        engine::QueryReads::inline_within(u64::MAX, FEED_INLINE_TIME)
+    }
+
+    fn page(
+        &self,
+        engine: &engine::Engine,
+        at: &Option<String>,
+        reads: engine::QueryReads,
+    ) -> engine::Outcome<(ReadFeedPage, Option<Option<String>>)> {
+        engine
+            .read_feed_page(
+                &self.path,
+                &self.scope,
+                self.page_size,
+                at.as_deref(),
+                reads,
+            )
+            .map(|page| {
+                let next = page.continuation.clone().map(Some);
+                (feed_message(page), next)
+            })
     }
 }
 
@@ -380,13 +390,4 @@ fn feed_message(page: engine::FeedPage) -> ReadFeedPage {
         documents: page.documents.into_iter().map(Document::from).collect(),
         continuation: page.continuation.unwrap_or_default(),
     }
-}
-
-/// What a feed stream sends next.
-enum Next {
-    /// The first page, read before answering, with what it holds of the response budget.
-    First(ReadFeedPage, Charge),
-    /// The page after this continuation.
-    After(String),
-    Done,
 }

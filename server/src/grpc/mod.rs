@@ -10,6 +10,9 @@ mod documents;
 mod patch;
 mod query;
 mod status;
+mod stream;
+#[cfg(test)]
+mod tests;
 
 pub use admin::AdminService;
 pub use collections::CollectionsService;

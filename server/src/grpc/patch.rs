@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use mayfly_proto::{
-    json,
+    json::JsonDefect,
     v1::{
         self, PatchIncrement, PatchMove, PatchValue,
         oneofs::{PatchIncrementBy, PatchOp as ProtoOp},
@@ -12,7 +12,9 @@ use mayfly_proto::{
 };
 use serde_json::Number;
 
+use super::convert;
 use crate::engine::{Error, InvalidInput, MAX_PATCH_OPERATIONS, PatchCondition, PatchOp};
+use crate::model::Echo;
 
 /// A request's patch operations; the count is checked before any is converted.
 pub(super) fn operations(ops: Vec<v1::PatchOperation>) -> Result<Vec<PatchOp>, InvalidInput> {
@@ -39,8 +41,16 @@ fn operation(index: usize, op: v1::PatchOperation) -> Result<PatchOp, InvalidInp
         let Some(value) = value else {
             return Err(bad(op, &path, "it needs a value"));
         };
-        match json::from_proto_value(value) {
+        match value.into_checked() {
             Ok(value) => Ok((path, value)),
+            // The one reason every JSON field nested too deep gets.
+            Err(defect @ JsonDefect::TooDeep) => Err(convert::value_defect(
+                format!(
+                    "the value of patch operation {index} ({op} {})",
+                    Echo(&path)
+                ),
+                defect,
+            )),
             Err(defect) => Err(bad(op, &path, &defect.to_string())),
         }
     };

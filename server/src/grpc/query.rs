@@ -1,6 +1,6 @@
-//! `Documents.Query`: a query's pages, computed off the async workers (a page reads storage
-//! and evaluates up to tens of thousands of documents) and released once what they reflect is
-//! durable.
+//! `Documents.Query`: a query's pages, driven by the one stream driver (see [`super::stream`]).
+//! A streaming query computes each page from its continuation; any other query computes all
+//! its results first and the stream pages through them.
 
 use std::sync::Arc;
 
@@ -8,16 +8,15 @@ use mayfly_proto::{
     json,
     v1::{QueryMetrics, QueryPage, QueryRequest},
 };
-use prost::Message;
+use parking_lot::Mutex;
 use serde_json::{Map, Value};
-use tokio_stream::Stream;
 use tonic::Status;
 
 use super::{
     convert,
-    documents::{DocumentsService, QueryStream},
+    documents::DocumentsService,
+    stream::{CancelOnDrop, Grant, PageSource, PageStream},
 };
-use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, CollectionPath, Engine, FeedScope, InvalidInput, Outcome, QueryCursor, QueryReads,
     QuerySpec,
@@ -27,27 +26,8 @@ use crate::net::{Charge, PeerShare};
 /// Most parameters a query may carry.
 pub(crate) const MAX_PARAMETERS: usize = 256;
 
-/// What a streaming query sends next.
-enum Next {
-    /// The first page, computed before answering, with what it holds of the response
-    /// budget, and what comes after it.
-    First(QueryPage, Charge, Box<Next>),
-    /// The page after this continuation.
-    After(String),
-    Done,
-}
-
-/// Where a query that computed all its results is in sending them.
-struct Results {
-    rest: std::iter::Skip<std::vec::IntoIter<Value>>,
-    at: u64,
-    total: u64,
-    metrics: engine::QueryMetrics,
-    /// The results' memory, held against the response budget until the stream ends.
-    _charge: Charge,
-}
-
 /// Everything a query's pages share.
+#[derive(Debug)]
 struct Plan {
     path: CollectionPath,
     scope: FeedScope,
@@ -55,24 +35,97 @@ struct Plan {
     page_size: usize,
 }
 
-impl Plan {
-    /// The streaming page at `cursor`.
+/// A streaming query: each page is computed from the continuation the one before left, at
+/// its own clock reading.
+struct StreamingQuery(Arc<Plan>);
+
+impl PageSource for StreamingQuery {
+    type Message = QueryPage;
+    /// The continuation; `None` for the first page of a query started without one.
+    type Cursor = Option<String>;
+
     fn page(
         &self,
         engine: &Engine,
-        cursor: QueryCursor,
-        read_at: engine::Millis,
+        at: &Self::Cursor,
         reads: QueryReads,
-    ) -> Outcome<engine::QueryPage> {
-        engine.query_stream_page(
-            &self.path,
-            &self.spec,
-            &self.scope,
-            self.page_size,
-            cursor,
-            read_at,
-            reads,
-        )
+    ) -> Outcome<(QueryPage, Option<Self::Cursor>)> {
+        let plan = &self.0;
+        let cursor = match engine.query_cursor(&plan.path, &plan.spec, &plan.scope, at.as_deref()) {
+            Ok(cursor) => cursor,
+            Err(e) => return Outcome::failed(e),
+        };
+        engine
+            .query_stream_page(
+                &plan.path,
+                &plan.spec,
+                &plan.scope,
+                plan.page_size,
+                cursor,
+                engine.query_reading(),
+                reads,
+            )
+            .map(|page| {
+                let next = page.continuation.clone().map(Some);
+                (page_message(page), next)
+            })
+    }
+}
+
+/// A query that computed all its results: its pages are taken from them in order.
+struct HeldResults {
+    plan: Arc<Plan>,
+    /// The results not yet sent, and how many were before them.
+    rest: Mutex<(u64, std::vec::IntoIter<Value>)>,
+    total: u64,
+    metrics: engine::QueryMetrics,
+    /// The results' memory, held against the response budget until the stream ends.
+    _charge: Charge,
+}
+
+impl PageSource for HeldResults {
+    type Message = QueryPage;
+    /// How many results were sent before the page.
+    type Cursor = u64;
+
+    fn page(&self, engine: &Engine, at: &u64, _: QueryReads) -> Outcome<(QueryPage, Option<u64>)> {
+        let mut rest = self.rest.lock();
+        // Pages are asked for in order, each once (this source never asks to be run again).
+        debug_assert_eq!(rest.0, *at);
+        // Pages end at the page size or the page byte limit, with one result at least.
+        let mut chunk: Vec<Value> = Vec::new();
+        let mut bytes = 0;
+        while chunk.len() < self.plan.page_size && (chunk.is_empty() || bytes < engine.page_bytes())
+        {
+            let Some(v) = rest.1.next() else { break };
+            bytes += json::value_field_len(1, &v);
+            chunk.push(v);
+        }
+        rest.0 += chunk.len() as u64;
+        let sent = rest.0;
+        let mut metrics = self.metrics.clone();
+        metrics.results_returned = chunk.len() as u64;
+        if *at > 0 {
+            // Only the first page read anything: the documents were counted there.
+            metrics.documents_examined = 0;
+            metrics.index_entries_examined = 0;
+        }
+        let continuation = if sent < self.total {
+            let plan = &self.plan;
+            match engine.query_offset_token(&plan.path, &plan.spec, &plan.scope, sent) {
+                Ok(token) => Some(token),
+                Err(e) => return Outcome::failed(e),
+            }
+        } else {
+            None
+        };
+        let next = continuation.is_some().then_some(sent);
+        let page = engine::QueryPage {
+            results: chunk,
+            continuation,
+            metrics,
+        };
+        Outcome::done((page_message(page), next))
     }
 }
 
@@ -81,10 +134,10 @@ impl DocumentsService {
     /// a bad query fails the call itself.
     pub(crate) async fn start_query(
         &self,
-        caller: &Principal,
+        headers: &http::HeaderMap,
         share: Option<PeerShare>,
         request: QueryRequest,
-    ) -> Result<QueryStream, Status> {
+    ) -> Result<PageStream<QueryPage>, Status> {
         let QueryRequest {
             database,
             collection,
@@ -97,9 +150,12 @@ impl DocumentsService {
         } = request;
         let path = convert::collection_path(&database, &collection)?;
         let scope = convert::feed_scope(partition_key)?;
-        caller.allow(
-            Action::Read,
-            Target::documents(&database, &collection, scope.partition()),
+        let grant = Grant::read(
+            &self.auth,
+            headers,
+            &database,
+            &collection,
+            scope.partition(),
         )?;
         let page_size = engine::page_size(page_size)?;
         let params = parameters_json(parameters)?;
@@ -112,191 +168,54 @@ impl DocumentsService {
             page_size,
         });
         let token = (!continuation.is_empty()).then_some(continuation);
-        let (cursor, read_at) = {
-            // Not held across the pages' awaits: a storage reopen must be able to drop it.
-            let engine = self.engine()?;
-            let cursor =
-                engine.query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())?;
-            // One clock reading for the whole call: every page judges expiry by it.
-            (cursor, engine.query_reading())
+        let cursor =
+            self.engine()?
+                .query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())?;
+        let QueryCursor::Offset(offset) = cursor else {
+            return self
+                .open_stream(grant, share, StreamingQuery(plan), token)
+                .await;
         };
-        // Pages are computed when the transport asks for the next message (see read_feed).
-        let pages: QueryStream = match cursor {
-            QueryCursor::Offset(offset) => {
-                let p = plan.clone();
-                let (results, metrics) = self
-                    .run_query(move |e, reads| {
-                        e.query_all(&p.path, &p.spec, &p.scope, read_at, reads)
-                    })
-                    .await?;
-                // Held from page to page: charged like a response waiting to be read (twice
-                // the JSON size, for what values take in memory), refused if that is full.
-                let bytes: usize = results
-                    .iter()
-                    .map(mayfly_query::value::approximate_size)
-                    .sum();
-                let mut charge = Charge::default();
-                // Room is left for the pages themselves, charged as they leave: twice a page
-                // of the largest size, which its last result may pass by one document.
-                let page_bytes = self.engine()?.page_bytes();
-                self.budget.grow_leaving(
-                    &mut charge,
-                    share.as_ref(),
-                    bytes.saturating_mul(2),
-                    2 * (page_bytes + engine::MAX_DOCUMENT_BYTES),
-                )?;
-                Box::pin(
-                    self.clone()
-                        .result_pages(plan, results, metrics, offset, charge),
-                )
-            }
-            cursor @ (QueryCursor::Stream { .. } | QueryCursor::Index { .. }) => {
-                let p = plan.clone();
-                let first = self
-                    .run_query(move |e, reads| p.page(e, cursor.clone(), read_at, reads))
-                    .await?;
-                let next = first.continuation.clone().map_or(Next::Done, Next::After);
-                let first = page_message(first);
-                // Held until the transport asks for it (see read_feed): charged meanwhile.
-                let mut charge = Charge::default();
-                self.budget
-                    .grow(&mut charge, share.as_ref(), 2 * first.encoded_len())?;
-                Box::pin(self.clone().stream_pages(
-                    plan,
-                    Next::First(first, charge, Box::new(next)),
-                    read_at,
-                ))
-            }
-        };
-        Ok(pages)
-    }
-
-    /// Pages of a streaming query, each computed once the client has taken the one before.
-    fn stream_pages(
-        self,
-        plan: Arc<Plan>,
-        first: Next,
-        read_at: engine::Millis,
-    ) -> impl Stream<Item = Result<QueryPage, Status>> + Send {
-        futures_util::stream::unfold(first, move |next| {
-            let (service, plan) = (self.clone(), plan.clone());
-            async move {
-                let page = match next {
-                    Next::Done => return None,
-                    Next::First(page, charge, then) => {
-                        // Handed to the encoder now: the response's own charge covers it.
-                        drop(charge);
-                        return Some((Ok(page), *then));
-                    }
-                    Next::After(token) => {
-                        service
-                            .run_query(move |e, reads| {
-                                match e.query_cursor(
-                                    &plan.path,
-                                    &plan.spec,
-                                    &plan.scope,
-                                    Some(&token),
-                                ) {
-                                    Ok(cursor) => plan.page(e, cursor, read_at, reads),
-                                    Err(err) => Outcome::failed(err),
-                                }
-                            })
-                            .await
-                    }
-                };
-                Some(match page {
-                    Ok(page) => {
-                        let next = page.continuation.clone().map_or(Next::Done, Next::After);
-                        (Ok(page_message(page)), next)
-                    }
-                    Err(status) => (Err(status), Next::Done),
-                })
-            }
-        })
-    }
-
-    /// Pages of a query that computed all its results at once, from `offset` on.
-    fn result_pages(
-        self,
-        plan: Arc<Plan>,
-        results: Vec<Value>,
-        metrics: engine::QueryMetrics,
-        offset: u64,
-        charge: Charge,
-    ) -> impl Stream<Item = Result<QueryPage, Status>> + Send {
+        // Every result first, at one clock reading; stopped if the client leaves meanwhile.
+        let cancel = CancelOnDrop::new(&self.stop);
+        let p = plan.clone();
+        let (results, metrics) = self
+            .run_paged(
+                (QueryReads::inline(), cancel.signal()),
+                None,
+                move |e, reads| e.query_all(&p.path, &p.spec, &p.scope, e.query_reading(), reads),
+            )
+            .await?;
+        // Held from page to page: charged like a response waiting to be read (twice the JSON
+        // size, for what values take in memory), refused if that is full.
+        let bytes: usize = results
+            .iter()
+            .map(mayfly_query::value::approximate_size)
+            .sum();
+        let mut charge = Charge::default();
+        // Room is left for the pages themselves, charged as they leave: twice a page of the
+        // largest size, which its last result may pass by about a document, and HTTP/2's
+        // buffer.
+        let page_bytes = self.engine()?.page_bytes();
+        self.budget.grow_leaving(
+            &mut charge,
+            share.as_ref(),
+            bytes.saturating_mul(2),
+            2 * (page_bytes + engine::MAX_DOCUMENT_BYTES) + crate::net::SEND_BUFFER,
+        )?;
         let total = results.len() as u64;
         let at = offset.min(total);
-        let rest = results
-            .into_iter()
-            .skip(usize::try_from(at).unwrap_or(usize::MAX));
-        let state = Some(Results {
-            rest,
-            at,
+        let mut results = results;
+        // Not sent again: the token says the client has them.
+        results.drain(..usize::try_from(at).unwrap_or(usize::MAX));
+        let held = HeldResults {
+            plan,
+            rest: Mutex::new((at, results.into_iter())),
             total,
             metrics,
             _charge: charge,
-        });
-        futures_util::stream::unfold(state, move |state| {
-            let (service, plan) = (self.clone(), plan.clone());
-            async move {
-                let mut s = state?;
-                // Pages end at the page size or the page byte limit, with one result at least.
-                let mut chunk: Vec<Value> = Vec::new();
-                let mut bytes = 0;
-                let page_bytes = service
-                    .engine()
-                    .map_or(engine::MAX_PAGE_BYTES, |e| e.page_bytes());
-                while chunk.len() < plan.page_size && (chunk.is_empty() || bytes < page_bytes) {
-                    let Some(v) = s.rest.next() else { break };
-                    bytes += mayfly_query::value::approximate_size(&v);
-                    chunk.push(v);
-                }
-                s.at += chunk.len() as u64;
-                s.metrics.results_returned = chunk.len() as u64;
-                let continuation = if s.at < s.total {
-                    match service.engine().and_then(|e| {
-                        e.query_offset_token(&plan.path, &plan.spec, &plan.scope, s.at)
-                            .map_err(Status::from)
-                    }) {
-                        Ok(token) => Some(token),
-                        Err(status) => return Some((Err(status), None)),
-                    }
-                } else {
-                    None
-                };
-                let done = continuation.is_none();
-                let page = engine::QueryPage {
-                    results: chunk,
-                    continuation,
-                    metrics: s.metrics.clone(),
-                };
-                // Later pages read nothing: the documents were counted on the first.
-                s.metrics.documents_examined = 0;
-                Some((Ok(page_message(page)), (!done).then_some(s)))
-            }
-        })
-    }
-
-    /// Runs `op` with the engine in service, then waits until what it reflects is durable.
-    /// On storage whose reads never wait, it is tried here, on the async worker, within
-    /// [`engine::INLINE_READS`] storage reads; one that needs more, and any query on storage
-    /// that may wait (the disk), runs on a blocking thread without that limit.
-    async fn run_query<T: Send + 'static>(
-        &self,
-        op: impl Fn(&Engine, QueryReads) -> Outcome<T> + Send + 'static,
-    ) -> Result<T, Status> {
-        let engine = self.engine()?;
-        if !engine.reads_may_block() {
-            let inline = op(&engine, QueryReads::inline());
-            if !matches!(inline.result, Err(engine::Error::ReadBudgetSpent)) {
-                return Ok(engine.settle(inline).await?);
-            }
-        }
-        let worker = engine.clone();
-        let outcome = tokio::task::spawn_blocking(move || op(&worker, QueryReads::unlimited()))
-            .await
-            .map_err(|e| Status::internal(format!("query task failed: {e}")))?;
-        Ok(engine.settle(outcome).await?)
+        };
+        self.open_stream(grant, share, held, at).await
     }
 }
 
@@ -315,30 +234,46 @@ fn page_message(page: engine::QueryPage) -> QueryPage {
     }
 }
 
-/// Query parameters as JSON, each named with its '@'.
+/// Query parameters as JSON, each named with its '@'. Too many is a query limit
+/// (`QUERY_LIMIT`), a bad name a query mistake (`QUERY_INVALID`), a value nested too deep the
+/// one reason every JSON field has (`DOCUMENT_TOO_DEEP`); only a value JSON cannot hold (NaN)
+/// is `INVALID_JSON`.
 fn parameters_json(
-    parameters: std::collections::HashMap<String, prost_types::Value>,
-) -> Result<Map<String, Value>, InvalidInput> {
+    parameters: std::collections::HashMap<String, json::JsonValue>,
+) -> Result<Map<String, Value>, engine::Error> {
+    let refused = |kind, message: String| {
+        engine::Error::Query(mayfly_query::QueryError {
+            kind,
+            position: None,
+            message,
+        })
+    };
     if parameters.len() > MAX_PARAMETERS {
-        return Err(InvalidInput::BadJson {
-            reason: format!(
+        return Err(refused(
+            mayfly_query::ErrorKind::Limit,
+            format!(
                 "{} query parameters given; at most {MAX_PARAMETERS} are allowed",
                 parameters.len()
             ),
-        });
+        ));
     }
     let mut out = Map::new();
     for (name, value) in parameters {
         let bare = name.strip_prefix('@').unwrap_or("");
         if bare.is_empty() || !bare.chars().all(|c| c.is_alphanumeric() || c == '_') {
-            return Err(InvalidInput::BadJson {
-                reason: format!(
-                    "query parameter name '{name}' must be '@' followed by letters, digits or '_'"
+            return Err(refused(
+                mayfly_query::ErrorKind::Invalid,
+                format!(
+                    "query parameter name '{}' must be '@' followed by letters, digits or '_'",
+                    crate::model::Echo(&name)
                 ),
-            });
+            ));
         }
-        let value = json::from_proto_value(value).map_err(|e| InvalidInput::BadJson {
-            reason: format!("query parameter {name}: {e}"),
+        let value = value.into_checked().map_err(|defect| -> InvalidInput {
+            convert::value_defect(
+                format!("query parameter {}", crate::model::Echo(&name)),
+                defect,
+            )
         })?;
         out.insert(name, value);
     }

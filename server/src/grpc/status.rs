@@ -38,6 +38,10 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::NotDurable(_) => (Code::Unavailable, "OUTCOME_UNKNOWN"),
         // The edge reruns such a query off the async workers; reaching here is a bug.
         Error::ReadBudgetSpent => (Code::Internal, "INTERNAL"),
+        Error::Cancelled => (Code::Cancelled, "CANCELLED"),
+        Error::ShuttingDown => (Code::Unavailable, "SHUTTING_DOWN"),
+        Error::NoMemory => (Code::ResourceExhausted, "RESPONSE_BUDGET_EXHAUSTED"),
+        Error::ContinuationStale { .. } => (Code::FailedPrecondition, "CONTINUATION_STALE"),
         Error::Query(e) => (
             Code::InvalidArgument,
             match e.kind {
@@ -67,7 +71,10 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         InvalidInput::MissingId { .. } => "MISSING_ID",
         InvalidInput::ConflictingTtl { .. } => "CONFLICTING_TTL",
         InvalidInput::DocumentTooLarge { .. } => "DOCUMENT_TOO_LARGE",
-        InvalidInput::DocumentTooDeep { .. } => "DOCUMENT_TOO_DEEP",
+        // One reason for every JSON value nested too deep, a body or not.
+        InvalidInput::DocumentTooDeep { .. } | InvalidInput::ValueTooDeep { .. } => {
+            "DOCUMENT_TOO_DEEP"
+        }
         InvalidInput::BadJson { .. } => "INVALID_JSON",
         InvalidInput::Patch { .. } | InvalidInput::PatchSize { .. } => "INVALID_PATCH",
         InvalidInput::MissingField { .. } => "MISSING_FIELD",

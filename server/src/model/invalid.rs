@@ -2,7 +2,11 @@
 
 use std::fmt;
 
-use super::{echo::Echo, ids::IdKind, partition_key::PartitionKeyValue};
+use super::{
+    echo::Echo,
+    ids::{IdKind, IdProblem},
+    partition_key::PartitionKeyValue,
+};
 
 /// Why a request's input was rejected.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,8 +21,7 @@ pub enum InvalidInput {
     Id {
         kind: IdKind,
         value: String,
-        chars: usize,
-        bad_char: Option<char>,
+        problem: IdProblem,
     },
     /// A partition key path that cannot be used.
     PartitionKeyPath { path: String, reason: String },
@@ -49,6 +52,10 @@ pub enum InvalidInput {
     DocumentTooLarge { bytes: usize, limit: usize },
     /// The body is nested deeper than the limit.
     DocumentTooDeep { limit: usize },
+    /// Another JSON value of a request (a patch value, a query parameter, a partition key
+    /// value), named by `field` (client input in it already cut short with `Echo`), is
+    /// nested deeper than the limit bodies have.
+    ValueTooDeep { field: String, limit: usize },
     /// The body is not representable as JSON (NaN, invalid UTF-8, ...).
     BadJson { reason: String },
     /// A required field is missing from the request.
@@ -92,12 +99,18 @@ impl fmt::Display for InvalidInput {
             InvalidInput::TtlWithoutIndex => {
                 f.write_str("Indexing mode value cannot be 'none' when 'defaultTtl' is specified in the collection")
             }
-            InvalidInput::Id { kind, value, chars, bad_char } => {
+            InvalidInput::Id { kind, value, problem } => {
                 write!(f, "invalid {kind} id {:?}: ", Echo(value))?;
-                match bad_char {
-                    Some(c) => write!(f, "it contains {c:?}; ids cannot contain '/', '\\', '?' or '#'"),
-                    None if *chars == 0 => f.write_str("ids must not be empty"),
-                    None => write!(f, "it has {chars} characters; ids have at most 255"),
+                match problem {
+                    IdProblem::Separator(c) => write!(f, "it contains {c:?}; ids cannot contain '/', '\\', '?' or '#'"),
+                    IdProblem::Control(c) => write!(
+                        f,
+                        "it contains U+{:04X}, a control character; ids cannot contain control characters (U+0000 to U+001F, U+007F to U+009F)",
+                        u32::from(*c)
+                    ),
+                    IdProblem::Blank => f.write_str("it is only whitespace; ids need a visible character"),
+                    IdProblem::Empty => f.write_str("ids must not be empty"),
+                    IdProblem::TooLong { chars } => write!(f, "it has {chars} characters; ids have at most 255"),
                 }
             }
             InvalidInput::PartitionKeyPath { path, reason } => {
@@ -135,6 +148,10 @@ impl fmt::Display for InvalidInput {
             InvalidInput::DocumentTooDeep { limit } => write!(
                 f,
                 "the document is nested deeper than {limit} levels; flatten it or move deep parts to another document"
+            ),
+            InvalidInput::ValueTooDeep { field, limit } => write!(
+                f,
+                "{field} is nested deeper than {limit} levels, the limit for every JSON value (document bodies, patch values, query parameters, partition keys)"
             ),
             InvalidInput::BadJson { reason } => write!(f, "{}", Echo(reason)),
             InvalidInput::Patch { index, op, path, reason } => write!(

@@ -17,7 +17,7 @@ pub use collection::{
 pub use document::{DocKey, StoredDocument};
 pub use echo::ECHO_CHARS;
 pub(crate) use echo::Echo;
-pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, MAX_ID_CHARS, ResourceId};
+pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, IdProblem, MAX_ID_CHARS, ResourceId};
 pub use index_paths::{IndexPath, IndexPaths, MAX_INDEX_PATH_BYTES, MAX_INDEX_PATHS};
 pub use invalid::InvalidInput;
 pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};

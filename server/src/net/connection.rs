@@ -1,6 +1,8 @@
 //! One accepted client connection: plain TCP or TLS over it, counted against the connection
 //! limits while it lives, and closed once it has carried no request for the idle timeout (or
-//! sent none at all within the first-request timeout).
+//! sent none at all within the first-request timeout). Only calls with a key (or resource
+//! token) count as requests here: calls that need none (health, reflection) and calls refused
+//! for want of one leave a connection as idle as a silent one.
 
 use std::{
     future::Future,
@@ -72,10 +74,17 @@ pub struct ConnectionInfo {
     pub remote: SocketAddr,
     /// Its address's share of the response budget.
     pub(crate) share: PeerShare,
+    /// Its address's share of the request budget.
+    pub(crate) request_share: PeerShare,
+    /// Its address's share of the request budget of health and reflection.
+    pub(crate) open_request_share: PeerShare,
+    /// Its address's share of the response budget of reflection.
+    pub(crate) open_response_share: PeerShare,
     pub(crate) activity: Arc<Activity>,
 }
 
-/// Requests in flight on a connection, and when the last one started or ended.
+/// Requests (calls with a key) in flight on a connection, and when the last one started or
+/// ended.
 #[derive(Debug)]
 pub(crate) struct Activity {
     opened: Instant,
@@ -266,7 +275,10 @@ impl Connection {
             io,
             info: ConnectionInfo {
                 remote,
-                share: slot.share().clone(),
+                share: slot.shares().responses.clone(),
+                request_share: slot.shares().requests.clone(),
+                open_request_share: slot.shares().open_requests.clone(),
+                open_response_share: slot.shares().open_responses.clone(),
                 activity,
             },
             timeouts,

@@ -43,6 +43,10 @@ pub struct Limits {
     /// its declared length from its first bytes); a request beyond it is answered
     /// RESOURCE_EXHAUSTED, unread.
     pub request_budget_bytes: usize,
+    /// The part of `request_budget_bytes` that the clients at one address (IPv6: one /64
+    /// network) may hold together, so that one client's stalled uploads leave the rest to
+    /// the others.
+    pub request_budget_per_ip_bytes: usize,
 }
 
 impl Default for Limits {
@@ -61,6 +65,7 @@ impl Default for Limits {
             response_budget_per_ip_bytes: 64 * 1024 * 1024,
             send_timeout: Duration::from_secs(60),
             request_budget_bytes: 256 * 1024 * 1024,
+            request_budget_per_ip_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -113,6 +118,11 @@ impl Limits {
                 self.request_budget_bytes,
                 MAX_MESSAGE_BYTES,
             ),
+            (
+                "--request-budget-per-ip-mb",
+                self.request_budget_per_ip_bytes,
+                MAX_MESSAGE_BYTES,
+            ),
         ] {
             if bytes / 1024 > u32::MAX as usize {
                 return Err(format!("{name} must be under 4 TiB"));
@@ -145,5 +155,10 @@ mod tests {
             ..Limits::default()
         };
         assert!(no_streams.check().is_err());
+        let small_share = Limits {
+            request_budget_per_ip_bytes: MAX_MESSAGE_BYTES - 1,
+            ..Limits::default()
+        };
+        assert!(small_share.check().is_err());
     }
 }

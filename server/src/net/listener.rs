@@ -20,7 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
     Limits, ServerTls,
-    budget::{PeerShare, ResponseBudget},
+    budget::{Budgets, PeerShares},
     connection::{Connection, Timeouts},
 };
 
@@ -38,13 +38,13 @@ pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
     limits: &Limits,
-    budget: &ResponseBudget,
+    budgets: &Budgets,
 ) -> ReceiverStream<Result<Connection, io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(accept_loop(
         listener,
         tls,
-        Slots::new(limits, budget.clone()),
+        Slots::new(limits, budgets.clone()),
         Timeouts {
             send: limits.send_timeout,
             idle: limits.idle_timeout,
@@ -61,7 +61,7 @@ type Peers = Arc<Mutex<HashMap<IpAddr, Peer>>>;
 #[derive(Debug)]
 struct Peer {
     open: usize,
-    share: PeerShare,
+    shares: PeerShares,
 }
 
 /// A connection's place under the limits, given back when it is dropped.
@@ -70,13 +70,13 @@ pub(crate) struct Slot {
     _permit: OwnedSemaphorePermit,
     peers: Peers,
     ip: IpAddr,
-    share: PeerShare,
+    shares: PeerShares,
 }
 
 impl Slot {
-    /// Its client address's share of the response budget.
-    pub(crate) fn share(&self) -> &PeerShare {
-        &self.share
+    /// Its client address's shares of the budgets.
+    pub(crate) fn shares(&self) -> &PeerShares {
+        &self.shares
     }
 }
 
@@ -100,7 +100,7 @@ struct Slots {
     /// Client networks with connections open.
     peers: Peers,
     max_per_peer: usize,
-    budget: ResponseBudget,
+    budgets: Budgets,
 }
 
 /// Why a connection got no place.
@@ -110,13 +110,13 @@ enum Refused {
 }
 
 impl Slots {
-    fn new(limits: &Limits, budget: ResponseBudget) -> Self {
+    fn new(limits: &Limits, budgets: Budgets) -> Self {
         Slots {
             all: Arc::new(Semaphore::new(limits.max_connections)),
             max: limits.max_connections,
             peers: Arc::default(),
             max_per_peer: limits.max_connections_per_ip,
-            budget,
+            budgets,
         }
     }
 
@@ -130,7 +130,7 @@ impl Slots {
         let mut peers = self.peers.lock();
         let peer = peers.entry(ip).or_insert_with(|| Peer {
             open: 0,
-            share: self.budget.peer_share(),
+            shares: self.budgets.peer_shares(),
         });
         if peer.open >= self.max_per_peer {
             return Err(Refused::Peer);
@@ -140,7 +140,7 @@ impl Slots {
             _permit: permit,
             peers: self.peers.clone(),
             ip,
-            share: peer.share.clone(),
+            shares: peer.shares.clone(),
         })
     }
 }
@@ -321,7 +321,7 @@ mod tests {
                 max_connections_per_ip: 3,
                 ..Limits::default()
             },
-            ResponseBudget::new(1 << 20, 1 << 20),
+            Budgets::new(&Limits::default()),
         );
         let a: IpAddr = "10.0.0.1".parse().expect("ip");
         let b: IpAddr = "10.0.0.2".parse().expect("ip");

@@ -9,7 +9,7 @@ mod listener;
 mod request_limits;
 mod tls;
 
-pub(crate) use budget::Charge;
+pub(crate) use budget::{Budgets, Charge};
 pub use budget::{PeerShare, ResponseBudget};
 pub use connection::ConnectionInfo;
 pub use descriptors::{
@@ -17,5 +17,5 @@ pub use descriptors::{
 };
 pub use limits::Limits;
 pub(crate) use listener::incoming;
-pub(crate) use request_limits::{OPEN_MESSAGE_BYTES, RequestLimitsLayer};
+pub(crate) use request_limits::{OPEN_MESSAGE_BYTES, RequestLimitsLayer, SEND_BUFFER};
 pub use tls::{ServerTls, TlsError, TlsFiles};

@@ -1,8 +1,8 @@
 //! Per-request limits at the HTTP level, for every RPC alike: the caller's key checked before
 //! any of its request is read, a deadline and a shared memory budget for request messages on
-//! their way in, a shared memory budget for responses waiting to be read (with a share per
-//! client address and a deadline for the client to take them), and the count of requests in
-//! flight that the idle timeout reads.
+//! their way in, a shared memory budget for responses waiting to be read (each budget with a
+//! share per client address; responses with a deadline for the client to take them), and the
+//! count of calls with a key in flight that the idle timeout reads.
 
 use std::{
     future::Future,
@@ -15,14 +15,14 @@ use std::{
 use bytes::{Buf, Bytes};
 use futures_util::future::{Either, Ready};
 use http_body::{Body, Frame, SizeHint};
-use tokio::{sync::OwnedSemaphorePermit, time::Sleep};
+use tokio::time::Sleep;
 use tonic::Status;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{
     Limits,
-    budget::{Charge, PeerShare, RequestBudget, ResponseBudget},
+    budget::{Budgets, Charge, PeerShare, RequestBudget, ResponseBudget},
     connection::{Activity, ConnectionInfo, InFlight, Progress},
 };
 use crate::auth::Authenticator;
@@ -31,26 +31,18 @@ use crate::auth::Authenticator;
 #[derive(Debug, Clone)]
 pub(crate) struct RequestLimitsLayer {
     read_timeout: Duration,
-    responses: ResponseBudget,
-    requests: RequestBudget,
-    /// For the services that need no key (health, reflection), whose messages are small:
-    /// apart, so that callers without a key cannot take the budget of those with one.
-    open_requests: RequestBudget,
+    budgets: Budgets,
     auth: Authenticator,
 }
 
 /// The largest request message of the services that need no key (health, reflection).
 pub(crate) const OPEN_MESSAGE_BYTES: usize = 64 * 1024;
-/// What their messages on the way in may hold, all together.
-const OPEN_REQUEST_BUDGET: usize = 16 * 1024 * 1024;
 
 impl RequestLimitsLayer {
-    pub(crate) fn new(limits: &Limits, responses: ResponseBudget, auth: Authenticator) -> Self {
+    pub(crate) fn new(limits: &Limits, budgets: &Budgets, auth: Authenticator) -> Self {
         RequestLimitsLayer {
             read_timeout: limits.request_read_timeout,
-            responses,
-            requests: RequestBudget::new(limits.request_budget_bytes),
-            open_requests: RequestBudget::new(OPEN_REQUEST_BUDGET),
+            budgets: budgets.clone(),
             auth,
         }
     }
@@ -90,7 +82,6 @@ where
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
-        let in_flight = connection.as_ref().map(|c| c.activity.begin());
         let path = request.uri().path();
         let streaming = streams_responses(path);
         // Mayfly's own services need a key; health and reflection stay open. Checked here,
@@ -103,20 +94,44 @@ where
         {
             return LimitsFuture {
                 inner: Either::Right(futures_util::future::ready(Ok(status.into_http()))),
-                rest: Some((in_flight, None, None)),
+                rest: Some((None, None, None)),
             };
         }
-        let charging = streaming.then(|| Charging {
-            budget: self.limits.responses.clone(),
-            share: connection.as_ref().map(|c| c.share.clone()),
+        // Only calls with a key keep their connection open: one carrying nothing but calls
+        // that need none (a health Watch lasts as long as its client likes) or calls refused
+        // for want of one is as idle as a silent one, and holds its place under the
+        // connection limits no longer.
+        let in_flight = connection
+            .as_ref()
+            .filter(|_| keyed)
+            .map(|c| c.activity.begin());
+        // Callers without a key stream from a budget of their own, so that they cannot take
+        // the memory of those with one.
+        let charging = streaming.then(|| match keyed {
+            true => Charging {
+                budget: self.limits.budgets.responses.clone(),
+                share: connection.as_ref().map(|c| c.share.clone()),
+            },
+            false => Charging {
+                budget: self.limits.budgets.open_responses.clone(),
+                share: connection.as_ref().map(|c| c.open_response_share.clone()),
+            },
         });
-        let activity = connection.map(|c| c.activity);
         let read_timeout = self.limits.read_timeout;
-        let (requests, largest) = if keyed {
-            (self.limits.requests.clone(), crate::MAX_MESSAGE_BYTES)
+        let (requests, share, largest) = if keyed {
+            (
+                self.limits.budgets.requests.clone(),
+                connection.as_ref().map(|c| c.request_share.clone()),
+                crate::MAX_MESSAGE_BYTES,
+            )
         } else {
-            (self.limits.open_requests.clone(), OPEN_MESSAGE_BYTES)
+            (
+                self.limits.budgets.open_requests.clone(),
+                connection.as_ref().map(|c| c.open_request_share.clone()),
+                OPEN_MESSAGE_BYTES,
+            )
         };
+        let activity = connection.map(|c| c.activity);
         let request = request.map(|body| {
             tonic::body::Body::new(Upload {
                 inner: body,
@@ -124,8 +139,9 @@ where
                 timeout: read_timeout,
                 framing: Framing::default(),
                 budget: requests,
+                share,
                 largest,
-                charge: None,
+                charge: Charge::default(),
             })
         });
         LimitsFuture {
@@ -225,9 +241,11 @@ struct Upload {
     timeout: Duration,
     framing: Framing,
     budget: RequestBudget,
+    /// The caller's address's share of `budget`.
+    share: Option<PeerShare>,
     /// The method's message size limit: past it the decoder refuses a message unread.
     largest: usize,
-    charge: Option<OwnedSemaphorePermit>,
+    charge: Charge,
 }
 
 impl Body for Upload {
@@ -251,7 +269,10 @@ impl Body for Upload {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let declared = this.framing.started(data).min(this.largest);
-                    if let Err(status) = this.budget.take(&mut this.charge, declared) {
+                    if let Err(status) =
+                        this.budget
+                            .take(&mut this.charge, this.share.as_ref(), declared)
+                    {
                         return Poll::Ready(Some(Err(status)));
                     }
                 }
@@ -314,6 +335,10 @@ impl<B> Budgeted<B> {
 /// Largest data frame handed to HTTP/2 at once.
 const SLICE: usize = 32 * 1024;
 
+/// What HTTP/2 buffers for one stream whose reader does not read, before it stops asking the
+/// body for more: hyper's default send buffer, which tonic keeps.
+pub(crate) const SEND_BUFFER: usize = 400 * 1024;
+
 impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
     type Data = Bytes;
     type Error = B::Error;
@@ -350,12 +375,13 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
             Err(other) => return Poll::Ready(Some(Ok(other))),
         };
         if let Some(charging) = this.charging.as_ref() {
-            // The encoder's buffer grows by doubling: it may hold up to twice the message.
-            if let Err(status) =
-                charging
-                    .budget
-                    .grow(this.charge, charging.share.as_ref(), 2 * frame.len())
-            {
+            // The encoder's buffer grows by doubling: it may hold up to twice the message;
+            // HTTP/2 holds what it was handed and could not send, up to its send buffer.
+            if let Err(status) = charging.budget.grow(
+                this.charge,
+                charging.share.as_ref(),
+                2 * frame.len() + SEND_BUFFER,
+            ) {
                 *this.refused = true;
                 return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
             }
@@ -431,19 +457,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_is_charged_its_largest_message_until_it_ends() {
-        let budget = ResponseBudget::new(128 * UNIT, 128 * UNIT);
+        let budget = ResponseBudget::new(1024 * UNIT, 1024 * UNIT);
         let mut first = budgeted(vec![40 * UNIT, 10], &budget, None);
         let mut sent = 0;
-        // The 40 KiB message leaves in slices, charged whole (twice) from its first slice.
+        // The 40 KiB message leaves in slices, charged whole (twice, and HTTP/2's send
+        // buffer) from its first slice.
+        let left = 1024 - 80 - SEND_BUFFER / UNIT;
         while sent < 40 * UNIT {
             let data = first.frame().await.expect("a frame").expect("data");
             let data = data.into_data().expect("data");
             assert!(data.len() <= SLICE);
             sent += data.len();
-            assert_eq!(budget.available_units(), 48);
+            assert_eq!(budget.available_units(), left);
         }
         // A second response needs more than what is left: it ends with RESOURCE_EXHAUSTED.
-        let mut second = budgeted(vec![30 * UNIT], &budget, None);
+        let mut second = budgeted(vec![100 * UNIT], &budget, None);
         let frame = second.frame().await.expect("a frame").expect("trailers");
         let trailers = frame.into_trailers().expect("trailers");
         assert_eq!(
@@ -453,10 +481,10 @@ mod tests {
         assert!(second.frame().await.is_none(), "nothing after the status");
         // A smaller message later costs nothing more; the charge ends with the body.
         let _ = first.frame().await.expect("a frame").expect("data");
-        assert_eq!(budget.available_units(), 48);
+        assert_eq!(budget.available_units(), left);
         assert!(first.frame().await.is_none());
         drop(first);
-        assert_eq!(budget.available_units(), 128);
+        assert_eq!(budget.available_units(), 1024);
     }
 
     #[tokio::test(start_paused = true)]
@@ -526,9 +554,10 @@ mod tests {
             deadline: Box::pin(tokio::time::sleep(Duration::from_secs(30))),
             timeout: Duration::from_secs(30),
             framing: Framing::default(),
-            budget: RequestBudget::new(16 << 20),
+            budget: RequestBudget::new(16 << 20, 16 << 20),
+            share: None,
             largest: crate::MAX_MESSAGE_BYTES,
-            charge: None,
+            charge: Charge::default(),
         };
         let started = tokio::time::Instant::now();
         let err = body
@@ -547,7 +576,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_declaring_more_than_the_budget_has_is_refused_unread() {
-        let budget = RequestBudget::new(16 << 20);
+        let budget = RequestBudget::new(16 << 20, 16 << 20);
         let upload = |len: u32| {
             let mut header = vec![0u8];
             header.extend_from_slice(&len.to_be_bytes());
@@ -560,8 +589,9 @@ mod tests {
                 timeout: Duration::from_secs(30),
                 framing: Framing::default(),
                 budget: budget.clone(),
+                share: None,
                 largest: crate::MAX_MESSAGE_BYTES,
-                charge: None,
+                charge: Charge::default(),
             }
         };
         let mut first = upload(10 << 20);

@@ -44,7 +44,7 @@ pub(super) fn decode_entry(
     let (term, doc) = rest.split_at_checked(len).ok_or_else(bad)?;
     let (partition_key, id) = PartitionKeyValue::decode_ordered(doc).ok_or_else(bad)?;
     let id = std::str::from_utf8(id).map_err(|_| bad())?;
-    let id = DocumentId::parse(IdKind::Document, id).map_err(|_| bad())?;
+    let id = DocumentId::parse_stored(IdKind::Document, id).map_err(|_| bad())?;
     Ok(IndexEntry {
         term: term.to_vec(),
         key: DocKey { partition_key, id },

@@ -5,7 +5,7 @@ use mayfly_proto::v1::{
     oneofs::PartitionKeyKind,
 };
 use mayfly_proto::{
-    json::JsonObject,
+    json::{JsonObject, JsonValue},
     v1::{CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest, PartitionKey},
 };
 use tonic::transport::{Channel, Endpoint};
@@ -55,9 +55,9 @@ pub(crate) fn clients(channel: Channel) -> Clients {
 /// A partition key holding one string.
 pub(crate) fn string_pk(value: &str) -> PartitionKey {
     PartitionKey {
-        kind: Some(PartitionKeyKind::Value(prost_types::Value {
-            kind: Some(prost_types::value::Kind::StringValue(value.to_owned())),
-        })),
+        kind: Some(PartitionKeyKind::Value(JsonValue::new(
+            serde_json::Value::String(value.to_owned()),
+        ))),
     }
 }
 

@@ -11,7 +11,7 @@ use super::{plan::IndexPlan, terms::term_at};
 use crate::engine::{
     CollectionInfo, Engine, Error, FeedScope, INLINE_READS, Millis, QueryReads,
     document::DocumentView,
-    query::{QUERY_TIME_LIMIT, QueryMetrics, as_document},
+    query::{QUERY_TIME_LIMIT, QueryMetrics, as_document, take_results},
 };
 use crate::storage::{DocKey, IndexEntry, IndexRange};
 
@@ -209,7 +209,7 @@ impl Engine {
                     continue;
                 };
                 let flow = run.push_owned(doc)?;
-                results.extend(run.take_ready());
+                take_results(run, results)?;
                 if flow == Flow::Done {
                     return Ok(true);
                 }
@@ -309,7 +309,7 @@ impl Engine {
                     continue;
                 };
                 let flow = run.push_owned(doc)?;
-                results.extend(run.take_ready());
+                take_results(run, results)?;
                 if flow == Flow::Done {
                     return Ok(());
                 }

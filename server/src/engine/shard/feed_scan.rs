@@ -35,6 +35,7 @@ impl Shard {
             settle_at: Lsn::ZERO,
             last: after.cloned(),
             exhausted: false,
+            next_size: None,
         };
         let mut scanned = 0;
         while page.documents.len() < want && scanned < want * SCAN_FACTOR {
@@ -58,6 +59,7 @@ impl Shard {
                     let first = take_first && page.documents.is_empty();
                     if page.bytes + size > bytes_left && !first {
                         // Full: the next page starts at this document.
+                        page.next_size = Some(size);
                         return Ok(page);
                     }
                     page.bytes += size;

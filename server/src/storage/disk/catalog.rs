@@ -45,7 +45,7 @@ pub(super) fn decode_u64(value: &[u8], what: &str) -> Result<u64, StorageError> 
 pub(super) fn decode_database(key: &[u8]) -> Result<DatabaseId, StorageError> {
     std::str::from_utf8(&key[DATABASE_PREFIX.len()..])
         .ok()
-        .and_then(|id| DatabaseId::parse(IdKind::Database, id).ok())
+        .and_then(|id| DatabaseId::parse_stored(IdKind::Database, id).ok())
         .ok_or_else(|| StorageError::new("corrupt database record in the data directory"))
 }
 
@@ -78,9 +78,9 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
     let bad = |what: &str| StorageError::new(format!("corrupt collection record: {what}"));
     let record: Value = serde_json::from_slice(value).map_err(|e| bad(&e.to_string()))?;
     let text = |field: &str| record[field].as_str().ok_or_else(|| bad(field));
-    let database =
-        DatabaseId::parse(IdKind::Database, text("database")?).map_err(|_| bad("database"))?;
-    let id = CollectionId::parse(IdKind::Collection, text("id")?).map_err(|_| bad("id"))?;
+    let database = DatabaseId::parse_stored(IdKind::Database, text("database")?)
+        .map_err(|_| bad("database"))?;
+    let id = CollectionId::parse_stored(IdKind::Collection, text("id")?).map_err(|_| bad("id"))?;
     let uid = record["uid"].as_u64().ok_or_else(|| bad("uid"))?;
     let partition_key_path =
         PartitionKeyPath::parse(text("partitionKeyPath")?).map_err(|_| bad("partitionKeyPath"))?;

@@ -1,0 +1,295 @@
+//! The one driver of long-lived response streams: read feeds and queries (and the change feed
+//! to come) differ only in how a page is computed ([`PageSource`]). Every page, the first
+//! included:
+//! - is computed when the transport asks for the next message, that is once the one before has
+//!   left, so a client that stops reading holds one page, not a queue of them;
+//! - is authorized again, so a token that expired or a key regenerated ends the stream at its
+//!   next page with UNAUTHENTICATED or PERMISSION_DENIED;
+//! - reserves the memory its results take in the response budget before it holds them (see
+//!   [`engine::PageMemory`]), so stalled streams cannot hold more than the budget;
+//! - is read at its own clock reading: nothing expired by then appears on it;
+//! - is tried on the async worker when small, else run on a blocking thread;
+//! - stops when its client leaves (the stream is dropped) or the server shuts down, inside a
+//!   document's evaluation if need be.
+
+use std::{pin::Pin, sync::Arc};
+
+use parking_lot::Mutex;
+use tokio_stream::Stream;
+use tonic::Status;
+
+use super::{authenticate_headers, documents::DocumentsService};
+use crate::{
+    auth::{Action, Authenticator, Target},
+    engine::{self, Cancel, Engine, Outcome, PageMemory, PartitionKeyValue, QueryReads},
+    net::{Charge, PeerShare, ResponseBudget, SEND_BUFFER},
+};
+
+/// A stream of pages, as the service's RPCs return it.
+pub(super) type PageStream<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
+
+/// How one kind of stream computes its pages.
+pub(super) trait PageSource: Send + Sync + 'static {
+    /// What a page is sent as.
+    type Message: Send + 'static;
+    /// Where a page starts.
+    type Cursor: Clone + Send + Sync + 'static;
+
+    /// What a page may do on the async worker, on storage whose reads never wait, before it
+    /// is run again on a blocking thread.
+    fn inline(&self) -> QueryReads {
+        QueryReads::inline()
+    }
+
+    /// The page at `at`, and where the next one starts (`None` after the last), within
+    /// `reads`. Blocks on storage unless `reads` is inline.
+    fn page(
+        &self,
+        engine: &Engine,
+        at: &Self::Cursor,
+        reads: QueryReads,
+    ) -> Outcome<(Self::Message, Option<Self::Cursor>)>;
+}
+
+/// What a stream's caller was allowed, checked again before every page.
+#[derive(Debug, Clone)]
+pub(super) struct Grant {
+    auth: Authenticator,
+    /// The request's `authorization` value, as sent.
+    authorization: Option<String>,
+    database: String,
+    collection: String,
+    partition: Option<PartitionKeyValue>,
+}
+
+impl Grant {
+    /// Reading documents of `database/collection` (of `partition` only, if given), by the
+    /// caller whose request carried `headers`; checked now, and again before every page.
+    pub(super) fn read(
+        auth: &Authenticator,
+        headers: &http::HeaderMap,
+        database: &str,
+        collection: &str,
+        partition: Option<&PartitionKeyValue>,
+    ) -> Result<Self, Status> {
+        let grant = Grant {
+            auth: auth.clone(),
+            authorization: headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            database: database.to_owned(),
+            collection: collection.to_owned(),
+            partition: partition.cloned(),
+        };
+        // The headers themselves, so that a malformed value gets the edge's own answer.
+        authenticate_headers(auth, headers)?;
+        grant.check()?;
+        Ok(grant)
+    }
+
+    /// Whether the caller may still read what the stream reads.
+    fn check(&self) -> Result<(), Status> {
+        let caller = self.auth.authenticate(self.authorization.as_deref())?;
+        caller.allow(
+            Action::Read,
+            Target::documents(&self.database, &self.collection, self.partition.as_ref()),
+        )?;
+        Ok(())
+    }
+}
+
+/// Raises a call's [`Cancel`] when dropped: when its client leaves, the stream (or the
+/// handler computing its first page) is dropped, and the work running for it stops.
+#[derive(Debug)]
+pub(super) struct CancelOnDrop(Cancel);
+
+impl CancelOnDrop {
+    /// A new call's signal, raised too when the server's `stop` is.
+    pub(super) fn new(stop: &Cancel) -> Self {
+        CancelOnDrop(stop.for_call())
+    }
+
+    pub(super) fn signal(&self) -> &Cancel {
+        &self.0
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// A page's reservation in the response budget: what its stream holds once the page is handed
+/// over, as the response layer charges it: twice the bytes it builds (values in memory now,
+/// the encoder's buffer then) and HTTP/2's send buffer.
+pub(super) struct Reservation {
+    budget: ResponseBudget,
+    share: Option<PeerShare>,
+    charge: Mutex<Charge>,
+    /// Why the budget last refused, for the client.
+    refused: Mutex<Option<Status>>,
+}
+
+impl PageMemory for Reservation {
+    fn hold(&self, bytes: usize) -> bool {
+        let mut charge = self.charge.lock();
+        // What the stream will hold once the page is handed over (see `net::SEND_BUFFER`).
+        let held = bytes.saturating_mul(2).saturating_add(SEND_BUFFER);
+        match self.budget.reserve(&mut charge, self.share.as_ref(), held) {
+            Ok(()) => true,
+            Err(status) => {
+                *self.refused.lock() = Some(status);
+                false
+            }
+        }
+    }
+}
+
+/// Where a stream is between messages.
+enum Next<S: PageSource> {
+    /// A page computed, held against the budget until the transport takes it.
+    Ready(S::Message, Charge, Option<S::Cursor>),
+    /// The page to compute next.
+    At(S::Cursor),
+    Done,
+}
+
+/// Everything a stream's pages share. Page work on a blocking thread holds it too, so the
+/// guard that cancels that work is not in it: the stream (or the handler computing the first
+/// page) owns the guard, and the call only its signal.
+struct Call<S> {
+    service: DocumentsService,
+    source: S,
+    grant: Grant,
+    share: Option<PeerShare>,
+    cancel: Cancel,
+}
+
+impl DocumentsService {
+    /// A stream of `source`'s pages from `start`. The first is computed before answering, so
+    /// that a bad request or token fails the call itself.
+    pub(super) async fn open_stream<S: PageSource>(
+        &self,
+        grant: Grant,
+        share: Option<PeerShare>,
+        source: S,
+        start: S::Cursor,
+    ) -> Result<PageStream<S::Message>, Status> {
+        let guard = CancelOnDrop::new(&self.stop);
+        let call = Arc::new(Call {
+            service: self.clone(),
+            source,
+            grant,
+            share,
+            cancel: guard.signal().clone(),
+        });
+        let (first, charge, next) = call.page(start).await?;
+        let stream =
+            futures_util::stream::unfold(Next::<S>::Ready(first, charge, next), move |next| {
+                // Owned by the stream: dropped, with the stream, when its client leaves.
+                let _guard = &guard;
+                let call = call.clone();
+                async move {
+                    let at = match next {
+                        Next::Done => return None,
+                        Next::Ready(page, charge, next) => {
+                            // Handed to the encoder now: the response's own charge covers it.
+                            drop(charge);
+                            return Some((Ok(page), next.map_or(Next::Done, Next::At)));
+                        }
+                        Next::At(at) => at,
+                    };
+                    Some(match call.page(at).await {
+                        Ok((page, charge, next)) => {
+                            drop(charge);
+                            (Ok(page), next.map_or(Next::Done, Next::At))
+                        }
+                        Err(status) => (Err(status), Next::Done),
+                    })
+                }
+            });
+        Ok(Box::pin(stream))
+    }
+
+    /// Runs `op` (a page, or a query's whole run) with the engine in service and waits until
+    /// what it reflects is durable. On storage whose reads never wait, it is tried here, on the
+    /// async worker, within [`engine::INLINE_READS`] storage reads; one that needs more, and
+    /// any on storage that may wait (the disk), runs on a blocking thread without that limit.
+    /// Either stops once `cancel` is raised.
+    pub(super) async fn run_paged<T: Send + 'static>(
+        &self,
+        (inline, cancel): (QueryReads, &Cancel),
+        memory: Option<&Arc<Reservation>>,
+        op: impl Fn(&Engine, QueryReads) -> Outcome<T> + Send + 'static,
+    ) -> Result<T, Status> {
+        let engine = self.engine()?;
+        let mut outcome = None;
+        if !engine.reads_may_block() {
+            let mut reads = inline.cancelled_by(cancel.clone());
+            if let Some(memory) = memory {
+                reads = reads.reserving_in(memory.clone());
+            }
+            let inline = op(&engine, reads);
+            if !matches!(inline.result, Err(engine::Error::ReadBudgetSpent)) {
+                outcome = Some(inline);
+            }
+        }
+        let outcome = match outcome {
+            Some(inline) => inline,
+            None => {
+                let worker = engine.clone();
+                let (cancel, memory) = (cancel.clone(), memory.cloned());
+                tokio::task::spawn_blocking(move || {
+                    // Made here: time spent waiting for a thread is not the run's.
+                    let mut reads = QueryReads::unlimited().cancelled_by(cancel);
+                    if let Some(memory) = memory {
+                        reads = reads.reserving_in(memory);
+                    }
+                    op(&worker, reads)
+                })
+                .await
+                .map_err(|e| Status::internal(format!("page task failed: {e}")))?
+            }
+        };
+        engine.settle(outcome).await.map_err(|e| match e {
+            // The budget's own words: which limit, and which flag sets it.
+            engine::Error::NoMemory => memory
+                .and_then(|m| m.refused.lock().take())
+                .unwrap_or_else(|| e.into()),
+            e => e.into(),
+        })
+    }
+}
+
+impl<S: PageSource> Call<S> {
+    /// The page at `at`, with its reservation, after checking that the caller may still read
+    /// it and that the server is not stopping.
+    async fn page(
+        self: &Arc<Self>,
+        at: S::Cursor,
+    ) -> Result<(S::Message, Charge, Option<S::Cursor>), Status> {
+        if let Some(reason) = self.cancel.reason() {
+            return Err(reason.into());
+        }
+        self.grant.check()?;
+        let reservation = Arc::new(Reservation {
+            budget: self.service.budget.clone(),
+            share: self.share.clone(),
+            charge: Mutex::new(Charge::default()),
+            refused: Mutex::new(None),
+        });
+        let call = self.clone();
+        let (page, next) = self
+            .service
+            .run_paged(
+                (self.source.inline(), &self.cancel),
+                Some(&reservation),
+                move |e, reads| call.source.page(e, &at, reads),
+            )
+            .await?;
+        let charge = std::mem::take(&mut *reservation.charge.lock());
+        Ok((page, charge, next))
+    }
+}
