@@ -1,7 +1,8 @@
 //! The `query` workload: preloads `--preload` documents (each with a unique `n` and a group
 //! `g` shared by 10 documents), then runs each query shape for `--duration` seconds with
 //! `--concurrency` queries in flight, and prints latency percentiles with the metrics the
-//! server reported (documents and index entries examined, the index used).
+//! server reported (documents and index entries examined, the index used); then reads the
+//! collection's feed to its end the same way.
 
 use std::{
     sync::{
@@ -25,6 +26,8 @@ struct Shape {
     /// Also run at --concurrency (a full scan is measured one at a time: its figure is
     /// documents read per second).
     concurrent: bool,
+    /// Not a query: the collection's read feed, every page.
+    feed: bool,
 }
 
 const SHAPES: &[Shape] = &[
@@ -33,24 +36,35 @@ const SHAPES: &[Shape] = &[
         text: "SELECT * FROM c WHERE c.g = @g",
         grouped: true,
         concurrent: true,
+        feed: false,
     },
     Shape {
         name: "ORDER BY indexed path, TOP 10",
         text: "SELECT TOP 10 * FROM c ORDER BY c.n DESC",
         grouped: false,
         concurrent: true,
+        feed: false,
     },
     Shape {
         name: "SELECT VALUE COUNT(1) FROM c",
         text: "SELECT VALUE COUNT(1) FROM c",
         grouped: false,
         concurrent: true,
+        feed: false,
     },
     Shape {
         name: "full-scan filter (no index can answer it)",
         text: "SELECT VALUE c.n FROM c WHERE CONTAINS(c.payload, 'zzzzzz')",
         grouped: false,
         concurrent: false,
+        feed: false,
+    },
+    Shape {
+        name: "read feed (the whole collection, pages of 1,000)",
+        text: "",
+        grouped: false,
+        concurrent: true,
+        feed: true,
     },
 ];
 
@@ -164,6 +178,9 @@ impl Bench {
         shape: &Shape,
         group: u64,
     ) -> Result<(Seen, String), tonic::Status> {
+        if shape.feed {
+            return self.feed(client).await;
+        }
         let mut parameters = std::collections::HashMap::new();
         if shape.grouped {
             parameters.insert(
@@ -197,5 +214,27 @@ impl Bench {
             }
         }
         Ok((seen, index))
+    }
+
+    /// Reads the collection's feed to its last page.
+    async fn feed(
+        &self,
+        client: &mut DocumentsClient<crate::Authorized>,
+    ) -> Result<(Seen, String), tonic::Status> {
+        let mut stream = client
+            .read_feed(v1::ReadFeedRequest {
+                database: crate::DATABASE.into(),
+                collection: self.collection.clone(),
+                page_size: 1000,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        let mut seen = Seen::default();
+        while let Some(page) = stream.message().await? {
+            seen.results += page.documents.len() as u64;
+            seen.documents += page.documents.len() as u64;
+        }
+        Ok((seen, String::new()))
     }
 }

@@ -4,7 +4,9 @@
 //! Generated code lives in a private module; this facade re-exports what users need.
 
 pub mod codec;
-pub mod json;
+/// The JSON ⇄ `google.protobuf.Struct`/`Value` codec, in its own crate so that the engine can
+/// use it without tonic.
+pub use mayfly_json as json;
 pub mod query_page;
 
 #[allow(
@@ -75,6 +77,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 #[cfg(test)]
 mod tests {
     use prost::Message as _;
+    use serde_json::{Value, json};
 
     #[test]
     fn descriptor_set_decodes_and_names_every_service() {
@@ -93,5 +96,70 @@ mod tests {
                 .iter()
                 .any(|f| f.name() == "google/protobuf/struct.proto")
         );
+    }
+
+    fn nested_value(depth: usize, lists: bool) -> Value {
+        let mut v = json!(1);
+        for _ in 0..depth {
+            v = if lists { json!([v]) } else { json!({ "a": v }) };
+        }
+        v
+    }
+
+    /// Regression: patch values, query parameters and partition keys decoded with prost's
+    /// `prost_types::Value`, whose recursion limit stopped them at 32 levels of objects or 48
+    /// of lists (with "recursion limit reached" and no reason), while bodies take 128.
+    #[test]
+    fn every_value_field_takes_max_depth_and_flags_one_more() {
+        use crate::{
+            json::{JsonDefect, JsonValue, MAX_DEPTH},
+            v1::{
+                PartitionKey, PatchDocumentRequest, PatchOperation, PatchValue, QueryRequest,
+                oneofs::{PartitionKeyKind, PatchOp},
+            },
+        };
+        for lists in [true, false] {
+            for (depth, fits) in [(MAX_DEPTH, true), (MAX_DEPTH + 1, false)] {
+                let value = nested_value(depth, lists);
+                let expected = if fits {
+                    Ok(value.clone())
+                } else {
+                    Err(JsonDefect::TooDeep)
+                };
+                let patch = PatchDocumentRequest {
+                    operations: vec![PatchOperation {
+                        op: Some(PatchOp::Set(PatchValue {
+                            path: "/x".into(),
+                            value: Some(JsonValue::new(value.clone())),
+                        })),
+                    }],
+                    ..Default::default()
+                };
+                let patch = PatchDocumentRequest::decode(patch.encode_to_vec().as_slice())
+                    .expect("decodes");
+                let Some(PatchOp::Set(set)) = patch.operations[0].op.clone() else {
+                    panic!("a set")
+                };
+                assert_eq!(set.value.expect("a value").into_checked(), expected);
+
+                let query = QueryRequest {
+                    parameters: [("@p".to_owned(), JsonValue::new(value.clone()))].into(),
+                    ..Default::default()
+                };
+                let mut query =
+                    QueryRequest::decode(query.encode_to_vec().as_slice()).expect("decodes");
+                let param = query.parameters.remove("@p").expect("the parameter");
+                assert_eq!(param.into_checked(), expected);
+
+                let key = PartitionKey {
+                    kind: Some(PartitionKeyKind::Value(JsonValue::new(value.clone()))),
+                };
+                let key = PartitionKey::decode(key.encode_to_vec().as_slice()).expect("decodes");
+                let Some(PartitionKeyKind::Value(key)) = key.kind else {
+                    panic!("a value")
+                };
+                assert_eq!(key.into_checked(), expected);
+            }
+        }
     }
 }

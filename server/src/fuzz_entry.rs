@@ -16,6 +16,7 @@ use std::{
 
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use hmac::{Hmac, KeyInit, Mac};
+use mayfly_engine::testing::same_inline;
 use mayfly_proto::{
     json::{self, JsonObject, MAX_DEPTH, MAX_JSON_BYTES},
     v1::{
@@ -590,23 +591,6 @@ pub fn query(data: &[u8]) {
             .expect("a query that ran in small pages runs in one");
         assert_eq!(small, large, "the page size changes the results");
     }
-}
-
-/// What `run` returns with no read limit; run as an async worker would run it (inline), it
-/// must give up or return the same.
-pub(crate) fn same_inline<T: std::fmt::Debug>(
-    run: impl Fn(QueryReads) -> Result<T, Error>,
-) -> Result<T, Error> {
-    let all = run(QueryReads::unlimited());
-    let inline = run(QueryReads::inline());
-    if !matches!(inline, Err(Error::ReadBudgetSpent)) {
-        assert_eq!(
-            format!("{inline:?}"),
-            format!("{all:?}"),
-            "a query run inline differs from the same query off the async workers"
-        );
-    }
-    all
 }
 
 /// Every result of `spec` over the fixture's read collection, in pages of `page_size` as the

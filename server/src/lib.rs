@@ -1,24 +1,26 @@
 //! Mayfly server: a document database served over gRPC whose reason to exist is time to live.
 //!
 //! Layers, top to bottom: [`grpc`] (validation, proto ↔ domain conversion, error → status) →
-//! [`engine`] (shards, TTL rules, expiry, feed) → [`storage`] (where records live).
-//! [`RunningServer`] assembles them; the `mayfly` binary only parses flags and calls it.
+//! [`engine`] (shards, TTL rules, expiry, feed) → [`storage`] (where records live), with
+//! [`net`] (the listener and its limits) and [`auth`] beside the edge. The engine, its
+//! [`model`] and its storage are the `mayfly-engine` crate, re-exported here under the same
+//! paths. [`RunningServer`] assembles them; the `mayfly` binary only parses flags and calls it.
 
 pub mod auth;
 pub mod current_engine;
-pub mod engine;
 /// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test.
 #[doc(hidden)]
 pub mod fuzz_entry;
 pub mod grpc;
 mod metrics_http;
-pub mod model;
 pub mod net;
 mod server;
-pub mod storage;
+
+/// The engine, its domain model and its storage: the `mayfly-engine` crate, under the paths
+/// the server has always used.
+pub use mayfly_engine::{engine, model, storage};
 
 pub use current_engine::CurrentEngine;
-pub use server::{
-    AuthConfig, Config, MAX_MESSAGE_BYTES, Network, RunningServer, ServeError, StorageConfig,
-    default_shards, serve,
-};
+pub use net::MAX_MESSAGE_BYTES;
+pub use server::{AuthConfig, Config, Network, RunningServer, ServeError, StorageConfig, serve};
+pub use storage::default_shards;

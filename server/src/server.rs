@@ -15,15 +15,11 @@ use crate::{
     grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
     net::{
-        self, Budgets, Limits, OPEN_MESSAGE_BYTES, RequestLimitsLayer, ServerTls, TlsError,
-        TlsFiles,
+        self, Budgets, Limits, MAX_MESSAGE_BYTES, OPEN_MESSAGE_BYTES, RequestLimitsLayer,
+        ServerTls, TlsError, TlsFiles,
     },
-    storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage},
+    storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage, default_shards},
 };
-
-/// Largest request or response message: a 2 MiB JSON document can take several times that
-/// as a protobuf Struct (every array element carries tags), and must reach the size check.
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How to run a server.
 #[derive(Debug, Clone)]
@@ -103,11 +99,6 @@ impl Default for Config {
             reflection: true,
         }
     }
-}
-
-/// One shard per available core.
-pub fn default_shards() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Why a server could not start or stopped with an error.

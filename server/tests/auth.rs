@@ -8,12 +8,14 @@ use std::{path::Path, time::Duration};
 use mayfly_proto::{
     json::JsonObject,
     v1::{
-        CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
-        CreateResourceTokenRequest, DeleteCollectionRequest, DeleteDatabaseRequest,
-        DeleteDocumentRequest, GetCollectionRequest, GetDatabaseRequest, KeyKind,
-        ListCollectionsRequest, ListDatabasesRequest, QueryRequest, ReadDocumentRequest,
-        ReadFeedRequest, RegenerateKeyRequest, ReplaceCollectionRequest, ReplaceDocumentRequest,
-        TokenPermission, TouchDocumentRequest, UpsertDocumentRequest,
+        BatchCreate, BatchOperation, CreateCollectionRequest, CreateDatabaseRequest,
+        CreateDocumentRequest, CreateResourceTokenRequest, DeleteCollectionRequest,
+        DeleteDatabaseRequest, DeleteDocumentRequest, ExecuteBatchRequest, GetCollectionRequest,
+        GetDatabaseRequest, KeyKind, ListCollectionsRequest, ListDatabasesRequest,
+        PatchDocumentRequest, PatchOperation, QueryRequest, ReadDocumentRequest, ReadFeedRequest,
+        RegenerateKeyRequest, ReplaceCollectionRequest, ReplaceDocumentRequest, TokenPermission,
+        TouchDocumentRequest, UpsertDocumentRequest,
+        oneofs::{BatchOp, PatchOp},
     },
 };
 use tonic::{Code, Request, Status};
@@ -42,6 +44,8 @@ enum Rpc {
     ReadDocument,
     DeleteDocument,
     TouchDocument,
+    PatchDocument,
+    ExecuteBatch,
     ReadFeed,
     Query,
     RegenerateKey,
@@ -56,7 +60,7 @@ enum Needs {
     Manage,
 }
 
-const EVERY_RPC: [(Rpc, Needs); 19] = [
+const EVERY_RPC: [(Rpc, Needs); 21] = [
     (Rpc::CreateDatabase, Needs::Manage),
     (Rpc::GetDatabase, Needs::Read),
     (Rpc::ListDatabases, Needs::Read),
@@ -72,6 +76,8 @@ const EVERY_RPC: [(Rpc, Needs); 19] = [
     (Rpc::ReadDocument, Needs::Read),
     (Rpc::DeleteDocument, Needs::Write),
     (Rpc::TouchDocument, Needs::Write),
+    (Rpc::PatchDocument, Needs::Write),
+    (Rpc::ExecuteBatch, Needs::Write),
     (Rpc::ReadFeed, Needs::Read),
     (Rpc::Query, Needs::Read),
     (Rpc::RegenerateKey, Needs::Manage),
@@ -276,6 +282,42 @@ async fn call(
                     id: "absent".into(),
                     partition_key: doc_pk(),
                     if_match: String::new(),
+                },
+            ))
+            .await
+            .map(drop),
+        Rpc::PatchDocument => c
+            .documents
+            .patch_document(with(
+                cred,
+                PatchDocumentRequest {
+                    database: d,
+                    collection: coll,
+                    id: "absent".into(),
+                    partition_key: doc_pk(),
+                    operations: vec![PatchOperation {
+                        op: Some(PatchOp::Remove("/x".into())),
+                    }],
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map(drop),
+        // Creates a document that exists once a call was let through: the batch fails whole.
+        Rpc::ExecuteBatch => c
+            .documents
+            .execute_batch(with(
+                cred,
+                ExecuteBatchRequest {
+                    database: d,
+                    collection: coll,
+                    partition_key: doc_pk(),
+                    operations: vec![BatchOperation {
+                        op: Some(BatchOp::Create(BatchCreate {
+                            body: body("x", pk.unwrap_or("p1")),
+                            ttl: None,
+                        })),
+                    }],
                 },
             ))
             .await

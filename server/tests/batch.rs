@@ -252,7 +252,9 @@ fn now_ms() -> u64 {
 }
 
 /// Sends batches to partition `pk` until the server dies: each increments the counter and
-/// creates 99 documents `n{batch}-{i}`. Returns how many were acknowledged.
+/// creates 99 documents `n{batch}-{i}`. Returns how many were acknowledged. A batch refused
+/// with nothing applied (contended, no memory free) is sent again; any other failure but the
+/// server going away fails the test rather than ending the load early.
 async fn batch_writer(channel: Channel, pk: String) -> u64 {
     let mut docs = DocumentsClient::new(channel);
     let mut acked = 0;
@@ -261,7 +263,17 @@ async fn batch_writer(channel: Channel, pk: String) -> u64 {
         ops.extend((1..OPS_PER_BATCH).map(|i| create(&format!("n{acked}-{i}"), &pk)));
         match docs.execute_batch(batch(&pk, ops)).await {
             Ok(_) => acked += 1,
-            Err(_) => return acked,
+            Err(s) if matches!(s.code(), Code::Aborted | Code::ResourceExhausted) => {}
+            // Killed under the request (its outcome unknown), or gone.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+                ) =>
+            {
+                return acked;
+            }
+            Err(s) => panic!("{pk}: batch {acked} failed: {s:?}"),
         }
     }
 }

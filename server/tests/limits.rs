@@ -1169,3 +1169,65 @@ async fn connections_without_a_keyed_call_cannot_hold_every_place() {
     }
     assert!(refused >= 4, "{refused} calls refused UNAUTHENTICATED");
 }
+
+/// The attack of issue 23 at its own scale, for the README's figure (not run by default: it
+/// takes a minute and 2,000 streams): 2,000 feed streams of 4 MiB pages from 4 addresses,
+/// on connections granting no window, against the default 256 MiB response budget.
+/// `cargo test -p mayfly-server --test limits -- --ignored --nocapture at_full_scale`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: 2,000 stalled streams"]
+async fn stalled_streams_at_full_scale() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start_with_env(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--max-streams-per-connection",
+            "1000",
+        ],
+        &[("MIMALLOC_PURGE_DELAY", "0")],
+    );
+    let mut c = clients::connect(&server).await;
+    // 1,200 documents of 4 KiB: every page of 1,000 is cut at 4 MiB.
+    clients::seeded(&mut c, 1200, 4096).await;
+    let pid = server.child.id();
+    let before = rss_bytes(pid);
+    let request = ReadFeedRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        page_size: 1000,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let (mut held, mut refused, mut peak) = (Vec::new(), 0, 0);
+    let mut connections = Vec::new();
+    for address in 2..6 {
+        let (sender, connection) =
+            h2_connect_with_window(&server.addr, &format!("127.0.0.{address}"), 0).await;
+        connections.push(connection);
+        for _ in 0..500 {
+            let mut ready = sender.clone().ready().await.expect("ready");
+            let (response, mut body) = ready
+                .send_request(grpc_request(&server.addr, "ReadFeed"), false)
+                .expect("sent");
+            body.send_data(framed(&request), true).expect("sent");
+            let (head, body) = response.await.expect("response").into_parts();
+            match head.headers.get("grpc-status") {
+                Some(_) => refused += 1,
+                None => held.push(body),
+            }
+            peak = peak.max(rss_bytes(pid).saturating_sub(before));
+        }
+    }
+    let held_count = held.len();
+    eprintln!(
+        "2,000 feed streams of 4 MiB pages from 4 addresses granting no window, default \
+         budget (256 MiB, 64 MiB per address): {held_count} hold a page, {refused} refused, \
+         server RSS peak +{:.0} MiB, in {:.1} s",
+        peak as f64 / (1024.0 * 1024.0),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(peak < 512 * 1024 * 1024, "{peak}");
+    drop((held, connections));
+}

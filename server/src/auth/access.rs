@@ -238,12 +238,7 @@ impl Authenticator {
         let Some(keys) = &self.keys else {
             return Ok(Principal::Open);
         };
-        let value = authorization.ok_or(Denied::Missing)?;
-        let credential = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
-            .ok_or(Denied::Malformed)?;
+        let credential = bearer(authorization.ok_or(Denied::Missing)?)?;
         if ResourceToken::is_token(credential) {
             let now = self.clock.now();
             return match ResourceToken::verify(credential, keys, now) {
@@ -256,6 +251,29 @@ impl Authenticator {
             .map(Principal::Key)
             .ok_or(Denied::UnknownKey)
     }
+}
+
+/// The credential in an `authorization` value (`Bearer <key-or-token>`).
+pub fn bearer(value: &str) -> Result<&str, Denied> {
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .ok_or(Denied::Malformed)
+}
+
+/// Who sent a request with these headers: its `authorization` value, as
+/// [`Authenticator::authenticate`] judges it (a value that is not visible ASCII is malformed).
+/// The server's edge checks it before a request message is read, and each RPC again.
+pub fn authenticate_headers(
+    auth: &Authenticator,
+    headers: &http::HeaderMap,
+) -> Result<Principal, Denied> {
+    let authorization = match headers.get("authorization") {
+        None => None,
+        Some(value) => Some(value.to_str().map_err(|_| Denied::Malformed)?),
+    };
+    auth.authenticate(authorization)
 }
 
 impl Principal {

@@ -6,11 +6,11 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{caller, convert};
+use super::{caller, convert, status::to_status};
 use crate::{
     auth::{
-        Action, Authenticator, DEFAULT_TOKEN_SECS, KeyAdminError, KeySlot, MAX_TOKEN_SECS,
-        Principal, ResourceToken, Target,
+        Action, Authenticator, DEFAULT_TOKEN_SECS, Denied, KeyAdminError, KeySlot, MAX_TOKEN_SECS,
+        Principal, ResourceToken, Target, bearer,
     },
     current_engine::CurrentEngine,
     engine::InvalidInput,
@@ -56,7 +56,7 @@ impl server::Admin for AdminService {
         let caller = caller(&self.auth, &request)?;
         caller.allow(Action::Manage, Target::Account)?;
         let RegenerateKeyRequest { kind } = request.into_inner();
-        let slot = key_slot(kind)?;
+        let slot = key_slot(kind).map_err(to_status)?;
         let auth = self.auth.clone();
         // Writes and fsyncs the key file.
         let key = tokio::task::spawn_blocking(move || {
@@ -75,6 +75,14 @@ impl server::Admin for AdminService {
         let caller = caller(&self.auth, &request)?;
         caller.allow(Action::Manage, Target::Account)?;
         let keys = self.auth.keys().ok_or(KeyAdminError::NoKeys)?;
+        // The key the caller was checked with: the token is signed with it, never with a key
+        // that replaced it since.
+        let presented = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| bearer(v).ok())
+            .map(str::to_owned);
         let Principal::Key(minted_by) = caller else {
             // `allow` let through only read-write keys, or everyone on an open server.
             return Err(KeyAdminError::NoKeys.into());
@@ -86,43 +94,48 @@ impl server::Admin for AdminService {
             permission,
             ttl_seconds,
         } = request.into_inner();
-        let engine = self.engine.get()?;
+        let engine = self.engine.get().map_err(to_status)?;
         let collection = if collection.is_empty() {
-            engine.get_database(&convert::database_id(&database)?)?;
+            engine
+                .get_database(&convert::database_id(&database).map_err(to_status)?)
+                .map_err(to_status)?;
             None
         } else {
-            engine.get_collection(&convert::collection_path(&database, &collection)?)?;
+            engine
+                .get_collection(
+                    &convert::collection_path(&database, &collection).map_err(to_status)?,
+                )
+                .map_err(to_status)?;
             Some(collection)
         };
-        let partition_key = convert::partition_key_value(partition_key)?;
+        let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
         if partition_key.is_some() && collection.is_none() {
-            return Err(InvalidInput::MissingField {
+            return Err(to_status(InvalidInput::MissingField {
                 field: "collection",
                 hint: "a token scoped to a partition names its collection",
-            }
-            .into());
+            }));
         }
         let write = match TokenPermission::try_from(permission) {
             Ok(TokenPermission::Unspecified | TokenPermission::Read) => false,
             Ok(TokenPermission::All) => true,
             Err(_) => {
-                return Err(InvalidInput::UnknownEnumValue {
+                return Err(to_status(InvalidInput::UnknownEnumValue {
                     field: "permission",
                     value: permission,
-                }
-                .into());
+                }));
             }
         };
         let secs = ttl_seconds.unwrap_or(DEFAULT_TOKEN_SECS);
         if !(1..=MAX_TOKEN_SECS).contains(&secs) {
-            return Err(InvalidInput::TokenTtl {
+            return Err(to_status(InvalidInput::TokenTtl {
                 value: secs,
                 max: MAX_TOKEN_SECS,
-            }
-            .into());
+            }));
         }
         let expires_at = self.auth.now() + u64::from(secs) * 1000;
-        let key = keys.key(minted_by).ok_or(KeyAdminError::NoKeys)?;
+        let key = presented
+            .filter(|k| keys.slot_of(k) == Some(minted_by))
+            .ok_or(Denied::UnknownKey)?;
         let token = ResourceToken {
             minted_by,
             database,

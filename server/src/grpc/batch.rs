@@ -4,12 +4,12 @@
 
 use mayfly_proto::v1::{
     BatchCreate, BatchDelete, BatchOperation, BatchPatch, BatchRead, BatchReplace, BatchResult,
-    BatchTouch, BatchUpsert, Document, ExecuteBatchRequest, ExecuteBatchResponse, UpsertOutcome,
+    BatchTouch, BatchUpsert, ExecuteBatchRequest, ExecuteBatchResponse, UpsertOutcome,
     oneofs::BatchOp as ProtoOp,
 };
 use tonic::Status;
 
-use super::{convert, documents::DocumentsService, patch};
+use super::{convert, documents::DocumentsService, patch, status::to_status};
 use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, BatchOp, BatchOutput, Error, IdKind, InvalidInput, MAX_BATCH_OPERATIONS, ResourceId,
@@ -28,28 +28,28 @@ impl DocumentsService {
             partition_key,
             operations,
         } = request;
-        let path = convert::collection_path(&database, &collection)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let partition_key =
-            convert::partition_key_value(partition_key)?.ok_or(InvalidInput::MissingField {
+            convert::partition_key_value(partition_key).map_err(to_status)?.ok_or(InvalidInput::MissingField {
                 field: "partition_key",
                 hint: "a batch names the partition of all its documents: {\"value\": <value>} or {\"undefined\": {}}",
-            })?;
+            }).map_err(to_status)?;
         let target = Target::documents(&database, &collection, Some(&partition_key));
         // Checked before the operations are converted (bodies, conditions); a batch that
         // turns out to write needs write access, checked once known.
         caller.allow(Action::Read, target)?;
         if operations.is_empty() || operations.len() > MAX_BATCH_OPERATIONS {
-            return Err(InvalidInput::BatchSize {
+            return Err(to_status(InvalidInput::BatchSize {
                 count: operations.len(),
                 max: MAX_BATCH_OPERATIONS,
-            }
-            .into());
+            }));
         }
         let ops = operations
             .into_iter()
             .enumerate()
             .map(|(index, op)| operation(index, op))
-            .collect::<Result<Vec<_>, Error>>()?;
+            .collect::<Result<Vec<_>, Error>>()
+            .map_err(to_status)?;
         if ops.iter().any(BatchOp::writes) {
             caller.allow(Action::Write, target)?;
         }
@@ -64,12 +64,12 @@ impl DocumentsService {
 
 fn result(output: BatchOutput) -> BatchResult {
     let (document, outcome) = match output {
-        BatchOutput::Document(view) => (Some(Document::from(view)), UpsertOutcome::Unspecified),
+        BatchOutput::Document(view) => (Some(convert::document(view)), UpsertOutcome::Unspecified),
         BatchOutput::Upserted(engine::UpsertOutcome::Created, view) => {
-            (Some(view.into()), UpsertOutcome::Created)
+            (Some(convert::document(view)), UpsertOutcome::Created)
         }
         BatchOutput::Upserted(engine::UpsertOutcome::Replaced, view) => {
-            (Some(view.into()), UpsertOutcome::Replaced)
+            (Some(convert::document(view)), UpsertOutcome::Replaced)
         }
         BatchOutput::Deleted => (None, UpsertOutcome::Unspecified),
     };

@@ -7,7 +7,7 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{blocking, caller, convert};
+use super::{blocking, caller, convert, status::to_status};
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
@@ -44,16 +44,22 @@ impl server::Collections for CollectionsService {
             indexing_paths,
         } = request.into_inner();
         caller.allow(Action::Manage, Target::Database(&database))?;
-        let database = convert::database_id(&database)?;
-        let id = convert::new_collection_id(&id)?;
-        let path = PartitionKeyPath::parse(&partition_key_path)?;
-        let mode = convert::indexing_mode(indexing_mode)?.unwrap_or_default();
-        let settings = CollectionSettings::new(DefaultTtl::from_raw(default_ttl)?, mode)?;
-        let paths = convert::index_paths(indexing_paths)?.unwrap_or_default();
-        let engine = self.engine.get()?;
+        let database = convert::database_id(&database).map_err(to_status)?;
+        let id = convert::new_collection_id(&id).map_err(to_status)?;
+        let path = PartitionKeyPath::parse(&partition_key_path).map_err(to_status)?;
+        let mode = convert::indexing_mode(indexing_mode)
+            .map_err(to_status)?
+            .unwrap_or_default();
+        let settings =
+            CollectionSettings::new(DefaultTtl::from_raw(default_ttl).map_err(to_status)?, mode)
+                .map_err(to_status)?;
+        let paths = convert::index_paths(indexing_paths)
+            .map_err(to_status)?
+            .unwrap_or_default();
+        let engine = self.engine.get().map_err(to_status)?;
         let info = blocking(move || engine.create_collection(&database, id, path, settings, paths))
             .await?;
-        Ok(Response::new(Collection::from(&*info)))
+        Ok(Response::new(convert::collection(&info)))
     }
 
     async fn get_collection(
@@ -65,9 +71,11 @@ impl server::Collections for CollectionsService {
         caller.allow(Action::Read, Target::collection(&database, &id))?;
         let info = self
             .engine
-            .get()?
-            .get_collection(&convert::collection_path(&database, &id)?)?;
-        Ok(Response::new(Collection::from(&*info)))
+            .get()
+            .map_err(to_status)?
+            .get_collection(&convert::collection_path(&database, &id).map_err(to_status)?)
+            .map_err(to_status)?;
+        Ok(Response::new(convert::collection(&info)))
     }
 
     async fn list_collections(
@@ -79,10 +87,12 @@ impl server::Collections for CollectionsService {
         caller.allow(Action::Read, Target::Database(&database))?;
         let collections = self
             .engine
-            .get()?
-            .list_collections(&convert::database_id(&database)?)?;
+            .get()
+            .map_err(to_status)?
+            .list_collections(&convert::database_id(&database).map_err(to_status)?)
+            .map_err(to_status)?;
         Ok(Response::new(ListCollectionsResponse {
-            collections: collections.iter().map(|c| Collection::from(&**c)).collect(),
+            collections: collections.iter().map(|c| convert::collection(c)).collect(),
         }))
     }
 
@@ -99,15 +109,15 @@ impl server::Collections for CollectionsService {
             indexing_paths,
         } = request.into_inner();
         caller.allow(Action::Manage, Target::collection(&database, &id))?;
-        let path = convert::collection_path(&database, &id)?;
+        let path = convert::collection_path(&database, &id).map_err(to_status)?;
         let change = SettingsChange {
-            default_ttl: convert::default_ttl_change(default_ttl)?,
-            indexing_mode: convert::indexing_mode(indexing_mode)?,
-            index_paths: convert::index_paths(indexing_paths)?,
+            default_ttl: convert::default_ttl_change(default_ttl).map_err(to_status)?,
+            indexing_mode: convert::indexing_mode(indexing_mode).map_err(to_status)?,
+            index_paths: convert::index_paths(indexing_paths).map_err(to_status)?,
         };
-        let engine = self.engine.get()?;
+        let engine = self.engine.get().map_err(to_status)?;
         let info = blocking(move || engine.replace_collection(&path, change)).await?;
-        Ok(Response::new(Collection::from(&*info)))
+        Ok(Response::new(convert::collection(&info)))
     }
 
     async fn delete_collection(
@@ -117,8 +127,8 @@ impl server::Collections for CollectionsService {
         let caller = caller(&self.auth, &request)?;
         let DeleteCollectionRequest { database, id } = request.into_inner();
         caller.allow(Action::Manage, Target::collection(&database, &id))?;
-        let path = convert::collection_path(&database, &id)?;
-        let engine = self.engine.get()?;
+        let path = convert::collection_path(&database, &id).map_err(to_status)?;
+        let engine = self.engine.get().map_err(to_status)?;
         blocking(move || engine.delete_collection(&path)).await?;
         Ok(Response::new(DeleteCollectionResponse {}))
     }

@@ -178,34 +178,33 @@ pub(crate) fn timestamp(ms: Millis) -> prost_types::Timestamp {
     }
 }
 
-impl From<DocumentView> for v1::Document {
-    fn from(view: DocumentView) -> Self {
-        let DocumentView {
-            key,
-            body,
-            last_write,
-            etag,
-            ttl,
-            expires_at,
-            read_at,
-        } = view;
-        v1::Document {
-            id: key.id.to_string(),
-            partition_key: Some(partition_key_proto(&key.partition_key)),
-            body: Some(JsonObject::from_encoded(body)),
-            ts: (last_write / 1_000) as i64,
-            etag: etag.to_string(),
-            ttl: ttl.map(|t| t.to_raw()),
-            expires_at: expires_at.map(timestamp),
-            expires_in: expires_at.map(|at| {
-                let left = at.saturating_sub(read_at);
-                prost_types::Duration {
-                    seconds: (left / 1_000) as i64,
-                    nanos: ((left % 1_000) * 1_000_000) as i32,
-                }
-            }),
-            modified_at: Some(timestamp(last_write)),
-        }
+/// A document as the API shows it.
+pub(crate) fn document(view: DocumentView) -> v1::Document {
+    let DocumentView {
+        key,
+        body,
+        last_write,
+        etag,
+        ttl,
+        expires_at,
+        read_at,
+    } = view;
+    v1::Document {
+        id: key.id.to_string(),
+        partition_key: Some(partition_key_proto(&key.partition_key)),
+        body: Some(JsonObject::from_encoded(body)),
+        ts: (last_write / 1_000) as i64,
+        etag: etag.to_string(),
+        ttl: ttl.map(|t| t.to_raw()),
+        expires_at: expires_at.map(timestamp),
+        expires_in: expires_at.map(|at| {
+            let left = at.saturating_sub(read_at);
+            prost_types::Duration {
+                seconds: (left / 1_000) as i64,
+                nanos: ((left % 1_000) * 1_000_000) as i32,
+            }
+        }),
+        modified_at: Some(timestamp(last_write)),
     }
 }
 
@@ -241,35 +240,34 @@ pub(crate) fn default_ttl_change(
     }
 }
 
-impl From<&CollectionInfo> for v1::Collection {
-    fn from(info: &CollectionInfo) -> Self {
-        let CollectionInfo {
-            database,
-            id,
-            uid: _,
-            partition_key_path,
-            settings,
-            // Internal: what earlier defaults made final is not a setting a client reads.
-            expired: _,
-            index_paths,
-            index_complete,
-        } = info;
-        v1::Collection {
-            database: database.to_string(),
-            id: id.to_string(),
-            partition_key_path: partition_key_path.to_string(),
-            default_ttl: settings.default_ttl().to_raw(),
-            indexing_mode: match settings.indexing_mode() {
-                IndexingMode::Consistent => v1::IndexingMode::Consistent,
-                IndexingMode::Lazy => v1::IndexingMode::Lazy,
-                IndexingMode::None => v1::IndexingMode::None,
-            } as i32,
-            indexing_paths: Some(v1::IndexingPaths {
-                included_paths: index_paths.included(),
-                excluded_paths: index_paths.excluded(),
-            }),
-            index_complete: *index_complete,
-        }
+/// A collection as the API shows it.
+pub(crate) fn collection(info: &CollectionInfo) -> v1::Collection {
+    let CollectionInfo {
+        database,
+        id,
+        uid: _,
+        partition_key_path,
+        settings,
+        // Internal: what earlier defaults made final is not a setting a client reads.
+        expired: _,
+        index_paths,
+        index_complete,
+    } = info;
+    v1::Collection {
+        database: database.to_string(),
+        id: id.to_string(),
+        partition_key_path: partition_key_path.to_string(),
+        default_ttl: settings.default_ttl().to_raw(),
+        indexing_mode: match settings.indexing_mode() {
+            IndexingMode::Consistent => v1::IndexingMode::Consistent,
+            IndexingMode::Lazy => v1::IndexingMode::Lazy,
+            IndexingMode::None => v1::IndexingMode::None,
+        } as i32,
+        indexing_paths: Some(v1::IndexingPaths {
+            included_paths: index_paths.included(),
+            excluded_paths: index_paths.excluded(),
+        }),
+        index_complete: *index_complete,
     }
 }
 

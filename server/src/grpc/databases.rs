@@ -6,7 +6,7 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{blocking, caller, convert};
+use super::{blocking, caller, convert, status::to_status};
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
@@ -34,9 +34,9 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<Database>, Status> {
         let caller = caller(&self.auth, &request)?;
         let CreateDatabaseRequest { id } = request.into_inner();
-        let database = convert::new_database_id(&id)?;
+        let database = convert::new_database_id(&id).map_err(to_status)?;
         caller.allow(Action::Manage, Target::Database(&id))?;
-        let engine = self.engine.get()?;
+        let engine = self.engine.get().map_err(to_status)?;
         blocking(move || engine.create_database(database)).await?;
         Ok(Response::new(Database { id }))
     }
@@ -49,8 +49,10 @@ impl server::Databases for DatabasesService {
         let GetDatabaseRequest { id } = request.into_inner();
         caller.allow(Action::Read, Target::Database(&id))?;
         self.engine
-            .get()?
-            .get_database(&convert::database_id(&id)?)?;
+            .get()
+            .map_err(to_status)?
+            .get_database(&convert::database_id(&id).map_err(to_status)?)
+            .map_err(to_status)?;
         Ok(Response::new(Database { id }))
     }
 
@@ -63,7 +65,8 @@ impl server::Databases for DatabasesService {
         caller.allow(Action::Read, Target::Account)?;
         let databases = self
             .engine
-            .get()?
+            .get()
+            .map_err(to_status)?
             .list_databases()
             .into_iter()
             .map(|id| Database { id: id.to_string() })
@@ -77,9 +80,9 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<DeleteDatabaseResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
         let DeleteDatabaseRequest { id } = request.into_inner();
-        let database = convert::database_id(&id)?;
+        let database = convert::database_id(&id).map_err(to_status)?;
         caller.allow(Action::Manage, Target::Database(&id))?;
-        let engine = self.engine.get()?;
+        let engine = self.engine.get().map_err(to_status)?;
         blocking(move || engine.delete_database(&database)).await?;
         Ok(Response::new(DeleteDatabaseResponse {}))
     }

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 
 use super::{
     caller, convert, patch,
+    status::to_status,
     stream::{Grant, PageSource, PageStream},
 };
 use crate::{
@@ -60,7 +61,7 @@ impl DocumentsService {
 
     /// The engine in service.
     pub(super) fn engine(&self) -> Result<engine::Engine, Status> {
-        Ok(self.engine.get()?)
+        self.engine.get().map_err(to_status)
     }
 
     /// Runs `op` on the engine in service and releases its answer once the writes it
@@ -70,8 +71,8 @@ impl DocumentsService {
         &self,
         op: impl FnOnce(&engine::Engine) -> engine::Outcome<T>,
     ) -> Result<T, Status> {
-        let engine = self.engine.get()?;
-        Ok(engine.settle(op(&engine)).await?)
+        let engine = self.engine.get().map_err(to_status)?;
+        engine.settle(op(&engine)).await.map_err(to_status)
     }
 
     /// [`Self::settle`] for operations that may take a while (a batch of a hundred documents,
@@ -80,14 +81,14 @@ impl DocumentsService {
         &self,
         op: impl FnOnce(&engine::Engine) -> engine::Outcome<T> + Send + 'static,
     ) -> Result<T, Status> {
-        let engine = self.engine.get()?;
+        let engine = self.engine.get().map_err(to_status)?;
         let outcome = tokio::task::spawn_blocking({
             let engine = engine.clone();
             move || op(&engine)
         })
         .await
         .map_err(|e| Status::internal(format!("document task failed: {e}")))?;
-        Ok(engine.settle(outcome).await?)
+        engine.settle(outcome).await.map_err(to_status)
     }
 }
 
@@ -109,9 +110,9 @@ impl server::Documents for DocumentsService {
             partition_key,
             ttl,
         } = request.into_inner();
-        let path = convert::collection_path(&database, &collection)?;
-        let body = convert::document_body(body, ttl)?;
-        let partition_key = convert::partition_key_value(partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let body = convert::document_body(body, ttl).map_err(to_status)?;
+        let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, partition_key.as_ref()),
@@ -119,7 +120,7 @@ impl server::Documents for DocumentsService {
         let view = self
             .settle(|e| e.create_document(&path, body, partition_key))
             .await?;
-        Ok(Response::new(view.into()))
+        Ok(Response::new(convert::document(view)))
     }
 
     async fn upsert_document(
@@ -135,9 +136,9 @@ impl server::Documents for DocumentsService {
             ttl,
             if_match: etag,
         } = request.into_inner();
-        let path = convert::collection_path(&database, &collection)?;
-        let body = convert::document_body(body, ttl)?;
-        let partition_key = convert::partition_key_value(partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let body = convert::document_body(body, ttl).map_err(to_status)?;
+        let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, partition_key.as_ref()),
@@ -150,7 +151,7 @@ impl server::Documents for DocumentsService {
             engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
         };
         Ok(Response::new(UpsertDocumentResponse {
-            document: Some(view.into()),
+            document: Some(convert::document(view)),
             outcome: outcome as i32,
         }))
     }
@@ -169,17 +170,17 @@ impl server::Documents for DocumentsService {
             ttl,
             if_match: etag,
         } = request.into_inner();
-        let path = convert::collection_path(&database, &collection)?;
-        let key = convert::doc_key(&id, partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
         )?;
-        let body = convert::document_body(body, ttl)?;
+        let body = convert::document_body(body, ttl).map_err(to_status)?;
         let view = self
             .settle(|e| e.replace_document(&path, key, body, if_match(&etag)))
             .await?;
-        Ok(Response::new(view.into()))
+        Ok(Response::new(convert::document(view)))
     }
 
     async fn read_document(
@@ -193,14 +194,14 @@ impl server::Documents for DocumentsService {
             id,
             partition_key,
         } = request.into_inner();
-        let path = convert::collection_path(&database, &collection)?;
-        let key = convert::doc_key(&id, partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         caller.allow(
             Action::Read,
             Target::documents(&database, &collection, Some(&key.partition_key)),
         )?;
         let view = self.settle(|e| e.read_document(&path, &key)).await?;
-        Ok(Response::new(view.into()))
+        Ok(Response::new(convert::document(view)))
     }
 
     async fn delete_document(
@@ -215,8 +216,8 @@ impl server::Documents for DocumentsService {
             partition_key,
             if_match: etag,
         } = request.into_inner();
-        let path = convert::collection_path(&database, &collection)?;
-        let key = convert::doc_key(&id, partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
@@ -238,8 +239,8 @@ impl server::Documents for DocumentsService {
             partition_key,
             if_match: etag,
         } = request.into_inner();
-        let path = convert::collection_path(&database, &collection)?;
-        let key = convert::doc_key(&id, partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
@@ -247,7 +248,7 @@ impl server::Documents for DocumentsService {
         let view = self
             .settle(|e| e.touch_document(&path, &key, if_match(&etag)))
             .await?;
-        Ok(Response::new(view.into()))
+        Ok(Response::new(convert::document(view)))
     }
 
     async fn patch_document(
@@ -264,18 +265,22 @@ impl server::Documents for DocumentsService {
             if_match: etag,
             condition,
         } = request.into_inner();
-        let path = convert::collection_path(&database, &collection)?;
-        let key = convert::doc_key(&id, partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
         )?;
-        let ops = patch::operations(operations)?;
-        let condition = patch::condition(&condition)?;
+        let ops = patch::operations(operations).map_err(to_status)?;
+        let condition = patch::condition(&condition).map_err(to_status)?;
+        // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
+        // to 1,000 attempts under contention.
         let view = self
-            .settle(|e| e.patch_document(&path, &key, &ops, condition.as_deref(), if_match(&etag)))
+            .settle_blocking(move |e| {
+                e.patch_document(&path, &key, &ops, condition.as_deref(), if_match(&etag))
+            })
             .await?;
-        Ok(Response::new(view.into()))
+        Ok(Response::new(convert::document(view)))
     }
 
     async fn execute_batch(
@@ -321,8 +326,8 @@ impl server::Documents for DocumentsService {
             page_size,
             continuation,
         } = request;
-        let path = convert::collection_path(&database, &collection)?;
-        let scope = convert::feed_scope(partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let scope = convert::feed_scope(partition_key).map_err(to_status)?;
         let grant = Grant::read(
             &self.auth,
             &metadata.into_headers(),
@@ -330,7 +335,7 @@ impl server::Documents for DocumentsService {
             &collection,
             scope.partition(),
         )?;
-        let page_size = engine::page_size(page_size)?;
+        let page_size = engine::page_size(page_size).map_err(to_status)?;
         let token = (!continuation.is_empty()).then_some(continuation);
         let feed = Feed {
             path,
@@ -387,7 +392,7 @@ impl PageSource for Feed {
 
 fn feed_message(page: engine::FeedPage) -> ReadFeedPage {
     ReadFeedPage {
-        documents: page.documents.into_iter().map(Document::from).collect(),
+        documents: page.documents.into_iter().map(convert::document).collect(),
         continuation: page.continuation.unwrap_or_default(),
     }
 }

@@ -21,8 +21,10 @@ pub use documents::DocumentsService;
 
 use tonic::{Request, Status};
 
+use self::status::to_status;
+
 use crate::{
-    auth::{Authenticator, Denied, Principal},
+    auth::{Authenticator, Principal, authenticate_headers},
     engine::Error,
 };
 
@@ -32,19 +34,7 @@ use crate::{
 fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Principal, Status> {
     // Again, though the edge checked before the message arrived: a key regenerated meanwhile
     // must not serve a call whose message came after.
-    authenticate_headers(auth, request.metadata().as_ref())
-}
-
-/// Who sent a request with these headers (see [`caller`]).
-pub(crate) fn authenticate_headers(
-    auth: &Authenticator,
-    headers: &http::HeaderMap,
-) -> Result<Principal, Status> {
-    let authorization = match headers.get("authorization") {
-        None => None,
-        Some(value) => Some(value.to_str().map_err(|_| Denied::Malformed)?),
-    };
-    Ok(auth.authenticate(authorization)?)
+    Ok(authenticate_headers(auth, request.metadata().as_ref())?)
 }
 
 /// Runs catalog changes off the async worker threads: each waits for its change to be durable,
@@ -53,7 +43,7 @@ async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Status> {
     match tokio::task::spawn_blocking(work).await {
-        Ok(result) => result.map_err(Status::from),
+        Ok(result) => result.map_err(to_status),
         Err(e) => Err(Status::internal(format!("catalog task failed: {e}"))),
     }
 }

@@ -15,6 +15,7 @@ use tonic::Status;
 use super::{
     convert,
     documents::DocumentsService,
+    status::to_status,
     stream::{CancelOnDrop, Grant, PageSource, PageStream},
 };
 use crate::engine::{
@@ -148,8 +149,8 @@ impl DocumentsService {
             continuation,
             enable_scan,
         } = request;
-        let path = convert::collection_path(&database, &collection)?;
-        let scope = convert::feed_scope(partition_key)?;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let scope = convert::feed_scope(partition_key).map_err(to_status)?;
         let grant = Grant::read(
             &self.auth,
             headers,
@@ -157,9 +158,9 @@ impl DocumentsService {
             &collection,
             scope.partition(),
         )?;
-        let page_size = engine::page_size(page_size)?;
-        let params = parameters_json(parameters)?;
-        let mut spec = QuerySpec::parse(&query, params)?;
+        let page_size = engine::page_size(page_size).map_err(to_status)?;
+        let params = parameters_json(parameters).map_err(to_status)?;
+        let mut spec = QuerySpec::parse(&query, params).map_err(to_status)?;
         spec.enable_scan = enable_scan;
         let plan = Arc::new(Plan {
             path,
@@ -168,9 +169,10 @@ impl DocumentsService {
             page_size,
         });
         let token = (!continuation.is_empty()).then_some(continuation);
-        let cursor =
-            self.engine()?
-                .query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())?;
+        let cursor = self
+            .engine()?
+            .query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())
+            .map_err(to_status)?;
         let QueryCursor::Offset(offset) = cursor else {
             return self
                 .open_stream(grant, share, StreamingQuery(plan), token)

@@ -118,17 +118,18 @@ fn bounded(mut message: String) -> String {
     message
 }
 
-impl From<Error> for Status {
-    fn from(error: Error) -> Self {
-        let (code, reason) = code_and_reason(&error);
-        let mut metadata = HashMap::<String, String>::new();
-        if let Error::BatchOperation { index, .. } = &error {
-            // Clients find the failing operation without parsing the message.
-            metadata.insert(BATCH_OPERATION_INDEX.to_owned(), index.to_string());
-        }
-        let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
-        Status::with_error_details(code, bounded(error.to_string()), details)
+/// The status of an engine error or of bad input: `.map_err(to_status)?` where `?` alone
+/// would do, since `Status` and the engine's errors are other crates' types (no `From`).
+pub(crate) fn to_status(error: impl Into<Error>) -> Status {
+    let error = error.into();
+    let (code, reason) = code_and_reason(&error);
+    let mut metadata = HashMap::<String, String>::new();
+    if let Error::BatchOperation { index, .. } = &error {
+        // Clients find the failing operation without parsing the message.
+        metadata.insert(BATCH_OPERATION_INDEX.to_owned(), index.to_string());
     }
+    let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    Status::with_error_details(code, bounded(error.to_string()), details)
 }
 
 impl From<Denied> for Status {
@@ -160,12 +161,6 @@ impl From<KeyAdminError> for Status {
     }
 }
 
-impl From<InvalidInput> for Status {
-    fn from(error: InvalidInput) -> Self {
-        Error::Invalid(error).into()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,7 +169,7 @@ mod tests {
     #[test]
     fn messages_echoing_long_input_stay_small() {
         let long = "ü".repeat(10_000);
-        let status = Status::from(Error::DocumentNotFound {
+        let status = to_status(Error::DocumentNotFound {
             id: long.clone(),
             partition_key: PartitionKeyValue::string(&long[..2000]).expect("fits"),
         });
@@ -184,7 +179,7 @@ mod tests {
             "{}",
             status.message()
         );
-        let query = Status::from(Error::Query(mayfly_query::QueryError {
+        let query = to_status(Error::Query(mayfly_query::QueryError {
             kind: ErrorKind::Invalid,
             position: None,
             message: format!("unknown name {long}"),
@@ -278,7 +273,7 @@ mod tests {
         ];
         for (error, code, reason) in cases {
             let message = error.to_string();
-            let status = Status::from(error);
+            let status = to_status(error);
             assert_eq!(status.code(), code);
             assert_eq!(status.message(), message);
             let details = status.get_error_details();

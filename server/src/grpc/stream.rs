@@ -18,9 +18,9 @@ use parking_lot::Mutex;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use super::{authenticate_headers, documents::DocumentsService};
+use super::{documents::DocumentsService, status::to_status};
 use crate::{
-    auth::{Action, Authenticator, Target},
+    auth::{Action, Authenticator, Target, authenticate_headers},
     engine::{self, Cancel, Engine, Outcome, PageMemory, PartitionKeyValue, QueryReads},
     net::{Charge, PeerShare, ResponseBudget, SEND_BUFFER},
 };
@@ -257,8 +257,8 @@ impl DocumentsService {
             // The budget's own words: which limit, and which flag sets it.
             engine::Error::NoMemory => memory
                 .and_then(|m| m.refused.lock().take())
-                .unwrap_or_else(|| e.into()),
-            e => e.into(),
+                .unwrap_or_else(|| to_status(e)),
+            e => to_status(e),
         })
     }
 }
@@ -271,7 +271,7 @@ impl<S: PageSource> Call<S> {
         at: S::Cursor,
     ) -> Result<(S::Message, Charge, Option<S::Cursor>), Status> {
         if let Some(reason) = self.cancel.reason() {
-            return Err(reason.into());
+            return Err(to_status(reason));
         }
         self.grant.check()?;
         let reservation = Arc::new(Reservation {

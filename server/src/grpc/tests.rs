@@ -244,6 +244,7 @@ async fn a_page_is_refused_before_it_is_built_when_the_budget_is_full() {
 
 #[test]
 fn a_stale_continuation_is_a_failed_precondition() {
-    let status = Status::from(crate::engine::Error::ContinuationStale { reason: "test" });
+    let status =
+        super::status::to_status(crate::engine::Error::ContinuationStale { reason: "test" });
     assert_eq!(status.code(), Code::FailedPrecondition);
 }

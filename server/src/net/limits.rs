@@ -3,7 +3,11 @@
 
 use std::time::Duration;
 
-use crate::{MAX_MESSAGE_BYTES, engine::MAX_PAGE_BYTES};
+use crate::engine::MAX_PAGE_BYTES;
+
+/// Largest request or response message: a 2 MiB JSON document can take several times that
+/// as a protobuf Struct (every array element carries tags), and must reach the size check.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Resource limits of the gRPC listener.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,7 @@ pub use connection::ConnectionInfo;
 pub use descriptors::{
     DescriptorPlan, plan as plan_descriptors, raise_limit as raise_descriptor_limit,
 };
-pub use limits::Limits;
+pub use limits::{Limits, MAX_MESSAGE_BYTES};
 pub(crate) use listener::incoming;
 pub(crate) use request_limits::{OPEN_MESSAGE_BYTES, RequestLimitsLayer, SEND_BUFFER};
 pub use tls::{ServerTls, TlsError, TlsFiles};

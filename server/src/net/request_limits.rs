@@ -21,11 +21,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{
-    Limits,
+    Limits, MAX_MESSAGE_BYTES,
     budget::{Budgets, Charge, PeerShare, RequestBudget, ResponseBudget},
     connection::{Activity, ConnectionInfo, InFlight, Progress},
 };
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, authenticate_headers};
 
 /// Applies the limits to every request of a service.
 #[derive(Debug, Clone)]
@@ -88,10 +88,8 @@ where
         // before the request message is read, so that an unknown caller cannot have the
         // server buffer (up to 16 MiB of) it; the service checks again when it runs.
         let keyed = path.starts_with("/mayfly.");
-        if keyed
-            && let Err(status) =
-                crate::grpc::authenticate_headers(&self.limits.auth, request.headers())
-        {
+        if keyed && let Err(denied) = authenticate_headers(&self.limits.auth, request.headers()) {
+            let status = Status::from(denied);
             return LimitsFuture {
                 inner: Either::Right(futures_util::future::ready(Ok(status.into_http()))),
                 rest: Some((None, None, None)),
@@ -122,7 +120,7 @@ where
             (
                 self.limits.budgets.requests.clone(),
                 connection.as_ref().map(|c| c.request_share.clone()),
-                crate::MAX_MESSAGE_BYTES,
+                MAX_MESSAGE_BYTES,
             )
         } else {
             (
@@ -556,7 +554,7 @@ mod tests {
             framing: Framing::default(),
             budget: RequestBudget::new(16 << 20, 16 << 20),
             share: None,
-            largest: crate::MAX_MESSAGE_BYTES,
+            largest: MAX_MESSAGE_BYTES,
             charge: Charge::default(),
         };
         let started = tokio::time::Instant::now();
@@ -590,7 +588,7 @@ mod tests {
                 framing: Framing::default(),
                 budget: budget.clone(),
                 share: None,
-                largest: crate::MAX_MESSAGE_BYTES,
+                largest: MAX_MESSAGE_BYTES,
                 charge: Charge::default(),
             }
         };

@@ -19,6 +19,11 @@ use crate::model::{
 };
 pub use crate::model::{DocKey, StoredDocument};
 
+/// Shards when none are asked for (and none are stored): one per available core.
+pub fn default_shards() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// An index term: a document path and the value there, encoded by the engine so that byte
 /// order is query order. Opaque to storage, which keeps one entry per term and document.
 pub type Term = Vec<u8>;

@@ -22,7 +22,7 @@ const FIRST_ORDERED_BATCH: usize = 16;
 
 /// Where an index read stands in one shard's ranges.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct EntryCursor {
+pub struct EntryCursor {
     pub(crate) shard: usize,
     pub(crate) range: usize,
     pub(crate) after: Option<IndexEntry>,

@@ -111,7 +111,7 @@ pub struct QueryPage {
 
 /// Where a query stands between pages.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum QueryCursor {
+pub enum QueryCursor {
     /// A streaming query: the next document, and the rows skipped and results returned.
     Stream {
         cursor: Cursor,
@@ -150,7 +150,7 @@ impl Engine {
     }
 
     /// Decodes a client's continuation token for `spec` over `scope`.
-    pub(crate) fn query_cursor(
+    pub fn query_cursor(
         &self,
         path: &super::CollectionPath,
         spec: &QuerySpec,
@@ -356,7 +356,7 @@ impl Engine {
         clippy::too_many_arguments,
         reason = "one page's inputs, each distinct"
     )]
-    pub(crate) fn query_stream_page(
+    pub fn query_stream_page(
         &self,
         path: &super::CollectionPath,
         spec: &QuerySpec,
@@ -790,7 +790,7 @@ pub(super) fn take_results(
     let mut bytes = 0;
     for r in run.take_ready() {
         // As it will travel: numbers and nesting cost more as protobuf than as JSON.
-        let size = mayfly_proto::json::value_field_len(1, &r);
+        let size = mayfly_json::value_field_len(1, &r);
         if size > MAX_RESULT_BYTES {
             return Err(Error::Query(QueryError {
                 kind: mayfly_query::ErrorKind::Limit,

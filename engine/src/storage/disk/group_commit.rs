@@ -69,7 +69,7 @@ struct Shared {
     /// What failed, for the operator (set before `failed`).
     failure: std::sync::OnceLock<String>,
     /// Makes the next sync fail, as a failing disk would.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fault-injection"))]
     fail_next_sync: AtomicBool,
     waiting: Mutex<Waiting>,
     wake: Condvar,
@@ -96,7 +96,7 @@ impl GroupCommit {
             synced: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             failure: std::sync::OnceLock::new(),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fault-injection"))]
             fail_next_sync: AtomicBool::new(false),
             waiting: Mutex::default(),
             wake: Condvar::new(),
@@ -155,7 +155,7 @@ impl GroupCommit {
     }
 
     /// Makes the next sync fail.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fault-injection"))]
     pub(super) fn fail_next_sync(&self) {
         self.shared.fail_next_sync.store(true, Ordering::SeqCst);
     }
@@ -289,7 +289,7 @@ impl Shared {
     /// Fsyncs the active journal (see the module docs), moving on to a newer one when fjall
     /// has rotated, and syncing the directory entry of a journal the first time it is used.
     fn sync_journal(&self, journal: &mut Option<(u64, File)>) -> Result<(), String> {
-        #[cfg(test)]
+        #[cfg(any(test, feature = "fault-injection"))]
         if self.fail_next_sync.swap(false, Ordering::SeqCst) {
             return Err("injected fsync failure".to_owned());
         }

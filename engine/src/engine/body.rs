@@ -14,9 +14,9 @@ use super::{
 };
 
 /// Largest document, in bytes of compact JSON.
-pub const MAX_DOCUMENT_BYTES: usize = mayfly_proto::json::MAX_JSON_BYTES;
+pub const MAX_DOCUMENT_BYTES: usize = mayfly_json::MAX_JSON_BYTES;
 /// Deepest nesting: the document is level 1.
-pub const MAX_DEPTH: usize = mayfly_proto::json::MAX_DEPTH;
+pub const MAX_DEPTH: usize = mayfly_json::MAX_DEPTH;
 
 /// A validated document body.
 #[derive(Debug, Clone)]
@@ -98,8 +98,9 @@ impl DocumentBody {
     /// The body in its stored form (the `google.protobuf.Struct` encoding) and its TTL.
     /// Encoding here, on the request's thread, means the JSON tree is also freed there: the
     /// stored document is a single buffer, cheap to send and cheap for the purge to free.
-    pub(crate) fn into_stored(self) -> (Bytes, Option<DocumentTtl>) {
-        (mayfly_proto::json::encode(&self.map), self.ttl)
+    #[doc(hidden)]
+    pub fn into_stored(self) -> (Bytes, Option<DocumentTtl>) {
+        (mayfly_json::encode(&self.map), self.ttl)
     }
 }
 
@@ -167,7 +168,7 @@ mod tests {
         assert_eq!(body.ttl(), None);
         let (stored, _) = body.into_stored();
         assert_eq!(
-            mayfly_proto::json::decode(&stored),
+            mayfly_json::decode(&stored),
             *json!({"id": "a", "x": 1}).as_object().expect("object")
         );
     }

@@ -70,7 +70,7 @@ pub fn page_size(requested: u32) -> Result<usize, InvalidInput> {
 
 /// Position in a feed: the shard being read and the last key read from it.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Cursor {
+pub struct Cursor {
     pub(crate) shard: usize,
     pub(crate) after: Option<DocKey>,
 }

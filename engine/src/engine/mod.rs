@@ -53,7 +53,7 @@ pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
 pub use purge::PurgeGuard;
-pub(crate) use query::QueryCursor;
+pub use query::QueryCursor;
 pub use query::{
     MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics,
     QueryPage, QuerySpec,

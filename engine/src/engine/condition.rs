@@ -108,7 +108,7 @@ mod tests {
                 partition_key: PartitionKeyValue::Null,
                 id: ResourceId::parse(IdKind::Document, "d").expect("id"),
             },
-            body: mayfly_proto::json::encode(
+            body: mayfly_json::encode(
                 serde_json::from_str::<Map<String, serde_json::Value>>(json)
                     .as_ref()
                     .expect("json"),

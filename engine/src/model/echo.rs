@@ -9,7 +9,7 @@ pub const ECHO_CHARS: usize = 128;
 
 /// `{}` writes the input, `{:?}` writes it quoted and escaped; past [`ECHO_CHARS`] characters
 /// either ends in `…(N more)`.
-pub(crate) struct Echo<'a>(pub(crate) &'a str);
+pub struct Echo<'a>(pub &'a str);
 
 impl Echo<'_> {
     /// The part written, and how many characters are left out.

@@ -72,7 +72,7 @@ impl ResourceId {
     /// Validates an id read back from storage by the rules it was written under: ids with
     /// control characters or only whitespace, refused since, may be stored from earlier
     /// versions and stay readable, listable and expirable.
-    pub(crate) fn parse_stored(kind: IdKind, raw: &str) -> Result<Self, InvalidInput> {
+    pub fn parse_stored(kind: IdKind, raw: &str) -> Result<Self, InvalidInput> {
         match Self::stored_problem(raw) {
             Some(problem) => Err(InvalidInput::Id {
                 kind,

@@ -30,7 +30,7 @@ pub struct DocumentView {
 impl DocumentView {
     /// The body as a JSON object.
     pub fn body_map(&self) -> Map<String, Value> {
-        mayfly_proto::json::decode(&self.body)
+        mayfly_json::decode(&self.body)
     }
 }
 

@@ -1701,14 +1701,14 @@ fn query_on(
     let scope = FeedScope::Collection;
     let read_at = engine.query_reading();
     if !spec.is_streaming() {
-        return crate::fuzz_entry::same_inline(|reads| {
+        return crate::testing::same_inline(|reads| {
             engine.query_all(path, &spec, &scope, read_at, reads).result
         });
     }
     let (mut results, mut metrics, mut token) = (Vec::new(), QueryMetrics::default(), None);
     loop {
         let cursor = engine.query_cursor(path, &spec, &scope, token.as_deref())?;
-        let page = crate::fuzz_entry::same_inline(|reads| {
+        let page = crate::testing::same_inline(|reads| {
             engine
                 .query_stream_page(
                     path,

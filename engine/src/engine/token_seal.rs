@@ -34,7 +34,8 @@ impl TokenKey {
     }
 
     /// `payload` with its tag, as URL-safe base64.
-    pub(crate) fn seal(&self, payload: &[u8]) -> String {
+    #[doc(hidden)]
+    pub fn seal(&self, payload: &[u8]) -> String {
         let mut mac = self.mac();
         mac.update(payload);
         let tag = mac.finalize().into_bytes();
@@ -46,7 +47,8 @@ impl TokenKey {
 
     /// The payload of a token [`seal`](Self::seal) made with this key; anything else is
     /// refused (in constant time for the tag).
-    pub(crate) fn open(&self, token: &str) -> Result<Vec<u8>, InvalidInput> {
+    #[doc(hidden)]
+    pub fn open(&self, token: &str) -> Result<Vec<u8>, InvalidInput> {
         let forged = InvalidInput::Continuation {
             reason: "it was altered or not issued by this server (or its data directory was replaced)",
         };

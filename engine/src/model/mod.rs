@@ -15,8 +15,7 @@ pub use collection::{
     CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange,
 };
 pub use document::{DocKey, StoredDocument};
-pub use echo::ECHO_CHARS;
-pub(crate) use echo::Echo;
+pub use echo::{ECHO_CHARS, Echo};
 pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, IdProblem, MAX_ID_CHARS, ResourceId};
 pub use index_paths::{IndexPath, IndexPaths, MAX_INDEX_PATH_BYTES, MAX_INDEX_PATHS};
 pub use invalid::InvalidInput;

@@ -200,7 +200,7 @@ impl DiskStorage {
             None => {
                 let shards = options
                     .shards
-                    .unwrap_or_else(crate::server::default_shards)
+                    .unwrap_or_else(super::default_shards)
                     .clamp(1, usize::from(u16::MAX));
                 let mut batch = db.batch().durability(Some(PersistMode::SyncAll));
                 batch.insert(&catalog, catalog::SHARDS, (shards as u64).to_be_bytes());
@@ -261,8 +261,9 @@ impl DiskStorage {
     }
 
     /// Makes the next fsync fail, as a failing disk would.
-    #[cfg(test)]
-    pub(crate) fn fail_next_sync(&self) {
+    #[cfg(any(test, feature = "fault-injection"))]
+    #[doc(hidden)]
+    pub fn fail_next_sync(&self) {
         self.group.fail_next_sync();
     }
 

@@ -153,7 +153,7 @@ impl Shard {
             Vec::new()
         };
         let new = match &c.policy {
-            Some(paths) => document_terms(&mayfly_proto::json::decode(&record.body), paths),
+            Some(paths) => document_terms(&mayfly_json::decode(&record.body), paths),
             None => Vec::new(),
         };
         Ok(Some((old, new)))

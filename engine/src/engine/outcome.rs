@@ -33,7 +33,7 @@ impl<T> Outcome<T> {
 
     /// A failure that reflects no document state (bad input, a missing collection, storage
     /// refusing the write): nothing to wait for.
-    pub(crate) fn failed(error: impl Into<Error>) -> Self {
+    pub fn failed(error: impl Into<Error>) -> Self {
         Outcome {
             result: Err(error.into()),
             settle_at: Lsn::ZERO,
@@ -41,7 +41,7 @@ impl<T> Outcome<T> {
     }
 
     /// The same outcome with its value transformed.
-    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
         Outcome {
             result: self.result.map(f),
             settle_at: self.settle_at,
