@@ -8,10 +8,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use mayfly_proto::{json::JsonObject, v1::CreateDocumentRequest, v1::QueryRequest};
+use mayfly_proto::v1::QueryRequest;
 use support::{
     Mayfly,
-    clients::{connect, database_and_collection},
+    clients::{Clients, connect, create_all, database_and_collection},
 };
 use tonic::{Code, Request};
 
@@ -20,28 +20,26 @@ use tonic::{Code, Request};
 const HEAVY: &str = "SELECT VALUE COUNT(1) FROM c JOIN a IN c.arr JOIN b IN c.arr \
                      WHERE a + b >= 0 AND a * b >= 0";
 
-async fn seeded_server(dir: &std::path::Path) -> (Mayfly, support::clients::Clients) {
+/// A memory server with `d/c` holding `bodies`.
+async fn server_with(
+    dir: &std::path::Path,
+    bodies: impl IntoIterator<Item = serde_json::Value>,
+) -> (Mayfly, Clients) {
     let server = Mayfly::start(dir, &["--storage", "memory"]);
     let mut c = connect(&server).await;
     database_and_collection(&mut c).await;
-    let arr: Vec<u32> = (0..300).collect();
-    for i in 0..40 {
-        let serde_json::Value::Object(body) =
-            serde_json::json!({"id": format!("d{i}"), "pk": "p", "arr": arr})
-        else {
-            unreachable!("an object")
-        };
-        c.documents
-            .create_document(CreateDocumentRequest {
-                database: "d".into(),
-                collection: "c".into(),
-                body: Some(JsonObject::new(body)),
-                ..Default::default()
-            })
-            .await
-            .expect("create");
-    }
+    create_all(&mut c, bodies).await;
     (server, c)
+}
+
+/// Documents for [`HEAVY`]: 40, each with a 300-element array.
+async fn seeded_server(dir: &std::path::Path) -> (Mayfly, Clients) {
+    let arr: Vec<u32> = (0..300).collect();
+    server_with(
+        dir,
+        (0..40).map(|i| serde_json::json!({"id": format!("d{i}"), "pk": "p", "arr": arr})),
+    )
+    .await
 }
 
 fn heavy_query() -> QueryRequest {
@@ -67,11 +65,7 @@ fn cpu_time(pid: u32) -> Duration {
 }
 
 /// The server's CPU in the second from 300 ms after `query` gave up on its 500 ms deadline.
-async fn cpu_after_leaving(
-    server: &Mayfly,
-    c: &mut support::clients::Clients,
-    query: &str,
-) -> Duration {
+async fn cpu_after_leaving(server: &Mayfly, c: &mut Clients, query: &str) -> Duration {
     let mut request = Request::new(QueryRequest {
         query: query.into(),
         ..heavy_query()
@@ -140,32 +134,13 @@ async fn sigterm_stops_running_queries_at_once() {
 }
 
 /// A memory server with `d/c` and `count` documents holding `s`, a string of `len` bytes.
-async fn big_strings(
-    dir: &std::path::Path,
-    count: usize,
-    len: usize,
-) -> (Mayfly, support::clients::Clients) {
-    let server = Mayfly::start(dir, &["--storage", "memory"]);
-    let mut c = connect(&server).await;
-    database_and_collection(&mut c).await;
+async fn big_strings(dir: &std::path::Path, count: usize, len: usize) -> (Mayfly, Clients) {
     let text = "a".repeat(len);
-    for i in 0..count {
-        let serde_json::Value::Object(body) =
-            serde_json::json!({"id": format!("d{i}"), "pk": "p", "s": text})
-        else {
-            unreachable!("an object")
-        };
-        c.documents
-            .create_document(CreateDocumentRequest {
-                database: "d".into(),
-                collection: "c".into(),
-                body: Some(JsonObject::new(body)),
-                ..Default::default()
-            })
-            .await
-            .expect("create");
-    }
-    (server, c)
+    server_with(
+        dir,
+        (0..count).map(|i| serde_json::json!({"id": format!("d{i}"), "pk": "p", "s": text})),
+    )
+    .await
 }
 
 fn reason(status: &tonic::Status) -> String {

@@ -426,46 +426,21 @@ impl Engine {
         let mut run = reads
             .execution(&spec.query, &spec.params, context(read_at))?
             .resume(skipped, returned);
-        let mut page = QueryPage {
-            results: Vec::new(),
-            continuation: None,
-            metrics: QueryMetrics::default(),
-        };
-        let (mut bytes, mut resume) = (0, None);
+        let mut fill = PageFill::new(page_size, self.page_bytes(), None);
         let started = Instant::now();
         loop {
             let scanned = self.scan_batch(&info, scope, &cursor, read_at, reads)?;
             let mut stopped_at = None;
             for (i, view) in scanned.documents.iter().enumerate() {
                 reads.check_time()?;
-                let fed = feed_document(
-                    &mut run,
-                    || as_document(view),
-                    view.body.len(),
-                    (&mut page, &mut bytes, &mut resume),
-                    reads,
-                )?;
-                match fed {
-                    Fed::Refused => {
-                        // The page ends before this document.
-                        let before = match i {
-                            0 => cursor.after.clone(),
-                            i => Some(scanned.documents[i - 1].key.clone()),
-                        };
-                        stopped_at = Some(before);
-                        break;
-                    }
-                    Fed::Kept(Flow::Done) => {
-                        page.metrics.results_returned = page.results.len() as u64;
-                        return Ok(page);
-                    }
-                    Fed::Kept(Flow::More) => {}
-                }
-                if page.results.len() >= page_size
-                    || bytes >= self.page_bytes()
-                    || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
-                {
-                    stopped_at = Some(Some(view.key.clone()));
+                let doc = || as_document(view);
+                if let Some(stop) = fill.feed(&mut run, doc, view.body.len(), reads)? {
+                    stopped_at = Some(match stop {
+                        Stop::Done => return Ok(fill.page),
+                        Stop::After => Some(view.key.clone()),
+                        Stop::Before if i == 0 => cursor.after.clone(),
+                        Stop::Before => Some(scanned.documents[i - 1].key.clone()),
+                    });
                     break;
                 }
             }
@@ -476,8 +451,7 @@ impl Engine {
             } else if !scanned.exhausted {
                 cursor.after = scanned.last;
             } else if cursor.shard == last {
-                page.metrics.results_returned = page.results.len() as u64;
-                return Ok(page);
+                return Ok(fill.page);
             } else {
                 cursor = Cursor {
                     shard: cursor.shard + 1,
@@ -488,8 +462,8 @@ impl Engine {
                 break;
             }
         }
-        let (skipped, returned) = resume.unwrap_or_else(|| run.counters());
-        page.metrics.results_returned = page.results.len() as u64;
+        let (skipped, returned) = fill.counters(&run);
+        let mut page = fill.page;
         page.continuation = Some(self.encode_query_cursor(
             &info,
             spec,
@@ -688,15 +662,7 @@ impl Engine {
         let mut run = reads
             .execution(&spec.query, &spec.params, context(read_at))?
             .resume(skipped, returned);
-        let mut page = QueryPage {
-            results: Vec::new(),
-            continuation: None,
-            metrics: QueryMetrics {
-                index: Some(plan.name.clone()),
-                ..QueryMetrics::default()
-            },
-        };
-        let (mut bytes, mut resume) = (0, None);
+        let mut fill = PageFill::new(page_size, self.page_bytes(), Some(plan.name.clone()));
         let started = Instant::now();
         let mut at = Some(at);
         while let Some(cursor) = at.take() {
@@ -706,7 +672,7 @@ impl Engine {
                 scope,
                 &cursor,
                 last,
-                &mut page.metrics.index_entries_examined,
+                &mut fill.page.metrics.index_entries_examined,
                 reads,
             )?;
             let docs = self.entry_documents(info, cursor.shard, batch.entries, read_at, reads)?;
@@ -717,33 +683,16 @@ impl Engine {
                 reads.check_time()?;
                 let size = view.body.len();
                 let Some(doc) = named_by(&entry, view, plan) else {
-                    page.metrics.documents_examined += 1;
+                    fill.page.metrics.documents_examined += 1;
                     done = Some(entry);
                     continue;
                 };
-                let fed = feed_document(
-                    &mut run,
-                    || doc,
-                    size,
-                    (&mut page, &mut bytes, &mut resume),
-                    reads,
-                )?;
-                match fed {
-                    Fed::Refused => {
-                        stopped = Some(done);
-                        break;
-                    }
-                    Fed::Kept(Flow::Done) => {
-                        page.metrics.results_returned = page.results.len() as u64;
-                        return Ok(page);
-                    }
-                    Fed::Kept(Flow::More) => {}
-                }
-                if page.results.len() >= page_size
-                    || bytes >= self.page_bytes()
-                    || page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE
-                {
-                    stopped = Some(Some(entry));
+                if let Some(stop) = fill.feed(&mut run, || doc, size, reads)? {
+                    stopped = Some(match stop {
+                        Stop::Done => return Ok(fill.page),
+                        Stop::After => Some(entry),
+                        Stop::Before => done,
+                    });
                     break;
                 }
                 done = Some(entry);
@@ -757,9 +706,9 @@ impl Engine {
                 break;
             }
         }
-        page.metrics.results_returned = page.results.len() as u64;
+        let (skipped, returned) = fill.counters(&run);
+        let mut page = fill.page;
         if let Some(at) = at {
-            let (skipped, returned) = resume.unwrap_or_else(|| run.counters());
             page.continuation = Some(self.encode_query_cursor(
                 info,
                 spec,
@@ -808,45 +757,90 @@ pub(super) fn take_results(
     Ok(bytes)
 }
 
-/// What became of a document fed to a page.
-enum Fed {
-    /// Its results are on the page; the run goes on or is done.
-    Kept(Flow),
-    /// Its results would not fit what the page could reserve: the page ends before it.
-    Refused,
+/// Where a streaming page stops.
+enum Stop {
+    /// The run is done: the page is the last.
+    Done,
+    /// After the document just fed: the page is full.
+    After,
+    /// Before it: its results do not fit what the page could reserve.
+    Before,
 }
 
-/// Feeds the document `doc` makes (whose stored body is `size` bytes) to `run`, adding its
-/// results to `page` (whose results hold `bytes`) only within what `reads` can reserve for
-/// them: before they are built, by the document's size, and once built, by theirs. A page with
-/// no results yet fails instead (there is nothing to send); a refused document's results are
-/// taken back, and `resume` keeps the run's counters from before it for the continuation.
-fn feed_document(
-    run: &mut mayfly_query::Execution<'_, '_>,
-    doc: impl FnOnce() -> Value,
-    size: usize,
-    (page, bytes, resume): (&mut QueryPage, &mut usize, &mut Option<(u64, u64)>),
-    reads: &QueryReads,
-) -> Result<Fed, Error> {
-    let refused = |page: &QueryPage| match page.results.is_empty() {
-        true => Err(Error::NoMemory),
-        false => Ok(Fed::Refused),
-    };
-    if !reads.hold(*bytes + size) {
-        return refused(page);
+/// A streaming page being filled, within its size, its bytes and the memory `QueryReads` can
+/// reserve: one fill for pages of documents and of index entries alike.
+struct PageFill {
+    page: QueryPage,
+    /// What the results take, as they will travel.
+    bytes: usize,
+    /// The run's counters from before a document that was taken back.
+    resume: Option<(u64, u64)>,
+    page_size: usize,
+    page_bytes: usize,
+}
+
+impl PageFill {
+    fn new(page_size: usize, page_bytes: usize, index: Option<String>) -> Self {
+        PageFill {
+            page: QueryPage {
+                results: Vec::new(),
+                continuation: None,
+                metrics: QueryMetrics {
+                    index,
+                    ..QueryMetrics::default()
+                },
+            },
+            bytes: 0,
+            resume: None,
+            page_size,
+            page_bytes,
+        }
     }
-    page.metrics.documents_examined += 1;
-    let before = run.counters();
-    let flow = run.push_owned(doc())?;
-    let kept = page.results.len();
-    let added = take_results(run, &mut page.results)?;
-    if added > size && !reads.hold(*bytes + added) {
-        page.results.truncate(kept);
-        *resume = Some(before);
-        return refused(page);
+
+    /// Feeds the document `doc` makes (whose stored body is `size` bytes) to `run`, keeping
+    /// its results only within what `reads` can reserve for them: before they are built, by
+    /// the document's size, and once built, by theirs. A page with no results yet fails
+    /// instead (there is nothing to send). `None`: the page goes on.
+    fn feed(
+        &mut self,
+        run: &mut mayfly_query::Execution<'_, '_>,
+        doc: impl FnOnce() -> Value,
+        size: usize,
+        reads: &QueryReads,
+    ) -> Result<Option<Stop>, Error> {
+        let refused = |page: &QueryPage| match page.results.is_empty() {
+            true => Err(Error::NoMemory),
+            false => Ok(Some(Stop::Before)),
+        };
+        if !reads.hold(self.bytes + size) {
+            return refused(&self.page);
+        }
+        self.page.metrics.documents_examined += 1;
+        let before = run.counters();
+        let flow = run.push_owned(doc())?;
+        let kept = self.page.results.len();
+        let added = take_results(run, &mut self.page.results)?;
+        if added > size && !reads.hold(self.bytes + added) {
+            self.page.results.truncate(kept);
+            self.resume = Some(before);
+            return refused(&self.page);
+        }
+        self.bytes += added;
+        self.page.metrics.results_returned = self.page.results.len() as u64;
+        let full = self.page.results.len() >= self.page_size
+            || self.bytes >= self.page_bytes
+            || self.page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE;
+        Ok(match flow {
+            Flow::Done => Some(Stop::Done),
+            Flow::More if full => Some(Stop::After),
+            Flow::More => None,
+        })
     }
-    *bytes += added;
-    Ok(Fed::Kept(flow))
+
+    /// Rows skipped and results returned by the page's end, for its continuation.
+    fn counters(&self, run: &mayfly_query::Execution<'_, '_>) -> (u64, u64) {
+        self.resume.unwrap_or_else(|| run.counters())
+    }
 }
 
 /// A hash of `parts` that every build and release of the server computes alike (tokens

@@ -209,15 +209,10 @@ impl ResponseBudget {
 
     /// The budget of the services that need no key, which no flag sets.
     fn open(bytes: usize, per_peer_bytes: usize) -> Self {
+        let what = "reflection responses waiting to be read";
+        let names = Names { what, flags: None };
         ResponseBudget {
-            shared: Shared::new(
-                bytes,
-                per_peer_bytes,
-                Names {
-                    what: "reflection responses waiting to be read",
-                    flags: None,
-                },
-            ),
+            shared: Shared::new(bytes, per_peer_bytes, names),
         }
     }
 
@@ -270,8 +265,7 @@ impl ResponseBudget {
         bytes: usize,
     ) -> Result<(), Status> {
         let share = self.shared.share(peer);
-        let wanted = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
-        if wanted > self.shared.most(share) {
+        if units(bytes) > self.shared.most(share) {
             let short = if share.is_some() {
                 Short::Share
             } else {
@@ -327,15 +321,10 @@ impl RequestBudget {
 
     /// The budget of the services that need no key, which no flag sets.
     fn open(bytes: usize, per_peer_bytes: usize) -> Self {
+        let what = "health and reflection request messages on their way in";
+        let names = Names { what, flags: None };
         RequestBudget {
-            shared: Shared::new(
-                bytes,
-                per_peer_bytes,
-                Names {
-                    what: "health and reflection request messages on their way in",
-                    flags: None,
-                },
-            ),
+            shared: Shared::new(bytes, per_peer_bytes, names),
         }
     }
 

@@ -83,12 +83,25 @@ pub(crate) async fn database_and_collection(c: &mut Clients) {
 pub(crate) async fn seeded(c: &mut Clients, count: usize, pad: usize) {
     database_and_collection(c).await;
     let padding = "x".repeat(pad);
-    for i in 0..count {
-        let body = serde_json::json!({
-            "id": format!("doc-{i:03}"), "pk": format!("p{}", i % 3), "n": i, "pad": padding,
-        });
+    create_all(
+        c,
+        (0..count).map(|i| {
+            serde_json::json!({
+                "id": format!("doc-{i:03}"), "pk": format!("p{}", i % 3), "n": i, "pad": padding,
+            })
+        }),
+    )
+    .await;
+}
+
+/// Creates each of `bodies` (JSON objects) in `d/c`.
+pub(crate) async fn create_all(
+    c: &mut Clients,
+    bodies: impl IntoIterator<Item = serde_json::Value>,
+) {
+    for body in bodies {
         let serde_json::Value::Object(body) = body else {
-            unreachable!("an object")
+            panic!("a document is an object: {body}")
         };
         c.documents
             .create_document(CreateDocumentRequest {
