@@ -23,8 +23,6 @@ pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Documents read from storage per page, at most, as a multiple of the page size: bounds the
 /// work a page does when most documents it meets are expired.
 pub(super) const SCAN_FACTOR: usize = 8;
-/// Body bytes a feed page reserves memory for at a time (see `Engine::read_feed_page`).
-pub(super) const READ_WINDOW: usize = 256 * 1024;
 /// Version 2: partition keys in the ordered encoding storage keys use.
 const TOKEN_VERSION: u8 = 2;
 
@@ -87,8 +85,8 @@ pub(crate) struct ShardPage {
     pub(crate) last: Option<DocKey>,
     /// The shard has nothing after `last`.
     pub(crate) exhausted: bool,
-    /// It ended at the byte limit it was given: the size of the next document, which did not
-    /// fit.
+    /// It ended at a document it could not keep (see `Shard::scan_page`): that document's
+    /// size.
     pub(crate) next_size: Option<usize>,
 }
 

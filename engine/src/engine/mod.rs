@@ -831,46 +831,35 @@ impl Engine {
         }
         let mut documents = Vec::new();
         let mut bytes = 0;
-        // Memory is reserved before documents are read, a window at a time, so that a page
-        // holds what the response budget had free, never more.
-        let mut window = feed::READ_WINDOW;
         loop {
             let want = page_size - documents.len();
-            let room = window.min(self.inner.page_bytes.saturating_sub(bytes));
-            if !reads.hold(bytes + room) {
-                if documents.is_empty() {
-                    return Err(Error::NoMemory);
-                }
-                break;
-            }
             reads.spend(want)?;
+            // Each document's memory is reserved before the page keeps it, so that a page
+            // holds what the response budget had free, never more; the page's first document
+            // is kept whatever its size (a page holds one at least), if memory has room.
+            let (base, page_bytes, first_of_page) =
+                (bytes, self.inner.page_bytes, documents.is_empty());
+            let reserving = &*reads;
             let page = self.inner.shards[cursor.shard].scan_page(
                 &info,
                 scope,
                 cursor.after.as_ref(),
                 want,
-                (room, documents.is_empty()),
+                &mut |total, first| {
+                    (first_of_page && first || base + total <= page_bytes)
+                        && reserving.hold(base + total)
+                },
                 shard::Reading::Clock(&*self.inner.clock),
             )?;
             reads.reflect(page.settle_at);
-            bytes += page.bytes;
-            // A first document larger than the window: kept only if the budget has room.
-            if page.bytes > room && !reads.hold(bytes) {
+            if first_of_page && page.documents.is_empty() && page.next_size.is_some() {
                 return Err(Error::NoMemory);
             }
+            bytes += page.bytes;
             documents.extend(page.documents);
             if !page.exhausted {
                 cursor.after = page.last;
-                match page.next_size {
-                    // The window was full, not the page: reserve more and read on.
-                    Some(size)
-                        if documents.len() < page_size && bytes + size <= self.inner.page_bytes =>
-                    {
-                        window = window.max(size);
-                        continue;
-                    }
-                    _ => break,
-                }
+                break;
             }
             if cursor.shard == last {
                 return Ok(FeedPage {

@@ -493,7 +493,7 @@ impl Engine {
             scope,
             cursor.after.as_ref(),
             SCAN_BATCH,
-            (usize::MAX, true),
+            &mut |_, _| true,
             Reading::At(read_at),
         )?;
         reads.reflect(scanned.settle_at);
@@ -738,8 +738,13 @@ pub(super) fn take_results(
 ) -> Result<usize, Error> {
     let mut bytes = 0;
     for r in run.take_ready() {
-        // As it will travel: numbers and nesting cost more as protobuf than as JSON.
-        let size = mayfly_json::value_field_len(1, &r);
+        // JSON size, cheap to measure; a large result is measured as it will travel too, as
+        // a small number takes up to 11 bytes as protobuf (below this, a result stays below
+        // the limit either way).
+        let mut size = mayfly_query::value::approximate_size(&r);
+        if size > MAX_RESULT_BYTES / 16 {
+            size = size.max(mayfly_json::value_field_len(1, &r));
+        }
         if size > MAX_RESULT_BYTES {
             return Err(Error::Query(QueryError {
                 kind: mayfly_query::ErrorKind::Limit,

@@ -121,6 +121,9 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// How much a page's reservation grows by at a time.
+const RESERVATION_STEP: usize = 64 * 1024;
+
 /// A page's reservation in the response budget: what its stream holds once the page is handed
 /// over, as the response layer charges it: twice the bytes it builds (values in memory now,
 /// the encoder's buffer then) and HTTP/2's send buffer.
@@ -135,8 +138,13 @@ pub(super) struct Reservation {
 impl PageMemory for Reservation {
     fn hold(&self, bytes: usize) -> bool {
         let mut charge = self.charge.lock();
-        // What the stream will hold once the page is handed over (see `net::SEND_BUFFER`).
-        let held = bytes.saturating_mul(2).saturating_add(SEND_BUFFER);
+        // What the stream will hold once the page is handed over (see `net::SEND_BUFFER`),
+        // in steps, so that a page of small documents takes the budget a few times, not once
+        // per document.
+        let held = bytes
+            .saturating_mul(2)
+            .saturating_add(SEND_BUFFER)
+            .next_multiple_of(RESERVATION_STEP);
         match self.budget.reserve(&mut charge, self.share.as_ref(), held) {
             Ok(()) => true,
             Err(status) => {

@@ -16,17 +16,19 @@ use crate::storage::{DocKey, IndexEntry, IndexRange, Lsn, ScanRange, StoredDocum
 const COUNT_CHUNK: usize = 16_384;
 
 impl Shard {
-    /// Up to `want` live documents of `scope` after `after`, of at most `bytes_left` body bytes
-    /// unless the first one alone is larger and `take_first` is set. Storage is scanned outside
-    /// the shard lock; each batch is then judged under it, and a document written between the
-    /// two is fetched again once (one rewritten even then counts as written during the feed).
+    /// Up to `want` live documents of `scope` after `after`, each kept only if `admit(bytes,
+    /// first)` allows the page's body bytes to reach `bytes` with it (`first`: it would be the
+    /// first kept); the page ends before the first one refused. Storage is scanned outside the
+    /// shard lock; each batch is then judged under it, and a document written between the two
+    /// is fetched again once (one rewritten even then counts as written during the feed).
+    /// `admit` runs outside the lock.
     pub(crate) fn scan_page(
         &self,
         info: &CollectionInfo,
         scope: &FeedScope,
         after: Option<&DocKey>,
         want: usize,
-        (bytes_left, take_first): (usize, bool),
+        admit: &mut dyn FnMut(usize, bool) -> bool,
         reading: Reading<'_>,
     ) -> Result<ShardPage, Error> {
         let mut page = ShardPage {
@@ -56,8 +58,7 @@ impl Shard {
             for (record, judged) in batch.iter().zip(judged.views) {
                 if let Judged::Live(view) = judged {
                     let size = record.body.len();
-                    let first = take_first && page.documents.is_empty();
-                    if page.bytes + size > bytes_left && !first {
+                    if !admit(page.bytes + size, page.documents.is_empty()) {
                         // Full: the next page starts at this document.
                         page.next_size = Some(size);
                         return Ok(page);
