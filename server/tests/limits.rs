@@ -146,6 +146,17 @@ fn rss_bytes(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// The whole feed of `d/c`, in pages of 1,000 documents (cut by bytes first where documents
+/// are large).
+fn feed_of_full_pages() -> ReadFeedRequest {
+    ReadFeedRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        page_size: 1000,
+        ..Default::default()
+    }
+}
+
 /// User plus system CPU time of a process.
 fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
@@ -235,12 +246,7 @@ async fn stalled_feed_readers_hold_at_most_the_response_budget() {
     let pid = server.child.id();
     let before = rss_bytes(pid);
 
-    let request = ReadFeedRequest {
-        database: "d".into(),
-        collection: "c".into(),
-        page_size: 1000,
-        ..Default::default()
-    };
+    let request = feed_of_full_pages();
     let mut connections = Vec::new();
     let mut responses = Vec::new();
     for i in 0..STREAMS {
@@ -643,12 +649,7 @@ async fn a_client_that_stops_reading_holds_its_share_for_the_send_timeout_only()
     let mut c = clients::connect(&server).await;
     // Pages of about 1 MiB, charged 2 MiB each while their reader stalls.
     clients::seeded(&mut c, 400, 4096).await;
-    let request = ReadFeedRequest {
-        database: "d".into(),
-        collection: "c".into(),
-        page_size: 1000,
-        ..Default::default()
-    };
+    let request = feed_of_full_pages();
     let (stalled, stalled_connection) = h2_connect_from(&server.addr, "127.0.0.2").await;
     let started = Instant::now();
     let mut responses = Vec::new();
@@ -1193,12 +1194,7 @@ async fn stalled_streams_at_full_scale() {
     clients::seeded(&mut c, 1200, 4096).await;
     let pid = server.child.id();
     let before = rss_bytes(pid);
-    let request = ReadFeedRequest {
-        database: "d".into(),
-        collection: "c".into(),
-        page_size: 1000,
-        ..Default::default()
-    };
+    let request = feed_of_full_pages();
     let started = Instant::now();
     let (mut held, mut refused, mut peak) = (Vec::new(), 0, 0);
     let mut connections = Vec::new();
