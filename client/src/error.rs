@@ -308,6 +308,11 @@ reasons! {
     InvalidBatch = "INVALID_BATCH",
     /// A transactional batch above its size limits.
     BatchTooLarge = "BATCH_TOO_LARGE",
+    /// A request message that does not decode as protobuf (status `INVALID_ARGUMENT`).
+    UndecodableMessage = "UNDECODABLE_MESSAGE",
+    /// A request message larger than the server takes (16 MiB; status `RESOURCE_EXHAUSTED`,
+    /// never retried: the same request would be refused again).
+    MessageTooLarge = "MESSAGE_TOO_LARGE",
     /// Other writes changed a batch's documents during each of its attempts on the server;
     /// nothing was applied and it may be sent again (status `ABORTED`).
     Contended = "CONTENDED",
@@ -432,7 +437,7 @@ impl Error {
     /// help (an invalid address, a certificate refused), [`Error::Unavailable`]
     /// with a reason other than [`Reason::OutcomeUnknown`] (storage refusing writes),
     /// [`Error::ResourceExhausted`]
-    /// (throttled) and a batch that failed as [`Reason::Contended`]. Not [`Error::Timeout`],
+    /// (throttled, not [`Reason::MessageTooLarge`]) and a batch that failed as [`Reason::Contended`]. Not [`Error::Timeout`],
     /// nor `OUTCOME_UNKNOWN`, which is also what a connection broken during a request reports:
     /// the request may have been applied, which only the caller can judge (a read may be
     /// sent again; a create, an `incr` or an [`update`](crate::Collection::update) may not).
@@ -464,7 +469,8 @@ impl Error {
                     | io::ErrorKind::UnexpectedEof
                     | io::ErrorKind::BrokenPipe
             ),
-            Error::ResourceExhausted(_) => true,
+            // Throttled, unless the request itself is too large to ever be taken.
+            Error::ResourceExhausted(d) => d.reason != Some(Reason::MessageTooLarge),
             // The server says why (storage refusing writes): nothing was applied. Without a
             // reason the status came from elsewhere (a proxy, the HTTP/2 layer): unknown.
             Error::Unavailable(d) => d.reason.is_some() && d.reason != Some(Reason::OutcomeUnknown),
@@ -684,5 +690,28 @@ mod tests {
         let status = Status::with_error_details(Code::Unavailable, "disk full", storage);
         assert!(Error::from_status(status, "here").is_retryable());
         assert!(!Error::timeout(Duration::from_secs(1)).is_retryable());
+    }
+
+    #[test]
+    fn a_message_too_large_is_not_retried_while_throttling_is() {
+        let exhausted = |reason: Option<&str>| {
+            let status = match reason {
+                Some(reason) => Status::with_error_details(
+                    Code::ResourceExhausted,
+                    "?",
+                    tonic_types::ErrorDetails::with_error_info(
+                        reason,
+                        "mayfly.v1",
+                        std::collections::HashMap::<String, String>::new(),
+                    ),
+                ),
+                None => Status::resource_exhausted("budget in use"),
+            };
+            Error::from_status(status, "here")
+        };
+        let too_large = exhausted(Some("MESSAGE_TOO_LARGE"));
+        assert_eq!(too_large.reason(), Some(&Reason::MessageTooLarge));
+        assert!(!too_large.is_retryable());
+        assert!(exhausted(None).is_retryable());
     }
 }

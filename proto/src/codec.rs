@@ -1,15 +1,37 @@
 //! The protobuf codec of every Mayfly service: prost's, except that a message that does not
-//! decode is INVALID_ARGUMENT naming the field (prost's error says `Message.field: why`).
-//! tonic's default reports it as INTERNAL, which Mayfly reserves for storage failures.
+//! decode is INVALID_ARGUMENT naming the field (prost's error says `Message.field: why`), with
+//! the reason [`UNDECODABLE_MESSAGE`]. tonic's default reports it as INTERNAL, which Mayfly
+//! reserves for storage failures.
 
-use std::marker::PhantomData;
+use std::{collections::HashMap, fmt::Display, marker::PhantomData};
 
 use prost::Message;
 use tonic::{
-    Status,
+    Code, Status,
     codec::{Codec, DecodeBuf, Decoder},
 };
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::ERROR_DOMAIN;
+
+/// `ErrorInfo.reason` of a request message that does not decode as protobuf.
+pub const UNDECODABLE_MESSAGE: &str = "UNDECODABLE_MESSAGE";
+
+/// INVALID_ARGUMENT with the reason [`UNDECODABLE_MESSAGE`]: a request that does not decode,
+/// `why` saying what (it must quote no input, or only a little of it).
+pub fn undecodable(why: impl Display) -> Status {
+    let details = ErrorDetails::with_error_info(
+        UNDECODABLE_MESSAGE,
+        ERROR_DOMAIN,
+        HashMap::<String, String>::new(),
+    );
+    Status::with_error_details(
+        Code::InvalidArgument,
+        format!("the message does not decode: {why}"),
+        details,
+    )
+}
 
 /// [`ProstCodec`] with undecodable messages reported as INVALID_ARGUMENT.
 #[derive(Debug, Clone)]
@@ -49,11 +71,9 @@ impl<U: Message + Default> Decoder for MayflyDecoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf).map(Some).map_err(|e| {
-            // prost's message names the message and field ("QueryRequest.query: invalid
-            // string value: data is not UTF-8 encoded"); it quotes no input.
-            Status::invalid_argument(format!("the message does not decode: {e}"))
-        })
+        // prost's message names the message and field ("QueryRequest.query: invalid string
+        // value: data is not UTF-8 encoded"); it quotes no input.
+        U::decode(buf).map(Some).map_err(undecodable)
     }
 
     fn buffer_settings(&self) -> tonic::codec::BufferSettings {

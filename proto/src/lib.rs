@@ -70,6 +70,10 @@ pub mod v1 {
     }
 }
 
+/// `google.rpc.ErrorInfo.domain` of every Mayfly error: the `reason` beside it is one of those
+/// the README's error table lists.
+pub const ERROR_DOMAIN: &str = "mayfly.v1";
+
 /// Encoded `FileDescriptorSet` of `mayfly.v1` and everything it imports, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/mayfly_descriptor.bin"));

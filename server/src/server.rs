@@ -460,18 +460,21 @@ pub async fn serve(
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
-        .add_service(DatabasesServer::new(DatabasesService::new(
-            current.clone(),
-            auth.clone(),
-        )))
-        .add_service(CollectionsServer::new(CollectionsService::new(
-            current.clone(),
-            auth.clone(),
-        )))
-        .add_service(AdminServer::new(AdminService::new(
-            current.clone(),
-            auth.clone(),
-        )))
+        // Every keyed service takes messages up to the limit the request layer refuses past
+        // (with a reason), so that tonic's own refusal (OUT_OF_RANGE, no reason) never comes
+        // first.
+        .add_service(
+            DatabasesServer::new(DatabasesService::new(current.clone(), auth.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            CollectionsServer::new(CollectionsService::new(current.clone(), auth.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            AdminServer::new(AdminService::new(current.clone(), auth.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .add_service(
             DocumentsServer::new(documents)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

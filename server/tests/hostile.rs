@@ -3,84 +3,14 @@
 
 mod support;
 
-use bytes::{Buf, BufMut};
 use mayfly_proto::v1::{CreateDatabaseRequest, QueryRequest, ReadDocumentRequest, ReadFeedRequest};
-use tonic::{
-    Code, Status,
-    codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
-    transport::Channel,
-};
+use tonic::{Code, Status, transport::Channel};
 use tonic_types::StatusExt as _;
 
-use support::{Mayfly, clients};
-
-/// Sends bytes as they are, reads the reply's bytes: for requests no protobuf library would
-/// encode.
-#[derive(Debug, Clone, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
-}
-
-async fn raw_call(channel: &Channel, path: &'static str, body: Vec<u8>) -> Result<Vec<u8>, Status> {
-    let mut grpc = tonic::client::Grpc::new(channel.clone());
-    grpc.ready().await.expect("channel ready");
-    grpc.unary(
-        tonic::Request::new(body),
-        tonic::codegen::http::uri::PathAndQuery::from_static(path),
-        RawCodec,
-    )
-    .await
-    .map(tonic::Response::into_inner)
-}
-
-fn varint(mut n: u64, out: &mut Vec<u8>) {
-    while n >= 0x80 {
-        out.push((n as u8) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
-}
-
-/// Field `tag` of wire type 2 (length-delimited) holding `inner`.
-fn length_delimited(tag: u32, inner: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(inner.len() + 6);
-    varint(u64::from(tag << 3 | 2), &mut out);
-    varint(inner.len() as u64, &mut out);
-    out.extend_from_slice(inner);
-    out
-}
+use support::{
+    Mayfly, clients,
+    raw::{length_delimited, raw_call},
+};
 
 async fn channel(server: &Mayfly) -> Channel {
     Channel::from_shared(server.url())
@@ -130,6 +60,14 @@ async fn undecodable_requests_are_invalid_argument_naming_the_field() {
     ] {
         let status = raw_call(&channel, READ, body).await.expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        assert_eq!(
+            status
+                .get_error_details()
+                .error_info()
+                .map(|i| i.reason.as_str()),
+            Some("UNDECODABLE_MESSAGE"),
+            "{what}"
+        );
         assert!(
             status.message().contains("does not decode") && status.message().contains(field),
             "{what}: {}",

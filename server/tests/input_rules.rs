@@ -1,5 +1,6 @@
 //! Rules on request input that hold alike for every field, against the real binary: numbers
-//! an `incr` cannot keep exact, JSON nested too deep in any field, query parameters, ids.
+//! an `incr` cannot keep exact, JSON nested too deep in any field, query parameters, ids,
+//! messages over the size limit and messages that do not decode, whatever the service.
 
 mod support;
 
@@ -18,8 +19,10 @@ use serde_json::{Map, Value, json};
 use support::{
     Mayfly,
     clients::{self, Clients, database_and_collection, string_pk},
+    raw::{RawCodec, length_delimited, raw_call},
 };
 use tonic::{Code, Status};
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
 use tonic_types::StatusExt;
 
 /// The deepest nesting any JSON field takes (a document is level 1, as is a value's
@@ -450,4 +453,121 @@ async fn ids_with_control_characters_or_only_whitespace_are_refused() {
     create(&mut c, json!({"id": " spaced out ", "pk": "p"}))
         .await
         .expect("a visible character");
+}
+
+/// Code and ErrorInfo reason of a refusal, and its message.
+fn refused_as(result: Result<impl std::fmt::Debug, Status>, code: Code, reason: &str) -> String {
+    let (got_code, got, message) = refusal(&result.expect_err("refused"));
+    assert_eq!((got_code, got.as_str()), (code, reason), "{message}");
+    message
+}
+
+/// Regression (issue 23, defect 5): a request message over the size limit was OUT_OF_RANGE
+/// with tonic's text and no reason, and the management services refused at 4 MiB where the
+/// README promises 16 MiB. Now RESOURCE_EXHAUSTED (what gRPC answers a message larger than
+/// the receiver takes), reason MESSAGE_TOO_LARGE, saying the limit and what to do.
+#[tokio::test]
+async fn messages_over_the_size_limit_are_refused_with_a_reason_saying_the_limit() {
+    let (_dir, _server, mut c) = start().await;
+    let limit = mayfly_server::MAX_MESSAGE_BYTES;
+    let too_long = "x".repeat(limit + 1);
+
+    let message = refused_as(
+        create(&mut c, json!({"id": "big", "pk": "p", "s": too_long})).await,
+        Code::ResourceExhausted,
+        "MESSAGE_TOO_LARGE",
+    );
+    for part in ["16777216 bytes (16 MiB)", "2 MiB", "several"] {
+        assert!(message.contains(part), "{part:?} not in: {message}");
+    }
+    // Every keyed service takes the same 16 MiB: a 5 MiB id reaches the id check...
+    refused_as(
+        c.databases
+            .create_database(CreateDatabaseRequest {
+                id: "i".repeat(5 << 20),
+            })
+            .await,
+        Code::InvalidArgument,
+        "INVALID_ID",
+    );
+    // ...and past 16 MiB the message is refused unread, as for documents.
+    refused_as(
+        c.databases
+            .create_database(CreateDatabaseRequest {
+                id: too_long.clone(),
+            })
+            .await,
+        Code::ResourceExhausted,
+        "MESSAGE_TOO_LARGE",
+    );
+    // Health, open to callers without a key, takes 64 KiB.
+    let message = refused_as(
+        c.health
+            .check(HealthCheckRequest {
+                service: "s".repeat(65 * 1024),
+            })
+            .await,
+        Code::ResourceExhausted,
+        "MESSAGE_TOO_LARGE",
+    );
+    assert!(message.contains("(64 KiB)"), "{message}");
+
+    // Still serving, on the same connection.
+    create(&mut c, json!({"id": "small", "pk": "p"}))
+        .await
+        .expect("serves after refusing large messages");
+}
+
+/// Regression (issue 23, defect 5): a grpc.health.v1.Health request that did not decode was
+/// INTERNAL (the code the README keeps for storage failures), with no reason. Now it is
+/// INVALID_ARGUMENT with the reason every service gives a message that does not decode.
+#[tokio::test]
+async fn undecodable_requests_are_invalid_argument_with_one_reason_for_every_service() {
+    let (_dir, server, mut c) = start().await;
+    let channel = clients::channel(&server.url()).await;
+    // Field 1 (`service` of a health request, `database` of a read) not UTF-8.
+    let bad_utf8 = length_delimited(1, &[0xff, 0xfe, b'x']);
+
+    let check = raw_call(&channel, "/grpc.health.v1.Health/Check", bad_utf8.clone()).await;
+    let message = refused_as(check, Code::InvalidArgument, "UNDECODABLE_MESSAGE");
+    assert!(
+        message.contains("does not decode") && message.contains("HealthCheckRequest.service"),
+        "{message}"
+    );
+    // The watch, a stream, is refused before it starts, alike.
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.expect("channel ready");
+    let watch = grpc
+        .server_streaming(
+            tonic::Request::new(bad_utf8.clone()),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Watch"),
+            RawCodec,
+        )
+        .await;
+    refused_as(watch, Code::InvalidArgument, "UNDECODABLE_MESSAGE");
+    // A Mayfly service gives the same reason.
+    let read = raw_call(&channel, "/mayfly.v1.Documents/ReadDocument", bad_utf8).await;
+    let message = refused_as(read, Code::InvalidArgument, "UNDECODABLE_MESSAGE");
+    assert!(
+        message.contains("ReadDocumentRequest.database"),
+        "{message}"
+    );
+
+    // Health is still answered, and an unknown service is NOT_FOUND as before, not
+    // mistaken for a request that does not decode.
+    let serving = c
+        .health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect("health answers")
+        .into_inner();
+    assert_eq!(serving.status(), ServingStatus::Serving);
+    let unknown = c
+        .health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .expect_err("not a service");
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
 }

@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// `ErrorInfo.domain` of every Mayfly error.
-pub(crate) const ERROR_DOMAIN: &str = "mayfly.v1";
+pub(crate) use mayfly_proto::ERROR_DOMAIN;
 
 fn code_and_reason(error: &Error) -> (Code, &'static str) {
     match error {

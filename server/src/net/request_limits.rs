@@ -1,10 +1,13 @@
 //! Per-request limits at the HTTP level, for every RPC alike: the caller's key checked before
 //! any of its request is read, a deadline and a shared memory budget for request messages on
 //! their way in, a shared memory budget for responses waiting to be read (each budget with a
-//! share per client address; responses with a deadline for the client to take them), and the
-//! count of calls with a key in flight that the idle timeout reads.
+//! share per client address; responses with a deadline for the client to take them), the
+//! count of calls with a key in flight that the idle timeout reads, and reasons for the
+//! refusals that tonic makes without one (a message over the size limit, a health request
+//! that does not decode).
 
 use std::{
+    collections::HashMap,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -16,7 +19,8 @@ use bytes::{Buf, Bytes};
 use futures_util::future::{Either, Ready};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
-use tonic::Status;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt as _};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -92,6 +96,7 @@ where
             let status = Status::from(denied);
             return LimitsFuture {
                 inner: Either::Right(futures_util::future::ready(Ok(status.into_http()))),
+                health: false,
                 rest: Some((None, None, None)),
             };
         }
@@ -130,6 +135,7 @@ where
             )
         };
         let activity = connection.map(|c| c.activity);
+        let health = path.starts_with("/grpc.health.v1.Health/");
         let request = request.map(|body| {
             tonic::body::Body::new(Upload {
                 inner: body,
@@ -144,6 +150,7 @@ where
         });
         LimitsFuture {
             inner: Either::Left(self.inner.call(request)),
+            health,
             rest: Some((in_flight, charging, activity)),
         }
     }
@@ -171,6 +178,8 @@ pin_project_lite::pin_project! {
     pub(crate) struct LimitsFuture<F, E> {
         #[pin]
         inner: Either<F, Ready<Result<Response, E>>>,
+        // A call of grpc.health.v1.Health, whose refusals get Mayfly's reasons here.
+        health: bool,
         rest: Option<(Option<InFlight>, Option<Charging>, Option<Arc<Activity>>)>,
     }
 }
@@ -183,7 +192,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let response = ready!(this.inner.poll(cx))?;
+        let mut response = ready!(this.inner.poll(cx))?;
+        if *this.health {
+            response = undecodable_health_request(response);
+        }
         let Some((in_flight, charging, activity)) = this.rest.take() else {
             unreachable!("a future is not polled after it completes")
         };
@@ -191,6 +203,53 @@ where
             Budgeted::new(body, charging, activity.as_deref(), in_flight)
         })))
     }
+}
+
+/// tonic-health decodes its requests with prost's codec, which answers a request that does not
+/// decode INTERNAL (the code Mayfly keeps for its own failures) before the service is called,
+/// in a response of headers only. Nothing else in a health call is INTERNAL (the service
+/// answers OK or NOT_FOUND), so such an answer becomes INVALID_ARGUMENT with the reason every
+/// Mayfly service gives an undecodable request.
+fn undecodable_health_request(response: Response) -> Response {
+    match Status::from_header_map(response.headers()) {
+        Some(status) if status.code() == Code::Internal => {
+            mayfly_proto::codec::undecodable(status.message()).into_http()
+        }
+        _ => response,
+    }
+}
+
+/// `ErrorInfo.reason` of a request message longer than its method takes.
+pub(crate) const MESSAGE_TOO_LARGE: &str = "MESSAGE_TOO_LARGE";
+
+/// RESOURCE_EXHAUSTED (what gRPC answers a message over the receiver's limit), with the reason
+/// [`MESSAGE_TOO_LARGE`]: a request message of `declared` bytes where the method takes
+/// `largest`. tonic would say OUT_OF_RANGE with no reason; this is said first, unread.
+fn message_too_large(declared: usize, largest: usize) -> Status {
+    let advice = if largest >= MAX_MESSAGE_BYTES {
+        "send less in one request: a document is at most 2 MiB of JSON, and a batch that \
+         does not fit in one message can be sent as several"
+    } else {
+        "health and reflection requests are small: this one is not what a client sends"
+    };
+    let limit = if largest.is_multiple_of(1024 * 1024) {
+        format!("{} MiB", largest / (1024 * 1024))
+    } else {
+        format!("{} KiB", largest / 1024)
+    };
+    let details = ErrorDetails::with_error_info(
+        MESSAGE_TOO_LARGE,
+        mayfly_proto::ERROR_DOMAIN,
+        HashMap::<String, String>::new(),
+    );
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        format!(
+            "the request message is {declared} bytes, more than the {largest} bytes ({limit}) \
+             a message to this method may have; {advice}"
+        ),
+        details,
+    )
 }
 
 /// Where a request body is in gRPC's framing: each message is a flag byte and a 4-byte
@@ -201,6 +260,8 @@ struct Framing {
     header_read: usize,
     /// Bytes of the current message still to come.
     remaining: usize,
+    /// The longest message declared so far.
+    longest: usize,
 }
 
 impl Framing {
@@ -222,6 +283,7 @@ impl Framing {
                 self.header_read = 0;
                 let [_, a, b, c, d] = self.header;
                 self.remaining = u32::from_be_bytes([a, b, c, d]) as usize;
+                self.longest = self.longest.max(self.remaining);
                 declared = declared.saturating_add(self.remaining);
             }
         }
@@ -230,7 +292,8 @@ impl Framing {
 }
 
 /// A request body that fails with DEADLINE_EXCEEDED if it has not arrived by the deadline, and
-/// with RESOURCE_EXHAUSTED if the request budget cannot hold the messages it declares (the
+/// with RESOURCE_EXHAUSTED if it declares a message longer than its method takes
+/// ([`MESSAGE_TOO_LARGE`]) or if the request budget cannot hold the messages it declares (the
 /// decoder reserves a message's declared length as soon as it reads it).
 /// Handlers take their one message before they run, so the deadline only covers uploads.
 struct Upload {
@@ -241,7 +304,8 @@ struct Upload {
     budget: RequestBudget,
     /// The caller's address's share of `budget`.
     share: Option<PeerShare>,
-    /// The method's message size limit: past it the decoder refuses a message unread.
+    /// The method's message size limit: a message declared longer is refused unread (the
+    /// services' decoders, which would refuse it without a reason, have limits no lower).
     largest: usize,
     charge: Charge,
 }
@@ -267,6 +331,10 @@ impl Body for Upload {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let declared = this.framing.started(data).min(this.largest);
+                    if this.framing.longest > this.largest {
+                        let status = message_too_large(this.framing.longest, this.largest);
+                        return Poll::Ready(Some(Err(status)));
+                    }
                     if let Err(status) =
                         this.budget
                             .take(&mut this.charge, this.share.as_ref(), declared)
