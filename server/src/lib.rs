@@ -8,7 +8,9 @@
 
 pub mod auth;
 pub mod current_engine;
-/// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test.
+/// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test; only
+/// with the `fuzzing` feature (which the tests of this package turn on), never in a server.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzz_entry;
 pub mod grpc;
