@@ -20,12 +20,13 @@ use super::{
     document::DocumentView,
     feed::{self, Cursor},
     index::{
+        ordered::{OrderedPos, OrderedWalk},
         plan::{self, IndexPlan, is_plain_count},
         read::{EntryCursor, named_by},
     },
     shard::Reading,
 };
-use crate::storage::IndexEntry;
+use crate::storage::{DocKey, IndexEntry};
 
 /// Documents read from a shard at a time.
 const SCAN_BATCH: usize = 256;
@@ -126,6 +127,14 @@ pub enum QueryCursor {
         skipped: u64,
         returned: u64,
     },
+    /// An `ORDER BY` read from the index in order: where the walk stands under the plan with
+    /// this fingerprint, and the counts.
+    Ordered {
+        at: OrderedPos,
+        plan: u64,
+        skipped: u64,
+        returned: u64,
+    },
     /// A query that reads its whole scope: results already returned.
     Offset(u64),
 }
@@ -160,6 +169,21 @@ impl Engine {
         let info = self.get_collection(path)?;
         let plan = self.query_plan(&info, spec)?;
         let Some(token) = token else {
+            // An ordered walk streams where every shard can serve it; a walk that cannot go
+            // on later ends with `CONTINUATION_STALE` (see `ordered_stream_page`).
+            if let Some(plan) = plan.as_ref()
+                && let Some(descending) = plan.ordered
+                && self
+                    .order_support(&info, plan, self.shard_range(&info, scope))
+                    .is_some()
+            {
+                return Ok(QueryCursor::Ordered {
+                    at: OrderedPos::start(descending),
+                    plan: plan_fingerprint(plan),
+                    skipped: 0,
+                    returned: 0,
+                });
+            }
             return Ok(
                 if let Some(plan) = plan.as_ref().filter(|_| spec.is_streaming()) {
                     QueryCursor::Index {
@@ -245,6 +269,43 @@ impl Engine {
                 feed::decode_token(rest, info.uid, scope, self.shard_count())?;
                 Ok(QueryCursor::Offset(word(10)))
             }
+            (3, false) => {
+                let not_ours = || bad("it is not a token this server issued");
+                let (counts, rest) = rest.split_at_checked(8 + 8 + 1 + 2).ok_or_else(not_ours)?;
+                let returned = u64::from_le_bytes(counts[..8].try_into().unwrap_or_default());
+                let made_under = u64::from_le_bytes(counts[8..16].try_into().unwrap_or_default());
+                if plan.as_ref().map(plan_fingerprint) != Some(made_under) {
+                    return Err(Error::ContinuationStale {
+                        reason: "the collection's indexing policy changed since it was issued, so the query now reads another index",
+                    });
+                }
+                let term_len = usize::from(u16::from_le_bytes(
+                    counts[17..19].try_into().unwrap_or_default(),
+                ));
+                let (term, rest) = rest.split_at_checked(term_len).ok_or_else(not_ours)?;
+                let (skip, feed_token) = rest.split_at_checked(8).ok_or_else(not_ours)?;
+                let skip = u64::from_le_bytes(skip.try_into().unwrap_or_default());
+                let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
+                let at = match (counts[16], term.is_empty(), cursor.after) {
+                    (0, true, after) => OrderedPos::Undefined(after),
+                    (1, true, None) => OrderedPos::Entries(None),
+                    (1, false, Some(key)) => OrderedPos::Entries(Some(IndexEntry {
+                        term: term.to_vec(),
+                        key,
+                    })),
+                    (2, false, None) => OrderedPos::Group {
+                        term: term.to_vec(),
+                        skip,
+                    },
+                    _ => return Err(not_ours()),
+                };
+                Ok(QueryCursor::Ordered {
+                    at,
+                    plan: made_under,
+                    skipped: word(10),
+                    returned,
+                })
+            }
             (1, true) => {
                 let (counts, feed_token) = rest
                     .split_at_checked(8)
@@ -307,6 +368,37 @@ impl Engine {
                 let cursor = Cursor {
                     shard: at.shard,
                     after: at.after.as_ref().map(|e| e.key.clone()),
+                };
+                out.extend_from_slice(&feed::encode_token(
+                    info.uid,
+                    scope,
+                    self.shard_count(),
+                    &cursor,
+                ));
+            }
+            QueryCursor::Ordered {
+                at,
+                plan,
+                skipped,
+                returned,
+            } => {
+                out.push(3);
+                out.extend_from_slice(&skipped.to_le_bytes());
+                out.extend_from_slice(&returned.to_le_bytes());
+                out.extend_from_slice(&plan.to_le_bytes());
+                let (phase, term, skip, after): (u8, &[u8], u64, Option<DocKey>) = match at {
+                    OrderedPos::Undefined(after) => (0, &[], 0, after.clone()),
+                    OrderedPos::Entries(None) => (1, &[], 0, None),
+                    OrderedPos::Entries(Some(e)) => (1, &e.term, 0, Some(e.key.clone())),
+                    OrderedPos::Group { term, skip } => (2, term, *skip, None),
+                };
+                out.push(phase);
+                out.extend_from_slice(&(term.len() as u16).to_le_bytes());
+                out.extend_from_slice(term);
+                out.extend_from_slice(&skip.to_le_bytes());
+                let cursor = Cursor {
+                    shard: self.first_shard(info, scope),
+                    after,
                 };
                 out.extend_from_slice(&feed::encode_token(
                     info.uid,
@@ -406,6 +498,29 @@ impl Engine {
                         reason: "the collection's indexing policy changed while the query ran, so it now reads another index",
                     })?;
                 return self.index_stream_page(
+                    &info,
+                    spec,
+                    &plan,
+                    scope,
+                    page_size,
+                    (at, skipped, returned),
+                    read_at,
+                    reads,
+                );
+            }
+            QueryCursor::Ordered {
+                at,
+                plan: made_under,
+                skipped,
+                returned,
+            } => {
+                let plan = self
+                    .query_plan(&info, spec)?
+                    .filter(|p| made_under == plan_fingerprint(p))
+                    .ok_or(Error::ContinuationStale {
+                        reason: "the collection's indexing policy changed while the query ran, so it now reads another index",
+                    })?;
+                return self.ordered_stream_page(
                     &info,
                     spec,
                     &plan,
@@ -715,6 +830,91 @@ impl Engine {
                 scope,
                 &QueryCursor::Index {
                     at,
+                    plan: plan_fingerprint(plan),
+                    skipped,
+                    returned,
+                },
+            ));
+        }
+        Ok(page)
+    }
+}
+
+impl Engine {
+    /// One page of an `ORDER BY` read from the index in order, from `at`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one page's inputs, each distinct"
+    )]
+    fn ordered_stream_page(
+        &self,
+        info: &CollectionInfo,
+        spec: &QuerySpec,
+        plan: &IndexPlan,
+        scope: &FeedScope,
+        page_size: usize,
+        (at, skipped, returned): (OrderedPos, u64, u64),
+        read_at: Millis,
+        reads: &mut QueryReads,
+    ) -> Result<QueryPage, Error> {
+        let descending = plan.ordered.expect("an ordered plan");
+        let shards = self.shard_range(info, scope);
+        let undefined = self
+            .order_support(info, plan, shards)
+            .ok_or(Error::ContinuationStale {
+                reason: "the index can no longer give this ORDER BY in order (its documents now have more than 64 distinct paths); run the query again",
+            })?;
+        let mut run = reads
+            .execution(&spec.query, &spec.params, context(read_at))?
+            .resume(skipped, returned)
+            .presorted();
+        let mut fill = PageFill::new(page_size, self.page_bytes(), Some(plan.name.clone()));
+        let started = Instant::now();
+        // Where the page ends: after the last document it kept.
+        let mut kept = at.clone();
+        let mut done = false;
+        let mut sink = |pos: &OrderedPos, doc: Value, size: usize, reads: &QueryReads| {
+            Ok(match fill.feed(&mut run, || doc, size, reads)? {
+                None => {
+                    kept = pos.clone();
+                    // Expired and skipped documents cost reading too: a page also ends on time.
+                    started.elapsed() > PAGE_TIME_LIMIT
+                }
+                Some(Stop::Done) => {
+                    done = true;
+                    true
+                }
+                Some(Stop::After) => {
+                    kept = pos.clone();
+                    true
+                }
+                Some(Stop::Before) => true,
+            })
+        };
+        let mut walk = OrderedWalk {
+            info,
+            plan,
+            scope,
+            descending,
+            read_at,
+            reads,
+            examined: QueryMetrics::default(),
+            started,
+            sink: &mut sink,
+        };
+        let stopped = walk.run(self, at, shards, &undefined)?;
+        let examined = walk.examined;
+        let (skipped, returned) = fill.counters(&run);
+        let mut page = fill.page;
+        page.metrics.index_entries_examined += examined.index_entries_examined;
+        page.metrics.documents_examined += examined.documents_examined;
+        if stopped && !done {
+            page.continuation = Some(self.encode_query_cursor(
+                info,
+                spec,
+                scope,
+                &QueryCursor::Ordered {
+                    at: kept,
                     plan: plan_fingerprint(plan),
                     skipped,
                     returned,

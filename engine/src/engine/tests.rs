@@ -1700,7 +1700,9 @@ fn query_on(
     spec.enable_scan = enable_scan;
     let scope = FeedScope::Collection;
     let read_at = engine.query_reading();
-    if !spec.is_streaming() {
+    // As the gRPC edge does: pages where the engine gives a cursor to page by, else all
+    // results in one run.
+    if let QueryCursor::Offset(_) = engine.query_cursor(path, &spec, &scope, None)? {
         return crate::testing::same_inline(|reads| {
             engine.query_all(path, &spec, &scope, read_at, reads).result
         });
@@ -2569,4 +2571,181 @@ fn a_cancelled_query_stops_within_its_current_document() {
     assert_eq!(outcome.result, Err(Error::Cancelled));
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}
+
+/// Issue 23, defect 3: one document without the `ORDER BY` path, or with an array, object or
+/// long string there, once took every caller's `ORDER BY` off the index (a sort of the whole
+/// collection, refused past 100k results). The index walk now returns every document in
+/// Cosmos DB's type order, undefined first, exactly as the in-memory sort does.
+#[test]
+fn order_by_walks_the_index_over_undefined_and_non_scalar_values() {
+    let f = Fixture::new(None);
+    let long = |tail: &str| format!("{}{tail}", "s".repeat(300));
+    let values: Vec<(&str, Option<Value>)> = vec![
+        ("u1", None),
+        ("u2", None),
+        ("null", Some(json!(null))),
+        ("false", Some(json!(false))),
+        ("true", Some(json!(true))),
+        ("neg", Some(json!(-3.5))),
+        ("two", Some(json!(2))),
+        ("a", Some(json!("a"))),
+        ("long-b", Some(json!(long("b")))),
+        ("long-a", Some(json!(long("a")))),
+        ("s-short", Some(json!("s".repeat(300)))),
+        ("t", Some(json!("t"))),
+        ("arr-05", Some(json!([0, 5]))),
+        ("arr-1", Some(json!([1]))),
+        ("arr-0", Some(json!([0]))),
+        ("obj-b", Some(json!({"a": 2}))),
+        ("obj-a", Some(json!({"a": 1}))),
+    ];
+    for (i, (name, value)) in values.iter().enumerate() {
+        let mut doc = json!({"id": name, "pk": format!("p{}", i % 5)});
+        if let Some(v) = value {
+            doc["n"] = v.clone();
+        }
+        f.engine
+            .upsert_document(&f.path, body(doc), None, None)
+            .result
+            .expect("upsert");
+    }
+    let ascending = [
+        "u1", "u2", "null", "false", "true", "neg", "two", "a", "long-a", "long-b", "t", "arr-0",
+        "arr-05", "arr-1", "obj-a", "obj-b",
+    ];
+    // "s-short" is exactly 300 s's: a long string equal to the others' prefix, below them.
+    let mut ascending: Vec<&str> = ascending.to_vec();
+    ascending.insert(8, "s-short");
+    for descending in [false, true] {
+        let text = format!(
+            "SELECT VALUE c.id FROM c ORDER BY c.n{}",
+            if descending { " DESC" } else { "" }
+        );
+        let (rows, metrics) = run_query(&f, &text);
+        let mut expected = ascending.clone();
+        if descending {
+            expected.reverse();
+        }
+        assert_eq!(rows, expected, "{text}");
+        assert_eq!(
+            metrics.index.as_deref(),
+            Some("/n/?"),
+            "{text}: an index walk"
+        );
+        // The same order as the query engine's own sort.
+        let (sorted, metrics) = query_on(
+            &f.engine,
+            &f.path,
+            &format!("{text} OFFSET 0 LIMIT 100"),
+            false,
+            100,
+        )
+        .expect("runs");
+        assert_eq!(sorted, rows, "{text}");
+        assert_eq!(metrics.index.as_deref(), Some("/n/?"));
+    }
+}
+
+#[test]
+fn a_top_order_by_reads_a_few_documents_whatever_some_lack() {
+    let f = Fixture::new(None);
+    for i in 0..2000 {
+        let mut doc = json!({"id": format!("d{i:04}"), "pk": format!("p{}", i % 7), "n": i});
+        if i == 1234 {
+            doc.as_object_mut().expect("object").remove("n");
+        }
+        if i == 77 {
+            doc["n"] = json!({"nested": true});
+        }
+        f.engine
+            .upsert_document(&f.path, body(doc), None, None)
+            .result
+            .expect("upsert");
+    }
+    let (rows, metrics) = run_query(&f, "SELECT TOP 3 VALUE c.id FROM c ORDER BY c.n");
+    assert_eq!(rows, ["d1234", "d0000", "d0001"]);
+    assert!(
+        metrics.documents_examined <= 10 && metrics.index_entries_examined <= 100,
+        "{metrics:?}"
+    );
+    let (rows, metrics) = run_query(&f, "SELECT TOP 3 VALUE c.id FROM c ORDER BY c.n DESC");
+    assert_eq!(rows, ["d0077", "d1999", "d1998"]);
+    assert!(metrics.documents_examined <= 10, "{metrics:?}");
+    // A document written with the path after its key was found undefined is fed once.
+    f.engine
+        .upsert_document(
+            &f.path,
+            body(json!({"id": "d1234", "pk": "p2", "n": -1})),
+            None,
+            None,
+        )
+        .result
+        .expect("upsert");
+    let (rows, _) = run_query(&f, "SELECT TOP 2 VALUE c.id FROM c ORDER BY c.n");
+    assert_eq!(rows, ["d1234", "d0000"]);
+}
+
+/// Issue 23, defect 13: a partition-scoped equality read once walked every entry of its term
+/// in the shard (900 entries for a count of 100).
+#[test]
+fn a_partition_scoped_equality_reads_only_that_partitions_entries() {
+    let f = Fixture::new(None);
+    for i in 0..2000 {
+        let doc = json!({"id": format!("d{i}"), "pk": format!("p{}", i % 20), "status": "open"});
+        f.engine
+            .upsert_document(&f.path, body(doc), None, None)
+            .result
+            .expect("upsert");
+    }
+    let scope = FeedScope::Partition(pk("p3"));
+    for text in [
+        "SELECT VALUE COUNT(1) FROM c WHERE c.status = 'open'",
+        "SELECT VALUE c.id FROM c WHERE c.status = 'open'",
+    ] {
+        let spec = QuerySpec::parse(text, serde_json::Map::new()).expect("valid");
+        let read_at = f.engine.query_reading();
+        let (rows, metrics) = crate::testing::same_inline(|reads| {
+            f.engine
+                .query_all(&f.path, &spec, &scope, read_at, reads)
+                .result
+        })
+        .expect("runs");
+        let n = if rows.len() == 1 {
+            rows[0].as_u64().expect("a count")
+        } else {
+            rows.len() as u64
+        };
+        assert_eq!(n, 100, "{text}");
+        assert_eq!(metrics.index_entries_examined, 100, "{text}: {metrics:?}");
+    }
+}
+
+/// Issue 23, defect 3: an indexed `ORDER BY` streams page by page instead of holding its
+/// results, so more than `MAX_HELD_ROWS` of them are returned, not refused.
+#[test]
+fn an_indexed_order_by_past_the_held_limit_streams() {
+    let f = Fixture::new(None);
+    let n = mayfly_query::MAX_HELD_ROWS as i64 + 1;
+    for i in 0..n {
+        f.engine
+            .upsert_document(
+                &f.path,
+                body(json!({"id": format!("d{i}"), "pk": format!("p{}", i % 31), "n": (i * 7919) % n})),
+                None,
+                None,
+            )
+            .result
+            .expect("upsert");
+    }
+    let text = "SELECT VALUE c.n FROM c ORDER BY c.n DESC";
+    let (rows, metrics) = query_on(&f.engine, &f.path, text, false, 10_000).expect("runs");
+    assert_eq!(metrics.index.as_deref(), Some("/n/?"));
+    assert_eq!(rows.len() as i64, n);
+    assert!(
+        rows.iter()
+            .zip((0..n).rev())
+            .all(|(row, expected)| row.as_i64() == Some(expected)),
+        "every value once, in order"
+    );
 }

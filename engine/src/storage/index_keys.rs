@@ -8,6 +8,11 @@
 
 use std::ops::Bound;
 
+/// The layout of the terms in index entries (made by the engine's `index::terms`), kept in
+/// each collection's record: entries of an older layout are made again at start (layout 2
+/// sorts long strings among the others by their prefix).
+pub const TERMS_LAYOUT: u64 = 2;
+
 use super::{DocKey, IndexEntry, IndexRange, StorageError, StoredTerms, Term};
 use crate::model::{DocumentId, IdKind, PartitionKeyValue};
 

@@ -11,7 +11,7 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc};
 pub use disk::{
     BUFFERED_SYNC_INTERVAL, DiskOptions, DiskStorage, Durability, FORMAT_VERSION, OpenError,
 };
-pub use index_keys::prefix_end;
+pub use index_keys::{TERMS_LAYOUT, prefix_end};
 pub use memory::MemoryStorage;
 
 use crate::model::{

@@ -1,7 +1,8 @@
 //! Per path, how many of a collection shard's documents have an index entry there, and how
-//! many of those entries do not sort by their bytes. `ORDER BY` on a path can read the index
-//! in order only if every document has an entry there (none is undefined, which sorts first)
-//! and every entry is orderable; these counts tell, without reading anything.
+//! many of those entries do not sort by their bytes. `ORDER BY` reads a path's entries in
+//! order; the documents without one (undefined there, which sorts first) it finds by a bit:
+//! the first 64 paths counted each get one, and every document keeps the bits of the paths it
+//! has entries at ([`PathBits`]), so they are found in memory without reading anything.
 
 use std::collections::HashMap;
 
@@ -18,25 +19,68 @@ pub(in crate::engine) struct PathCount {
     pub(in crate::engine) documents: u64,
     /// Of those, entries that do not sort by their bytes (long strings, arrays, objects).
     pub(in crate::engine) unorderable: u64,
+    /// The bit documents with an entry here have set in their [`PathBits`], if it has one.
+    pub(in crate::engine) bit: Option<u8>,
 }
 
-#[derive(Debug, Default)]
+/// Which of its collection shard's bit-holding paths a document has index entries at.
+pub(in crate::engine) type PathBits = u64;
+
+/// How one document's [`PathBits`] change with an update of its terms.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[must_use = "the document's bits follow its terms"]
+pub(in crate::engine) struct BitChange {
+    clear: PathBits,
+    set: PathBits,
+}
+
+impl BitChange {
+    pub(in crate::engine) fn apply(self, bits: PathBits) -> PathBits {
+        (bits & !self.clear) | self.set
+    }
+}
+
+#[derive(Debug)]
 pub(in crate::engine) struct PathStats {
     counts: HashMap<Vec<u8>, PathCount>,
     /// A path went uncounted for want of room: absent paths are then unknown, not zero.
     overflowed: bool,
+    /// Bits no counted path holds. A path frees its bit when no document has it any more, so
+    /// no document has a free bit set.
+    free_bits: PathBits,
+}
+
+impl Default for PathStats {
+    fn default() -> Self {
+        Self {
+            counts: HashMap::new(),
+            overflowed: false,
+            free_bits: PathBits::MAX,
+        }
+    }
 }
 
 impl PathStats {
-    /// Counts `added` terms in and `removed` ones out.
-    pub(in crate::engine) fn update(&mut self, removed: &[Term], added: &[Term]) {
+    /// Counts one document's `added` terms in and `removed` ones out; its bits change by
+    /// what this returns.
+    pub(in crate::engine) fn update(&mut self, removed: &[Term], added: &[Term]) -> BitChange {
+        let mut change = BitChange::default();
         for t in removed {
             let path = terms::term_path(t);
             if let Some(c) = self.counts.get_mut(path) {
                 c.documents -= 1;
                 c.unorderable -= u64::from(!terms::is_orderable(t));
-                if c.documents == 0 && !self.overflowed {
-                    self.counts.remove(path);
+                if let Some(bit) = c.bit {
+                    change.clear |= 1 << bit;
+                    change.set &= !(1 << bit);
+                }
+                if c.documents == 0 {
+                    if let Some(bit) = c.bit.take() {
+                        self.free_bits |= 1 << bit;
+                    }
+                    if !self.overflowed {
+                        self.counts.remove(path);
+                    }
                 }
             }
         }
@@ -50,9 +94,18 @@ impl PathStats {
                 self.counts.insert(path.to_vec(), PathCount::default());
             }
             let count = self.counts.get_mut(path).expect("inserted above");
+            if count.documents == 0 && count.bit.is_none() && self.free_bits != 0 {
+                let bit = self.free_bits.trailing_zeros() as u8;
+                self.free_bits &= !(1 << bit);
+                count.bit = Some(bit);
+            }
             count.documents += 1;
             count.unorderable += u64::from(!terms::is_orderable(t));
+            if let Some(bit) = count.bit {
+                change.set |= 1 << bit;
+            }
         }
+        change
     }
 
     /// The counts at an encoded path, if known.
@@ -77,35 +130,58 @@ mod tests {
     }
 
     #[test]
-    fn counts_follow_updates() {
+    fn counts_and_bits_follow_updates() {
         let mut s = PathStats::default();
         let p = terms::path_prefix(&["a"]).expect("short");
-        s.update(&[], &[term("a", json!(1)), term("b", json!(2))]);
-        s.update(&[], &[term("a", json!([1]))]);
+        let one = s
+            .update(&[], &[term("a", json!(1)), term("b", json!(2))])
+            .apply(0);
+        let two = s.update(&[], &[term("a", json!([1]))]).apply(0);
         assert_eq!(
             s.get(&p),
             Some(PathCount {
                 documents: 2,
-                unorderable: 1
+                unorderable: 1,
+                bit: Some(0),
             })
         );
-        s.update(&[term("a", json!([1]))], &[term("a", json!("x"))]);
-        assert_eq!(
-            s.get(&p),
-            Some(PathCount {
-                documents: 2,
-                unorderable: 0
+        assert_eq!((one, two), (0b11, 0b01));
+        let two = s
+            .update(&[term("a", json!([1]))], &[term("a", json!("x"))])
+            .apply(two);
+        assert_eq!(two, 0b01, "a value change keeps the path's bit");
+        assert_eq!(s.get(&p).map(|c| c.unorderable), Some(0));
+        let one = s.update(&[term("a", json!(1))], &[]).apply(one);
+        assert_eq!(one, 0b10);
+        let two = s.update(&[term("a", json!("x"))], &[]).apply(two);
+        assert_eq!((two, s.get(&p)), (0, Some(PathCount::default())));
+        // The freed bit goes to the next new path.
+        assert_eq!(s.update(&[], &[term("c", json!(1))]).apply(0), 0b01);
+    }
+
+    #[test]
+    fn paths_past_the_64th_have_no_bit() {
+        let mut s = PathStats::default();
+        let all: Vec<Term> = (0..70)
+            .map(|i| term(&format!("p{i:02}"), json!(i)))
+            .collect();
+        let bits = s.update(&[], &all).apply(0);
+        assert_eq!(bits, PathBits::MAX);
+        let with_bit = (0..70)
+            .filter(|i| {
+                s.get(&terms::path_prefix(&[format!("p{i:02}")]).expect("short"))
+                    .and_then(|c| c.bit)
+                    .is_some()
             })
-        );
-        s.update(&[term("a", json!(1)), term("a", json!("x"))], &[]);
-        assert_eq!(s.get(&p), Some(PathCount::default()));
+            .count();
+        assert_eq!(with_bit, 64);
     }
 
     #[test]
     fn past_the_cap_unknown_paths_are_unknown() {
         let mut s = PathStats::default();
         for i in 0..=MAX_COUNTED_PATHS {
-            s.update(&[], &[term(&format!("p{i}"), json!(1))]);
+            let _ = s.update(&[], &[term(&format!("p{i}"), json!(1))]);
         }
         assert_eq!(
             s.get(&terms::path_prefix(&["p0"]).expect("short"))

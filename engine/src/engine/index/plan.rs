@@ -14,9 +14,7 @@
 use mayfly_query::ast::{BinaryOp, Expr, Query, Select};
 use serde_json::{Map, Value};
 
-use super::terms::{
-    self, TAG_LONG_STRING, TAG_NUMBER, TAG_STRING, path_prefix, push_string_prefix, push_value,
-};
+use super::terms::{self, TAG_NUMBER, TAG_STRING, path_prefix, push_string_prefix, push_value};
 use crate::model::IndexPaths;
 use crate::storage::prefix_end;
 
@@ -28,6 +26,9 @@ pub(crate) struct TermRange {
     pub(crate) high: Vec<u8>,
     /// Whether every entry in it satisfies the predicate.
     pub(crate) exact: bool,
+    /// Whether its entries all have one term (`low`): they are then in partition key order,
+    /// so one partition's are a narrower range.
+    pub(crate) one_term: bool,
 }
 
 /// How a query reads a collection.
@@ -201,6 +202,7 @@ fn equal_range(path: &[u8], value: &Value) -> Option<TermRange> {
                 low,
                 high: prefix_end(&high)?,
                 exact: true,
+                one_term: true,
             })
         }
         v => {
@@ -211,6 +213,7 @@ fn equal_range(path: &[u8], value: &Value) -> Option<TermRange> {
                 high: prefix_end(&term)?,
                 low: term,
                 exact,
+                one_term: true,
             })
         }
     }
@@ -222,7 +225,12 @@ fn tag_range(path: &[u8], tag: u8, exact: bool) -> TermRange {
     low.push(tag);
     let mut high = path.to_vec();
     high.push(tag + 1);
-    TermRange { low, high, exact }
+    TermRange {
+        low,
+        high,
+        exact,
+        one_term: false,
+    }
 }
 
 /// The ranges holding values of `value`'s type between `low` and `high` (inclusive flags);
@@ -242,16 +250,12 @@ fn compare_ranges(
         (Some((v, _)), None) | (None, Some((v, _))) => kind(v)?,
         _ => return None,
     };
-    if tag == TAG_STRING {
-        // Strings known only by a prefix may fall on either side of a bound: read them all
-        // and let the query decide.
-        let long = |v: &Value| matches!(v, Value::String(s) if s.len() > terms::MAX_STRING_TERM);
-        let bounds_exact = low.is_none_or(|(v, _)| !long(v)) && high.is_none_or(|(v, _)| !long(v));
-        let mut short = tag_range(path, TAG_STRING, bounds_exact);
-        narrow(&mut short, path, low, high)?;
-        return Some(vec![short, tag_range(path, TAG_LONG_STRING, false)]);
-    }
-    let mut range = tag_range(path, tag, true);
+    // Strings known only by a prefix sort among the others by it, so a range between short
+    // bounds holds exactly the strings between them; one bounded by a long string also holds
+    // those sharing its prefix, which the query decides on.
+    let long = |v: &Value| matches!(v, Value::String(s) if s.len() > terms::MAX_STRING_TERM);
+    let exact = low.is_none_or(|(v, _)| !long(v)) && high.is_none_or(|(v, _)| !long(v));
+    let mut range = tag_range(path, tag, exact);
     narrow(&mut range, path, low, high)?;
     Some(vec![range])
 }
@@ -263,22 +267,13 @@ fn narrow(
     low: Option<(&Value, bool)>,
     high: Option<(&Value, bool)>,
 ) -> Option<()> {
-    // A long string bound narrows the short strings by its prefix, inclusively: a string of
-    // at most that many bytes is above (below) the long one only if it is at or above (below)
-    // its prefix.
-    let term = |v: &Value, inclusive: bool| match v {
-        Value::String(s) if s.len() > terms::MAX_STRING_TERM => {
-            let mut t = path.to_vec();
-            t.push(TAG_STRING);
-            terms::escape_into(&s.as_bytes()[..terms::MAX_STRING_TERM], &mut t);
-            t.extend_from_slice(&[0, 0]);
-            (t, true)
-        }
-        v => {
-            let mut t = path.to_vec();
-            push_value(v, &mut t);
-            (t, inclusive)
-        }
+    // A long string bound includes the strings sharing its prefix (its term's): any of them
+    // may be on either side of it.
+    let term = |v: &Value, inclusive: bool| {
+        let mut t = path.to_vec();
+        push_value(v, &mut t);
+        let long = matches!(v, Value::String(s) if s.len() > terms::MAX_STRING_TERM);
+        (t, inclusive || long)
     };
     if let Some((v, inclusive)) = low {
         let (t, inclusive) = term(v, inclusive);
@@ -367,25 +362,17 @@ fn predicate(
             let Value::String(prefix) = constant(args.get(1)?, params)? else {
                 return None;
             };
-            let mut ranges = Vec::new();
-            if prefix.len() <= terms::MAX_STRING_TERM {
-                let mut low = p.1.clone();
-                push_string_prefix(TAG_STRING, prefix, &mut low);
-                ranges.push(TermRange {
-                    high: prefix_end(&low)?,
-                    low,
-                    exact: true,
-                });
-            }
-            let cut = &prefix.as_bytes()[..prefix.len().min(terms::MAX_STRING_TERM)];
+            // Long strings sort by their first bytes among the short ones, so one range
+            // holds every string the prefix starts (exactly, unless the prefix is longer than
+            // what terms hold).
             let mut low = p.1.clone();
-            low.push(TAG_LONG_STRING);
-            terms::escape_into(cut, &mut low);
-            ranges.push(TermRange {
+            push_string_prefix(prefix, &mut low);
+            let ranges = vec![TermRange {
                 high: prefix_end(&low)?,
                 low,
                 exact: prefix.len() <= terms::MAX_STRING_TERM,
-            });
+                one_term: false,
+            }];
             Some((2, make(p, ranges)))
         }
         Expr::Call(f, args) if f.name.eq_ignore_ascii_case("IS_DEFINED") && args.len() == 1 => {
@@ -394,6 +381,7 @@ fn predicate(
                 low: p.1.clone(),
                 high: prefix_end(&p.1)?,
                 exact: true,
+                one_term: false,
             };
             Some((3, make(p, vec![range])))
         }
@@ -433,6 +421,7 @@ fn order_plan(
             low: path.clone(),
             high: prefix_end(&path)?,
             exact: true,
+            one_term: false,
         }],
         path,
         ordered: Some(key.descending),
@@ -504,18 +493,24 @@ mod tests {
         let p = plan_of("SELECT * FROM c WHERE c.s < 'm'", json!({})).expect("planned");
         assert!(covers(&p, "s", json!("a")) && !covers(&p, "s", json!("n")));
         assert!(
-            covers(&p, "s", json!("a".repeat(300))),
-            "long strings are read and checked"
+            covers(&p, "s", json!("a".repeat(300))) && !covers(&p, "s", json!("m".repeat(300))),
+            "long strings sort by their prefix"
         );
-        assert!(!p.counts_exactly());
+        assert!(p.counts_exactly());
         let long = format!("a{}", "z".repeat(300));
         let p = plan_of("SELECT * FROM c WHERE c.s > @l", json!({"@l": long})).expect("planned");
         assert!(
             covers(&p, "s", json!("b")),
             "a short string above a long bound"
         );
+        assert!(
+            covers(&p, "s", json!(format!("{long}a"))) && covers(&p, "s", json!(long[..299])),
+            "long strings sharing the bound's prefix are read and checked"
+        );
+        assert!(!covers(&p, "s", json!("a")) && !p.counts_exactly());
         let p = plan_of("SELECT * FROM c WHERE c.s < @l", json!({"@l": long})).expect("planned");
         assert!(covers(&p, "s", json!("a")) && covers(&p, "s", json!("az")));
+        assert!(covers(&p, "s", json!(format!("{long}a"))) && !covers(&p, "s", json!("b")));
         assert!(plan_of("SELECT * FROM c WHERE c.n > true", json!({})).is_none());
     }
 

@@ -2,23 +2,25 @@
 //! clock reading like any scanned document, so an expired one is left out whatever the purge
 //! is doing; and counts from entries or metadata alone, without reading document bodies.
 
-use std::{collections::VecDeque, time::Instant};
+use std::time::Instant;
 
 use mayfly_query::{Execution, Flow, QueryError};
 use serde_json::Value;
 
-use super::{plan::IndexPlan, terms::term_at};
+use super::{
+    ordered::{OrderedPos, OrderedWalk},
+    plan::IndexPlan,
+    terms::term_at,
+};
 use crate::engine::{
-    CollectionInfo, Engine, Error, FeedScope, INLINE_READS, Millis, QueryReads,
+    CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads,
     document::DocumentView,
     query::{QUERY_TIME_LIMIT, QueryMetrics, as_document, take_results},
 };
-use crate::storage::{DocKey, IndexEntry, IndexRange};
+use crate::storage::{DocKey, IndexEntry, IndexRange, prefix_end};
 
 /// Index entries read at a time.
 pub(crate) const ENTRY_BATCH: usize = 256;
-/// Entries an ordered read first asks each shard for.
-const FIRST_ORDERED_BATCH: usize = 16;
 
 /// Where an index read stands in one shard's ranges.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,11 +83,24 @@ impl Engine {
         reads: &mut QueryReads,
     ) -> Result<EntryBatch, Error> {
         let range = &plan.ranges[at.range];
+        // One term's entries are in partition key order: a partition's are a range of theirs.
+        let narrowed = match scope {
+            FeedScope::Partition(pk) if range.one_term => {
+                let mut low = range.low.clone();
+                pk.encode_ordered(&mut low);
+                prefix_end(&low).map(|high| (low, high))
+            }
+            _ => None,
+        };
+        let (low, high) = match &narrowed {
+            Some((low, high)) => (low, high),
+            None => (&range.low, &range.high),
+        };
         let entries = self.inner.shards[at.shard].scan_index(
             info,
             IndexRange {
-                low: &range.low,
-                high: Some(&range.high),
+                low,
+                high: Some(high),
                 descending: false,
                 after: at.after.as_ref(),
             },
@@ -165,21 +180,43 @@ impl Engine {
     ) -> Result<bool, Error> {
         let started = Instant::now();
         if let Some(descending) = plan.ordered {
-            if !(first..=last).all(|s| self.inner.shards[s].orderable(info, &plan.path)) {
+            let Some(undefined) = self.order_support(info, plan, (first, last)) else {
                 return Ok(false);
-            }
-            self.feed_ordered(
+            };
+            let mut sink = |_: &OrderedPos, doc: Value, _: usize, _: &QueryReads| {
+                let flow = run.push_owned(doc)?;
+                take_results(run, results)?;
+                if results.len() > mayfly_query::MAX_HELD_ROWS {
+                    return Err(Error::Query(QueryError {
+                        kind: mayfly_query::ErrorKind::Limit,
+                        position: None,
+                        message: format!(
+                            "ORDER BY would return more than {} results; add TOP or a filter",
+                            mayfly_query::MAX_HELD_ROWS
+                        ),
+                    }));
+                }
+                Ok(flow == Flow::Done)
+            };
+            let mut walk = OrderedWalk {
                 info,
                 plan,
                 scope,
-                (first, last),
                 descending,
                 read_at,
-                run,
-                results,
-                metrics,
                 reads,
+                examined: QueryMetrics::default(),
+                started,
+                sink: &mut sink,
+            };
+            walk.run(
+                self,
+                OrderedPos::start(descending),
+                (first, last),
+                &undefined,
             )?;
+            metrics.index_entries_examined += walk.examined.index_entries_examined;
+            metrics.documents_examined += walk.examined.documents_examined;
             return Ok(true);
         }
         let mut at = Some(EntryCursor {
@@ -217,114 +254,6 @@ impl Engine {
             at = batch.next;
         }
         Ok(true)
-    }
-
-    /// Merges the shards' entries of one path in term order, feeding each document as its
-    /// entry comes up, until the query is done.
-    #[allow(clippy::too_many_arguments, reason = "one run's inputs, each distinct")]
-    fn feed_ordered(
-        &self,
-        info: &CollectionInfo,
-        plan: &IndexPlan,
-        scope: &FeedScope,
-        (first, last): (usize, usize),
-        descending: bool,
-        read_at: Millis,
-        run: &mut Execution<'_, '_>,
-        results: &mut Vec<Value>,
-        metrics: &mut QueryMetrics,
-        reads: &mut QueryReads,
-    ) -> Result<(), Error> {
-        let started = Instant::now();
-        let range = &plan.ranges[0];
-        struct Head {
-            shard: usize,
-            buffer: VecDeque<IndexEntry>,
-            after: Option<IndexEntry>,
-            exhausted: bool,
-            /// Entries the next read asks for: few at first (a `TOP 10` needs about 10 in
-            /// all), doubling up to [`ENTRY_BATCH`].
-            batch: usize,
-        }
-        // With many shards, a smaller first read each keeps a `TOP 10` within an inline
-        // run's reads.
-        let first_batch =
-            FIRST_ORDERED_BATCH.min((INLINE_READS as usize / (2 * (last - first + 1))).max(2));
-        let mut heads: Vec<Head> = (first..=last)
-            .map(|shard| Head {
-                shard,
-                buffer: VecDeque::new(),
-                after: None,
-                exhausted: false,
-                batch: first_batch,
-            })
-            .collect();
-        loop {
-            if started.elapsed() > QUERY_TIME_LIMIT {
-                return Err(too_long(metrics.documents_examined));
-            }
-            for head in &mut heads {
-                if head.buffer.is_empty() && !head.exhausted {
-                    let entries = self.inner.shards[head.shard].scan_index(
-                        info,
-                        IndexRange {
-                            low: &range.low,
-                            high: Some(&range.high),
-                            descending,
-                            after: head.after.as_ref(),
-                        },
-                        head.batch,
-                    )?;
-                    metrics.index_entries_examined += entries.len() as u64;
-                    reads.spend(entries.len())?;
-                    head.exhausted = entries.len() < head.batch;
-                    head.batch = (head.batch * 2).min(ENTRY_BATCH);
-                    head.after = entries.last().cloned();
-                    head.buffer = entries
-                        .into_iter()
-                        .filter(|e| in_scope(scope, &e.key))
-                        .collect();
-                }
-            }
-            let next = heads
-                .iter()
-                .enumerate()
-                .filter_map(|(i, h)| h.buffer.front().map(|e| (i, &e.term)))
-                .reduce(|a, b| {
-                    let b_first = if descending { b.1 > a.1 } else { b.1 < a.1 };
-                    if b_first { b } else { a }
-                })
-                .map(|(i, _)| i);
-            let Some(i) = next else {
-                if heads.iter().all(|h| h.exhausted || !h.buffer.is_empty()) {
-                    return Ok(());
-                }
-                continue;
-            };
-            let entry = heads[i].buffer.pop_front().expect("has a front");
-            let shard = heads[i].shard;
-            for (entry, view) in self.entry_documents(info, shard, vec![entry], read_at, reads)? {
-                metrics.documents_examined += 1;
-                let Some(doc) = named_by(&entry, view, plan) else {
-                    continue;
-                };
-                let flow = run.push_owned(doc)?;
-                take_results(run, results)?;
-                if flow == Flow::Done {
-                    return Ok(());
-                }
-                if results.len() > mayfly_query::MAX_HELD_ROWS {
-                    return Err(Error::Query(QueryError {
-                        kind: mayfly_query::ErrorKind::Limit,
-                        position: None,
-                        message: format!(
-                            "ORDER BY would return more than {} results; add TOP or a filter",
-                            mayfly_query::MAX_HELD_ROWS
-                        ),
-                    }));
-                }
-            }
-        }
     }
 
     /// `SELECT VALUE COUNT(1)` with the plan's filter (or none), from entries or metadata

@@ -6,9 +6,14 @@
 //! does: null < false < true < numbers < strings < arrays < objects. Numbers are 8 bytes whose
 //! order is `f64::total_cmp`'s; strings are escaped and end with `0x00 0x00`, so a term is
 //! self-delimiting and a string's encoding is a prefix of every string it prefixes (what
-//! `STARTSWITH` scans). Strings longer than [`MAX_STRING_TERM`] get a separate tag and only
-//! their first bytes: lookups that reach them read the document to decide. Arrays and objects
-//! get a term without a value (for `IS_DEFINED`); what is inside an array is not indexed.
+//! `STARTSWITH` scans). A string longer than [`MAX_STRING_TERM`] bytes is known by its first
+//! bytes and ends with `0x00 0x01` instead: it sorts right after the string equal to its prefix
+//! and before every string greater than that prefix, as it does in queries, so only strings
+//! sharing a prefix tie (lookups that reach them read the document to decide). Arrays and
+//! objects get a term without a value (for `IS_DEFINED`, and to sort after the scalars);
+//! what is inside them is not indexed (a change here is a new
+//! [`TERMS_LAYOUT`](crate::storage::TERMS_LAYOUT)). Terms that tie in place of their values are
+//! [`is_orderable`]'s exceptions, which an ordered read sorts by reading their documents.
 
 use serde_json::{Map, Value};
 
@@ -28,8 +33,6 @@ pub(crate) const TAG_FALSE: u8 = 0x20;
 pub(crate) const TAG_TRUE: u8 = 0x21;
 pub(crate) const TAG_NUMBER: u8 = 0x30;
 pub(crate) const TAG_STRING: u8 = 0x40;
-/// A string longer than [`MAX_STRING_TERM`]: its prefix only.
-pub(crate) const TAG_LONG_STRING: u8 = 0x41;
 pub(crate) const TAG_ARRAY: u8 = 0x50;
 pub(crate) const TAG_OBJECT: u8 = 0x60;
 
@@ -83,23 +86,35 @@ pub(crate) fn push_value(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
-/// Appends a string's tag and value: exact if short, else its prefix under the long tag.
+/// Ends a string known exactly.
+const EXACT_END: [u8; 2] = [0, 0];
+/// Ends a string known by its first [`MAX_STRING_TERM`] bytes: above [`EXACT_END`] (the
+/// string equal to the prefix), below any escaped byte (a string going on from it).
+const PREFIX_END: [u8; 2] = [0, 1];
+
+/// Appends a string's tag and value: exact if short, else its prefix and [`PREFIX_END`].
 pub(crate) fn push_string(s: &str, out: &mut Vec<u8>) {
+    out.push(TAG_STRING);
     if s.len() <= MAX_STRING_TERM {
-        out.push(TAG_STRING);
         escape_into(s.as_bytes(), out);
+        out.extend_from_slice(&EXACT_END);
     } else {
-        out.push(TAG_LONG_STRING);
         escape_into(&s.as_bytes()[..MAX_STRING_TERM], out);
+        out.extend_from_slice(&PREFIX_END);
     }
-    out.extend_from_slice(&[0, 0]);
 }
 
-/// Appends the bytes every string starting with `prefix` begins with, after `push_string`'s
-/// tag (no terminator): the lower bound of a `STARTSWITH` scan.
-pub(crate) fn push_string_prefix(tag: u8, prefix: &str, out: &mut Vec<u8>) {
-    out.push(tag);
-    escape_into(prefix.as_bytes(), out);
+/// Appends the bytes every string starting with `prefix` begins with (no terminator): the
+/// lower bound of a `STARTSWITH` scan. A prefix longer than [`MAX_STRING_TERM`] gives the
+/// term of the long strings that share its first bytes (a range that may hold others).
+pub(crate) fn push_string_prefix(prefix: &str, out: &mut Vec<u8>) {
+    out.push(TAG_STRING);
+    if prefix.len() <= MAX_STRING_TERM {
+        escape_into(prefix.as_bytes(), out);
+    } else {
+        escape_into(&prefix.as_bytes()[..MAX_STRING_TERM], out);
+        out.extend_from_slice(&PREFIX_END);
+    }
 }
 
 /// Bytes of index terms a write may give one document (its entries' keys hold about as many
@@ -180,10 +195,9 @@ pub(crate) fn term_path(term: &[u8]) -> &[u8] {
     term
 }
 
-/// The term a document has at an encoded path (see [`path_prefix`]); `None` where the path is
-/// undefined. What a query checks an entry against: an entry read before its document was
-/// rewritten no longer names it.
-pub(crate) fn term_at(body: &Map<String, Value>, path: &[u8]) -> Option<Term> {
+/// The value a document has at an encoded path (see [`path_prefix`]); `None` where the path
+/// is undefined.
+pub(crate) fn value_at<'a>(body: &'a Map<String, Value>, path: &[u8]) -> Option<&'a Value> {
     let mut object = body;
     let mut segment = Vec::new();
     let mut i = 0;
@@ -197,10 +211,8 @@ pub(crate) fn term_at(body: &Map<String, Value>, path: &[u8]) -> Option<Term> {
                 let value = object.get(std::str::from_utf8(&segment).ok()?)?;
                 segment.clear();
                 i += 2;
-                if path[i..] == [0, 0] {
-                    let mut term = path.to_vec();
-                    push_value(value, &mut term);
-                    return Some(term);
+                if path.get(i..) == Some(&[0, 0]) {
+                    return Some(value);
                 }
                 object = value.as_object()?;
             }
@@ -214,12 +226,26 @@ pub(crate) fn term_at(body: &Map<String, Value>, path: &[u8]) -> Option<Term> {
     }
 }
 
-/// Whether a term's value sorts among others by its bytes (exact scalars); long strings,
-/// arrays and objects do not.
+/// The term a document has at an encoded path; `None` where the path is undefined. What a
+/// query checks an entry against: an entry read before its document was rewritten no longer
+/// names it.
+pub(crate) fn term_at(body: &Map<String, Value>, path: &[u8]) -> Option<Term> {
+    let value = value_at(body, path)?;
+    let mut term = path.to_vec();
+    push_value(value, &mut term);
+    Some(term)
+}
+
+/// Whether a term's value sorts among others by its bytes (exact scalars). Long strings,
+/// arrays and objects sort by their bytes only among other values; equal terms of theirs may
+/// hold different values.
 pub(crate) fn is_orderable(term: &[u8]) -> bool {
     let path = term_path(term);
-    term.get(path.len())
-        .is_some_and(|&tag| tag < TAG_LONG_STRING)
+    match term.get(path.len()) {
+        Some(&TAG_STRING) => !term.ends_with(&PREFIX_END),
+        Some(&tag) => tag < TAG_STRING,
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -287,8 +313,10 @@ mod tests {
             json!("a\u{0}"),
             json!("ab"),
             json!("b"),
-            json!("é"),
+            json!("x".repeat(MAX_STRING_TERM)),
             json!("x".repeat(MAX_STRING_TERM + 1)),
+            json!(format!("{}y", "x".repeat(MAX_STRING_TERM - 1))),
+            json!("é"),
             json!([1]),
             json!({"a": 1}),
         ];
@@ -307,7 +335,7 @@ mod tests {
     #[test]
     fn a_string_prefix_bounds_the_strings_it_starts() {
         let mut low = path_prefix(&["p"]).expect("short");
-        push_string_prefix(TAG_STRING, "ab", &mut low);
+        push_string_prefix("ab", &mut low);
         let high = prefix_end(&low).expect("bounded");
         for (s, inside) in [
             ("ab", true),
@@ -350,6 +378,8 @@ mod tests {
         assert!(is_orderable(&term(&["a"], &json!(1))));
         assert!(!is_orderable(&term(&["a"], &json!([]))));
         assert!(!is_orderable(&term(&["a"], &json!("y".repeat(300)))));
+        assert!(is_orderable(&term(&["a"], &json!("y\u{1}"))));
+        assert!(is_orderable(&term(&["a"], &json!(null))));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::engine::{
     clock::Clock,
     document::DocumentView,
     error::Error,
-    shard::{Shard, collection_gone, observed, view},
+    shard::{OrderSupport, Shard, collection_gone, observed, view},
 };
 use crate::storage::{DocKey, IndexEntry, IndexRange, Lsn, ScanRange, StoredDocument};
 
@@ -153,9 +153,29 @@ impl Shard {
         }
     }
 
-    /// See [`ShardState::orderable`].
-    pub(crate) fn orderable(&self, info: &CollectionInfo, path: &[u8]) -> bool {
-        self.lock().orderable(info.uid, path)
+    /// See [`ShardState::order_support`](super::state::ShardState::order_support).
+    pub(crate) fn order_support(&self, info: &CollectionInfo, path: &[u8]) -> Option<OrderSupport> {
+        self.lock().order_support(info.uid, path)
+    }
+
+    /// Up to `limit` keys of documents without `bit` (undefined at an `ORDER BY`'s path),
+    /// the first in the order's key order past `after`, found in memory.
+    pub(crate) fn undefined_keys(
+        &self,
+        info: &CollectionInfo,
+        bit: u8,
+        after: Option<&DocKey>,
+        descending: bool,
+        limit: usize,
+    ) -> Vec<DocKey> {
+        let mut found = std::collections::BinaryHeap::with_capacity(limit + 1);
+        let mut from = Some(0);
+        while let Some(slot) = from {
+            from = self
+                .lock()
+                .undefined_keys(info.uid, bit, after, descending, slot, limit, &mut found);
+        }
+        found.into_sorted_vec().into_iter().map(|k| k.key).collect()
     }
 
     /// Index entries of a collection, read from storage without the lock.

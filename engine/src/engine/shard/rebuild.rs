@@ -53,6 +53,7 @@ impl Shard {
                 purged: false,
                 stale: false,
                 index_epoch: 0,
+                path_bits: 0,
             });
             cs.index.insert(doc.key, r.slot);
             // In a `lazy` collection a document is owed its entries unless its terms record
@@ -75,7 +76,7 @@ impl Shard {
                     meta.stale = false;
                 }
                 cs.indexed_docs += 1;
-                cs.paths.update(&[], &stored.terms);
+                meta.path_bits = cs.paths.update(&[], &stored.terms).apply(0);
             }
         })?;
         for slot in 0..st.docs.slot_count() as u32 {

@@ -43,6 +43,9 @@ pub(in crate::engine) struct DocMeta {
     /// generation alone (its expiry tracking holds that): with the generation, it tells a
     /// writer whether the terms it read outside the lock are still the stored ones.
     pub(in crate::engine) index_epoch: u32,
+    /// The paths with bits (see [`PathStats`]) it has index entries at: the documents an
+    /// `ORDER BY` finds undefined are those without its path's bit.
+    pub(in crate::engine) path_bits: PathBits,
 }
 
 impl DocMeta {

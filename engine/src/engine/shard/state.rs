@@ -264,9 +264,10 @@ impl ShardState {
                         .collections
                         .get_mut(&record.collection)
                         .expect("callers hold a collection shard");
-                    if let IndexChange::Replace(old, new) = index {
-                        cs.paths.update(old, new);
-                    }
+                    let bits = match index {
+                        IndexChange::Replace(old, new) => cs.paths.update(old, new),
+                        IndexChange::Unchanged | IndexChange::Owed => BitChange::default(),
+                    };
                     let doc = match *slot {
                         Some(slot) => {
                             let old = self.docs.get(slot);
@@ -282,6 +283,7 @@ impl ShardState {
                             meta.lsn = lsn;
                             meta.ttl = record.ttl;
                             meta.dead = false;
+                            meta.path_bits = bits.apply(meta.path_bits);
                             if mem::take(&mut meta.purged) {
                                 cs.purged_docs -= 1;
                             }
@@ -306,6 +308,7 @@ impl ShardState {
                                 purged: false,
                                 stale: false,
                                 index_epoch: 0,
+                                path_bits: bits.apply(0),
                             });
                             cs.indexed_docs += u64::from(self.docs.get(r.slot).indexed);
                             cs.index.insert(record.key.clone(), r.slot);
@@ -330,8 +333,9 @@ impl ShardState {
                         .collections
                         .get_mut(&self.docs.get(*slot).collection)
                         .expect("the indexer names attached collections");
-                    cs.paths.update(old, new);
+                    let bits = cs.paths.update(old, new);
                     let meta = self.docs.get_mut(*slot);
+                    meta.path_bits = bits.apply(meta.path_bits);
                     let was = mem::replace(&mut meta.indexed, !new.is_empty());
                     meta.index_epoch = meta.index_epoch.wrapping_add(1);
                     cs.indexed_docs = cs.indexed_docs + u64::from(meta.indexed) - u64::from(was);
@@ -346,9 +350,10 @@ impl ShardState {
                         .get_mut(&collection)
                         .expect("removals name live collections");
                     detach(&mut self.docs, &mut self.wheel, cs, *slot);
-                    cs.paths.update(terms, &[]);
+                    let bits = cs.paths.update(terms, &[]);
                     unstale(&mut self.docs, cs, *slot);
                     let meta = self.docs.get_mut(*slot);
+                    meta.path_bits = bits.apply(meta.path_bits);
                     if mem::take(&mut meta.indexed) {
                         cs.indexed_docs -= 1;
                     }
@@ -420,16 +425,75 @@ impl ShardState {
 
     /// Whether every document of the collection that a query could see has an orderable
     /// index entry at `path`: then its entries, read in order, are the `ORDER BY` order.
-    pub(in crate::engine) fn orderable(&self, uid: CollectionUid, path: &[u8]) -> bool {
-        let Some(cs) = self.collections.get(&uid) else {
-            return false;
-        };
-        // Every slot is indexed or purged (invisible), and every indexed one has the path.
-        cs.indexed_docs + cs.purged_docs == cs.index.len() as u64
-            && cs
-                .paths
-                .get(path)
-                .is_some_and(|c| c.documents == cs.indexed_docs && c.unorderable == 0)
+    pub(in crate::engine) fn order_support(
+        &self,
+        uid: CollectionUid,
+        path: &[u8],
+    ) -> Option<OrderSupport> {
+        let cs = self.collections.get(&uid)?;
+        // Documents owed an update (`lazy`) are read by their old entries and bits, and left
+        // out where their body no longer agrees, as lazy queries may.
+        let count = cs.paths.get(path)?;
+        let documents = cs.index.len() as u64 - cs.purged_docs;
+        let undefined = documents.saturating_sub(count.documents);
+        if undefined > 0 && count.bit.is_none() {
+            return None;
+        }
+        Some(OrderSupport {
+            bit: count.bit,
+            undefined,
+        })
+    }
+
+    /// Up to `limit` keys of a collection's documents without `bit` (undefined at its path),
+    /// the first in key order after `after` (or, `descending`, the last before it), among
+    /// the slots from `from`; returns where the next call goes on (`None`: every slot seen).
+    /// Slots are visited [`UNDEFINED_SLOTS_PER_LOCK`] at a time, so one call holds the lock
+    /// briefly.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one search's inputs, each distinct"
+    )]
+    pub(in crate::engine) fn undefined_keys(
+        &self,
+        uid: CollectionUid,
+        bit: u8,
+        after: Option<&DocKey>,
+        descending: bool,
+        from: u32,
+        limit: usize,
+        found: &mut std::collections::BinaryHeap<UndefinedKey>,
+    ) -> Option<u32> {
+        let end = (from as usize + UNDEFINED_SLOTS_PER_LOCK).min(self.docs.slot_count());
+        for slot in from..end as u32 {
+            let Some(meta) = self.docs.try_get(slot) else {
+                continue;
+            };
+            if meta.collection != uid || meta.purged || meta.path_bits & (1 << bit) != 0 {
+                continue;
+            }
+            let past = after.is_none_or(|a| {
+                if descending {
+                    meta.key < *a
+                } else {
+                    meta.key > *a
+                }
+            });
+            if !past {
+                continue;
+            }
+            let key = UndefinedKey {
+                key: meta.key.clone(),
+                descending,
+            };
+            if found.len() < limit {
+                found.push(key);
+            } else if found.peek().is_some_and(|worst| key < *worst) {
+                found.pop();
+                found.push(key);
+            }
+        }
+        (end < self.docs.slot_count()).then_some(end as u32)
     }
 
     /// A collection's index bookkeeping in this shard: documents owed an update, documents
@@ -514,4 +578,37 @@ pub(in crate::engine) struct Census {
     pub(in crate::engine) queue_bytes: usize,
     /// Documents marked dead and waiting for the purge, stale entries included.
     pub(in crate::engine) pending: usize,
+}
+
+/// Slots [`ShardState::undefined_keys`] looks at per hold of the lock.
+pub(in crate::engine) const UNDEFINED_SLOTS_PER_LOCK: usize = 16 * 1024;
+
+/// Whether a shard can serve an `ORDER BY` on a path from its index, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OrderSupport {
+    /// The path's bit, which documents with an entry there have.
+    pub(crate) bit: Option<u8>,
+    /// Documents without an entry at the path (some may be expired, not yet purged).
+    pub(crate) undefined: u64,
+}
+
+/// A key in the order an `ORDER BY` returns undefined documents in: key order, reversed if
+/// descending; a max-heap of these keeps the first ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UndefinedKey {
+    pub(crate) key: DocKey,
+    pub(crate) descending: bool,
+}
+
+impl Ord for UndefinedKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let o = self.key.cmp(&other.key);
+        if self.descending { o.reverse() } else { o }
+    }
+}
+
+impl PartialOrd for UndefinedKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }

@@ -12,7 +12,7 @@ use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
     ExpiredThrough, IdKind, IndexPaths, IndexingMode, PartitionKeyPath,
 };
-use crate::storage::StorageError;
+use crate::storage::{StorageError, TERMS_LAYOUT};
 
 pub(super) const DATABASE_PREFIX: &[u8] = b"db/";
 pub(super) const COLLECTION_PREFIX: &[u8] = b"coll/";
@@ -69,6 +69,7 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
             "includedPaths": info.index_paths.included(),
             "excludedPaths": info.index_paths.excluded(),
             "complete": info.index_complete,
+            "termsLayout": TERMS_LAYOUT,
         },
     });
     record.to_string().into_bytes()
@@ -120,12 +121,13 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
         };
         let paths = IndexPaths::new(&list("includedPaths")?, &list("excludedPaths")?)
             .map_err(|_| bad("indexingPolicy"))?;
-        (
-            paths,
-            policy["complete"]
-                .as_bool()
-                .ok_or_else(|| bad("complete"))?,
-        )
+        let complete = policy["complete"]
+            .as_bool()
+            .ok_or_else(|| bad("complete"))?;
+        // Entries written in an older layout of terms are made again: the index is
+        // incomplete (and not read by `consistent` queries) until the rebuild is done.
+        let current = policy["termsLayout"].as_u64() == Some(TERMS_LAYOUT);
+        (paths, complete && (current || indexing_mode == IndexingMode::None))
     };
     Ok(CollectionInfo {
         database,
@@ -149,6 +151,20 @@ mod tests {
         let old = br#"{"database":"app","id":"c","uid":7,"partitionKeyPath":"/pk","defaultTtl":60,"indexingMode":"consistent"}"#;
         let info = decode_collection(old).expect("decodes");
         assert_eq!(info.expired, ExpiredThrough::default());
+    }
+
+    #[test]
+    fn indexes_of_an_older_terms_layout_are_incomplete() {
+        let old = br#"{"database":"app","id":"c","uid":7,"partitionKeyPath":"/pk","defaultTtl":60,"indexingMode":"consistent","indexingPolicy":{"includedPaths":["/*"],"excludedPaths":[],"complete":true}}"#;
+        assert!(!decode_collection(old).expect("decodes").index_complete);
+        let current = String::from_utf8(old.to_vec())
+            .expect("utf-8")
+            .replace("true}", &format!("true,\"termsLayout\":{TERMS_LAYOUT}}}"));
+        assert!(
+            decode_collection(current.as_bytes())
+                .expect("decodes")
+                .index_complete
+        );
     }
 
     #[test]

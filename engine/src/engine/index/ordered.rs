@@ -1,0 +1,446 @@
+//! `ORDER BY` on one indexed path as an index walk, in Cosmos DB's type order: the documents
+//! undefined at the path first (found in memory by their path bits, in key order), then the
+//! path's entries merged across shards in term order. Entries whose terms stand for several
+//! values (long strings sharing a prefix, arrays, objects) are read as a group and sorted by
+//! their documents' values. Descending is the exact reverse.
+//!
+//! A walk can stop after any document and resume from its [`OrderedPos`], so an ordered
+//! query streams page by page, however many results it has.
+
+use std::{cmp::Ordering, collections::VecDeque, time::Instant};
+
+use mayfly_query::{QueryError, value::sort_order};
+use serde_json::Value;
+
+use super::{
+    plan::IndexPlan,
+    read::{ENTRY_BATCH, named_by},
+    terms::{is_orderable, value_at},
+};
+use crate::engine::{
+    CollectionInfo, Engine, Error, FeedScope, INLINE_READS, Millis, QueryReads,
+    query::{QUERY_TIME_LIMIT, QueryMetrics, as_document},
+    shard::OrderSupport,
+};
+use crate::storage::{DocKey, IndexEntry, IndexRange, prefix_end};
+
+/// Entries or keys an ordered walk first asks each shard for.
+const FIRST_BATCH: usize = 16;
+/// The most undefined documents' keys asked for at once: finding them visits every slot of
+/// the shard, so they are taken in large batches (keys are small).
+const UNDEFINED_BATCH: usize = 4096;
+
+/// Where an ordered walk stands: just after the document it last fed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OrderedPos {
+    /// Among the documents undefined at the path, after this key (`None`: at their start).
+    Undefined(Option<DocKey>),
+    /// Among the entries, after this one (`None`: at their start).
+    Entries(Option<IndexEntry>),
+    /// In the group of entries with this term, sorted by value, after `skip` of them.
+    Group { term: Vec<u8>, skip: u64 },
+}
+
+impl OrderedPos {
+    /// Where a walk starts: undefined sorts first.
+    pub(crate) fn start(descending: bool) -> Self {
+        if descending {
+            OrderedPos::Entries(None)
+        } else {
+            OrderedPos::Undefined(None)
+        }
+    }
+}
+
+/// Takes the walk's documents in order: each with the position just after it, and its stored
+/// size; `true` stops the walk.
+pub(crate) type OrderedSink<'s> =
+    dyn FnMut(&OrderedPos, Value, usize, &QueryReads) -> Result<bool, Error> + 's;
+
+/// One ordered walk's inputs, and what it examined beyond the documents it fed.
+pub(crate) struct OrderedWalk<'a, 's> {
+    pub(crate) info: &'a CollectionInfo,
+    pub(crate) plan: &'a IndexPlan,
+    pub(crate) scope: &'a FeedScope,
+    pub(crate) descending: bool,
+    pub(crate) read_at: Millis,
+    pub(crate) reads: &'a mut QueryReads,
+    /// Entries read, and documents read but not fed (gone, or moved off their entry).
+    pub(crate) examined: QueryMetrics,
+    pub(crate) started: Instant,
+    pub(crate) sink: &'a mut OrderedSink<'s>,
+}
+
+/// Where a walk stands in one shard.
+struct Head<T> {
+    shard: usize,
+    buffer: VecDeque<T>,
+    /// The last one read: the next read starts after it.
+    after: Option<T>,
+    exhausted: bool,
+    /// What the next read asks for: few at first (a `TOP 10` needs about 10 in all),
+    /// doubling up to a most.
+    batch: usize,
+}
+
+impl<T> Head<T> {
+    fn new(shard: usize, batch: usize, after: Option<T>) -> Self {
+        Head {
+            shard,
+            buffer: VecDeque::new(),
+            after,
+            exhausted: false,
+            batch,
+        }
+    }
+
+    fn took(&mut self, read: usize, most: usize) {
+        self.exhausted = read < self.batch;
+        self.batch = (self.batch * 2).min(most);
+    }
+}
+
+fn in_scope(scope: &FeedScope, key: &DocKey) -> bool {
+    match scope {
+        FeedScope::Collection => true,
+        FeedScope::Partition(pk) => key.partition_key == *pk,
+    }
+}
+
+/// The order entries are stored in: by term, then by the document key's encoding (each shard
+/// resumes after an entry by it, so the merge across shards must agree).
+fn entry_order(a: &IndexEntry, b: &IndexEntry) -> Ordering {
+    a.term.cmp(&b.term).then_with(|| {
+        let encoded = |k: &DocKey| {
+            let mut out = Vec::new();
+            k.partition_key.encode_ordered(&mut out);
+            out.extend_from_slice(k.id.as_str().as_bytes());
+            out
+        };
+        encoded(&a.key).cmp(&encoded(&b.key))
+    })
+}
+
+/// The head whose front comes first in the walk's direction.
+fn first_head<T>(
+    heads: &[Head<T>],
+    descending: bool,
+    order: impl Fn(&T, &T) -> Ordering,
+) -> Option<usize> {
+    heads
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| h.buffer.front().map(|x| (i, x)))
+        .reduce(|a, b| {
+            let o = order(b.1, a.1);
+            let b_first = if descending { o.is_gt() } else { o.is_lt() };
+            if b_first { b } else { a }
+        })
+        .map(|(i, _)| i)
+}
+
+impl Engine {
+    /// Per shard in `first..=last`, how an ordered walk finds the documents undefined at the
+    /// plan's path (the shards that have some, with the path's bit); `None` if some shard
+    /// cannot tell (a path without a bit, or uncounted).
+    pub(crate) fn order_support(
+        &self,
+        info: &CollectionInfo,
+        plan: &IndexPlan,
+        (first, last): (usize, usize),
+    ) -> Option<Vec<(usize, u8)>> {
+        let mut undefined = Vec::new();
+        for shard in first..=last {
+            match self.inner.shards[shard].order_support(info, &plan.path)? {
+                OrderSupport { undefined: 0, .. } => {}
+                OrderSupport { bit: Some(bit), .. } => undefined.push((shard, bit)),
+                OrderSupport { bit: None, .. } => return None,
+            }
+        }
+        Some(undefined)
+    }
+}
+
+impl OrderedWalk<'_, '_> {
+    fn check_time(&mut self) -> Result<(), Error> {
+        if self.started.elapsed() > QUERY_TIME_LIMIT {
+            return Err(Error::Query(QueryError {
+                kind: mayfly_query::ErrorKind::Limit,
+                position: None,
+                message: format!(
+                    "the query ran longer than {} s; filter by partition key or narrow it",
+                    QUERY_TIME_LIMIT.as_secs()
+                ),
+            }));
+        }
+        self.reads.check_time()
+    }
+
+    fn feed(&mut self, pos: &OrderedPos, doc: Value, size: usize) -> Result<bool, Error> {
+        (self.sink)(pos, doc, size, self.reads)
+    }
+
+    /// Feeds the sink every document from `from` on, in order, in the scope's shards
+    /// `first..=last` (`undefined`: see [`Engine::order_support`]); `true` if the sink
+    /// stopped it.
+    pub(crate) fn run(
+        &mut self,
+        engine: &Engine,
+        from: OrderedPos,
+        shards: (usize, usize),
+        undefined: &[(usize, u8)],
+    ) -> Result<bool, Error> {
+        match (from, self.descending) {
+            (OrderedPos::Undefined(after), false) => Ok(self
+                .undefined(engine, undefined, after)?
+                || self.entries(engine, shards, OrderedPos::Entries(None))?),
+            (OrderedPos::Undefined(after), true) => self.undefined(engine, undefined, after),
+            (from, false) => self.entries(engine, shards, from),
+            (from, true) => {
+                Ok(self.entries(engine, shards, from)?
+                    || self.undefined(engine, undefined, None)?)
+            }
+        }
+    }
+
+    /// The documents without the path's bit, after `after` in key order (reversed if
+    /// descending), merged across shards.
+    fn undefined(
+        &mut self,
+        engine: &Engine,
+        shards: &[(usize, u8)],
+        after: Option<DocKey>,
+    ) -> Result<bool, Error> {
+        let mut heads: Vec<Head<DocKey>> = shards
+            .iter()
+            .map(|&(shard, _)| Head::new(shard, FIRST_BATCH, after.clone()))
+            .collect();
+        loop {
+            self.check_time()?;
+            for (head, &(_, bit)) in heads.iter_mut().zip(shards) {
+                if head.buffer.is_empty() && !head.exhausted {
+                    let keys = engine.inner.shards[head.shard].undefined_keys(
+                        self.info,
+                        bit,
+                        head.after.as_ref(),
+                        self.descending,
+                        head.batch,
+                    );
+                    self.reads.spend(keys.len())?;
+                    head.took(keys.len(), UNDEFINED_BATCH);
+                    head.after = keys.last().cloned();
+                    head.buffer = keys
+                        .into_iter()
+                        .filter(|k| in_scope(self.scope, k))
+                        .collect();
+                }
+            }
+            let Some(i) = first_head(&heads, self.descending, DocKey::cmp) else {
+                if heads.iter().all(|h| h.exhausted) {
+                    return Ok(false);
+                }
+                continue;
+            };
+            let head = &mut heads[i];
+            let key = head.buffer.pop_front().expect("has a front");
+            let shard = head.shard;
+            self.reads.spend(1)?;
+            let (views, settle) =
+                engine.inner.shards[shard].fetch_live(self.info, &[key], self.read_at)?;
+            self.reads.reflect(settle);
+            for view in views {
+                let size = view.body.len();
+                let pos = OrderedPos::Undefined(Some(view.key.clone()));
+                let doc = as_document(&view);
+                let body = doc.as_object().expect("documents are objects");
+                // Written with the path since its key was found: its entry feeds it.
+                if value_at(body, &self.plan.path).is_some() {
+                    self.examined.documents_examined += 1;
+                    continue;
+                }
+                if self.feed(&pos, doc, size)? {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// The path's entries from `from` (an `Entries` or `Group` position) on, merged across
+    /// shards in term order.
+    fn entries(
+        &mut self,
+        engine: &Engine,
+        (first, last): (usize, usize),
+        from: OrderedPos,
+    ) -> Result<bool, Error> {
+        let range = &self.plan.ranges[0];
+        let (mut low, mut high) = (range.low.clone(), range.high.clone());
+        let mut after = None;
+        // A group is read again from its term, and the part already fed skipped.
+        let mut resume_group = None;
+        match from {
+            OrderedPos::Entries(entry) => after = entry,
+            OrderedPos::Group { term, skip } => {
+                if self.descending {
+                    high = prefix_end(&term).unwrap_or(high).min(range.high.clone());
+                } else {
+                    low = term.clone().max(low);
+                }
+                resume_group = Some((term, skip));
+            }
+            OrderedPos::Undefined(_) => unreachable!("undefined documents are not entries"),
+        }
+        // With many shards, a smaller first read each keeps a `TOP 10` within an inline
+        // run's reads.
+        let first_batch =
+            FIRST_BATCH.min((INLINE_READS as usize / (2 * (last - first + 1))).max(2));
+        let mut heads: Vec<Head<IndexEntry>> = (first..=last)
+            .map(|shard| Head::new(shard, first_batch, after.clone()))
+            .collect();
+        let bounds = (low, high);
+        loop {
+            self.check_time()?;
+            for head in &mut heads {
+                self.refill(engine, &bounds, head)?;
+            }
+            let Some(i) = first_head(&heads, self.descending, entry_order) else {
+                if heads.iter().all(|h| h.exhausted || !h.buffer.is_empty()) {
+                    return Ok(false);
+                }
+                continue;
+            };
+            let entry = heads[i].buffer.pop_front().expect("has a front");
+            let shard = heads[i].shard;
+            let skip = match resume_group.take() {
+                Some((term, skip)) if term == entry.term => skip,
+                _ => 0,
+            };
+            if !is_orderable(&entry.term) {
+                let term = entry.term.clone();
+                let group = self.tied_group(engine, &bounds, &mut heads, shard, entry)?;
+                for (j, (doc, size)) in group.into_iter().enumerate().skip(skip as usize) {
+                    let pos = OrderedPos::Group {
+                        term: term.clone(),
+                        skip: j as u64 + 1,
+                    };
+                    if self.feed(&pos, doc, size)? {
+                        return Ok(true);
+                    }
+                }
+                continue;
+            }
+            for (entry, view) in
+                engine.entry_documents(self.info, shard, vec![entry], self.read_at, self.reads)?
+            {
+                let size = view.body.len();
+                let pos = OrderedPos::Entries(Some(entry.clone()));
+                let Some(doc) = named_by(&entry, view, self.plan) else {
+                    self.examined.documents_examined += 1;
+                    continue;
+                };
+                if self.feed(&pos, doc, size)? {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Reads a head's next entries if it has none buffered.
+    fn refill(
+        &mut self,
+        engine: &Engine,
+        (low, high): &(Vec<u8>, Vec<u8>),
+        head: &mut Head<IndexEntry>,
+    ) -> Result<(), Error> {
+        if !head.buffer.is_empty() || head.exhausted {
+            return Ok(());
+        }
+        let entries = engine.inner.shards[head.shard].scan_index(
+            self.info,
+            IndexRange {
+                low,
+                high: Some(high),
+                descending: self.descending,
+                after: head.after.as_ref(),
+            },
+            head.batch,
+        )?;
+        self.examined.index_entries_examined += entries.len() as u64;
+        self.reads.spend(entries.len())?;
+        head.took(entries.len(), ENTRY_BATCH);
+        head.after = entries.last().cloned();
+        head.buffer = entries
+            .into_iter()
+            .filter(|e| in_scope(self.scope, &e.key))
+            .collect();
+        Ok(())
+    }
+
+    /// Every live document whose entry has `first`'s term (which stands for several values),
+    /// with its stored size, in the order of their values at the path, then of their keys
+    /// (reversed if descending).
+    fn tied_group(
+        &mut self,
+        engine: &Engine,
+        bounds: &(Vec<u8>, Vec<u8>),
+        heads: &mut [Head<IndexEntry>],
+        shard: usize,
+        first: IndexEntry,
+    ) -> Result<Vec<(Value, usize)>, Error> {
+        let term = first.term.clone();
+        let mut by_shard: Vec<(usize, Vec<IndexEntry>)> = vec![(shard, vec![first])];
+        let mut size = 1;
+        for head in heads.iter_mut() {
+            loop {
+                self.refill(engine, bounds, head)?;
+                match head.buffer.front() {
+                    Some(e) if e.term == term => {
+                        let e = head.buffer.pop_front().expect("has a front");
+                        match by_shard.iter_mut().find(|(s, _)| *s == head.shard) {
+                            Some((_, entries)) => entries.push(e),
+                            None => by_shard.push((head.shard, vec![e])),
+                        }
+                        size += 1;
+                        if size > mayfly_query::MAX_HELD_ROWS {
+                            return Err(Error::Query(QueryError {
+                                kind: mayfly_query::ErrorKind::Limit,
+                                position: None,
+                                message: format!(
+                                    "more than {} documents have arrays, objects or long strings that the index cannot tell apart at the ORDER BY path; filter further",
+                                    mayfly_query::MAX_HELD_ROWS
+                                ),
+                            }));
+                        }
+                    }
+                    _ => break,
+                }
+                self.check_time()?;
+            }
+        }
+        let mut group = Vec::with_capacity(size);
+        for (shard, entries) in by_shard {
+            for (entry, view) in
+                engine.entry_documents(self.info, shard, entries, self.read_at, self.reads)?
+            {
+                let key = view.key.clone();
+                let size = view.body.len();
+                match named_by(&entry, view, self.plan) {
+                    Some(doc) => group.push((key, doc, size)),
+                    None => self.examined.documents_examined += 1,
+                }
+            }
+        }
+        let path = &self.plan.path;
+        let value =
+            |doc: &Value| value_at(doc.as_object().expect("documents are objects"), path).cloned();
+        let mut keyed: Vec<(Option<Value>, DocKey, Value, usize)> = group
+            .into_iter()
+            .map(|(k, d, s)| (value(&d), k, d, s))
+            .collect();
+        keyed.sort_by(|a, b| sort_order(a.0.as_ref(), b.0.as_ref()).then_with(|| a.1.cmp(&b.1)));
+        if self.descending {
+            keyed.reverse();
+        }
+        Ok(keyed.into_iter().map(|(_, _, d, s)| (d, s)).collect())
+    }
+}
