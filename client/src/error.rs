@@ -330,6 +330,9 @@ reasons! {
     KeyRequired = "KEY_REQUIRED",
     /// A token used outside its database, collection or partition.
     OutOfTokenScope = "OUT_OF_TOKEN_SCOPE",
+    /// A token whose database or collection was deleted since it was minted: it grants
+    /// nothing on one created later under the same name; mint a new one.
+    TokenResourceDeleted = "TOKEN_RESOURCE_DELETED",
     /// Key administration on a server without keys.
     NoKeys = "NO_KEYS",
     /// Key administration on a server whose keys were given on its command line.

@@ -30,13 +30,16 @@ use sha2::Sha256;
 use tonic::{Code, Request};
 
 use crate::{
-    auth::{Action, Authenticator, Denied, KeyRing, KeySlot, Principal, ResourceToken, Target},
+    auth::{
+        Action, Authenticator, Denied, KeyRing, KeySlot, NoResources, Principal, ResourceToken,
+        Resources, Target,
+    },
     current_engine::CurrentEngine,
     engine::{
-        CollectionPath, CollectionSettings, DefaultTtl, DocumentBody, DocumentTtl, Engine,
-        EngineConfig, Error, FeedScope, IdKind, IndexingMode, ManualClock, Millis,
-        PartitionKeyPath, PartitionKeyValue, QueryCursor, QueryReads, QuerySpec, ResourceId,
-        TokenKey,
+        CollectionPath, CollectionSettings, CollectionUid, DatabaseUid, DefaultTtl, DocumentBody,
+        DocumentTtl, Engine, EngineConfig, Error, FeedScope, IdKind, IndexingMode, ManualClock,
+        Millis, PartitionKeyPath, PartitionKeyValue, QueryCursor, QueryReads, QuerySpec,
+        ResourceId, TokenKey,
     },
     grpc::DocumentsService,
     storage::MemoryStorage,
@@ -729,7 +732,9 @@ pub fn auth(data: &[u8]) {
                 "authenticated as {slot} without its key"
             );
             for action in [Action::Read, Action::Write, Action::Manage] {
-                let allowed = Principal::Key(slot).allow(action, Target::Account).is_ok();
+                let allowed = Principal::Key(slot)
+                    .allow(action, Target::Account, &NoResources)
+                    .is_ok();
                 assert_eq!(allowed, slot.read_write() || action == Action::Read);
             }
         }
@@ -753,7 +758,7 @@ pub fn auth(data: &[u8]) {
         assert_eq!(token.mint(ACCOUNT_KEYS[slot_index(token.minted_by)]), raw);
     }
     // `data` as the claims of a token the primary key signed: past the MAC, the claims parsing.
-    let signed = format!("mft1.p.{}", URL_SAFE_NO_PAD.encode(data));
+    let signed = format!("mft2.p.{}", URL_SAFE_NO_PAD.encode(data));
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(ACCOUNT_KEYS[0].as_bytes())
         .expect("HMAC takes any key length");
     mac.update(b"mayfly resource token v1\n");
@@ -773,24 +778,58 @@ pub fn auth(data: &[u8]) {
     }
     // The same claims under a secondary read-only key's letter, or no key, never verify.
     for letter in ["s", "r", "x"] {
-        let other = minted.replacen("mft1.p.", &format!("mft1.{letter}."), 1);
+        let other = minted.replacen("mft2.p.", &format!("mft2.{letter}."), 1);
         assert!(ResourceToken::verify(&other, &f.ring, NOW).is_err());
     }
 }
 
-/// A token may read what it covers and never manage.
+/// The resources a token was minted for, still there.
+struct MintedFor<'a>(&'a ResourceToken);
+
+impl Resources for MintedFor<'_> {
+    fn database_uid(&self, database: &str) -> Option<DatabaseUid> {
+        (database == self.0.database).then_some(self.0.database_uid)
+    }
+
+    fn collection_uid(&self, database: &str, collection: &str) -> Option<CollectionUid> {
+        match &self.0.collection {
+            Some(c) if database == self.0.database && c == collection => self.0.collection_uid,
+            // Another collection of the token's database (a database-scoped token).
+            _ => Some(CollectionUid(u64::MAX)),
+        }
+    }
+}
+
+/// A token may read what it covers while that is what it was minted for, and never manage.
 fn check_token_scope(token: &ResourceToken) {
     let principal = Principal::Token(token.clone());
-    assert!(principal.allow(Action::Manage, Target::Account).is_err());
+    let current = MintedFor(token);
+    assert!(
+        principal
+            .allow(Action::Manage, Target::Account, &current)
+            .is_err()
+    );
     let collection = token.collection.as_deref().unwrap_or("c");
     let target = Target::documents(&token.database, collection, token.partition_key.as_ref());
     assert!(
-        principal.allow(Action::Read, target).is_ok(),
+        principal.allow(Action::Read, target, &current).is_ok(),
         "a token cannot read its own scope"
     );
-    assert_eq!(principal.allow(Action::Write, target).is_ok(), token.write);
-    let _ = principal.allow(Action::Read, Target::Database(&token.database));
-    let _ = principal.allow(Action::Read, Target::documents("other", "c", None));
+    assert_eq!(
+        principal.allow(Action::Write, target, &current).is_ok(),
+        token.write
+    );
+    // Deleted since (or replaced by another of the same name): nothing.
+    assert!(matches!(
+        principal.allow(Action::Read, target, &NoResources),
+        Err(Denied::ResourceDeleted { .. })
+    ));
+    let _ = principal.allow(Action::Read, Target::Database(&token.database), &current);
+    let _ = principal.allow(
+        Action::Read,
+        Target::documents("other", "c", None),
+        &current,
+    );
 }
 
 fn slot_index(slot: KeySlot) -> usize {
@@ -1192,7 +1231,9 @@ pub fn generated_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let token = ResourceToken {
             minted_by: slot,
             database: "fuzz".into(),
+            database_uid: DatabaseUid(7),
             collection: collection.map(str::to_owned),
+            collection_uid: collection.map(|_| CollectionUid(8)),
             partition_key,
             write,
             expires_at,

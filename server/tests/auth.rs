@@ -659,3 +659,184 @@ fn a_server_without_keys_stays_on_loopback_unless_told_otherwise() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
 }
+
+/// Deletes collection `d/<collection>` and creates it again, with the key `primary`.
+async fn recreate_collection(c: &mut Clients, primary: &str, collection: &str) {
+    c.collections
+        .delete_collection(with(
+            Some(primary),
+            DeleteCollectionRequest {
+                database: "d".into(),
+                id: collection.into(),
+            },
+        ))
+        .await
+        .expect("deleted");
+    call(c, Rpc::CreateCollection, Some(primary), collection, None)
+        .await
+        .expect("created again");
+}
+
+/// Asserts that `result` is the refusal of a token whose `resource` was deleted since.
+fn refused_as_deleted(result: Result<(), Status>, resource: &str, rpc: Rpc) {
+    let denied = result.expect_err("the token's resource was deleted");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{rpc:?}: {denied:?}");
+    assert_eq!(reason(&denied), "TOKEN_RESOURCE_DELETED", "{rpc:?}");
+    let message = denied.message();
+    assert!(
+        message.contains(resource)
+            && message.contains("deleted since")
+            && message.contains("mint a new token"),
+        "{rpc:?}: {message}"
+    );
+}
+
+/// Regression (issue 23, defect 7): tokens were scoped by name, so a token for `d/c` read and
+/// wrote a new `d/c` created after the first was deleted, and a database token listed a
+/// recreated database. A token is now bound to the uids of what it was minted for, as Cosmos
+/// DB binds permissions to resource ids.
+#[tokio::test]
+async fn a_token_grants_nothing_on_a_resource_created_again_under_its_name() {
+    let (_dir, _server, mut c, primary, _) = secured().await;
+    let document_rpcs = [
+        Rpc::CreateDocument,
+        Rpc::UpsertDocument,
+        Rpc::ReplaceDocument,
+        Rpc::ReadDocument,
+        Rpc::DeleteDocument,
+        Rpc::TouchDocument,
+        Rpc::PatchDocument,
+        Rpc::ExecuteBatch,
+        Rpc::ReadFeed,
+        Rpc::Query,
+        Rpc::GetCollection,
+    ];
+    let collection_all = mint(&mut c, &primary, "c", None, TokenPermission::All, None).await;
+    let partition_all = mint(
+        &mut c,
+        &primary,
+        "c",
+        Some("p1"),
+        TokenPermission::All,
+        None,
+    )
+    .await;
+    let database_read = mint(&mut c, &primary, "", None, TokenPermission::Read, None).await;
+    for rpc in document_rpcs {
+        let result = call(&mut c, rpc, Some(&collection_all), "c", None).await;
+        assert!(let_through(&result), "{rpc:?} before: {result:?}");
+    }
+
+    // The collection is deleted and created again: its tokens grant nothing on the new one,
+    // reads, writes, feeds and queries alike.
+    recreate_collection(&mut c, &primary, "c").await;
+    for rpc in document_rpcs {
+        let result = call(&mut c, rpc, Some(&collection_all), "c", None).await;
+        refused_as_deleted(result, "collection 'd/c'", rpc);
+        let result = call(&mut c, rpc, Some(&partition_all), "c", Some("p1")).await;
+        refused_as_deleted(result, "collection 'd/c'", rpc);
+    }
+    let in_new = call(&mut c, Rpc::ReadDocument, Some(&primary), "c", None)
+        .await
+        .expect_err("nothing was written through the old token");
+    assert_eq!(in_new.code(), Code::NotFound, "{in_new:?}");
+    // The database is the same one: its token reads the new collection; so does a token
+    // minted for the new collection.
+    let fresh = mint(&mut c, &primary, "c", None, TokenPermission::All, None).await;
+    for (credential, rpcs) in [
+        (
+            &database_read,
+            &[Rpc::ReadFeed, Rpc::Query, Rpc::ListCollections][..],
+        ),
+        (
+            &fresh,
+            &[Rpc::ReadFeed, Rpc::Query, Rpc::CreateDocument][..],
+        ),
+    ] {
+        for &rpc in rpcs {
+            let result = call(&mut c, rpc, Some(credential), "c", None).await;
+            assert!(let_through(&result), "{rpc:?}: {result:?}");
+        }
+    }
+
+    // The database is deleted and created again: its token lists nothing of the new one, and
+    // tokens for its collections, fresh ones included, grant nothing either.
+    c.databases
+        .delete_database(with(
+            Some(&primary),
+            DeleteDatabaseRequest { id: "d".into() },
+        ))
+        .await
+        .expect("deleted");
+    for rpc in [Rpc::CreateDatabase, Rpc::CreateCollection] {
+        call(&mut c, rpc, Some(&primary), "c", None)
+            .await
+            .expect("created again");
+    }
+    for rpc in [
+        Rpc::GetDatabase,
+        Rpc::ListCollections,
+        Rpc::GetCollection,
+        Rpc::ReadDocument,
+        Rpc::ReadFeed,
+        Rpc::Query,
+    ] {
+        let result = call(&mut c, rpc, Some(&database_read), "c", None).await;
+        refused_as_deleted(result, "database 'd'", rpc);
+    }
+    for rpc in [Rpc::CreateDocument, Rpc::ReadDocument, Rpc::Query] {
+        let result = call(&mut c, rpc, Some(&fresh), "c", None).await;
+        refused_as_deleted(result, "database 'd'", rpc);
+    }
+
+    // Deleted and not created again: refused the same way, not NOT_FOUND.
+    call(&mut c, Rpc::CreateCollection, Some(&primary), "c2", None)
+        .await
+        .expect("created");
+    let gone = mint(&mut c, &primary, "c2", None, TokenPermission::All, None).await;
+    c.collections
+        .delete_collection(with(
+            Some(&primary),
+            DeleteCollectionRequest {
+                database: "d".into(),
+                id: "c2".into(),
+            },
+        ))
+        .await
+        .expect("deleted");
+    let result = call(&mut c, Rpc::ReadDocument, Some(&gone), "c2", None).await;
+    refused_as_deleted(result, "collection 'd/c2'", Rpc::ReadDocument);
+
+    // Minting for what does not exist is NOT_FOUND.
+    let absent = c
+        .admin
+        .create_resource_token(with(
+            Some(&primary),
+            CreateResourceTokenRequest {
+                database: "d".into(),
+                collection: "c2".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("no such collection");
+    assert_eq!(absent.code(), Code::NotFound, "{absent:?}");
+
+    // Tokens of the format before uids are refused, saying why.
+    let old = call(
+        &mut c,
+        Rpc::ReadDocument,
+        Some("mft1.p.e30.AAAA"),
+        "c",
+        None,
+    )
+    .await
+    .expect_err("an outdated token");
+    assert_eq!(old.code(), Code::Unauthenticated, "{old:?}");
+    assert_eq!(reason(&old), "INVALID_CREDENTIALS");
+    assert!(
+        old.message().contains("mft1") && old.message().contains("mint a new one"),
+        "{}",
+        old.message()
+    );
+}

@@ -10,6 +10,7 @@ mod body;
 mod catalog;
 mod clock;
 mod condition;
+mod cursor;
 mod document;
 mod error;
 mod expiry;
@@ -63,10 +64,10 @@ pub use recovery::{ExpiryRebuild, Recovery};
 pub use token_seal::TokenKey;
 // The domain types, where the engine's callers have always found them.
 pub use crate::model::{
-    CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
-    DocumentId, DocumentTtl, ExpiredThrough, IdKind, IndexPath, IndexPaths, IndexingMode,
-    InvalidInput, MAX_ID_CHARS, MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, PartitionKeyPath,
-    PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
+    CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
+    DefaultTtl, DocumentId, DocumentTtl, ExpiredThrough, IdKind, IndexPath, IndexPaths,
+    IndexingMode, InvalidInput, MAX_ID_CHARS, MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS,
+    PartitionKeyPath, PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
 };
 // Submodules reach the shared modules by their old names.
 use crate::model::{partition_key, ttl};
@@ -287,32 +288,33 @@ impl Engine {
 
     // ---- databases ----
 
-    /// Creates a database.
-    pub fn create_database(&self, id: DatabaseId) -> Result<(), Error> {
+    /// Creates a database, with a uid never handed out before.
+    pub fn create_database(&self, id: DatabaseId) -> Result<DatabaseUid, Error> {
         let _ddl = self.inner.ddl.lock();
-        if self.inner.catalog.read().has_database(&id) {
-            return Err(Error::DatabaseExists {
-                database: id.to_string(),
-            });
-        }
-        let lsn = self
-            .inner
-            .storage
-            .write_catalog(CatalogChange::PutDatabase(&id))?;
+        let uid = {
+            let mut catalog = self.inner.catalog.write();
+            if catalog.has_database(&id) {
+                return Err(Error::DatabaseExists {
+                    database: id.to_string(),
+                });
+            }
+            catalog.next_database_uid()
+        };
+        let lsn = self.inner.storage.put_database(&id, uid)?;
         self.catalog_durable(lsn)?;
-        self.inner.catalog.write().add_database(id);
-        Ok(())
+        self.inner.catalog.write().add_database(id, uid);
+        Ok(uid)
     }
 
-    /// Checks that a database exists.
-    pub fn get_database(&self, id: &DatabaseId) -> Result<(), Error> {
-        if self.inner.catalog.read().has_database(id) {
-            Ok(())
-        } else {
-            Err(Error::DatabaseNotFound {
+    /// The uid of a database: which database of that name it is.
+    pub fn get_database(&self, id: &DatabaseId) -> Result<DatabaseUid, Error> {
+        self.inner
+            .catalog
+            .read()
+            .database_uid(id)
+            .ok_or_else(|| Error::DatabaseNotFound {
                 database: id.to_string(),
             })
-        }
     }
 
     /// Every database, ordered by id.
@@ -815,9 +817,10 @@ impl Engine {
             }
         };
         let mut cursor = match continuation {
-            Some(token) => {
-                feed::decode_token(&self.inner.token_key.open(token)?, info.uid, scope, shards)?
-            }
+            Some(token) => match self.open_cursor(token, &info, scope, None)? {
+                cursor::Resume::Feed(cursor) => cursor,
+                cursor::Resume::Query(_) => unreachable!("a feed's binding opens feed tokens"),
+            },
             None => Cursor {
                 shard: first,
                 after: None,
@@ -877,11 +880,12 @@ impl Engine {
         }
         Ok(FeedPage {
             documents,
-            continuation: Some(
-                self.inner
-                    .token_key
-                    .seal(&feed::encode_token(info.uid, scope, shards, &cursor)),
-            ),
+            continuation: Some(self.seal_cursor(
+                &info,
+                scope,
+                None,
+                &cursor::Resume::Feed(cursor),
+            )),
         })
     }
 }

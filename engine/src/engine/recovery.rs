@@ -92,12 +92,20 @@ impl Engine {
         let mut known = HashSet::new();
         {
             let mut catalog = engine.inner.catalog.write();
-            for database in stored.databases {
-                catalog.add_database(database);
-            }
+            // Every uid handed out before is passed first: databases a backend kept no uid
+            // for are given new ones after them.
             catalog.restore_last_uid(stored.last_uid);
-            for info in stored.collections {
+            for info in &stored.collections {
                 catalog.restore_last_uid(info.uid.0);
+            }
+            for (_, uid) in &stored.databases.0 {
+                catalog.restore_last_uid(uid.map_or(0, |uid| uid.0));
+            }
+            for (database, uid) in stored.databases {
+                let uid = uid.unwrap_or_else(|| catalog.next_database_uid());
+                catalog.add_database(database, uid);
+            }
+            for info in stored.collections {
                 if !catalog.has_database(&info.database) {
                     continue; // Cannot happen: databases are deleted with their collections.
                 }

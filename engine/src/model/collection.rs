@@ -15,6 +15,12 @@ use super::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CollectionUid(pub u64);
 
+/// Internal, never reused number of a database, from the counter collections' uids come
+/// from: a database deleted and created again under the same id is another database, and
+/// what was granted on the first (a resource token) grants nothing on the second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DatabaseUid(pub u64);
+
 /// How a collection indexes its documents (SPEC §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum IndexingMode {

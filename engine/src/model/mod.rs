@@ -12,7 +12,7 @@ pub(crate) mod partition_key;
 pub(crate) mod ttl;
 
 pub use collection::{
-    CollectionInfo, CollectionSettings, CollectionUid, IndexingMode, SettingsChange,
+    CollectionInfo, CollectionSettings, CollectionUid, DatabaseUid, IndexingMode, SettingsChange,
 };
 pub use document::{DocKey, StoredDocument};
 pub use echo::{ECHO_CHARS, Echo};

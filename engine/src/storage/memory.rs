@@ -16,9 +16,25 @@ use super::{
 use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
 /// Keeps every document in ordered maps, one set per engine shard.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStorage {
     shards: Mutex<HashMap<usize, Arc<MemoryShard>>>,
+    /// Where uids start (see [`StoredCatalog::last_uid`]): a random point, so that a server
+    /// on memory storage, restarted, does not hand out the uids of its earlier run again,
+    /// which resource tokens minted then are bound to.
+    uids_after: u64,
+}
+
+impl Default for MemoryStorage {
+    fn default() -> Self {
+        let mut seed = [0; 8];
+        getrandom::fill(&mut seed).expect("the OS random source works");
+        MemoryStorage {
+            shards: Mutex::default(),
+            // Below 2^62: room for more uids than any run hands out.
+            uids_after: u64::from_le_bytes(seed) >> 2,
+        }
+    }
 }
 
 impl MemoryStorage {
@@ -39,7 +55,10 @@ impl Storage for MemoryStorage {
     }
 
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
-        Ok(StoredCatalog::default())
+        Ok(StoredCatalog {
+            last_uid: self.uids_after,
+            ..StoredCatalog::default()
+        })
     }
 
     fn durable(&self, _lsn: Lsn) -> Option<DurableFuture> {

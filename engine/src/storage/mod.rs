@@ -15,7 +15,8 @@ pub use index_keys::{TERMS_LAYOUT, prefix_end};
 pub use memory::MemoryStorage;
 
 use crate::model::{
-    CollectionInfo, CollectionUid, DatabaseId, DocumentId, DocumentTtl, Millis, PartitionKeyValue,
+    CollectionInfo, CollectionUid, DatabaseId, DatabaseUid, DocumentId, DocumentTtl, Millis,
+    PartitionKeyValue,
 };
 pub use crate::model::{DocKey, StoredDocument};
 
@@ -131,13 +132,58 @@ pub struct StoredMeta {
 #[derive(Debug, Clone, Default)]
 pub struct StoredCatalog {
     /// Every database.
-    pub databases: Vec<DatabaseId>,
+    pub databases: StoredDatabases,
     /// Every collection.
     pub collections: Vec<CollectionInfo>,
-    /// Highest collection uid ever handed out (uids are never reused).
+    /// Highest uid ever handed out, of a collection or a database (uids are never reused).
     pub last_uid: u64,
     /// Every document version handed out before is below this.
     pub versions_below: u64,
+}
+
+/// The databases a backend recovered, each with the uid it was created with; `None` from a
+/// backend that keeps no uids (see [`Storage::put_database`]): the engine gives such a
+/// database a new uid each time it loads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredDatabases(pub Vec<(DatabaseId, Option<DatabaseUid>)>);
+
+impl StoredDatabases {
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Databases without their uids, from a backend that keeps none.
+impl FromIterator<DatabaseId> for StoredDatabases {
+    fn from_iter<I: IntoIterator<Item = DatabaseId>>(ids: I) -> Self {
+        StoredDatabases(ids.into_iter().map(|id| (id, None)).collect())
+    }
+}
+
+impl FromIterator<(DatabaseId, DatabaseUid)> for StoredDatabases {
+    fn from_iter<I: IntoIterator<Item = (DatabaseId, DatabaseUid)>>(databases: I) -> Self {
+        StoredDatabases(
+            databases
+                .into_iter()
+                .map(|(id, uid)| (id, Some(uid)))
+                .collect(),
+        )
+    }
+}
+
+impl IntoIterator for StoredDatabases {
+    type Item = (DatabaseId, Option<DatabaseUid>);
+    type IntoIter = std::vec::IntoIter<Self::Item>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
 }
 
 /// Resolves when the writes it was created after are durable.
@@ -157,7 +203,8 @@ impl Lsn {
 /// A change to databases and collections.
 #[derive(Debug, Clone, Copy)]
 pub enum CatalogChange<'a> {
-    /// A database was created.
+    /// A database was created (without its uid: the engine records databases with
+    /// [`Storage::put_database`]).
     PutDatabase(&'a DatabaseId),
     /// A database was deleted with all of its collections, in one atomic change.
     /// `versions_below` bounds every document version handed out so far: the versions of the
@@ -244,6 +291,15 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// Applies a catalog change atomically and returns its position; it is durable once
     /// [`Storage::durable`] says so for that position. Never blocks on the disk.
     fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError>;
+
+    /// Records that database `database` was created with `uid`, as [`Storage::write_catalog`]
+    /// records other changes; its uid comes back from [`Storage::load_catalog`], and is
+    /// counted in [`StoredCatalog::last_uid`]. A backend that keeps no uids leaves the default,
+    /// [`CatalogChange::PutDatabase`] without the uid; a backend wrapping another forwards it.
+    fn put_database(&self, database: &DatabaseId, uid: DatabaseUid) -> Result<Lsn, StorageError> {
+        let _ = uid;
+        self.write_catalog(CatalogChange::PutDatabase(database))
+    }
 
     /// The catalog as stored (empty for a new store).
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError>;

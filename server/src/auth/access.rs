@@ -1,5 +1,6 @@
 //! Who is calling (from the `authorization` metadata) and whether they may do what they ask.
-//! Every RPC handler asks both before it touches the engine.
+//! Every RPC handler asks both before it touches the engine. A resource token is held to its
+//! scope by name, and to the identity of what it was minted for by uid ([`Resources`]).
 
 use std::{fmt, sync::Arc};
 
@@ -8,8 +9,8 @@ use super::{
     token::{ResourceToken, TokenError},
 };
 use crate::{
-    engine::Clock,
-    model::{Echo, Millis, PartitionKeyValue},
+    engine::{Clock, CollectionPath, Engine},
+    model::{CollectionUid, DatabaseUid, Echo, IdKind, Millis, PartitionKeyValue, ResourceId},
 };
 
 /// Who sent a request.
@@ -119,6 +120,8 @@ pub enum Denied {
     UnknownKey,
     /// A token that is altered or whose key was regenerated.
     InvalidToken,
+    /// A token of the format before tokens were bound to resource identity (`mft1`).
+    OutdatedToken,
     /// A token past its expiry.
     ExpiredToken { at: Millis, now: Millis },
     /// A read-only key asked to write or manage.
@@ -129,6 +132,9 @@ pub enum Denied {
     TokenCannotManage,
     /// A token asked for something outside its scope.
     OutOfScope { scope: String, target: String },
+    /// The database or collection a token was minted for (`resource`, as [`Target`] names
+    /// it) was deleted since; one of that name now, if any, is another.
+    ResourceDeleted { resource: String },
 }
 
 impl Denied {
@@ -140,6 +146,7 @@ impl Denied {
                 | Denied::Malformed
                 | Denied::UnknownKey
                 | Denied::InvalidToken
+                | Denied::OutdatedToken
                 | Denied::ExpiredToken { .. }
         )
     }
@@ -148,12 +155,16 @@ impl Denied {
     pub fn reason(&self) -> &'static str {
         match self {
             Denied::Missing => "MISSING_CREDENTIALS",
-            Denied::Malformed | Denied::UnknownKey | Denied::InvalidToken => "INVALID_CREDENTIALS",
+            Denied::Malformed
+            | Denied::UnknownKey
+            | Denied::InvalidToken
+            | Denied::OutdatedToken => "INVALID_CREDENTIALS",
             Denied::ExpiredToken { .. } => "TOKEN_EXPIRED",
             Denied::ReadOnlyKey { .. } => "READ_ONLY_KEY",
             Denied::ReadOnlyToken => "READ_ONLY_TOKEN",
             Denied::TokenCannotManage => "KEY_REQUIRED",
             Denied::OutOfScope { .. } => "OUT_OF_TOKEN_SCOPE",
+            Denied::ResourceDeleted { .. } => "TOKEN_RESOURCE_DELETED",
         }
     }
 }
@@ -172,6 +183,9 @@ impl fmt::Display for Denied {
             ),
             Denied::InvalidToken => f.write_str(
                 "the resource token is not valid: it was altered, or the key that minted it has been regenerated since",
+            ),
+            Denied::OutdatedToken => f.write_str(
+                "the resource token is of an earlier format (mft1), bound to names rather than to the resources it was minted for, and is no longer accepted; mint a new one",
             ),
             Denied::ExpiredToken { at, now } => write!(
                 f,
@@ -195,6 +209,10 @@ impl fmt::Display for Denied {
             Denied::OutOfScope { scope, target } => write!(
                 f,
                 "this resource token is scoped to {scope}; the request is for {target}"
+            ),
+            Denied::ResourceDeleted { resource } => write!(
+                f,
+                "this resource token was minted for {resource}, which has been deleted since; one created later under the same name is another resource, on which the token grants nothing: mint a new token"
             ),
         }
     }
@@ -244,6 +262,7 @@ impl Authenticator {
             return match ResourceToken::verify(credential, keys, now) {
                 Ok(token) => Ok(Principal::Token(token)),
                 Err(TokenError::Invalid) => Err(Denied::InvalidToken),
+                Err(TokenError::Outdated) => Err(Denied::OutdatedToken),
                 Err(TokenError::Expired { at }) => Err(Denied::ExpiredToken { at, now }),
             };
         }
@@ -276,9 +295,58 @@ pub fn authenticate_headers(
     auth.authenticate(authorization)
 }
 
+/// The databases and collections there are now, by uid: what a resource token is checked
+/// against, so that it grants nothing on a database or collection of the same name as the
+/// one it was minted for, created after that one was deleted.
+pub trait Resources {
+    /// The uid of database `database`, if there is one.
+    fn database_uid(&self, database: &str) -> Option<DatabaseUid>;
+
+    /// The uid of collection `database/collection`, if there is one.
+    fn collection_uid(&self, database: &str, collection: &str) -> Option<CollectionUid>;
+}
+
+/// No databases or collections: for requests about the account alone (keys, minting tokens),
+/// which no token may make, so that the check needs no engine. (A token checked against it is
+/// refused: nothing it was minted for is there.)
+#[derive(Debug, Clone, Copy)]
+pub struct NoResources;
+
+impl Resources for NoResources {
+    fn database_uid(&self, _: &str) -> Option<DatabaseUid> {
+        None
+    }
+
+    fn collection_uid(&self, _: &str, _: &str) -> Option<CollectionUid> {
+        None
+    }
+}
+
+impl Resources for Engine {
+    fn database_uid(&self, database: &str) -> Option<DatabaseUid> {
+        self.get_database(&ResourceId::parse_stored(IdKind::Database, database).ok()?)
+            .ok()
+    }
+
+    fn collection_uid(&self, database: &str, collection: &str) -> Option<CollectionUid> {
+        let path = CollectionPath {
+            database: ResourceId::parse_stored(IdKind::Database, database).ok()?,
+            collection: ResourceId::parse_stored(IdKind::Collection, collection).ok()?,
+        };
+        self.get_collection(&path).ok().map(|info| info.uid)
+    }
+}
+
 impl Principal {
-    /// Whether this principal may do `action` on `target`.
-    pub fn allow(&self, action: Action, target: Target<'_>) -> Result<(), Denied> {
+    /// Whether this principal may do `action` on `target`, `resources` being the databases
+    /// and collections there are now (a token is refused once what it was minted for is
+    /// deleted).
+    pub fn allow(
+        &self,
+        action: Action,
+        target: Target<'_>,
+        resources: &dyn Resources,
+    ) -> Result<(), Denied> {
         match self {
             Principal::Open => Ok(()),
             Principal::Key(slot) if slot.read_write() || action == Action::Read => Ok(()),
@@ -289,14 +357,28 @@ impl Principal {
                     Action::Write if !token.write => return Err(Denied::ReadOnlyToken),
                     Action::Write | Action::Read => {}
                 }
-                if token_covers(token, target) {
-                    Ok(())
-                } else {
-                    Err(Denied::OutOfScope {
+                if !token_covers(token, target) {
+                    return Err(Denied::OutOfScope {
                         scope: token_scope(token),
                         target: target.to_string(),
-                    })
+                    });
                 }
+                // Within its scope by name: is it still what the token was minted for? (The
+                // target is in the token's database, or collection, so these are the ones
+                // it reaches.)
+                if resources.database_uid(&token.database) != Some(token.database_uid) {
+                    return Err(Denied::ResourceDeleted {
+                        resource: Target::Database(&token.database).to_string(),
+                    });
+                }
+                if let Some(collection) = &token.collection
+                    && resources.collection_uid(&token.database, collection) != token.collection_uid
+                {
+                    return Err(Denied::ResourceDeleted {
+                        resource: Target::collection(&token.database, collection).to_string(),
+                    });
+                }
+                Ok(())
             }
         }
     }

@@ -7,7 +7,10 @@ mod keys;
 mod secrets;
 mod token;
 
-pub use access::{Action, Authenticator, Denied, Principal, Target, authenticate_headers, bearer};
+pub use access::{
+    Action, Authenticator, Denied, NoResources, Principal, Resources, Target, authenticate_headers,
+    bearer,
+};
 pub use keys::{KeyAdminError, KeyRing, KeySlot, MIN_GIVEN_KEY_CHARS};
 pub use secrets::{SECRETS_DIR, SecretsDir, random_secret, secret_bytes};
 pub use token::{DEFAULT_TOKEN_SECS, MAX_TOKEN_SECS, ResourceToken, TokenError};

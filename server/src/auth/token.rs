@@ -1,7 +1,12 @@
 //! Resource tokens, as in Cosmos DB: read or read-write access to one database, collection or
-//! partition, until an expiry. A token is `mft1.<p|s>.<claims>.<tag>`: the read-write key that
+//! partition, until an expiry. A token is `mft2.<p|s>.<claims>.<tag>`: the read-write key that
 //! minted it (primary or secondary), its claims as URL-safe base64 JSON, and an HMAC-SHA256
 //! tag under that key. Regenerating the key revokes every token it minted.
+//!
+//! The claims name the database and collection and carry their uids: a token is bound to the
+//! resources it was minted for, not to their names, and grants nothing on a database or
+//! collection created later under the same name (see `Principal::allow`). Tokens of the
+//! earlier format, `mft1`, carried names only and are refused.
 
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use hmac::{Hmac, KeyInit, Mac};
@@ -9,10 +14,13 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use super::keys::{KeyRing, KeySlot};
-use crate::model::{Millis, PartitionKeyValue};
+use crate::model::{CollectionUid, DatabaseUid, Millis, PartitionKeyValue};
 
-const VERSION: &str = "mft1";
-/// Separates token MACs from any other use of the keys.
+const VERSION: &str = "mft2";
+/// The format before tokens carried uids: refused, with a word on why.
+const OUTDATED_VERSION: &str = "mft1";
+/// Separates token MACs from any other use of the keys (the format's version is in what is
+/// signed).
 const DOMAIN: &[u8] = b"mayfly resource token v1\n";
 /// Longest token worth looking at: real ones are a few hundred bytes (ids are at most 255
 /// characters, a partition key 2 KiB).
@@ -28,8 +36,13 @@ pub struct ResourceToken {
     /// The read-write key that minted it.
     pub minted_by: KeySlot,
     pub database: String,
+    /// Which database named `database` it was minted for.
+    pub database_uid: DatabaseUid,
     /// `None`: every collection of the database.
     pub collection: Option<String>,
+    /// Which collection named `collection` it was minted for: `Some` exactly when
+    /// `collection` is.
+    pub collection_uid: Option<CollectionUid>,
     /// `None`: every partition of the collection.
     pub partition_key: Option<PartitionKeyValue>,
     /// Document writes too, not only reads.
@@ -42,6 +55,8 @@ pub struct ResourceToken {
 pub enum TokenError {
     /// Not a token, altered, or minted with a key that was regenerated since.
     Invalid,
+    /// A token of the earlier format (`mft1`), bound to names rather than resources.
+    Outdated,
     /// Valid, but past its expiry.
     Expired { at: Millis },
 }
@@ -72,7 +87,9 @@ impl ResourceToken {
         }
         let claims = json!({
             "db": self.database,
+            "dbUid": self.database_uid.0,
             "coll": self.collection,
+            "collUid": self.collection_uid.map(|uid| uid.0),
             "pk": self.partition_key.as_ref().map(|_| URL_SAFE_NO_PAD.encode(&pk)),
             "write": self.write,
             "exp": self.expires_at,
@@ -85,9 +102,12 @@ impl ResourceToken {
         format!("{signed}.{}", URL_SAFE_NO_PAD.encode(tag))
     }
 
-    /// Whether `text` looks like a token (as opposed to a key).
+    /// Whether `text` looks like a token (as opposed to a key), of this format or an earlier.
     pub fn is_token(text: &str) -> bool {
-        text.starts_with("mft1.")
+        [VERSION, OUTDATED_VERSION].iter().any(|version| {
+            text.strip_prefix(version)
+                .is_some_and(|rest| rest.starts_with('.'))
+        })
     }
 
     /// The token `text` stands for, if a current key of `keys` minted it and it is not
@@ -95,6 +115,12 @@ impl ResourceToken {
     pub fn verify(text: &str, keys: &KeyRing, now: Millis) -> Result<Self, TokenError> {
         if text.len() > MAX_TOKEN_CHARS {
             return Err(TokenError::Invalid);
+        }
+        if text
+            .strip_prefix(OUTDATED_VERSION)
+            .is_some_and(|rest| rest.starts_with('.'))
+        {
+            return Err(TokenError::Outdated);
         }
         let (signed, tag) = text.rsplit_once('.').ok_or(TokenError::Invalid)?;
         let mut parts = signed.split('.');
@@ -122,6 +148,12 @@ impl ResourceToken {
             .and_then(|raw| serde_json::from_slice(&raw).ok())
             .ok_or(TokenError::Invalid)?;
         let text_of = |name: &str| claims.get(name).and_then(Value::as_str).map(str::to_owned);
+        let number = |name: &str| claims.get(name).and_then(Value::as_u64);
+        let collection = text_of("coll");
+        let collection_uid = number("collUid").map(CollectionUid);
+        if collection.is_some() != collection_uid.is_some() {
+            return Err(TokenError::Invalid);
+        }
         let partition_key = match claims.get("pk").and_then(Value::as_str) {
             None => None,
             Some(encoded) => {
@@ -137,7 +169,9 @@ impl ResourceToken {
         let token = ResourceToken {
             minted_by,
             database: text_of("db").ok_or(TokenError::Invalid)?,
-            collection: text_of("coll"),
+            database_uid: DatabaseUid(number("dbUid").ok_or(TokenError::Invalid)?),
+            collection,
+            collection_uid,
             partition_key,
             write: claims
                 .get("write")
@@ -174,7 +208,9 @@ mod tests {
         ResourceToken {
             minted_by: slot,
             database: "d".into(),
+            database_uid: DatabaseUid(3),
             collection: Some("c".into()),
+            collection_uid: Some(CollectionUid(u64::MAX)),
             partition_key: Some(PartitionKeyValue::string("ü/1").expect("short")),
             write: true,
             expires_at: 10_000,
@@ -196,6 +232,7 @@ mod tests {
         }
         let scoped_to_database = ResourceToken {
             collection: None,
+            collection_uid: None,
             partition_key: None,
             write: false,
             ..token(KeySlot::Primary)
@@ -221,7 +258,7 @@ mod tests {
             );
         }
         // The same claims under the other key's letter do not verify.
-        let swapped = text.replacen("mft1.p.", "mft1.s.", 1);
+        let swapped = text.replacen("mft2.p.", "mft2.s.", 1);
         assert_eq!(
             ResourceToken::verify(&swapped, &keys, 0),
             Err(TokenError::Invalid)
@@ -240,5 +277,56 @@ mod tests {
         );
         assert!(ResourceToken::verify(&minted, &other, 0).is_err());
         assert!(ResourceToken::verify(&"x".repeat(MAX_TOKEN_CHARS + 1), &keys, 0).is_err());
+    }
+
+    /// Signs `claims` as a token of format `version` under the primary key of [`ring`].
+    fn signed(version: &str, claims: &Value) -> String {
+        let signed = format!("{version}.p.{}", URL_SAFE_NO_PAD.encode(claims.to_string()));
+        let tag = mac(&"p".repeat(32), &signed).finalize().into_bytes();
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    #[test]
+    fn tokens_carry_the_uids_of_what_they_were_minted_for() {
+        let keys = ring();
+        let minted = token(KeySlot::Primary);
+        let text = minted.mint(&keys.key(KeySlot::Primary).expect("key"));
+        assert!(text.starts_with("mft2.p."), "{text}");
+        let verified = ResourceToken::verify(&text, &keys, 0).expect("verifies");
+        assert_eq!(verified.database_uid, DatabaseUid(3));
+        assert_eq!(verified.collection_uid, Some(CollectionUid(u64::MAX)));
+        // Claims without the uids, or with a collection's name and not its uid, are no token
+        // this server mints, however well signed.
+        for claims in [
+            json!({"db": "d", "coll": null, "collUid": null, "pk": null, "write": false, "exp": 5}),
+            json!({"db": "d", "dbUid": 3, "coll": "c", "collUid": null, "pk": null, "write": false, "exp": 5}),
+            json!({"db": "d", "dbUid": 3, "coll": null, "collUid": 4, "pk": null, "write": false, "exp": 5}),
+            json!({"db": "d", "dbUid": -3, "coll": null, "collUid": null, "pk": null, "write": false, "exp": 5}),
+        ] {
+            assert_eq!(
+                ResourceToken::verify(&signed(VERSION, &claims), &keys, 0),
+                Err(TokenError::Invalid),
+                "{claims}"
+            );
+        }
+        let database_only = json!({"db": "d", "dbUid": 3, "coll": null, "collUid": null, "pk": null, "write": false, "exp": 5});
+        assert!(ResourceToken::verify(&signed(VERSION, &database_only), &keys, 0).is_ok());
+    }
+
+    /// Tokens of the format before uids (`mft1`, names only) are refused as outdated, however
+    /// well signed: they could grant access to a later resource of the same name.
+    #[test]
+    fn tokens_of_the_earlier_format_are_outdated() {
+        let keys = ring();
+        let old = signed(
+            "mft1",
+            &json!({"db": "d", "coll": "c", "pk": null, "write": true, "exp": 10_000}),
+        );
+        assert!(ResourceToken::is_token(&old), "not taken for a key");
+        assert_eq!(
+            ResourceToken::verify(&old, &keys, 0),
+            Err(TokenError::Outdated)
+        );
+        assert!(!ResourceToken::is_token("mft2-not-a-token"));
     }
 }

@@ -10,7 +10,7 @@ use super::{caller, convert, status::to_status};
 use crate::{
     auth::{
         Action, Authenticator, DEFAULT_TOKEN_SECS, Denied, KeyAdminError, KeySlot, MAX_TOKEN_SECS,
-        Principal, ResourceToken, Target, bearer,
+        NoResources, Principal, ResourceToken, Target, bearer,
     },
     current_engine::CurrentEngine,
     engine::InvalidInput,
@@ -54,7 +54,8 @@ impl server::Admin for AdminService {
         request: Request<RegenerateKeyRequest>,
     ) -> Result<Response<RegenerateKeyResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
-        caller.allow(Action::Manage, Target::Account)?;
+        // About the account: no token may, and no resource is consulted.
+        caller.allow(Action::Manage, Target::Account, &NoResources)?;
         let RegenerateKeyRequest { kind } = request.into_inner();
         let slot = key_slot(kind).map_err(to_status)?;
         let auth = self.auth.clone();
@@ -73,7 +74,8 @@ impl server::Admin for AdminService {
         request: Request<CreateResourceTokenRequest>,
     ) -> Result<Response<ResourceTokenProto>, Status> {
         let caller = caller(&self.auth, &request)?;
-        caller.allow(Action::Manage, Target::Account)?;
+        // About the account: no token may, and no resource is consulted.
+        caller.allow(Action::Manage, Target::Account, &NoResources)?;
         let keys = self.auth.keys().ok_or(KeyAdminError::NoKeys)?;
         // The key the caller was checked with: the token is signed with it, never with a key
         // that replaced it since.
@@ -94,19 +96,21 @@ impl server::Admin for AdminService {
             permission,
             ttl_seconds,
         } = request.into_inner();
+        // The token is bound to the database and collection there are now, by uid: it grants
+        // nothing on others created later under the same names.
         let engine = self.engine.get().map_err(to_status)?;
-        let collection = if collection.is_empty() {
-            engine
-                .get_database(&convert::database_id(&database).map_err(to_status)?)
-                .map_err(to_status)?;
-            None
+        let database_uid = engine
+            .get_database(&convert::database_id(&database).map_err(to_status)?)
+            .map_err(to_status)?;
+        let (collection, collection_uid) = if collection.is_empty() {
+            (None, None)
         } else {
-            engine
+            let info = engine
                 .get_collection(
                     &convert::collection_path(&database, &collection).map_err(to_status)?,
                 )
                 .map_err(to_status)?;
-            Some(collection)
+            (Some(collection), Some(info.uid))
         };
         let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
         if partition_key.is_some() && collection.is_none() {
@@ -139,7 +143,9 @@ impl server::Admin for AdminService {
         let token = ResourceToken {
             minted_by,
             database,
+            database_uid,
             collection,
+            collection_uid,
             partition_key,
             write,
             expires_at,

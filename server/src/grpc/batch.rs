@@ -9,7 +9,12 @@ use mayfly_proto::v1::{
 };
 use tonic::Status;
 
-use super::{convert, documents::DocumentsService, patch, status::to_status};
+use super::{
+    convert,
+    documents::{DocumentsService, settle_blocking},
+    patch,
+    status::to_status,
+};
 use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, BatchOp, BatchOutput, Error, IdKind, InvalidInput, MAX_BATCH_OPERATIONS, ResourceId,
@@ -37,7 +42,8 @@ impl DocumentsService {
         let target = Target::documents(&database, &collection, Some(&partition_key));
         // Checked before the operations are converted (bodies, conditions); a batch that
         // turns out to write needs write access, checked once known.
-        caller.allow(Action::Read, target)?;
+        let engine = self.engine()?;
+        caller.allow(Action::Read, target, &engine)?;
         if operations.is_empty() || operations.len() > MAX_BATCH_OPERATIONS {
             return Err(to_status(InvalidInput::BatchSize {
                 count: operations.len(),
@@ -51,11 +57,10 @@ impl DocumentsService {
             .collect::<Result<Vec<_>, Error>>()
             .map_err(to_status)?;
         if ops.iter().any(BatchOp::writes) {
-            caller.allow(Action::Write, target)?;
+            caller.allow(Action::Write, target, &engine)?;
         }
-        let outputs = self
-            .settle_blocking(move |e| e.execute_batch(&path, partition_key, &ops))
-            .await?;
+        let outputs =
+            settle_blocking(engine, move |e| e.execute_batch(&path, partition_key, &ops)).await?;
         Ok(ExecuteBatchResponse {
             results: outputs.into_iter().map(result).collect(),
         })

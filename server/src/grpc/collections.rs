@@ -43,7 +43,8 @@ impl server::Collections for CollectionsService {
             indexing_mode,
             indexing_paths,
         } = request.into_inner();
-        caller.allow(Action::Manage, Target::Database(&database))?;
+        let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Manage, Target::Database(&database), &engine)?;
         let database = convert::database_id(&database).map_err(to_status)?;
         let id = convert::new_collection_id(&id).map_err(to_status)?;
         let path = PartitionKeyPath::parse(&partition_key_path).map_err(to_status)?;
@@ -56,7 +57,6 @@ impl server::Collections for CollectionsService {
         let paths = convert::index_paths(indexing_paths)
             .map_err(to_status)?
             .unwrap_or_default();
-        let engine = self.engine.get().map_err(to_status)?;
         let info = blocking(move || engine.create_collection(&database, id, path, settings, paths))
             .await?;
         Ok(Response::new(convert::collection(&info)))
@@ -68,11 +68,9 @@ impl server::Collections for CollectionsService {
     ) -> Result<Response<Collection>, Status> {
         let caller = caller(&self.auth, &request)?;
         let GetCollectionRequest { database, id } = request.into_inner();
-        caller.allow(Action::Read, Target::collection(&database, &id))?;
-        let info = self
-            .engine
-            .get()
-            .map_err(to_status)?
+        let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Read, Target::collection(&database, &id), &engine)?;
+        let info = engine
             .get_collection(&convert::collection_path(&database, &id).map_err(to_status)?)
             .map_err(to_status)?;
         Ok(Response::new(convert::collection(&info)))
@@ -84,11 +82,9 @@ impl server::Collections for CollectionsService {
     ) -> Result<Response<ListCollectionsResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
         let ListCollectionsRequest { database } = request.into_inner();
-        caller.allow(Action::Read, Target::Database(&database))?;
-        let collections = self
-            .engine
-            .get()
-            .map_err(to_status)?
+        let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Read, Target::Database(&database), &engine)?;
+        let collections = engine
             .list_collections(&convert::database_id(&database).map_err(to_status)?)
             .map_err(to_status)?;
         Ok(Response::new(ListCollectionsResponse {
@@ -108,14 +104,14 @@ impl server::Collections for CollectionsService {
             indexing_mode,
             indexing_paths,
         } = request.into_inner();
-        caller.allow(Action::Manage, Target::collection(&database, &id))?;
+        let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Manage, Target::collection(&database, &id), &engine)?;
         let path = convert::collection_path(&database, &id).map_err(to_status)?;
         let change = SettingsChange {
             default_ttl: convert::default_ttl_change(default_ttl).map_err(to_status)?,
             indexing_mode: convert::indexing_mode(indexing_mode).map_err(to_status)?,
             index_paths: convert::index_paths(indexing_paths).map_err(to_status)?,
         };
-        let engine = self.engine.get().map_err(to_status)?;
         let info = blocking(move || engine.replace_collection(&path, change)).await?;
         Ok(Response::new(convert::collection(&info)))
     }
@@ -126,9 +122,9 @@ impl server::Collections for CollectionsService {
     ) -> Result<Response<DeleteCollectionResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
         let DeleteCollectionRequest { database, id } = request.into_inner();
-        caller.allow(Action::Manage, Target::collection(&database, &id))?;
-        let path = convert::collection_path(&database, &id).map_err(to_status)?;
         let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Manage, Target::collection(&database, &id), &engine)?;
+        let path = convert::collection_path(&database, &id).map_err(to_status)?;
         blocking(move || engine.delete_collection(&path)).await?;
         Ok(Response::new(DeleteCollectionResponse {}))
     }

@@ -35,8 +35,8 @@ impl server::Databases for DatabasesService {
         let caller = caller(&self.auth, &request)?;
         let CreateDatabaseRequest { id } = request.into_inner();
         let database = convert::new_database_id(&id).map_err(to_status)?;
-        caller.allow(Action::Manage, Target::Database(&id))?;
         let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Manage, Target::Database(&id), &engine)?;
         blocking(move || engine.create_database(database)).await?;
         Ok(Response::new(Database { id }))
     }
@@ -47,10 +47,9 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<Database>, Status> {
         let caller = caller(&self.auth, &request)?;
         let GetDatabaseRequest { id } = request.into_inner();
-        caller.allow(Action::Read, Target::Database(&id))?;
-        self.engine
-            .get()
-            .map_err(to_status)?
+        let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Read, Target::Database(&id), &engine)?;
+        engine
             .get_database(&convert::database_id(&id).map_err(to_status)?)
             .map_err(to_status)?;
         Ok(Response::new(Database { id }))
@@ -62,11 +61,9 @@ impl server::Databases for DatabasesService {
     ) -> Result<Response<ListDatabasesResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
         let ListDatabasesRequest {} = request.into_inner();
-        caller.allow(Action::Read, Target::Account)?;
-        let databases = self
-            .engine
-            .get()
-            .map_err(to_status)?
+        let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Read, Target::Account, &engine)?;
+        let databases = engine
             .list_databases()
             .into_iter()
             .map(|id| Database { id: id.to_string() })
@@ -81,8 +78,8 @@ impl server::Databases for DatabasesService {
         let caller = caller(&self.auth, &request)?;
         let DeleteDatabaseRequest { id } = request.into_inner();
         let database = convert::database_id(&id).map_err(to_status)?;
-        caller.allow(Action::Manage, Target::Database(&id))?;
         let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Manage, Target::Database(&id), &engine)?;
         blocking(move || engine.delete_database(&database)).await?;
         Ok(Response::new(DeleteDatabaseResponse {}))
     }

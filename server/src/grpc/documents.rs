@@ -23,7 +23,7 @@ use crate::{
 /// Serves documents from the engine.
 #[derive(Debug, Clone)]
 pub struct DocumentsService {
-    engine: CurrentEngine,
+    pub(super) engine: CurrentEngine,
     pub(super) auth: Authenticator,
     /// What streams reserve their pages in, and query results held between pages are
     /// charged to.
@@ -63,33 +63,32 @@ impl DocumentsService {
     pub(super) fn engine(&self) -> Result<engine::Engine, Status> {
         self.engine.get().map_err(to_status)
     }
+}
 
-    /// Runs `op` on the engine in service and releases its answer once the writes it
-    /// reflects are durable: a client is never told of (or shown) a change that a crash could
-    /// take back. One engine serves both steps: a position belongs to the storage that made it.
-    async fn settle<T>(
-        &self,
-        op: impl FnOnce(&engine::Engine) -> engine::Outcome<T>,
-    ) -> Result<T, Status> {
-        let engine = self.engine.get().map_err(to_status)?;
-        engine.settle(op(&engine)).await.map_err(to_status)
-    }
+/// Runs `op` on `engine`, the one the request took (and was authorized against), and releases
+/// its answer once the writes it reflects are durable: a client is never told of (or shown) a
+/// change that a crash could take back. One engine serves both steps: a position belongs to
+/// the storage that made it.
+async fn settle<T>(
+    engine: &engine::Engine,
+    op: impl FnOnce(&engine::Engine) -> engine::Outcome<T>,
+) -> Result<T, Status> {
+    engine.settle(op(engine)).await.map_err(to_status)
+}
 
-    /// [`Self::settle`] for operations that may take a while (a batch of a hundred documents,
-    /// a patch re-applied under contention): run off the async workers.
-    pub(super) async fn settle_blocking<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&engine::Engine) -> engine::Outcome<T> + Send + 'static,
-    ) -> Result<T, Status> {
-        let engine = self.engine.get().map_err(to_status)?;
-        let outcome = tokio::task::spawn_blocking({
-            let engine = engine.clone();
-            move || op(&engine)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("document task failed: {e}")))?;
-        engine.settle(outcome).await.map_err(to_status)
-    }
+/// [`settle`] for operations that may take a while (a batch of a hundred documents, a patch
+/// re-applied under contention): run off the async workers.
+pub(super) async fn settle_blocking<T: Send + 'static>(
+    engine: engine::Engine,
+    op: impl FnOnce(&engine::Engine) -> engine::Outcome<T> + Send + 'static,
+) -> Result<T, Status> {
+    let outcome = tokio::task::spawn_blocking({
+        let engine = engine.clone();
+        move || op(&engine)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("document task failed: {e}")))?;
+    engine.settle(outcome).await.map_err(to_status)
 }
 
 fn if_match(etag: &str) -> Option<&str> {
@@ -113,13 +112,13 @@ impl server::Documents for DocumentsService {
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
         let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, partition_key.as_ref()),
+            &engine,
         )?;
-        let view = self
-            .settle(|e| e.create_document(&path, body, partition_key))
-            .await?;
+        let view = settle(&engine, |e| e.create_document(&path, body, partition_key)).await?;
         Ok(Response::new(convert::document(view)))
     }
 
@@ -139,13 +138,16 @@ impl server::Documents for DocumentsService {
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
         let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, partition_key.as_ref()),
+            &engine,
         )?;
-        let (outcome, view) = self
-            .settle(|e| e.upsert_document(&path, body, partition_key, if_match(&etag)))
-            .await?;
+        let (outcome, view) = settle(&engine, |e| {
+            e.upsert_document(&path, body, partition_key, if_match(&etag))
+        })
+        .await?;
         let outcome = match outcome {
             engine::UpsertOutcome::Created => UpsertOutcome::Created,
             engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
@@ -172,14 +174,17 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
         )?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
-        let view = self
-            .settle(|e| e.replace_document(&path, key, body, if_match(&etag)))
-            .await?;
+        let view = settle(&engine, |e| {
+            e.replace_document(&path, key, body, if_match(&etag))
+        })
+        .await?;
         Ok(Response::new(convert::document(view)))
     }
 
@@ -196,11 +201,13 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
         caller.allow(
             Action::Read,
             Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
         )?;
-        let view = self.settle(|e| e.read_document(&path, &key)).await?;
+        let view = settle(&engine, |e| e.read_document(&path, &key)).await?;
         Ok(Response::new(convert::document(view)))
     }
 
@@ -218,12 +225,13 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
         )?;
-        self.settle(|e| e.delete_document(&path, &key, if_match(&etag)))
-            .await?;
+        settle(&engine, |e| e.delete_document(&path, &key, if_match(&etag))).await?;
         Ok(Response::new(DeleteDocumentResponse {}))
     }
 
@@ -241,13 +249,13 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
         )?;
-        let view = self
-            .settle(|e| e.touch_document(&path, &key, if_match(&etag)))
-            .await?;
+        let view = settle(&engine, |e| e.touch_document(&path, &key, if_match(&etag))).await?;
         Ok(Response::new(convert::document(view)))
     }
 
@@ -267,19 +275,20 @@ impl server::Documents for DocumentsService {
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
         caller.allow(
             Action::Write,
             Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
         )?;
         let ops = patch::operations(operations).map_err(to_status)?;
         let condition = patch::condition(&condition).map_err(to_status)?;
         // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
         // to 1,000 attempts under contention.
-        let view = self
-            .settle_blocking(move |e| {
-                e.patch_document(&path, &key, &ops, condition.as_deref(), if_match(&etag))
-            })
-            .await?;
+        let view = settle_blocking(engine, move |e| {
+            e.patch_document(&path, &key, &ops, condition.as_deref(), if_match(&etag))
+        })
+        .await?;
         Ok(Response::new(convert::document(view)))
     }
 
@@ -330,6 +339,7 @@ impl server::Documents for DocumentsService {
         let scope = convert::feed_scope(partition_key).map_err(to_status)?;
         let grant = Grant::read(
             &self.auth,
+            &self.engine,
             &metadata.into_headers(),
             &database,
             &collection,

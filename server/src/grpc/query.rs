@@ -153,6 +153,7 @@ impl DocumentsService {
         let scope = convert::feed_scope(partition_key).map_err(to_status)?;
         let grant = Grant::read(
             &self.auth,
+            &self.engine,
             headers,
             &database,
             &collection,

@@ -20,6 +20,7 @@ use tonic::Status;
 
 use super::{documents::DocumentsService, status::to_status};
 use crate::{
+    CurrentEngine,
     auth::{Action, Authenticator, Target, authenticate_headers},
     engine::{self, Cancel, Engine, Outcome, PageMemory, PartitionKeyValue, QueryReads},
     net::{Charge, PeerShare, ResponseBudget, SEND_BUFFER},
@@ -55,6 +56,8 @@ pub(super) trait PageSource: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub(super) struct Grant {
     auth: Authenticator,
+    /// What a token is checked against: the databases and collections there are now.
+    engine: CurrentEngine,
     /// The request's `authorization` value, as sent.
     authorization: Option<String>,
     database: String,
@@ -63,10 +66,12 @@ pub(super) struct Grant {
 }
 
 impl Grant {
-    /// Reading documents of `database/collection` (of `partition` only, if given), by the
-    /// caller whose request carried `headers`; checked now, and again before every page.
+    /// Reading documents of `database/collection` (of `partition` only, if given) of
+    /// `engine`, by the caller whose request carried `headers`; checked now, and again before
+    /// every page.
     pub(super) fn read(
         auth: &Authenticator,
+        engine: &CurrentEngine,
         headers: &http::HeaderMap,
         database: &str,
         collection: &str,
@@ -74,6 +79,7 @@ impl Grant {
     ) -> Result<Self, Status> {
         let grant = Grant {
             auth: auth.clone(),
+            engine: engine.clone(),
             authorization: headers
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
@@ -88,12 +94,15 @@ impl Grant {
         Ok(grant)
     }
 
-    /// Whether the caller may still read what the stream reads.
+    /// Whether the caller may still read what the stream reads: a token that expired, or
+    /// whose database or collection was deleted since, ends the stream.
     fn check(&self) -> Result<(), Status> {
         let caller = self.auth.authenticate(self.authorization.as_deref())?;
+        let engine = self.engine.get().map_err(to_status)?;
         caller.allow(
             Action::Read,
             Target::documents(&self.database, &self.collection, self.partition.as_ref()),
+            &engine,
         )?;
         Ok(())
     }

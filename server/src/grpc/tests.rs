@@ -132,11 +132,15 @@ fn authorize<T>(request: &mut Request<T>, credential: &str) {
     );
 }
 
-fn read_token(expires_at: Millis) -> String {
+/// A token reading collection `db/c` of `engine` until `expires_at`.
+fn read_token(engine: &Engine, expires_at: Millis) -> String {
+    let path = path();
     ResourceToken {
         minted_by: KeySlot::Primary,
         database: "db".into(),
+        database_uid: engine.get_database(&path.database).expect("database"),
         collection: Some("c".into()),
+        collection_uid: Some(engine.get_collection(&path).expect("collection").uid),
         partition_key: None,
         write: false,
         expires_at,
@@ -154,7 +158,7 @@ async fn a_stream_ends_at_its_next_page_once_its_token_expires() {
     for i in 0..5 {
         e.write(json!({"id": format!("d{i}"), "pk": "p"}));
     }
-    let token = read_token(T0 + 2_000);
+    let token = read_token(&e.engine, T0 + 2_000);
     let mut feed = e.feed(&token, 1).await.expect("a valid token");
     let mut query = e
         .query(&token, "SELECT * FROM c", 1)
@@ -170,6 +174,57 @@ async fn a_stream_ends_at_its_next_page_once_its_token_expires() {
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     }
     assert!(feed.next().await.is_none(), "the stream has ended");
+}
+
+/// A token is bound to the collection it was minted for: once that is deleted, a stream it
+/// opened ends at its next page, even though a collection of the same name is there again.
+#[tokio::test]
+async fn a_stream_ends_at_its_next_page_once_its_collection_is_replaced() {
+    let e = edge(big_budget());
+    for i in 0..5 {
+        e.write(json!({"id": format!("d{i}"), "pk": "p"}));
+    }
+    let token = read_token(&e.engine, T0 + 3_600_000);
+    let mut feed = e.feed(&token, 1).await.expect("a valid token");
+    let mut query = e
+        .query(&token, "SELECT * FROM c", 1)
+        .await
+        .expect("a valid token");
+    assert!(feed.next().await.expect("a page").is_ok());
+    assert!(query.next().await.expect("a page").is_ok());
+    let old = e.engine.get_collection(&path()).expect("collection");
+    e.engine.delete_collection(&path()).expect("deleted");
+    e.engine
+        .create_collection(
+            &old.database,
+            old.id.clone(),
+            old.partition_key_path.clone(),
+            old.settings,
+            old.index_paths.clone(),
+        )
+        .expect("created again");
+    for i in 0..5 {
+        e.write(json!({"id": format!("d{i}"), "pk": "p"}));
+    }
+    for status in [
+        feed.next().await.expect("an answer").expect_err("replaced"),
+        query
+            .next()
+            .await
+            .expect("an answer")
+            .expect_err("replaced"),
+    ] {
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(
+            status.message().contains("collection 'db/c'")
+                && status.message().contains("deleted since"),
+            "{}",
+            status.message()
+        );
+    }
+    assert!(feed.next().await.is_none(), "the stream has ended");
+    let refused = e.feed(&token, 1).await.err().expect("refused");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
 }
 
 #[tokio::test]

@@ -1,16 +1,18 @@
 //! The catalog keyspace: databases, collections and counters, as small records.
 //!
-//! Keys: `db/<database id>` (empty value), `coll/<uid, u64 BE>` (a JSON record: readable with
-//! any tool and open to new fields), `last-uid` and `shards` (u64 BE), `versions/<shard>`
-//! and `versions/catalog` (u64 BE: the version floors recorded with deletions).
+//! Keys: `db/<database id>` (its uid, u64 BE; empty in records written before databases had
+//! uids, which opening the directory gives one), `coll/<uid, u64 BE>` (a JSON record: readable
+//! with any tool and open to new fields), `last-uid` (the highest uid handed out, of a
+//! collection or a database) and `shards` (u64 BE), `versions/<shard>` and
+//! `versions/catalog` (u64 BE: the version floors recorded with deletions).
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use crate::model::{
-    CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DefaultTtl,
-    ExpiredThrough, IdKind, IndexPaths, IndexingMode, PartitionKeyPath,
+    CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
+    DefaultTtl, ExpiredThrough, IdKind, IndexPaths, IndexingMode, PartitionKeyPath,
 };
 use crate::storage::{StorageError, TERMS_LAYOUT};
 
@@ -42,11 +44,32 @@ pub(super) fn decode_u64(value: &[u8], what: &str) -> Result<u64, StorageError> 
         .map_err(|_| StorageError::new(format!("corrupt {what} in the data directory")))
 }
 
-pub(super) fn decode_database(key: &[u8]) -> Result<DatabaseId, StorageError> {
-    std::str::from_utf8(&key[DATABASE_PREFIX.len()..])
-        .ok()
+/// The value of a database's record.
+pub(super) fn encode_database(uid: DatabaseUid) -> [u8; 8] {
+    uid.0.to_be_bytes()
+}
+
+/// A database record: its id, and its uid unless the record predates them (an empty value).
+pub(super) fn decode_database(
+    key: &[u8],
+    value: &[u8],
+) -> Result<(DatabaseId, Option<DatabaseUid>), StorageError> {
+    let corrupt = || StorageError::new("corrupt database record in the data directory");
+    let id = key
+        .strip_prefix(DATABASE_PREFIX)
+        .and_then(|id| std::str::from_utf8(id).ok())
         .and_then(|id| DatabaseId::parse_stored(IdKind::Database, id).ok())
-        .ok_or_else(|| StorageError::new("corrupt database record in the data directory"))
+        .ok_or_else(corrupt)?;
+    let uid = match value {
+        [] => None,
+        value => Some(DatabaseUid(
+            value
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| corrupt())?,
+        )),
+    };
+    Ok((id, uid))
 }
 
 pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
@@ -127,7 +150,10 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
         // Entries written in an older layout of terms are made again: the index is
         // incomplete (and not read by `consistent` queries) until the rebuild is done.
         let current = policy["termsLayout"].as_u64() == Some(TERMS_LAYOUT);
-        (paths, complete && (current || indexing_mode == IndexingMode::None))
+        (
+            paths,
+            complete && (current || indexing_mode == IndexingMode::None),
+        )
     };
     Ok(CollectionInfo {
         database,
@@ -145,6 +171,17 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
 mod tests {
     use super::*;
     use crate::model::TtlSeconds;
+
+    #[test]
+    fn database_records_with_and_without_uids() {
+        let key = database_key(&DatabaseId::parse(IdKind::Database, "app").expect("valid"));
+        let (id, uid) = decode_database(&key, &encode_database(DatabaseUid(9))).expect("decodes");
+        assert_eq!((id.as_str(), uid), ("app", Some(DatabaseUid(9))));
+        // Written before databases had uids.
+        let (id, uid) = decode_database(&key, b"").expect("decodes");
+        assert_eq!((id.as_str(), uid), ("app", None));
+        assert!(decode_database(&key, b"\0\0\0").is_err());
+    }
 
     #[test]
     fn records_without_expired_marks_read_as_none() {

@@ -35,7 +35,7 @@ use super::{
     ScanRange, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta,
     StoredTerms, Term, WriteBatch, index_keys,
 };
-use crate::model::CollectionUid;
+use crate::model::{CollectionUid, DatabaseId, DatabaseUid};
 
 /// Keys deleted per batch when a collection's documents are freed.
 const DROP_BATCH: usize = 4096;
@@ -129,6 +129,26 @@ fn storage_error(e: fjall::Error) -> StorageError {
     StorageError::new(format!("storage engine: {e}"))
 }
 
+/// Gives every database recorded before databases had uids (an empty record) a new one,
+/// durably, in key order from `last_uid` up; returns the highest uid handed out. A directory
+/// written since has none to give: this changes nothing there.
+fn give_databases_uids(db: &Database, catalog: &Keyspace, last_uid: u64) -> fjall::Result<u64> {
+    let mut last = last_uid;
+    let mut batch = db.batch().durability(Some(PersistMode::SyncAll));
+    for item in catalog.prefix(catalog::DATABASE_PREFIX) {
+        let (key, value) = item.into_inner()?;
+        if value.is_empty() {
+            last += 1;
+            batch.insert(catalog, key, catalog::encode_database(DatabaseUid(last)));
+        }
+    }
+    if last != last_uid {
+        batch.insert(catalog, catalog::LAST_UID, last.to_be_bytes());
+        batch.commit()?;
+    }
+    Ok(last)
+}
+
 /// Documents and catalog in a data directory. Dropping it flushes and releases the directory.
 pub struct DiskStorage {
     // Field order is drop order: the syncer stops before the database closes, the lock goes last.
@@ -217,6 +237,7 @@ impl DiskStorage {
             })?,
             None => 0,
         };
+        let last_uid = give_databases_uids(&db, &catalog, last_uid).map_err(engine)?;
         let group = Arc::new(
             GroupCommit::start(db.clone(), dir.db_path(), options.durability).map_err(
                 |source| OpenError::Io {
@@ -285,6 +306,7 @@ impl Storage for DiskStorage {
         let mut batch = self.db.batch().durability(self.group.batch_persist());
         let c = &self.catalog;
         match change {
+            // Without its uid: one is given when the directory is next opened.
             CatalogChange::PutDatabase(id) => batch.insert(c, catalog::database_key(id), b""),
             CatalogChange::DeleteDatabase {
                 database,
@@ -320,14 +342,33 @@ impl Storage for DiskStorage {
         Ok(self.group.applied())
     }
 
+    fn put_database(&self, database: &DatabaseId, uid: DatabaseUid) -> Result<Lsn, StorageError> {
+        self.group.check()?;
+        let mut batch = self.db.batch().durability(self.group.batch_persist());
+        let c = &self.catalog;
+        batch.insert(
+            c,
+            catalog::database_key(database),
+            catalog::encode_database(uid),
+        );
+        let last = self.last_uid.fetch_max(uid.0, Ordering::SeqCst);
+        batch.insert(c, catalog::LAST_UID, last.max(uid.0).to_be_bytes());
+        batch
+            .commit()
+            .map_err(|e| self.group.write_failed("a catalog change", &e))?;
+        Ok(self.group.applied())
+    }
+
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
         let mut out = StoredCatalog {
             last_uid: self.last_uid.load(Ordering::SeqCst),
             ..StoredCatalog::default()
         };
         for item in self.catalog.prefix(catalog::DATABASE_PREFIX) {
-            let key = item.key().map_err(storage_error)?;
-            out.databases.push(catalog::decode_database(&key)?);
+            let (key, value) = item.into_inner().map_err(storage_error)?;
+            out.databases
+                .0
+                .push(catalog::decode_database(&key, &value)?);
         }
         for item in self.catalog.prefix(catalog::COLLECTION_PREFIX) {
             let (_, value) = item.into_inner().map_err(storage_error)?;
@@ -875,6 +916,69 @@ mod tests {
                 "catalog changes are refused too"
             );
         }
+    }
+
+    /// A directory written before databases had uids (a `db/` record with an empty value, as
+    /// `PutDatabase` writes it) opens: each such database is given a uid above every uid
+    /// handed out before, once and durably; databases recorded since keep theirs.
+    #[tokio::test]
+    async fn databases_recorded_without_uids_are_given_one_when_opened() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let id = |s: &str| DatabaseId::parse(IdKind::Database, s).expect("valid");
+        {
+            let storage = DiskStorage::open(&options(dir.path())).expect("opens");
+            let collection = crate::model::CollectionInfo {
+                database: id("old"),
+                id: DocumentId::parse(IdKind::Collection, "c").expect("valid"),
+                uid: CollectionUid(5),
+                partition_key_path: crate::model::PartitionKeyPath::parse("/pk").expect("valid"),
+                settings: Default::default(),
+                expired: Default::default(),
+                index_paths: Default::default(),
+                index_complete: true,
+            };
+            for change in [
+                CatalogChange::PutDatabase(&id("old")),
+                CatalogChange::PutDatabase(&id("older")),
+                CatalogChange::PutCollection(&collection),
+            ] {
+                storage.write_catalog(change).expect("written");
+            }
+            let lsn = storage.last_applied();
+            if let Some(durable) = storage.durable(lsn) {
+                durable.await.expect("durable");
+            }
+            let catalog = storage.load_catalog().expect("loads");
+            assert_eq!(
+                catalog.databases.0,
+                vec![(id("old"), None), (id("older"), None)],
+                "the old format, as an earlier build wrote it"
+            );
+        }
+        let given = {
+            let storage = DiskStorage::open(&options(dir.path())).expect("reopens");
+            let catalog = storage.load_catalog().expect("loads");
+            assert_eq!(
+                catalog.databases.0,
+                vec![
+                    (id("old"), Some(DatabaseUid(6))),
+                    (id("older"), Some(DatabaseUid(7)))
+                ]
+            );
+            assert_eq!(catalog.last_uid, 7);
+            let lsn = storage
+                .put_database(&id("new"), DatabaseUid(8))
+                .expect("written");
+            if let Some(durable) = storage.durable(lsn) {
+                durable.await.expect("durable");
+            }
+            catalog.databases
+        };
+        let storage = DiskStorage::open(&options(dir.path())).expect("reopens");
+        let catalog = storage.load_catalog().expect("loads");
+        assert_eq!(catalog.databases.0[0], (id("new"), Some(DatabaseUid(8))));
+        assert_eq!(catalog.databases.0[1..], given.0[..], "given once, kept");
+        assert_eq!(catalog.last_uid, 8);
     }
 
     #[test]
