@@ -26,6 +26,7 @@ mod query_reads;
 mod recovery;
 mod shard;
 mod token_seal;
+mod walk;
 
 #[cfg(test)]
 mod power_loss_tests;

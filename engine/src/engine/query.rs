@@ -12,24 +12,22 @@
 
 use std::time::{Duration, Instant};
 
-use mayfly_query::{Context, Flow, QueryError, ast::Query};
+use mayfly_query::{Context, QueryError, ast::Query};
 use serde_json::{Map, Value};
 
 use super::{
     CollectionInfo, Engine, Error, FeedScope, InvalidInput, Millis, Outcome, QueryReads,
+    cursor::Resume,
     document::DocumentView,
-    feed::{self, Cursor},
+    feed::Cursor,
     index::{
         ordered::{OrderedPos, OrderedWalk},
         plan::{self, IndexPlan, is_plain_count},
-        read::{EntryCursor, named_by},
+        read::{EntryCursor, IndexWalk},
     },
-    shard::Reading,
+    walk::{Driven, PageFill, ScanWalk, Walk},
 };
-use crate::storage::{DocKey, IndexEntry};
 
-/// Documents read from a shard at a time.
-const SCAN_BATCH: usize = 256;
 /// Documents a streaming page examines at most: a selective filter returns a short page (and
 /// a continuation) rather than reading the whole collection in one request.
 pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
@@ -37,8 +35,6 @@ pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
 pub const PAGE_TIME_LIMIT: Duration = Duration::from_secs(2);
 /// How long a query that reads its whole scope may run.
 pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
-/// Version 2: a stable fingerprint of the query, and an index position names its plan.
-const TOKEN_VERSION: u8 = 2;
 
 /// A query and its parameters, parsed and checked at the edge.
 #[derive(Debug)]
@@ -84,6 +80,11 @@ impl QuerySpec {
             enable_scan: false,
             fingerprint,
         })
+    }
+
+    /// Identifies the query and its parameters.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// Whether pages can end after any document.
@@ -210,120 +211,40 @@ impl Engine {
                 },
             );
         };
-        let bad = |reason| Error::Invalid(InvalidInput::Continuation { reason });
-        let bytes = self.inner.token_key.open(token)?;
-        let (head, rest) = bytes
-            .split_at_checked(18)
-            .ok_or_else(|| bad("it is not a token this server issued"))?;
-        if head[0] != TOKEN_VERSION {
-            return Err(bad("it was issued by an incompatible server version"));
-        }
-        let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().unwrap_or_default());
-        if word(1) != spec.fingerprint {
-            return Err(bad(
-                "it was issued for another query text or other parameters",
-            ));
-        }
-        match (head[9], spec.is_streaming()) {
-            (2, true) => {
-                let (counts, rest) = rest
-                    .split_at_checked(8 + 8 + 4 + 2)
-                    .ok_or_else(|| bad("it is not a token this server issued"))?;
-                let returned = u64::from_le_bytes(counts[..8].try_into().unwrap_or_default());
-                let made_under = u64::from_le_bytes(counts[8..16].try_into().unwrap_or_default());
-                // Entries are positions in one plan's ranges: under another plan they would
-                // skip or repeat results.
-                let plan = plan
-                    .filter(|p| plan_fingerprint(p) == made_under)
-                    .ok_or(Error::ContinuationStale {
-                        reason: "the collection's indexing policy changed since it was issued, so the query now reads another index",
-                    })?;
-                let range =
-                    u32::from_le_bytes(counts[16..20].try_into().unwrap_or_default()) as usize;
-                let term_len = usize::from(u16::from_le_bytes(
-                    counts[20..22].try_into().unwrap_or_default(),
-                ));
-                let (term, feed_token) = rest
-                    .split_at_checked(term_len)
-                    .ok_or_else(|| bad("it is not a token this server issued"))?;
-                let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
-                let (first, last) = self.shard_range(&info, scope);
-                if cursor.shard < first || cursor.shard > last || range >= plan.ranges.len() {
-                    return Err(bad("it does not belong to this query"));
-                }
-                Ok(QueryCursor::Index {
-                    at: EntryCursor {
-                        shard: cursor.shard,
-                        range,
-                        after: cursor.after.map(|key| IndexEntry {
-                            term: term.to_vec(),
-                            key,
-                        }),
-                    },
-                    plan: made_under,
-                    skipped: word(10),
-                    returned,
+        let cursor = match self.open_cursor(token, &info, scope, Some(spec))? {
+            Resume::Query(cursor) => cursor,
+            Resume::Feed(_) => unreachable!("a query's binding opens query tokens"),
+        };
+        let not_this = || {
+            Error::Invalid(InvalidInput::Continuation {
+                reason: "it does not belong to this query",
+            })
+        };
+        let (first, last) = self.shard_range(&info, scope);
+        let in_scope = |shard: usize| (first..=last).contains(&shard);
+        // Index positions mean something under one plan only: under another they would skip
+        // or repeat results.
+        let same_plan = |made_under: u64| {
+            plan.as_ref()
+                .filter(|p| plan_fingerprint(p) == made_under)
+                .ok_or(Error::ContinuationStale {
+                    reason: "the collection's indexing policy changed since it was issued, so the query now reads another index",
                 })
-            }
-            (0, false) => {
-                feed::decode_token(rest, info.uid, scope, self.shard_count())?;
-                Ok(QueryCursor::Offset(word(10)))
-            }
-            (3, false) => {
-                let not_ours = || bad("it is not a token this server issued");
-                let (counts, rest) = rest.split_at_checked(8 + 8 + 1 + 2).ok_or_else(not_ours)?;
-                let returned = u64::from_le_bytes(counts[..8].try_into().unwrap_or_default());
-                let made_under = u64::from_le_bytes(counts[8..16].try_into().unwrap_or_default());
-                if plan.as_ref().map(plan_fingerprint) != Some(made_under) {
-                    return Err(Error::ContinuationStale {
-                        reason: "the collection's indexing policy changed since it was issued, so the query now reads another index",
-                    });
+        };
+        match (&cursor, spec.is_streaming()) {
+            (QueryCursor::Stream { cursor: c, .. }, true) if in_scope(c.shard) => {}
+            (QueryCursor::Index { at, plan: p, .. }, true) if in_scope(at.shard) => {
+                if at.range >= same_plan(*p)?.ranges.len() {
+                    return Err(not_this());
                 }
-                let term_len = usize::from(u16::from_le_bytes(
-                    counts[17..19].try_into().unwrap_or_default(),
-                ));
-                let (term, rest) = rest.split_at_checked(term_len).ok_or_else(not_ours)?;
-                let (skip, feed_token) = rest.split_at_checked(8).ok_or_else(not_ours)?;
-                let skip = u64::from_le_bytes(skip.try_into().unwrap_or_default());
-                let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
-                let at = match (counts[16], term.is_empty(), cursor.after) {
-                    (0, true, after) => OrderedPos::Undefined(after),
-                    (1, true, None) => OrderedPos::Entries(None),
-                    (1, false, Some(key)) => OrderedPos::Entries(Some(IndexEntry {
-                        term: term.to_vec(),
-                        key,
-                    })),
-                    (2, false, None) => OrderedPos::Group {
-                        term: term.to_vec(),
-                        skip,
-                    },
-                    _ => return Err(not_ours()),
-                };
-                Ok(QueryCursor::Ordered {
-                    at,
-                    plan: made_under,
-                    skipped: word(10),
-                    returned,
-                })
             }
-            (1, true) => {
-                let (counts, feed_token) = rest
-                    .split_at_checked(8)
-                    .ok_or_else(|| bad("it is not a token this server issued"))?;
-                let returned = u64::from_le_bytes(counts.try_into().unwrap_or_default());
-                let cursor = feed::decode_token(feed_token, info.uid, scope, self.shard_count())?;
-                let (first, last) = self.shard_range(&info, scope);
-                if cursor.shard < first || cursor.shard > last {
-                    return Err(bad("it does not belong to this query"));
-                }
-                Ok(QueryCursor::Stream {
-                    cursor,
-                    skipped: word(10),
-                    returned,
-                })
+            (QueryCursor::Ordered { plan: p, .. }, _) => {
+                same_plan(*p)?;
             }
-            _ => Err(bad("it is not a token this server issued")),
+            (QueryCursor::Offset(_), false) => {}
+            _ => return Err(not_this()),
         }
+        Ok(cursor)
     }
 
     pub(super) fn encode_query_cursor(
@@ -333,97 +254,7 @@ impl Engine {
         scope: &FeedScope,
         cursor: &QueryCursor,
     ) -> String {
-        let mut out = vec![TOKEN_VERSION];
-        out.extend_from_slice(&spec.fingerprint.to_le_bytes());
-        match cursor {
-            QueryCursor::Offset(n) => {
-                out.push(0);
-                out.extend_from_slice(&n.to_le_bytes());
-                // Bound to the collection and scope as a feed token is.
-                let start = Cursor {
-                    shard: self.first_shard(info, scope),
-                    after: None,
-                };
-                out.extend_from_slice(&feed::encode_token(
-                    info.uid,
-                    scope,
-                    self.shard_count(),
-                    &start,
-                ));
-            }
-            QueryCursor::Index {
-                at,
-                plan,
-                skipped,
-                returned,
-            } => {
-                out.push(2);
-                out.extend_from_slice(&skipped.to_le_bytes());
-                out.extend_from_slice(&returned.to_le_bytes());
-                out.extend_from_slice(&plan.to_le_bytes());
-                out.extend_from_slice(&(at.range as u32).to_le_bytes());
-                let term = at.after.as_ref().map_or(&[][..], |e| &e.term[..]);
-                out.extend_from_slice(&(term.len() as u16).to_le_bytes());
-                out.extend_from_slice(term);
-                let cursor = Cursor {
-                    shard: at.shard,
-                    after: at.after.as_ref().map(|e| e.key.clone()),
-                };
-                out.extend_from_slice(&feed::encode_token(
-                    info.uid,
-                    scope,
-                    self.shard_count(),
-                    &cursor,
-                ));
-            }
-            QueryCursor::Ordered {
-                at,
-                plan,
-                skipped,
-                returned,
-            } => {
-                out.push(3);
-                out.extend_from_slice(&skipped.to_le_bytes());
-                out.extend_from_slice(&returned.to_le_bytes());
-                out.extend_from_slice(&plan.to_le_bytes());
-                let (phase, term, skip, after): (u8, &[u8], u64, Option<DocKey>) = match at {
-                    OrderedPos::Undefined(after) => (0, &[], 0, after.clone()),
-                    OrderedPos::Entries(None) => (1, &[], 0, None),
-                    OrderedPos::Entries(Some(e)) => (1, &e.term, 0, Some(e.key.clone())),
-                    OrderedPos::Group { term, skip } => (2, term, *skip, None),
-                };
-                out.push(phase);
-                out.extend_from_slice(&(term.len() as u16).to_le_bytes());
-                out.extend_from_slice(term);
-                out.extend_from_slice(&skip.to_le_bytes());
-                let cursor = Cursor {
-                    shard: self.first_shard(info, scope),
-                    after,
-                };
-                out.extend_from_slice(&feed::encode_token(
-                    info.uid,
-                    scope,
-                    self.shard_count(),
-                    &cursor,
-                ));
-            }
-            QueryCursor::Stream {
-                cursor,
-                skipped,
-                returned,
-            } => {
-                out.push(1);
-                out.extend_from_slice(&skipped.to_le_bytes());
-                out.extend_from_slice(&returned.to_le_bytes());
-                out.extend_from_slice(&feed::encode_token(
-                    info.uid,
-                    scope,
-                    self.shard_count(),
-                    cursor,
-                ));
-            }
-        }
-        self.inner.token_key.seal(&out)
+        self.seal_cursor(info, scope, Some(spec), &Resume::Query(cursor.clone()))
     }
 
     fn shard_range(&self, info: &CollectionInfo, scope: &FeedScope) -> (usize, usize) {
@@ -477,142 +308,85 @@ impl Engine {
         reads: &mut QueryReads,
     ) -> Result<QueryPage, Error> {
         let info = self.get_collection(path)?;
-        let (mut cursor, skipped, returned) = match cursor {
+        let shards = self.shard_range(&info, scope);
+        // Checked against the cursor's plan when it was decoded, and again here: the policy
+        // may have changed in between.
+        let same_plan = |made_under: u64| {
+            self.query_plan(&info, spec)?
+                .filter(|p| made_under == plan_fingerprint(p))
+                .ok_or(Error::ContinuationStale {
+                    reason: "the collection's indexing policy changed while the query ran, so it now reads another index",
+                })
+        };
+        let page = Paging {
+            info: &info,
+            spec,
+            scope,
+            page_size,
+            read_at,
+        };
+        match cursor {
             QueryCursor::Stream {
                 cursor,
                 skipped,
                 returned,
-            } => (cursor, skipped, returned),
+            } => {
+                let mut walk = ScanWalk::new(&info, scope, read_at, shards.1);
+                page.of(self, &mut walk, cursor, (skipped, returned), None, reads)
+            }
             QueryCursor::Index {
                 at,
-                plan: made_under,
+                plan,
                 skipped,
                 returned,
             } => {
-                // Checked against the cursor's plan when it was decoded, and again here: the
-                // policy may have changed in between.
-                let plan = self
-                    .query_plan(&info, spec)?
-                    .filter(|p| made_under == plan_fingerprint(p))
-                    .ok_or(Error::ContinuationStale {
-                        reason: "the collection's indexing policy changed while the query ran, so it now reads another index",
-                    })?;
-                return self.index_stream_page(
-                    &info,
-                    spec,
-                    &plan,
-                    scope,
-                    page_size,
-                    (at, skipped, returned),
-                    read_at,
-                    reads,
-                );
+                let plan = same_plan(plan)?;
+                let mut walk = IndexWalk::new(&info, &plan, scope, read_at, shards.1);
+                page.of(self, &mut walk, at, (skipped, returned), Some(&plan), reads)
             }
             QueryCursor::Ordered {
                 at,
-                plan: made_under,
+                plan,
                 skipped,
                 returned,
             } => {
-                let plan = self
-                    .query_plan(&info, spec)?
-                    .filter(|p| made_under == plan_fingerprint(p))
-                    .ok_or(Error::ContinuationStale {
-                        reason: "the collection's indexing policy changed while the query ran, so it now reads another index",
-                    })?;
-                return self.ordered_stream_page(
-                    &info,
-                    spec,
-                    &plan,
-                    scope,
-                    page_size,
-                    (at, skipped, returned),
-                    read_at,
-                    reads,
-                );
+                let plan = same_plan(plan)?;
+                let mut walk = self.ordered_walk(&info, &plan, scope, read_at)?.ok_or(
+                    Error::ContinuationStale {
+                        reason: "the index can no longer give this ORDER BY in order (its documents now have more than 64 distinct paths); run the query again",
+                    },
+                )?;
+                page.of(self, &mut walk, at, (skipped, returned), Some(&plan), reads)
             }
-            QueryCursor::Offset(_) => {
-                return Err(Error::Invalid(InvalidInput::Continuation {
-                    reason: "it does not belong to this query",
-                }));
-            }
-        };
-        let (_, last) = self.shard_range(&info, scope);
-        let mut run = reads
-            .execution(&spec.query, &spec.params, context(read_at))?
-            .resume(skipped, returned);
-        let mut fill = PageFill::new(page_size, self.page_bytes(), None);
-        let started = Instant::now();
-        loop {
-            let scanned = self.scan_batch(&info, scope, &cursor, read_at, reads)?;
-            let mut stopped_at = None;
-            for (i, view) in scanned.documents.iter().enumerate() {
-                reads.check_time()?;
-                let doc = || as_document(view);
-                if let Some(stop) = fill.feed(&mut run, doc, view.body.len(), reads)? {
-                    stopped_at = Some(match stop {
-                        Stop::Done => return Ok(fill.page),
-                        Stop::After => Some(view.key.clone()),
-                        Stop::Before if i == 0 => cursor.after.clone(),
-                        Stop::Before => Some(scanned.documents[i - 1].key.clone()),
-                    });
-                    break;
-                }
-            }
-            // Expired and deleted documents cost scanning too: a page also ends on time.
-            let full = stopped_at.is_some() || started.elapsed() > PAGE_TIME_LIMIT;
-            if let Some(after) = stopped_at {
-                cursor.after = after;
-            } else if !scanned.exhausted {
-                cursor.after = scanned.last;
-            } else if cursor.shard == last {
-                return Ok(fill.page);
-            } else {
-                cursor = Cursor {
-                    shard: cursor.shard + 1,
-                    after: None,
-                };
-            }
-            if full {
-                break;
-            }
+            QueryCursor::Offset(_) => Err(Error::Invalid(InvalidInput::Continuation {
+                reason: "it does not belong to this query",
+            })),
         }
-        let (skipped, returned) = fill.counters(&run);
-        let mut page = fill.page;
-        page.continuation = Some(self.encode_query_cursor(
-            &info,
-            spec,
-            scope,
-            &QueryCursor::Stream {
-                cursor,
-                skipped,
-                returned,
-            },
-        ));
-        Ok(page)
     }
 
-    /// The next batch of live documents at `cursor`, judged at `read_at`; what it reflects is
-    /// noted in `reads`.
-    fn scan_batch(
+    /// An ordered walk of `plan` over the scope, if every shard can serve it.
+    fn ordered_walk<'a>(
         &self,
-        info: &CollectionInfo,
-        scope: &FeedScope,
-        cursor: &Cursor,
+        info: &'a CollectionInfo,
+        plan: &'a IndexPlan,
+        scope: &'a FeedScope,
         read_at: Millis,
-        reads: &mut QueryReads,
-    ) -> Result<feed::ShardPage, Error> {
-        reads.spend(SCAN_BATCH)?;
-        let scanned = self.inner.shards[cursor.shard].scan_page(
-            info,
-            scope,
-            cursor.after.as_ref(),
-            SCAN_BATCH,
-            &mut |_, _| true,
-            Reading::At(read_at),
-        )?;
-        reads.reflect(scanned.settle_at);
-        Ok(scanned)
+    ) -> Result<Option<OrderedWalk<'a>>, Error> {
+        let descending = plan.ordered.expect("an ordered plan");
+        let shards = self.shard_range(info, scope);
+        Ok(self
+            .order_support(info, plan, shards)
+            .map(|undefined| OrderedWalk {
+                info,
+                plan,
+                scope,
+                descending,
+                read_at,
+                shards,
+                undefined,
+                examined: QueryMetrics::default(),
+                started: Instant::now(),
+            }))
     }
 
     /// Every result of a query that reads its whole scope, judged at `read_at`, with the
@@ -638,7 +412,6 @@ impl Engine {
         read_at: Millis,
         reads: &mut QueryReads,
     ) -> Result<(Vec<Value>, QueryMetrics), Error> {
-        let started = Instant::now();
         let info = self.get_collection(path)?;
         let (first, last) = self.shard_range(&info, scope);
         let plan = self.query_plan(&info, spec)?;
@@ -663,62 +436,52 @@ impl Engine {
             metrics.results_returned = 1;
             return Ok((vec![Value::from(n)], metrics));
         }
+        let mut results = Vec::new();
         if let Some(plan) = &plan {
             let mut run = reads.execution(&spec.query, &spec.params, context(read_at))?;
-            if plan.ordered.is_some() {
-                run = run.presorted();
-            }
-            let mut results = Vec::new();
-            if self.feed_from_index(
-                &info,
-                plan,
-                scope,
-                (first, last),
-                read_at,
-                &mut run,
-                &mut results,
-                &mut metrics,
-                reads,
-            )? {
+            let fed = if let Some(descending) = plan.ordered {
+                match self.ordered_walk(&info, plan, scope, read_at)? {
+                    Some(mut walk) => {
+                        run = run.presorted();
+                        let from = OrderedPos::start(descending);
+                        self.drive_all(
+                            &mut walk,
+                            from,
+                            &mut run,
+                            &mut results,
+                            &mut metrics,
+                            reads,
+                        )?;
+                        true
+                    }
+                    // Some shard cannot give it in order: read the documents instead.
+                    None => false,
+                }
+            } else {
+                let mut walk = IndexWalk::new(&info, plan, scope, read_at, last);
+                let from = EntryCursor {
+                    shard: first,
+                    range: 0,
+                    after: None,
+                };
+                self.drive_all(&mut walk, from, &mut run, &mut results, &mut metrics, reads)?;
+                true
+            };
+            if fed {
                 reads.check_time()?;
                 results.extend(run.finish()?);
                 metrics.results_returned = results.len() as u64;
                 return Ok((results, metrics));
             }
-            // An ordered plan some shard cannot serve: read the documents instead.
             metrics = QueryMetrics::default();
         }
         let mut run = reads.execution(&spec.query, &spec.params, context(read_at))?;
-        let mut results = Vec::new();
-        'shards: for shard in first..=last {
-            let mut cursor = Cursor { shard, after: None };
-            loop {
-                if started.elapsed() > QUERY_TIME_LIMIT {
-                    return Err(Error::Query(QueryError {
-                        kind: mayfly_query::ErrorKind::Limit,
-                        position: None,
-                        message: format!(
-                            "the query ran longer than {} s after reading {} documents; filter by partition key or narrow it",
-                            QUERY_TIME_LIMIT.as_secs(),
-                            metrics.documents_examined
-                        ),
-                    }));
-                }
-                let scanned = self.scan_batch(&info, scope, &cursor, read_at, reads)?;
-                for view in &scanned.documents {
-                    metrics.documents_examined += 1;
-                    let flow = run.push_owned(as_document(view))?;
-                    take_results(&mut run, &mut results)?;
-                    if flow == Flow::Done {
-                        break 'shards;
-                    }
-                }
-                if scanned.exhausted {
-                    break;
-                }
-                cursor.after = scanned.last;
-            }
-        }
+        let mut walk = ScanWalk::new(&info, scope, read_at, last);
+        let from = Cursor {
+            shard: first,
+            after: None,
+        };
+        self.drive_all(&mut walk, from, &mut run, &mut results, &mut metrics, reads)?;
         reads.check_time()?;
         results.extend(run.finish()?);
         metrics.results_returned = results.len() as u64;
@@ -756,172 +519,89 @@ impl Engine {
         }
         Ok(plan::plan(&spec.query, &spec.params, &info.index_paths))
     }
+}
 
-    /// One page of a streaming query that reads index entries from `at`.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one page's inputs, each distinct"
-    )]
-    fn index_stream_page(
+/// What every page of one query shares.
+struct Paging<'a> {
+    info: &'a CollectionInfo,
+    spec: &'a QuerySpec,
+    scope: &'a FeedScope,
+    page_size: usize,
+    read_at: Millis,
+}
+
+impl Paging<'_> {
+    /// One page of `walk` from `from` (with the run's counters there), under `plan` if it
+    /// reads the index.
+    fn of<W: Walk>(
         &self,
-        info: &CollectionInfo,
-        spec: &QuerySpec,
-        plan: &IndexPlan,
-        scope: &FeedScope,
-        page_size: usize,
-        (at, skipped, returned): (EntryCursor, u64, u64),
-        read_at: Millis,
+        engine: &Engine,
+        walk: &mut W,
+        from: W::Pos,
+        (skipped, returned): (u64, u64),
+        plan: Option<&IndexPlan>,
         reads: &mut QueryReads,
-    ) -> Result<QueryPage, Error> {
-        let (_, last) = self.shard_range(info, scope);
+    ) -> Result<QueryPage, Error>
+    where
+        W::Pos: Resumable,
+    {
         let mut run = reads
-            .execution(&spec.query, &spec.params, context(read_at))?
+            .execution(&self.spec.query, &self.spec.params, context(self.read_at))?
             .resume(skipped, returned);
-        let mut fill = PageFill::new(page_size, self.page_bytes(), Some(plan.name.clone()));
-        let started = Instant::now();
-        let mut at = Some(at);
-        while let Some(cursor) = at.take() {
-            let batch = self.entry_batch(
-                info,
-                plan,
-                scope,
-                &cursor,
-                last,
-                &mut fill.page.metrics.index_entries_examined,
-                reads,
-            )?;
-            let docs = self.entry_documents(info, cursor.shard, batch.entries, read_at, reads)?;
-            // The last entry this page is done with, and where it ends, if before the batch's.
-            let mut done = cursor.after.clone();
-            let mut stopped = None;
-            for (entry, view) in docs {
-                reads.check_time()?;
-                let size = view.body.len();
-                let Some(doc) = named_by(&entry, view, plan) else {
-                    fill.page.metrics.documents_examined += 1;
-                    done = Some(entry);
-                    continue;
-                };
-                if let Some(stop) = fill.feed(&mut run, || doc, size, reads)? {
-                    stopped = Some(match stop {
-                        Stop::Done => return Ok(fill.page),
-                        Stop::After => Some(entry),
-                        Stop::Before => done,
-                    });
-                    break;
-                }
-                done = Some(entry);
-            }
-            let full = stopped.is_some();
-            at = match stopped {
-                Some(after) => Some(EntryCursor { after, ..cursor }),
-                None => batch.next,
-            };
-            if full || started.elapsed() > PAGE_TIME_LIMIT {
-                break;
-            }
+        if plan.is_some_and(|p| p.ordered.is_some()) {
+            run = run.presorted();
         }
-        let (skipped, returned) = fill.counters(&run);
-        let mut page = fill.page;
-        if let Some(at) = at {
-            page.continuation = Some(self.encode_query_cursor(
-                info,
-                spec,
-                scope,
-                &QueryCursor::Index {
-                    at,
-                    plan: plan_fingerprint(plan),
-                    skipped,
-                    returned,
-                },
-            ));
+        let fill = PageFill::new(
+            self.page_size,
+            engine.page_bytes(),
+            plan.map(|p| p.name.clone()),
+        );
+        let Driven { mut page, next } = engine.drive_page(walk, from, &mut run, fill, reads)?;
+        if let Some((at, counts)) = next {
+            let cursor = at.resumed(plan.map_or(0, plan_fingerprint), counts);
+            page.continuation =
+                Some(engine.encode_query_cursor(self.info, self.spec, self.scope, &cursor));
         }
         Ok(page)
     }
 }
 
-impl Engine {
-    /// One page of an `ORDER BY` read from the index in order, from `at`.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one page's inputs, each distinct"
-    )]
-    fn ordered_stream_page(
-        &self,
-        info: &CollectionInfo,
-        spec: &QuerySpec,
-        plan: &IndexPlan,
-        scope: &FeedScope,
-        page_size: usize,
-        (at, skipped, returned): (OrderedPos, u64, u64),
-        read_at: Millis,
-        reads: &mut QueryReads,
-    ) -> Result<QueryPage, Error> {
-        let descending = plan.ordered.expect("an ordered plan");
-        let shards = self.shard_range(info, scope);
-        let undefined = self
-            .order_support(info, plan, shards)
-            .ok_or(Error::ContinuationStale {
-                reason: "the index can no longer give this ORDER BY in order (its documents now have more than 64 distinct paths); run the query again",
-            })?;
-        let mut run = reads
-            .execution(&spec.query, &spec.params, context(read_at))?
-            .resume(skipped, returned)
-            .presorted();
-        let mut fill = PageFill::new(page_size, self.page_bytes(), Some(plan.name.clone()));
-        let started = Instant::now();
-        // Where the page ends: after the last document it kept.
-        let mut kept = at.clone();
-        let mut done = false;
-        let mut sink = |pos: &OrderedPos, doc: Value, size: usize, reads: &QueryReads| {
-            Ok(match fill.feed(&mut run, || doc, size, reads)? {
-                None => {
-                    kept = pos.clone();
-                    // Expired and skipped documents cost reading too: a page also ends on time.
-                    started.elapsed() > PAGE_TIME_LIMIT
-                }
-                Some(Stop::Done) => {
-                    done = true;
-                    true
-                }
-                Some(Stop::After) => {
-                    kept = pos.clone();
-                    true
-                }
-                Some(Stop::Before) => true,
-            })
-        };
-        let mut walk = OrderedWalk {
-            info,
-            plan,
-            scope,
-            descending,
-            read_at,
-            reads,
-            examined: QueryMetrics::default(),
-            started,
-            sink: &mut sink,
-        };
-        let stopped = walk.run(self, at, shards, &undefined)?;
-        let examined = walk.examined;
-        let (skipped, returned) = fill.counters(&run);
-        let mut page = fill.page;
-        page.metrics.index_entries_examined += examined.index_entries_examined;
-        page.metrics.documents_examined += examined.documents_examined;
-        if stopped && !done {
-            page.continuation = Some(self.encode_query_cursor(
-                info,
-                spec,
-                scope,
-                &QueryCursor::Ordered {
-                    at: kept,
-                    plan: plan_fingerprint(plan),
-                    skipped,
-                    returned,
-                },
-            ));
+/// A walk's position as a query cursor.
+trait Resumable {
+    /// The cursor resuming here, under the plan with fingerprint `plan` (if it reads the
+    /// index), with the run's counters.
+    fn resumed(self, plan: u64, counts: (u64, u64)) -> QueryCursor;
+}
+
+impl Resumable for Cursor {
+    fn resumed(self, _: u64, (skipped, returned): (u64, u64)) -> QueryCursor {
+        QueryCursor::Stream {
+            cursor: self,
+            skipped,
+            returned,
         }
-        Ok(page)
+    }
+}
+
+impl Resumable for EntryCursor {
+    fn resumed(self, plan: u64, (skipped, returned): (u64, u64)) -> QueryCursor {
+        QueryCursor::Index {
+            at: self,
+            plan,
+            skipped,
+            returned,
+        }
+    }
+}
+
+impl Resumable for OrderedPos {
+    fn resumed(self, plan: u64, (skipped, returned): (u64, u64)) -> QueryCursor {
+        QueryCursor::Ordered {
+            at: self,
+            plan,
+            skipped,
+            returned,
+        }
     }
 }
 
@@ -960,92 +640,6 @@ pub(super) fn take_results(
         out.push(r);
     }
     Ok(bytes)
-}
-
-/// Where a streaming page stops.
-enum Stop {
-    /// The run is done: the page is the last.
-    Done,
-    /// After the document just fed: the page is full.
-    After,
-    /// Before it: its results do not fit what the page could reserve.
-    Before,
-}
-
-/// A streaming page being filled, within its size, its bytes and the memory `QueryReads` can
-/// reserve: one fill for pages of documents and of index entries alike.
-struct PageFill {
-    page: QueryPage,
-    /// What the results take, as they will travel.
-    bytes: usize,
-    /// The run's counters from before a document that was taken back.
-    resume: Option<(u64, u64)>,
-    page_size: usize,
-    page_bytes: usize,
-}
-
-impl PageFill {
-    fn new(page_size: usize, page_bytes: usize, index: Option<String>) -> Self {
-        PageFill {
-            page: QueryPage {
-                results: Vec::new(),
-                continuation: None,
-                metrics: QueryMetrics {
-                    index,
-                    ..QueryMetrics::default()
-                },
-            },
-            bytes: 0,
-            resume: None,
-            page_size,
-            page_bytes,
-        }
-    }
-
-    /// Feeds the document `doc` makes (whose stored body is `size` bytes) to `run`, keeping
-    /// its results only within what `reads` can reserve for them: before they are built, by
-    /// the document's size, and once built, by theirs. A page with no results yet fails
-    /// instead (there is nothing to send). `None`: the page goes on.
-    fn feed(
-        &mut self,
-        run: &mut mayfly_query::Execution<'_, '_>,
-        doc: impl FnOnce() -> Value,
-        size: usize,
-        reads: &QueryReads,
-    ) -> Result<Option<Stop>, Error> {
-        let refused = |page: &QueryPage| match page.results.is_empty() {
-            true => Err(Error::NoMemory),
-            false => Ok(Some(Stop::Before)),
-        };
-        if !reads.hold(self.bytes + size) {
-            return refused(&self.page);
-        }
-        self.page.metrics.documents_examined += 1;
-        let before = run.counters();
-        let flow = run.push_owned(doc())?;
-        let kept = self.page.results.len();
-        let added = take_results(run, &mut self.page.results)?;
-        if added > size && !reads.hold(self.bytes + added) {
-            self.page.results.truncate(kept);
-            self.resume = Some(before);
-            return refused(&self.page);
-        }
-        self.bytes += added;
-        self.page.metrics.results_returned = self.page.results.len() as u64;
-        let full = self.page.results.len() >= self.page_size
-            || self.bytes >= self.page_bytes
-            || self.page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE;
-        Ok(match flow {
-            Flow::Done => Some(Stop::Done),
-            Flow::More if full => Some(Stop::After),
-            Flow::More => None,
-        })
-    }
-
-    /// Rows skipped and results returned by the page's end, for its continuation.
-    fn counters(&self, run: &mayfly_query::Execution<'_, '_>) -> (u64, u64) {
-        self.resume.unwrap_or_else(|| run.counters())
-    }
 }
 
 /// A hash of `parts` that every build and release of the server computes alike (tokens

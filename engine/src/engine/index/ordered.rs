@@ -14,13 +14,14 @@ use serde_json::Value;
 
 use super::{
     plan::IndexPlan,
-    read::{ENTRY_BATCH, named_by},
+    read::{ENTRY_BATCH, entry_step, in_scope, named_by},
     terms::{is_orderable, value_at},
 };
 use crate::engine::{
     CollectionInfo, Engine, Error, FeedScope, INLINE_READS, Millis, QueryReads,
-    query::{QUERY_TIME_LIMIT, QueryMetrics, as_document},
+    query::{QueryMetrics, as_document},
     shard::OrderSupport,
+    walk::{Sink, Step, Walk, check_time},
 };
 use crate::storage::{DocKey, IndexEntry, IndexRange, prefix_end};
 
@@ -52,23 +53,21 @@ impl OrderedPos {
     }
 }
 
-/// Takes the walk's documents in order: each with the position just after it, and its stored
-/// size; `true` stops the walk.
-pub(crate) type OrderedSink<'s> =
-    dyn FnMut(&OrderedPos, Value, usize, &QueryReads) -> Result<bool, Error> + 's;
-
-/// One ordered walk's inputs, and what it examined beyond the documents it fed.
-pub(crate) struct OrderedWalk<'a, 's> {
+/// An ordered walk over the scope's shards.
+pub(crate) struct OrderedWalk<'a> {
     pub(crate) info: &'a CollectionInfo,
     pub(crate) plan: &'a IndexPlan,
     pub(crate) scope: &'a FeedScope,
     pub(crate) descending: bool,
     pub(crate) read_at: Millis,
-    pub(crate) reads: &'a mut QueryReads,
+    /// The scope's shards, first and last.
+    pub(crate) shards: (usize, usize),
+    /// The shards with documents undefined at the path, and the path's bit in each (see
+    /// [`Engine::order_support`]).
+    pub(crate) undefined: Vec<(usize, u8)>,
     /// Entries read, and documents read but not fed (gone, or moved off their entry).
     pub(crate) examined: QueryMetrics,
     pub(crate) started: Instant,
-    pub(crate) sink: &'a mut OrderedSink<'s>,
 }
 
 /// Where a walk stands in one shard.
@@ -97,13 +96,6 @@ impl<T> Head<T> {
     fn took(&mut self, read: usize, most: usize) {
         self.exhausted = read < self.batch;
         self.batch = (self.batch * 2).min(most);
-    }
-}
-
-fn in_scope(scope: &FeedScope, key: &DocKey) -> bool {
-    match scope {
-        FeedScope::Collection => true,
-        FeedScope::Partition(pk) => key.partition_key == *pk,
     }
 }
 
@@ -161,62 +153,62 @@ impl Engine {
     }
 }
 
-impl OrderedWalk<'_, '_> {
-    fn check_time(&mut self) -> Result<(), Error> {
-        if self.started.elapsed() > QUERY_TIME_LIMIT {
-            return Err(Error::Query(QueryError {
-                kind: mayfly_query::ErrorKind::Limit,
-                position: None,
-                message: format!(
-                    "the query ran longer than {} s; filter by partition key or narrow it",
-                    QUERY_TIME_LIMIT.as_secs()
-                ),
-            }));
-        }
-        self.reads.check_time()
-    }
+impl Walk for OrderedWalk<'_> {
+    type Pos = OrderedPos;
 
-    fn feed(&mut self, pos: &OrderedPos, doc: Value, size: usize) -> Result<bool, Error> {
-        (self.sink)(pos, doc, size, self.reads)
-    }
-
-    /// Feeds the sink every document from `from` on, in order, in the scope's shards
-    /// `first..=last` (`undefined`: see [`Engine::order_support`]); `true` if the sink
-    /// stopped it.
-    pub(crate) fn run(
+    fn walk(
         &mut self,
         engine: &Engine,
         from: OrderedPos,
-        shards: (usize, usize),
-        undefined: &[(usize, u8)],
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, OrderedPos>,
     ) -> Result<bool, Error> {
         match (from, self.descending) {
             (OrderedPos::Undefined(after), false) => Ok(self
-                .undefined(engine, undefined, after)?
-                || self.entries(engine, shards, OrderedPos::Entries(None))?),
-            (OrderedPos::Undefined(after), true) => self.undefined(engine, undefined, after),
-            (from, false) => self.entries(engine, shards, from),
-            (from, true) => {
-                Ok(self.entries(engine, shards, from)?
-                    || self.undefined(engine, undefined, None)?)
-            }
+                .undefined(engine, after, reads, sink)?
+                || self.entries(engine, OrderedPos::Entries(None), reads, sink)?),
+            (OrderedPos::Undefined(after), true) => self.undefined(engine, after, reads, sink),
+            (from, false) => self.entries(engine, from, reads, sink),
+            (from, true) => Ok(self.entries(engine, from, reads, sink)?
+                || self.undefined(engine, None, reads, sink)?),
         }
     }
 
+    fn examined(&self) -> &QueryMetrics {
+        &self.examined
+    }
+}
+
+impl OrderedWalk<'_> {
     /// The documents without the path's bit, after `after` in key order (reversed if
     /// descending), merged across shards.
     fn undefined(
         &mut self,
         engine: &Engine,
+        after: Option<DocKey>,
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, OrderedPos>,
+    ) -> Result<bool, Error> {
+        let shards = std::mem::take(&mut self.undefined);
+        let fed = self.undefined_of(engine, &shards, after, reads, sink);
+        self.undefined = shards;
+        fed
+    }
+
+    fn undefined_of(
+        &mut self,
+        engine: &Engine,
         shards: &[(usize, u8)],
         after: Option<DocKey>,
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, OrderedPos>,
     ) -> Result<bool, Error> {
         let mut heads: Vec<Head<DocKey>> = shards
             .iter()
             .map(|&(shard, _)| Head::new(shard, FIRST_BATCH, after.clone()))
             .collect();
         loop {
-            self.check_time()?;
+            check_time(self.started, reads)?;
             for (head, &(_, bit)) in heads.iter_mut().zip(shards) {
                 if head.buffer.is_empty() && !head.exhausted {
                     let keys = engine.inner.shards[head.shard].undefined_keys(
@@ -226,7 +218,7 @@ impl OrderedWalk<'_, '_> {
                         self.descending,
                         head.batch,
                     );
-                    self.reads.spend(keys.len())?;
+                    reads.spend(keys.len())?;
                     head.took(keys.len(), UNDEFINED_BATCH);
                     head.after = keys.last().cloned();
                     head.buffer = keys
@@ -244,21 +236,23 @@ impl OrderedWalk<'_, '_> {
             let head = &mut heads[i];
             let key = head.buffer.pop_front().expect("has a front");
             let shard = head.shard;
-            self.reads.spend(1)?;
+            reads.spend(1)?;
             let (views, settle) =
                 engine.inner.shards[shard].fetch_live(self.info, &[key], self.read_at)?;
-            self.reads.reflect(settle);
+            reads.reflect(settle);
             for view in views {
                 let size = view.body.len();
                 let pos = OrderedPos::Undefined(Some(view.key.clone()));
                 let doc = as_document(&view);
                 let body = doc.as_object().expect("documents are objects");
                 // Written with the path since its key was found: its entry feeds it.
-                if value_at(body, &self.plan.path).is_some() {
+                let step = if value_at(body, &self.plan.path).is_some() {
                     self.examined.documents_examined += 1;
-                    continue;
-                }
-                if self.feed(&pos, doc, size)? {
+                    Step::Passed(pos)
+                } else {
+                    Step::Doc { pos, doc, size }
+                };
+                if sink(step, reads)? {
                     return Ok(true);
                 }
             }
@@ -270,9 +264,11 @@ impl OrderedWalk<'_, '_> {
     fn entries(
         &mut self,
         engine: &Engine,
-        (first, last): (usize, usize),
         from: OrderedPos,
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, OrderedPos>,
     ) -> Result<bool, Error> {
+        let (first, last) = self.shards;
         let range = &self.plan.ranges[0];
         let (mut low, mut high) = (range.low.clone(), range.high.clone());
         let mut after = None;
@@ -299,9 +295,9 @@ impl OrderedWalk<'_, '_> {
             .collect();
         let bounds = (low, high);
         loop {
-            self.check_time()?;
+            check_time(self.started, reads)?;
             for head in &mut heads {
-                self.refill(engine, &bounds, head)?;
+                self.refill(engine, &bounds, head, reads)?;
             }
             let Some(i) = first_head(&heads, self.descending, entry_order) else {
                 if heads.iter().all(|h| h.exhausted || !h.buffer.is_empty()) {
@@ -317,28 +313,24 @@ impl OrderedWalk<'_, '_> {
             };
             if !is_orderable(&entry.term) {
                 let term = entry.term.clone();
-                let group = self.tied_group(engine, &bounds, &mut heads, shard, entry)?;
+                let group = self.tied_group(engine, &bounds, &mut heads, shard, entry, reads)?;
                 for (j, (doc, size)) in group.into_iter().enumerate().skip(skip as usize) {
                     let pos = OrderedPos::Group {
                         term: term.clone(),
                         skip: j as u64 + 1,
                     };
-                    if self.feed(&pos, doc, size)? {
+                    if sink(Step::Doc { pos, doc, size }, reads)? {
                         return Ok(true);
                     }
                 }
                 continue;
             }
             for (entry, view) in
-                engine.entry_documents(self.info, shard, vec![entry], self.read_at, self.reads)?
+                engine.entry_documents(self.info, shard, vec![entry], self.read_at, reads)?
             {
-                let size = view.body.len();
                 let pos = OrderedPos::Entries(Some(entry.clone()));
-                let Some(doc) = named_by(&entry, view, self.plan) else {
-                    self.examined.documents_examined += 1;
-                    continue;
-                };
-                if self.feed(&pos, doc, size)? {
+                let step = entry_step(&entry, view, self.plan, pos, &mut self.examined);
+                if sink(step, reads)? {
                     return Ok(true);
                 }
             }
@@ -351,6 +343,7 @@ impl OrderedWalk<'_, '_> {
         engine: &Engine,
         (low, high): &(Vec<u8>, Vec<u8>),
         head: &mut Head<IndexEntry>,
+        reads: &mut QueryReads,
     ) -> Result<(), Error> {
         if !head.buffer.is_empty() || head.exhausted {
             return Ok(());
@@ -366,7 +359,7 @@ impl OrderedWalk<'_, '_> {
             head.batch,
         )?;
         self.examined.index_entries_examined += entries.len() as u64;
-        self.reads.spend(entries.len())?;
+        reads.spend(entries.len())?;
         head.took(entries.len(), ENTRY_BATCH);
         head.after = entries.last().cloned();
         head.buffer = entries
@@ -386,13 +379,14 @@ impl OrderedWalk<'_, '_> {
         heads: &mut [Head<IndexEntry>],
         shard: usize,
         first: IndexEntry,
+        reads: &mut QueryReads,
     ) -> Result<Vec<(Value, usize)>, Error> {
         let term = first.term.clone();
         let mut by_shard: Vec<(usize, Vec<IndexEntry>)> = vec![(shard, vec![first])];
         let mut size = 1;
         for head in heads.iter_mut() {
             loop {
-                self.refill(engine, bounds, head)?;
+                self.refill(engine, bounds, head, reads)?;
                 match head.buffer.front() {
                     Some(e) if e.term == term => {
                         let e = head.buffer.pop_front().expect("has a front");
@@ -414,13 +408,13 @@ impl OrderedWalk<'_, '_> {
                     }
                     _ => break,
                 }
-                self.check_time()?;
+                check_time(self.started, reads)?;
             }
         }
         let mut group = Vec::with_capacity(size);
         for (shard, entries) in by_shard {
             for (entry, view) in
-                engine.entry_documents(self.info, shard, entries, self.read_at, self.reads)?
+                engine.entry_documents(self.info, shard, entries, self.read_at, reads)?
             {
                 let key = view.key.clone();
                 let size = view.body.len();

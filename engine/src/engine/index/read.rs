@@ -4,18 +4,14 @@
 
 use std::time::Instant;
 
-use mayfly_query::{Execution, Flow, QueryError};
 use serde_json::Value;
 
-use super::{
-    ordered::{OrderedPos, OrderedWalk},
-    plan::IndexPlan,
-    terms::term_at,
-};
+use super::{plan::IndexPlan, terms::term_at};
 use crate::engine::{
     CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads,
     document::DocumentView,
-    query::{QUERY_TIME_LIMIT, QueryMetrics, as_document, take_results},
+    query::{QueryMetrics, as_document},
+    walk::{Sink, Step, Walk, check_time},
 };
 use crate::storage::{DocKey, IndexEntry, IndexRange, prefix_end};
 
@@ -37,22 +33,31 @@ pub(crate) struct EntryBatch {
     pub(crate) next: Option<EntryCursor>,
 }
 
-fn in_scope(scope: &FeedScope, key: &DocKey) -> bool {
+/// Whether a key is in the scope (entries of a shard hold every partition's).
+pub(crate) fn in_scope(scope: &FeedScope, key: &DocKey) -> bool {
     match scope {
         FeedScope::Collection => true,
         FeedScope::Partition(pk) => key.partition_key == *pk,
     }
 }
 
-fn too_long(examined: u64) -> Error {
-    Error::Query(QueryError {
-        kind: mayfly_query::ErrorKind::Limit,
-        position: None,
-        message: format!(
-            "the query ran longer than {} s after reading {examined} documents; filter by partition key or narrow it",
-            QUERY_TIME_LIMIT.as_secs()
-        ),
-    })
+/// A walk's step for a document fetched by its entry: the document, or (if it moved off the
+/// entry) a step past it, counted as examined.
+pub(crate) fn entry_step<P>(
+    entry: &IndexEntry,
+    view: DocumentView,
+    plan: &IndexPlan,
+    pos: P,
+    examined: &mut QueryMetrics,
+) -> Step<P> {
+    let size = view.body.len();
+    match named_by(entry, view, plan) {
+        Some(doc) => Step::Doc { pos, doc, size },
+        None => {
+            examined.documents_examined += 1;
+            Step::Passed(pos)
+        }
+    }
 }
 
 /// A fetched document as queries see it, if it still has the entry it was found by. One
@@ -162,100 +167,6 @@ impl Engine {
         Ok(out)
     }
 
-    /// Feeds a query every document its plan names, in the scope's shards `first..=last`.
-    /// Returns `false` if an ordered plan cannot be used (some shard has documents without an
-    /// orderable entry at its path): nothing was fed then.
-    #[allow(clippy::too_many_arguments, reason = "one run's inputs, each distinct")]
-    pub(crate) fn feed_from_index(
-        &self,
-        info: &CollectionInfo,
-        plan: &IndexPlan,
-        scope: &FeedScope,
-        (first, last): (usize, usize),
-        read_at: Millis,
-        run: &mut Execution<'_, '_>,
-        results: &mut Vec<Value>,
-        metrics: &mut QueryMetrics,
-        reads: &mut QueryReads,
-    ) -> Result<bool, Error> {
-        let started = Instant::now();
-        if let Some(descending) = plan.ordered {
-            let Some(undefined) = self.order_support(info, plan, (first, last)) else {
-                return Ok(false);
-            };
-            let mut sink = |_: &OrderedPos, doc: Value, _: usize, _: &QueryReads| {
-                let flow = run.push_owned(doc)?;
-                take_results(run, results)?;
-                if results.len() > mayfly_query::MAX_HELD_ROWS {
-                    return Err(Error::Query(QueryError {
-                        kind: mayfly_query::ErrorKind::Limit,
-                        position: None,
-                        message: format!(
-                            "ORDER BY would return more than {} results; add TOP or a filter",
-                            mayfly_query::MAX_HELD_ROWS
-                        ),
-                    }));
-                }
-                Ok(flow == Flow::Done)
-            };
-            let mut walk = OrderedWalk {
-                info,
-                plan,
-                scope,
-                descending,
-                read_at,
-                reads,
-                examined: QueryMetrics::default(),
-                started,
-                sink: &mut sink,
-            };
-            walk.run(
-                self,
-                OrderedPos::start(descending),
-                (first, last),
-                &undefined,
-            )?;
-            metrics.index_entries_examined += walk.examined.index_entries_examined;
-            metrics.documents_examined += walk.examined.documents_examined;
-            return Ok(true);
-        }
-        let mut at = Some(EntryCursor {
-            shard: first,
-            range: 0,
-            after: None,
-        });
-        while let Some(cursor) = at {
-            if started.elapsed() > QUERY_TIME_LIMIT {
-                return Err(too_long(metrics.documents_examined));
-            }
-            let batch = self.entry_batch(
-                info,
-                plan,
-                scope,
-                &cursor,
-                last,
-                &mut metrics.index_entries_examined,
-                reads,
-            )?;
-            for (entry, view) in
-                self.entry_documents(info, cursor.shard, batch.entries, read_at, reads)?
-            {
-                reads.check_time()?;
-                metrics.documents_examined += 1;
-                let Some(doc) = named_by(&entry, view, plan) else {
-                    continue;
-                };
-                let flow = run.push_owned(doc)?;
-                take_results(run, results)?;
-                if flow == Flow::Done {
-                    return Ok(true);
-                }
-            }
-            at = batch.next;
-        }
-        Ok(true)
-    }
-
     /// `SELECT VALUE COUNT(1)` with the plan's filter (or none), from entries or metadata
     /// alone; `None` if it must read documents.
     #[allow(clippy::too_many_arguments, reason = "one run's inputs, each distinct")]
@@ -288,9 +199,7 @@ impl Engine {
                 });
                 let started = Instant::now();
                 while let Some(cursor) = at {
-                    if started.elapsed() > QUERY_TIME_LIMIT {
-                        return Err(too_long(metrics.index_entries_examined));
-                    }
+                    check_time(started, reads)?;
                     let batch = self.entry_batch(
                         info,
                         plan,
@@ -311,5 +220,87 @@ impl Engine {
             _ => return Ok(None),
         }
         Ok(Some(count))
+    }
+}
+
+/// The documents a plan's entries name, in entry order: shard by shard, range by range.
+pub(crate) struct IndexWalk<'a> {
+    info: &'a CollectionInfo,
+    plan: &'a IndexPlan,
+    scope: &'a FeedScope,
+    read_at: Millis,
+    /// The scope's last shard.
+    last: usize,
+    examined: QueryMetrics,
+    started: Instant,
+}
+
+impl<'a> IndexWalk<'a> {
+    pub(crate) fn new(
+        info: &'a CollectionInfo,
+        plan: &'a IndexPlan,
+        scope: &'a FeedScope,
+        read_at: Millis,
+        last: usize,
+    ) -> Self {
+        IndexWalk {
+            info,
+            plan,
+            scope,
+            read_at,
+            last,
+            examined: QueryMetrics::default(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Walk for IndexWalk<'_> {
+    type Pos = EntryCursor;
+
+    fn walk(
+        &mut self,
+        engine: &Engine,
+        from: EntryCursor,
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, EntryCursor>,
+    ) -> Result<bool, Error> {
+        let mut at = from;
+        loop {
+            check_time(self.started, reads)?;
+            let batch = engine.entry_batch(
+                self.info,
+                self.plan,
+                self.scope,
+                &at,
+                self.last,
+                &mut self.examined.index_entries_examined,
+                reads,
+            )?;
+            for (entry, view) in
+                engine.entry_documents(self.info, at.shard, batch.entries, self.read_at, reads)?
+            {
+                reads.check_time()?;
+                let pos = EntryCursor {
+                    after: Some(entry.clone()),
+                    ..at.clone()
+                };
+                let step = entry_step(&entry, view, self.plan, pos, &mut self.examined);
+                if sink(step, reads)? {
+                    return Ok(true);
+                }
+            }
+            let Some(next) = batch.next else {
+                return Ok(false);
+            };
+            if sink(Step::Passed(next.clone()), reads)? {
+                return Ok(true);
+            }
+            at = next;
+        }
+    }
+
+    fn examined(&self) -> &QueryMetrics {
+        &self.examined
     }
 }

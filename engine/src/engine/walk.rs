@@ -1,0 +1,336 @@
+//! One page driver for every query source. A source (a [`Walk`]: the key-order scan, an index
+//! read, an ordered walk) feeds its documents in its order, each with the position just after
+//! it; the driver fills a page from them by count, bytes, reserved memory and time, and its
+//! continuation is the position after the last document the page kept. A query that reads its
+//! whole scope takes every document of the same walks.
+
+use std::time::Instant;
+
+use mayfly_query::{Execution, Flow, QueryError};
+use serde_json::Value;
+
+use super::{
+    CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads,
+    feed::Cursor,
+    query::{
+        MAX_EXAMINED_PER_PAGE, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics, QueryPage,
+        as_document, take_results,
+    },
+    shard::Reading,
+};
+
+/// Documents read from a shard at a time by a scan.
+const SCAN_BATCH: usize = 256;
+
+/// What a walk hands its consumer.
+pub(crate) enum Step<P> {
+    /// A document, and the position just after it.
+    Doc { pos: P, doc: Value, size: usize },
+    /// The walk went past documents it does not feed (expired, gone, rewritten off their
+    /// entry, of another partition): a page may end here.
+    Passed(P),
+}
+
+/// Takes a walk's steps; `true` stops the walk.
+pub(crate) type Sink<'s, P> = dyn FnMut(Step<P>, &QueryReads) -> Result<bool, Error> + 's;
+
+/// A source of documents in an order it can resume from any position.
+pub(crate) trait Walk {
+    type Pos: Clone;
+
+    /// Feeds `sink` each document from `from` on, judged at the walk's reading; `Ok(true)`
+    /// if the sink stopped it, `Ok(false)` at the end of the source.
+    fn walk(
+        &mut self,
+        engine: &Engine,
+        from: Self::Pos,
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, Self::Pos>,
+    ) -> Result<bool, Error>;
+
+    /// What it read beyond the documents it fed: index entries, and documents left out.
+    fn examined(&self) -> &QueryMetrics;
+}
+
+/// A page, and where the next one resumes with the run's counters (rows skipped, results
+/// returned) there; `None` when the walk or the query is done.
+pub(crate) struct Driven<P> {
+    pub(crate) page: QueryPage,
+    pub(crate) next: Option<(P, (u64, u64))>,
+}
+
+/// Fails a walk past [`QUERY_TIME_LIMIT`] (or the limit `reads` holds it to).
+pub(crate) fn check_time(started: Instant, reads: &QueryReads) -> Result<(), Error> {
+    if started.elapsed() > QUERY_TIME_LIMIT {
+        return Err(Error::Query(QueryError {
+            kind: mayfly_query::ErrorKind::Limit,
+            position: None,
+            message: format!(
+                "the query ran longer than {} s; filter by partition key or narrow it",
+                QUERY_TIME_LIMIT.as_secs()
+            ),
+        }));
+    }
+    reads.check_time()
+}
+
+impl Engine {
+    /// One page of `walk` from `from` into `fill`, and where the next page starts (`None`
+    /// when the walk or the query is done), with the run's counters there.
+    pub(crate) fn drive_page<W: Walk>(
+        &self,
+        walk: &mut W,
+        from: W::Pos,
+        run: &mut Execution<'_, '_>,
+        mut fill: PageFill,
+        reads: &mut QueryReads,
+    ) -> Result<Driven<W::Pos>, Error> {
+        let started = Instant::now();
+        let mut kept = from.clone();
+        let mut done = false;
+        let stopped = walk.walk(self, from, reads, &mut |step, reads| {
+            let (pos, stop) = match step {
+                Step::Passed(pos) => (pos, None),
+                Step::Doc { pos, doc, size } => (pos, fill.feed(run, || doc, size, reads)?),
+            };
+            Ok(match stop {
+                // Documents left out cost reading too: a page also ends on time.
+                None => {
+                    kept = pos;
+                    started.elapsed() > PAGE_TIME_LIMIT
+                }
+                Some(Stop::Done) => {
+                    done = true;
+                    true
+                }
+                Some(Stop::After) => {
+                    kept = pos;
+                    true
+                }
+                Some(Stop::Before) => true,
+            })
+        })?;
+        let counters = fill.counters(run);
+        let mut page = fill.page;
+        page.metrics.index_entries_examined += walk.examined().index_entries_examined;
+        page.metrics.documents_examined += walk.examined().documents_examined;
+        Ok(Driven {
+            page,
+            next: (stopped && !done).then_some((kept, counters)),
+        })
+    }
+
+    /// Every document of `walk` into `run`, its results into `results` (a query that reads
+    /// its whole scope).
+    pub(crate) fn drive_all<W: Walk>(
+        &self,
+        walk: &mut W,
+        from: W::Pos,
+        run: &mut Execution<'_, '_>,
+        results: &mut Vec<Value>,
+        metrics: &mut QueryMetrics,
+        reads: &mut QueryReads,
+    ) -> Result<(), Error> {
+        let mut fed = 0;
+        walk.walk(self, from, reads, &mut |step, _| {
+            let Step::Doc { doc, .. } = step else {
+                return Ok(false);
+            };
+            fed += 1;
+            let flow = run.push_owned(doc)?;
+            take_results(run, results)?;
+            // Results a run streams are held here until the last page is sent.
+            if results.len() > mayfly_query::MAX_HELD_ROWS {
+                return Err(Error::Query(QueryError {
+                    kind: mayfly_query::ErrorKind::Limit,
+                    position: None,
+                    message: format!(
+                        "the query would hold more than {} results; add TOP or a filter",
+                        mayfly_query::MAX_HELD_ROWS
+                    ),
+                }));
+            }
+            Ok(flow == Flow::Done)
+        })?;
+        metrics.documents_examined += fed + walk.examined().documents_examined;
+        metrics.index_entries_examined += walk.examined().index_entries_examined;
+        Ok(())
+    }
+}
+
+/// The live documents of a scope in key order: shard by shard, within a shard by (partition
+/// key, id).
+pub(crate) struct ScanWalk<'a> {
+    info: &'a CollectionInfo,
+    scope: &'a FeedScope,
+    read_at: Millis,
+    /// The scope's last shard.
+    last: usize,
+    examined: QueryMetrics,
+    started: Instant,
+}
+
+impl<'a> ScanWalk<'a> {
+    pub(crate) fn new(
+        info: &'a CollectionInfo,
+        scope: &'a FeedScope,
+        read_at: Millis,
+        last: usize,
+    ) -> Self {
+        ScanWalk {
+            info,
+            scope,
+            read_at,
+            last,
+            examined: QueryMetrics::default(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Walk for ScanWalk<'_> {
+    type Pos = Cursor;
+
+    fn walk(
+        &mut self,
+        engine: &Engine,
+        mut from: Cursor,
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, Cursor>,
+    ) -> Result<bool, Error> {
+        loop {
+            check_time(self.started, reads)?;
+            reads.spend(SCAN_BATCH)?;
+            let scanned = engine.inner.shards[from.shard].scan_page(
+                self.info,
+                self.scope,
+                from.after.as_ref(),
+                SCAN_BATCH,
+                &mut |_, _| true,
+                Reading::At(self.read_at),
+            )?;
+            reads.reflect(scanned.settle_at);
+            for view in &scanned.documents {
+                reads.check_time()?;
+                let pos = Cursor {
+                    shard: from.shard,
+                    after: Some(view.key.clone()),
+                };
+                let step = Step::Doc {
+                    pos,
+                    doc: as_document(view),
+                    size: view.body.len(),
+                };
+                if sink(step, reads)? {
+                    return Ok(true);
+                }
+            }
+            from = if !scanned.exhausted {
+                Cursor {
+                    shard: from.shard,
+                    after: scanned.last,
+                }
+            } else if from.shard == self.last {
+                return Ok(false);
+            } else {
+                Cursor {
+                    shard: from.shard + 1,
+                    after: None,
+                }
+            };
+            if sink(Step::Passed(from.clone()), reads)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn examined(&self) -> &QueryMetrics {
+        &self.examined
+    }
+}
+
+/// Where a streaming page stops.
+pub(crate) enum Stop {
+    /// The run is done: the page is the last.
+    Done,
+    /// After the document just fed: the page is full.
+    After,
+    /// Before it: its results do not fit what the page could reserve.
+    Before,
+}
+
+/// A streaming page being filled, within its size, its bytes and the memory `QueryReads` can
+/// reserve: one fill for pages of documents and of index entries alike.
+pub(crate) struct PageFill {
+    pub(crate) page: QueryPage,
+    /// What the results take, as they will travel.
+    bytes: usize,
+    /// The run's counters from before a document that was taken back.
+    resume: Option<(u64, u64)>,
+    page_size: usize,
+    page_bytes: usize,
+}
+
+impl PageFill {
+    pub(crate) fn new(page_size: usize, page_bytes: usize, index: Option<String>) -> Self {
+        PageFill {
+            page: QueryPage {
+                results: Vec::new(),
+                continuation: None,
+                metrics: QueryMetrics {
+                    index,
+                    ..QueryMetrics::default()
+                },
+            },
+            bytes: 0,
+            resume: None,
+            page_size,
+            page_bytes,
+        }
+    }
+
+    /// Feeds the document `doc` makes (whose stored body is `size` bytes) to `run`, keeping
+    /// its results only within what `reads` can reserve for them: before they are built, by
+    /// the document's size, and once built, by theirs. A page with no results yet fails
+    /// instead (there is nothing to send). `None`: the page goes on.
+    pub(crate) fn feed(
+        &mut self,
+        run: &mut mayfly_query::Execution<'_, '_>,
+        doc: impl FnOnce() -> Value,
+        size: usize,
+        reads: &QueryReads,
+    ) -> Result<Option<Stop>, Error> {
+        let refused = |page: &QueryPage| match page.results.is_empty() {
+            true => Err(Error::NoMemory),
+            false => Ok(Some(Stop::Before)),
+        };
+        if !reads.hold(self.bytes + size) {
+            return refused(&self.page);
+        }
+        self.page.metrics.documents_examined += 1;
+        let before = run.counters();
+        let flow = run.push_owned(doc())?;
+        let kept = self.page.results.len();
+        let added = take_results(run, &mut self.page.results)?;
+        if added > size && !reads.hold(self.bytes + added) {
+            self.page.results.truncate(kept);
+            self.resume = Some(before);
+            return refused(&self.page);
+        }
+        self.bytes += added;
+        self.page.metrics.results_returned = self.page.results.len() as u64;
+        let full = self.page.results.len() >= self.page_size
+            || self.bytes >= self.page_bytes
+            || self.page.metrics.documents_examined >= MAX_EXAMINED_PER_PAGE;
+        Ok(match flow {
+            Flow::Done => Some(Stop::Done),
+            Flow::More if full => Some(Stop::After),
+            Flow::More => None,
+        })
+    }
+
+    /// Rows skipped and results returned by the page's end, for its continuation.
+    pub(crate) fn counters(&self, run: &mayfly_query::Execution<'_, '_>) -> (u64, u64) {
+        self.resume.unwrap_or_else(|| run.counters())
+    }
+}
