@@ -4,7 +4,7 @@
 use mayfly_query::{Execution, ast::Query};
 use serde_json::Map;
 
-use super::{DocumentView, Error, InvalidInput, query};
+use super::{DocumentView, Error, InvalidInput, document::as_document, query_reads::context};
 
 /// Longest condition text: a condition is a filter, not a program.
 pub const MAX_CONDITION_BYTES: usize = 16 * 1024;
@@ -76,8 +76,8 @@ impl PatchCondition {
     /// Whether `document` matches, judged at its read instant.
     pub(super) fn holds(&self, document: &DocumentView) -> Result<bool, Error> {
         let params = Map::new();
-        let mut run = Execution::new(&self.query, &params, query::context(document.read_at))?;
-        run.push(&query::as_document(document))?;
+        let mut run = Execution::new(&self.query, &params, context(document.read_at))?;
+        run.push(&as_document(document))?;
         let matched = !run.take_ready().is_empty() || !run.finish()?.is_empty();
         Ok(matched)
     }

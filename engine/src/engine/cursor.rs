@@ -14,12 +14,40 @@ use super::{
     feed::{Cursor, FeedScope},
     index::{ordered::OrderedPos, read::EntryCursor},
     partition_key::PartitionKeyValue,
-    query::{QueryCursor, QuerySpec},
 };
 use crate::storage::{DocKey, IndexEntry};
 
 /// Version 3: one format for feeds and queries.
 const VERSION: u8 = 3;
+
+/// Where a query stands between pages.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueryCursor {
+    /// A streaming query: the next document, and the rows skipped and results returned.
+    Stream {
+        cursor: Cursor,
+        skipped: u64,
+        returned: u64,
+    },
+    /// A streaming query reading index entries: the next entry under the plan with this
+    /// fingerprint, and the counts.
+    Index {
+        at: EntryCursor,
+        plan: u64,
+        skipped: u64,
+        returned: u64,
+    },
+    /// An `ORDER BY` read from the index in order: where the walk stands under the plan with
+    /// this fingerprint, and the counts.
+    Ordered {
+        at: OrderedPos,
+        plan: u64,
+        skipped: u64,
+        returned: u64,
+    },
+    /// A query that reads its whole scope: results already returned.
+    Offset(u64),
+}
 
 /// What a token belongs to: checked on every token before its position is used.
 pub(crate) struct Binding<'a> {
@@ -306,22 +334,23 @@ impl Engine {
         &self,
         info: &CollectionInfo,
         scope: &'a FeedScope,
-        query: Option<&QuerySpec>,
+        query: Option<u64>,
     ) -> Binding<'a> {
         Binding {
             uid: info.uid,
             scope,
             shards: self.shard_count(),
-            query: query.map(QuerySpec::fingerprint),
+            query,
         }
     }
 
-    /// A continuation token resuming `resume` in a feed (`query: None`) or query of `info`.
+    /// A continuation token resuming `resume` in a feed (`query: None`) or the query with
+    /// this fingerprint of `info`.
     pub(super) fn seal_cursor(
         &self,
         info: &CollectionInfo,
         scope: &FeedScope,
-        query: Option<&QuerySpec>,
+        query: Option<u64>,
         resume: &Resume,
     ) -> String {
         let bytes = encode(&self.binding(info, scope, query), resume);
@@ -334,7 +363,7 @@ impl Engine {
         token: &str,
         info: &CollectionInfo,
         scope: &FeedScope,
-        query: Option<&QuerySpec>,
+        query: Option<u64>,
     ) -> Result<Resume, Error> {
         let bytes = self.inner.token_key.open(token)?;
         Ok(decode(&bytes, &self.binding(info, scope, query))?)

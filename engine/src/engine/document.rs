@@ -74,6 +74,14 @@ pub enum UpsertOutcome {
     Replaced,
 }
 
+/// A document as queries see it: its body with `_ts` (seconds) and `_etag`.
+pub(crate) fn as_document(view: &DocumentView) -> Value {
+    let mut map = view.body_map();
+    map.insert("_ts".to_owned(), Value::from(view.last_write / 1000));
+    map.insert("_etag".to_owned(), Value::String(view.etag.to_string()));
+    Value::Object(map)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

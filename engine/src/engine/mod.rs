@@ -55,12 +55,13 @@ pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
 pub use purge::PurgeGuard;
-pub use query::QueryCursor;
-pub use query::{
-    MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics,
-    QueryPage, QuerySpec,
-};
+pub use cursor::QueryCursor;
+pub use query::QuerySpec;
 pub use query_reads::{Cancel, INLINE_READS, PageMemory, QueryReads};
+pub use walk::{
+    MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics,
+    QueryPage,
+};
 pub use recovery::{ExpiryRebuild, Recovery};
 pub use token_seal::TokenKey;
 // The domain types, where the engine's callers have always found them.

@@ -10,31 +10,23 @@
 //! A query on an indexed collection reads the documents its plan's index entries name (see
 //! [`super::index`]); its streaming continuation is then a position among those entries.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use mayfly_query::{Context, QueryError, ast::Query};
+use mayfly_query::{QueryError, ast::Query};
 use serde_json::{Map, Value};
 
 use super::{
     CollectionInfo, Engine, Error, FeedScope, InvalidInput, Millis, Outcome, QueryReads,
-    cursor::Resume,
-    document::DocumentView,
+    cursor::{QueryCursor, Resume},
     feed::Cursor,
     index::{
         ordered::{OrderedPos, OrderedWalk},
         plan::{self, IndexPlan, is_plain_count},
         read::{EntryCursor, IndexWalk},
     },
-    walk::{Driven, PageFill, ScanWalk, Walk},
+    query_reads::context,
+    walk::{Driven, PageFill, QueryMetrics, QueryPage, ScanWalk, Walk},
 };
-
-/// Documents a streaming page examines at most: a selective filter returns a short page (and
-/// a continuation) rather than reading the whole collection in one request.
-pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
-/// How long a streaming page may read before it ends with a continuation (it may end short).
-pub const PAGE_TIME_LIMIT: Duration = Duration::from_secs(2);
-/// How long a query that reads its whole scope may run.
-pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// A query and its parameters, parsed and checked at the edge.
 #[derive(Debug)]
@@ -91,53 +83,6 @@ impl QuerySpec {
     pub fn is_streaming(&self) -> bool {
         mayfly_query::is_streaming(&self.query)
     }
-}
-
-/// What a page did, for the client.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QueryMetrics {
-    pub documents_examined: u64,
-    pub index_entries_examined: u64,
-    pub results_returned: u64,
-    /// The index used, as a policy path; `None` for a full scan.
-    pub index: Option<String>,
-}
-
-/// One page of results.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QueryPage {
-    pub results: Vec<Value>,
-    pub continuation: Option<String>,
-    pub metrics: QueryMetrics,
-}
-
-/// Where a query stands between pages.
-#[derive(Debug, Clone, PartialEq)]
-pub enum QueryCursor {
-    /// A streaming query: the next document, and the rows skipped and results returned.
-    Stream {
-        cursor: Cursor,
-        skipped: u64,
-        returned: u64,
-    },
-    /// A streaming query reading index entries: the next entry under the plan with this
-    /// fingerprint, and the counts.
-    Index {
-        at: EntryCursor,
-        plan: u64,
-        skipped: u64,
-        returned: u64,
-    },
-    /// An `ORDER BY` read from the index in order: where the walk stands under the plan with
-    /// this fingerprint, and the counts.
-    Ordered {
-        at: OrderedPos,
-        plan: u64,
-        skipped: u64,
-        returned: u64,
-    },
-    /// A query that reads its whole scope: results already returned.
-    Offset(u64),
 }
 
 impl Engine {
@@ -211,7 +156,7 @@ impl Engine {
                 },
             );
         };
-        let cursor = match self.open_cursor(token, &info, scope, Some(spec))? {
+        let cursor = match self.open_cursor(token, &info, scope, Some(spec.fingerprint()))? {
             Resume::Query(cursor) => cursor,
             Resume::Feed(_) => unreachable!("a query's binding opens query tokens"),
         };
@@ -254,7 +199,12 @@ impl Engine {
         scope: &FeedScope,
         cursor: &QueryCursor,
     ) -> String {
-        self.seal_cursor(info, scope, Some(spec), &Resume::Query(cursor.clone()))
+        self.seal_cursor(
+            info,
+            scope,
+            Some(spec.fingerprint()),
+            &Resume::Query(cursor.clone()),
+        )
     }
 
     fn shard_range(&self, info: &CollectionInfo, scope: &FeedScope) -> (usize, usize) {
@@ -605,43 +555,6 @@ impl Resumable for OrderedPos {
     }
 }
 
-/// The largest result a query may return, in its protobuf encoding: results travel in
-/// messages of at most 16 MiB, a page ends past 4 MiB (a document is at most 2 MiB; a
-/// projection may build more).
-pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
-
-/// Moves the results `run` has ready into `out`, refusing one too large to send; returns
-/// their size.
-pub(super) fn take_results(
-    run: &mut mayfly_query::Execution<'_, '_>,
-    out: &mut Vec<Value>,
-) -> Result<usize, Error> {
-    let mut bytes = 0;
-    for r in run.take_ready() {
-        // JSON size, cheap to measure; a large result is measured as it will travel too, as
-        // a small number takes up to 11 bytes as protobuf (below this, a result stays below
-        // the limit either way).
-        let mut size = mayfly_query::value::approximate_size(&r);
-        if size > MAX_RESULT_BYTES / 16 {
-            size = size.max(mayfly_json::value_field_len(1, &r));
-        }
-        if size > MAX_RESULT_BYTES {
-            return Err(Error::Query(QueryError {
-                kind: mayfly_query::ErrorKind::Limit,
-                position: None,
-                message: format!(
-                    "a result of about {} MiB is larger than the largest a query may return ({} MiB); project fewer or smaller values",
-                    size >> 20,
-                    MAX_RESULT_BYTES >> 20
-                ),
-            }));
-        }
-        bytes += size;
-        out.push(r);
-    }
-    Ok(bytes)
-}
-
 /// A hash of `parts` that every build and release of the server computes alike (tokens
 /// outlive a process).
 fn stable_hash(parts: &[&[u8]]) -> u64 {
@@ -667,21 +580,4 @@ fn plan_fingerprint(plan: &IndexPlan) -> u64 {
         parts.push(&r.high);
     }
     stable_hash(&parts)
-}
-
-pub(super) fn context(read_at: Millis) -> Context {
-    #[allow(
-        clippy::cast_possible_wrap,
-        reason = "epoch milliseconds stay below 2^63"
-    )]
-    let now = read_at as i64;
-    Context::new(now, read_at ^ 0x9E37_79B9_7F4A_7C15)
-}
-
-/// A document as queries see it: its body with `_ts` (seconds) and `_etag`.
-pub(super) fn as_document(view: &DocumentView) -> Value {
-    let mut map = view.body_map();
-    map.insert("_ts".to_owned(), Value::from(view.last_write / 1000));
-    map.insert("_etag".to_owned(), Value::String(view.etag.to_string()));
-    Value::Object(map)
 }

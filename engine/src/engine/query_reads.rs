@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Error, QUERY_TIME_LIMIT};
+use super::{Error, clock::Millis, walk::QUERY_TIME_LIMIT};
 use crate::storage::Lsn;
 
 /// Storage reads (index entries and documents) a query may make on an async worker, on
@@ -230,6 +230,16 @@ impl QueryReads {
     pub(crate) fn hold(&self, bytes: usize) -> bool {
         self.memory.as_ref().is_none_or(|m| m.hold(bytes))
     }
+}
+
+/// What a query evaluated at `read_at` sees as the time (and its random seed).
+pub(crate) fn context(read_at: Millis) -> mayfly_query::Context {
+    #[allow(
+        clippy::cast_possible_wrap,
+        reason = "epoch milliseconds stay below 2^63"
+    )]
+    let now = read_at as i64;
+    mayfly_query::Context::new(now, read_at ^ 0x9E37_79B9_7F4A_7C15)
 }
 
 #[cfg(test)]

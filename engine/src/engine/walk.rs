@@ -4,20 +4,78 @@
 //! continuation is the position after the last document the page kept. A query that reads its
 //! whole scope takes every document of the same walks.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mayfly_query::{Execution, Flow, QueryError};
 use serde_json::Value;
 
 use super::{
-    CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads,
-    feed::Cursor,
-    query::{
-        MAX_EXAMINED_PER_PAGE, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics, QueryPage,
-        as_document, take_results,
-    },
-    shard::Reading,
+    CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads, document::as_document,
+    feed::Cursor, shard::Reading,
 };
+
+/// Documents a streaming page examines at most: a selective filter returns a short page (and
+/// a continuation) rather than reading the whole collection in one request.
+pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
+/// How long a streaming page may read before it ends with a continuation (it may end short).
+pub const PAGE_TIME_LIMIT: Duration = Duration::from_secs(2);
+/// How long a query that reads its whole scope may run.
+pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
+
+/// What a page did, for the client.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryMetrics {
+    pub documents_examined: u64,
+    pub index_entries_examined: u64,
+    pub results_returned: u64,
+    /// The index used, as a policy path; `None` for a full scan.
+    pub index: Option<String>,
+}
+
+/// One page of results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryPage {
+    pub results: Vec<Value>,
+    pub continuation: Option<String>,
+    pub metrics: QueryMetrics,
+}
+
+/// The largest result a query may return, in its protobuf encoding: results travel in
+/// messages of at most 16 MiB, a page ends past 4 MiB (a document is at most 2 MiB; a
+/// projection may build more).
+pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
+
+/// Moves the results `run` has ready into `out`, refusing one too large to send; returns
+/// their size.
+pub(crate) fn take_results(
+    run: &mut mayfly_query::Execution<'_, '_>,
+    out: &mut Vec<Value>,
+) -> Result<usize, Error> {
+    let mut bytes = 0;
+    for r in run.take_ready() {
+        // JSON size, cheap to measure; a large result is measured as it will travel too, as
+        // a small number takes up to 11 bytes as protobuf (below this, a result stays below
+        // the limit either way).
+        let mut size = mayfly_query::value::approximate_size(&r);
+        if size > MAX_RESULT_BYTES / 16 {
+            size = size.max(mayfly_json::value_field_len(1, &r));
+        }
+        if size > MAX_RESULT_BYTES {
+            return Err(Error::Query(QueryError {
+                kind: mayfly_query::ErrorKind::Limit,
+                position: None,
+                message: format!(
+                    "a result of about {} MiB is larger than the largest a query may return ({} MiB); project fewer or smaller values",
+                    size >> 20,
+                    MAX_RESULT_BYTES >> 20
+                ),
+            }));
+        }
+        bytes += size;
+        out.push(r);
+    }
+    Ok(bytes)
+}
 
 /// Documents read from a shard at a time by a scan.
 const SCAN_BATCH: usize = 256;

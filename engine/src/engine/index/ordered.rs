@@ -13,15 +13,15 @@ use mayfly_query::{QueryError, value::sort_order};
 use serde_json::Value;
 
 use super::{
+    path_stats::OrderSupport,
     plan::IndexPlan,
     read::{ENTRY_BATCH, entry_step, in_scope, named_by},
     terms::{is_orderable, value_at},
 };
 use crate::engine::{
     CollectionInfo, Engine, Error, FeedScope, INLINE_READS, Millis, QueryReads,
-    query::{QueryMetrics, as_document},
-    shard::OrderSupport,
-    walk::{Sink, Step, Walk, check_time},
+    document::as_document,
+    walk::{QueryMetrics, Sink, Step, Walk, check_time},
 };
 use crate::storage::{DocKey, IndexEntry, IndexRange, prefix_end};
 

@@ -118,6 +118,15 @@ impl PathStats {
     }
 }
 
+/// Whether a shard can serve an `ORDER BY` on a path from its index, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OrderSupport {
+    /// The path's bit, which documents with an entry there have.
+    pub(crate) bit: Option<u8>,
+    /// Documents without an entry at the path (some may be expired, not yet purged).
+    pub(crate) undefined: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,9 +9,8 @@ use serde_json::Value;
 use super::{plan::IndexPlan, terms::term_at};
 use crate::engine::{
     CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads,
-    document::DocumentView,
-    query::{QueryMetrics, as_document},
-    walk::{Sink, Step, Walk, check_time},
+    document::{DocumentView, as_document},
+    walk::{QueryMetrics, Sink, Step, Walk, check_time},
 };
 use crate::storage::{DocKey, IndexEntry, IndexRange, prefix_end};
 

@@ -8,7 +8,8 @@ use crate::engine::{
     clock::Clock,
     document::DocumentView,
     error::Error,
-    shard::{OrderSupport, Shard, collection_gone, observed, view},
+    index::path_stats::OrderSupport,
+    shard::{Shard, collection_gone, observed, view},
 };
 use crate::storage::{DocKey, IndexEntry, IndexRange, Lsn, ScanRange, StoredDocument};
 

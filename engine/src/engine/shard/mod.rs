@@ -39,7 +39,7 @@ use super::{
         queue_heads::QueueHeads,
         wheel::{MAX_PAYLOAD, TimerHandle, TimerWheel},
     },
-    index::path_stats::{BitChange, PathBits, PathStats},
+    index::path_stats::{BitChange, OrderSupport, PathBits, PathStats},
     metrics::{EngineMetrics, ExpiryStats},
     ttl::{self, DefaultTtl, DocumentTtl, Rules},
 };
@@ -54,9 +54,7 @@ pub(super) use self::{
     documents::{collection_gone, observed, view},
     feed_scan::Reading,
     slab::{DocMeta, DocSlab, TermsRef, Tracking},
-    state::{
-        Change, CollectionShard, IndexChange, IndexSettings, OrderSupport, RemoveCause, ShardState,
-    },
+    state::{Change, CollectionShard, IndexChange, IndexSettings, RemoveCause, ShardState},
     tracking::{attach, detach, time_own_ttl},
 };
 

@@ -583,15 +583,6 @@ pub(in crate::engine) struct Census {
 /// Slots [`ShardState::undefined_keys`] looks at per hold of the lock.
 pub(in crate::engine) const UNDEFINED_SLOTS_PER_LOCK: usize = 16 * 1024;
 
-/// Whether a shard can serve an `ORDER BY` on a path from its index, and how.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct OrderSupport {
-    /// The path's bit, which documents with an entry there have.
-    pub(crate) bit: Option<u8>,
-    /// Documents without an entry at the path (some may be expired, not yet purged).
-    pub(crate) undefined: u64,
-}
-
 /// A key in the order an `ORDER BY` returns undefined documents in: key order, reversed if
 /// descending; a max-heap of these keeps the first ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
