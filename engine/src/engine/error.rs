@@ -53,8 +53,8 @@ pub enum Error {
         /// Why it failed.
         source: Box<Error>,
     },
-    /// Other writes changed a batch's (or a patch's) documents during each of its attempts;
-    /// nothing was changed, and it may be retried.
+    /// Other writes changed a batch's documents during each of its attempts; nothing was
+    /// changed, and it may be retried. Single-document writes never fail so.
     Contended { attempts: usize },
     /// A query was refused (syntax, unknown name, limit) or failed while running; nothing was
     /// changed.

@@ -2749,3 +2749,5 @@ fn an_indexed_order_by_past_the_held_limit_streams() {
         "every value once, in order"
     );
 }
+
+mod optimistic;

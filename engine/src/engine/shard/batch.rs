@@ -1,12 +1,13 @@
-//! A transactional batch on one shard. The shard's state for the batch's documents is noted
-//! under the lock; bodies and index terms are fetched, operations evaluated in order over a
-//! staged copy, and new terms computed, all outside it; the lock is taken again to check that
-//! nothing the batch saw has changed and to commit every change as one write. Should a
-//! document change in between, the batch is evaluated again; after [`MAX_BATCH_ATTEMPTS`] it
-//! fails as contended. Unlike a single write, it never falls back to working under the lock:
-//! a batch's work (a hundred bodies, conditions, terms) would stall the shard.
+//! A transactional batch on one shard, as one optimistic commit (see [`super::optimistic`]).
+//! The shard's state for the batch's documents is noted under the lock; bodies and index
+//! terms are fetched, operations evaluated in order over a staged copy, and new terms
+//! computed, all outside it; the lock is taken again to check that nothing the batch saw has
+//! changed and to commit every change as one write. Should a document change in between, the
+//! batch is evaluated again; once contended it fails ([`Fallback::Contended`]): unlike a
+//! single write, it never works under the lock, where its work (a hundred bodies,
+//! conditions, terms) would stall the shard.
 
-use super::documents::same_policy;
+use super::optimistic::{Fallback, Look, Optimistic, Ready, Stop};
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
 use crate::engine::{
@@ -16,10 +17,6 @@ use crate::engine::{
     patch,
 };
 use serde_json::{Map, Value};
-
-/// Evaluations of a batch before it fails as contended: each retry means another write to
-/// one of its documents landed during the one before.
-pub(in crate::engine) const MAX_BATCH_ATTEMPTS: usize = 16;
 
 /// Most bytes of index terms (old and new) a batch may hold and write: what one batch's index
 /// changes cost in memory and in its storage write.
@@ -37,7 +34,7 @@ struct Staged {
 }
 
 /// What the shard held at a key when the batch looked.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Seen {
     slot: Option<u32>,
     version: u64,
@@ -51,7 +48,7 @@ struct Seen {
 }
 
 /// One document the batch names.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct KeyPlan {
     key: DocKey,
     seen: Seen,
@@ -89,18 +86,24 @@ struct Evaluated {
     terms: Vec<Option<(Vec<Term>, Vec<Term>)>>,
 }
 
-/// Why an evaluation stopped.
-#[derive(Debug)]
-enum Stop {
-    /// A document changed after the batch looked: look again.
-    Changed,
-    Failed(Error),
+/// A batch as an optimistic write.
+struct Batch<'a> {
+    info: &'a CollectionInfo,
+    partition_key: &'a PartitionKeyValue,
+    ops: &'a [BatchOp],
+    /// The documents it names, each once, in the order first named.
+    ids: Vec<&'a DocumentId>,
 }
 
-impl From<Error> for Stop {
-    fn from(e: Error) -> Self {
-        Stop::Failed(e)
-    }
+/// What the batch's look found.
+struct Looked {
+    keys: Vec<KeyPlan>,
+    policy: Option<Arc<IndexPaths>>,
+    lazy: bool,
+    default_ttl: DefaultTtl,
+    now: Millis,
+    /// Where what it saw settles.
+    seen_at: Lsn,
 }
 
 impl Shard {
@@ -119,86 +122,13 @@ impl Shard {
                 ids.push(op.id());
             }
         }
-        for _ in 0..MAX_BATCH_ATTEMPTS {
-            // Look: what the shard holds at each key, now.
-            let mut state = self.lock();
-            let st = &mut *state;
-            let now = st.now(clock);
-            let Some(cs) = st.collections.get(&info.uid) else {
-                return Outcome::failed(collection_gone(info));
-            };
-            let (policy, lazy, default_ttl) = (cs.policy.clone(), cs.lazy, cs.rules.default_ttl);
-            let mut seen_at = observed(st, cs);
-            let mut keys: Vec<KeyPlan> = ids
-                .iter()
-                .map(|&id| {
-                    let key = DocKey {
-                        partition_key: partition_key.clone(),
-                        id: id.clone(),
-                    };
-                    let slot = cs.index.get(&key).copied();
-                    let meta = slot.map(|s| st.docs.get(s));
-                    let live = meta.is_some_and(|m| m.is_visible(&cs.rules, now));
-                    if let Some(m) = meta {
-                        seen_at = seen_at.max(m.lsn);
-                    }
-                    KeyPlan {
-                        seen: Seen {
-                            slot,
-                            version: meta.map_or(0, |m| m.version),
-                            live,
-                            indexed: meta.is_some_and(|m| m.indexed),
-                            dead: meta.is_some_and(|m| m.dead),
-                            purged: meta.is_some_and(|m| m.purged),
-                            terms: slot.map(|s| st.docs.terms_ref(s)),
-                        },
-                        key,
-                        current: if live {
-                            Current::Fetch
-                        } else {
-                            Current::Absent
-                        },
-                        new_body: None,
-                        changed: false,
-                    }
-                })
-                .collect();
-            drop(state);
-            let evaluated =
-                match self.evaluate(info, ops, &mut keys, (&policy, lazy, default_ttl), now) {
-                    Ok(evaluated) => evaluated,
-                    Err(Stop::Changed) => continue,
-                    Err(Stop::Failed(e)) => return Outcome::new(Err(e), seen_at),
-                };
-            // Commit, if the shard still holds what the batch saw.
-            let mut state = self.lock();
-            let st = &mut *state;
-            let at = st.now(clock);
-            let Some(cs) = st.collections.get(&info.uid) else {
-                return Outcome::failed(collection_gone(info));
-            };
-            let unchanged = same_policy(cs.policy.as_ref(), policy.as_ref())
-                && cs.lazy == lazy
-                && keys.iter().all(|k| {
-                    let slot = cs.index.get(&k.key).copied();
-                    slot == k.seen.slot
-                        && slot.is_none_or(|s| {
-                            let meta = st.docs.get(s);
-                            meta.version == k.seen.version
-                                && meta.is_visible(&cs.rules, at) == k.seen.live
-                                && (meta.indexed, meta.dead, meta.purged)
-                                    == (k.seen.indexed, k.seen.dead, k.seen.purged)
-                                && Some(st.docs.terms_ref(s)) == k.seen.terms
-                        })
-                });
-            if !unchanged {
-                continue;
-            }
-            return self.commit_batch(state, info, &keys, evaluated, at, seen_at);
-        }
-        Outcome::failed(Error::Contended {
-            attempts: MAX_BATCH_ATTEMPTS,
-        })
+        let batch = Batch {
+            info,
+            partition_key,
+            ops,
+            ids,
+        };
+        self.commit_optimistic(batch, Fallback::Contended, clock)
     }
 
     /// Evaluates every operation in order over the staged documents, fetching stored bodies
@@ -227,7 +157,7 @@ impl Shard {
                     BatchOp::Read { .. } | BatchOp::Patch { .. } | BatchOp::Touch { .. }
                 )
             {
-                let record = self.fetch(info, plan)?;
+                let record = self.stored_version(info, &plan.key, plan.seen.version)?;
                 fetched += record.body.len();
                 over_limit(op, index, fetched, "reads")?;
                 plan.current = Current::Live(Arc::new(Staged {
@@ -371,11 +301,7 @@ impl Shard {
                 continue;
             }
             let old = if plan.seen.slot.is_some() && plan.seen.indexed {
-                self.store
-                    .get_terms(info.uid, &plan.key)
-                    .map_err(Error::from)?
-                    .map(|t| t.terms)
-                    .unwrap_or_default()
+                self.stored_terms(info, &plan.key)?
             } else {
                 Vec::new()
             };
@@ -402,14 +328,6 @@ impl Shard {
             terms.push(Some((old, new)));
         }
         Ok(Evaluated { pending, terms })
-    }
-
-    /// The stored version the batch saw of a live document.
-    fn fetch(&self, info: &CollectionInfo, plan: &KeyPlan) -> Result<Arc<StoredDocument>, Stop> {
-        match self.store.get(info.uid, &plan.key).map_err(Error::from)? {
-            Some(record) if record.version == plan.seen.version => Ok(record),
-            _ => Err(Stop::Changed),
-        }
     }
 
     /// Commits an evaluated batch as one write and views its results as of `at`.
@@ -496,6 +414,89 @@ impl Shard {
             })
             .collect();
         Outcome::new(Ok(outputs), settle_at)
+    }
+}
+
+impl Optimistic for Batch<'_> {
+    type Seen = Looked;
+    /// The policy, the mode, and each document as the batch saw it.
+    type Basis = (Option<Arc<IndexPaths>>, bool, Vec<Seen>);
+    /// The documents as the operations left them, and what the commit writes.
+    type Read = (Vec<KeyPlan>, Evaluated);
+    type Output = Vec<BatchOutput>;
+
+    /// What the shard holds at each key, now.
+    fn look(&self, st: &ShardState, now: Millis) -> Result<Look<Self>, (Error, Lsn)> {
+        let Some(cs) = st.collections.get(&self.info.uid) else {
+            return Err((collection_gone(self.info), Lsn::ZERO));
+        };
+        let mut seen_at = observed(st, cs);
+        let keys: Vec<KeyPlan> = self
+            .ids
+            .iter()
+            .map(|&id| {
+                let key = DocKey {
+                    partition_key: self.partition_key.clone(),
+                    id: id.clone(),
+                };
+                let slot = cs.index.get(&key).copied();
+                let meta = slot.map(|s| st.docs.get(s));
+                let live = meta.is_some_and(|m| m.is_visible(&cs.rules, now));
+                if let Some(m) = meta {
+                    seen_at = seen_at.max(m.lsn);
+                }
+                KeyPlan {
+                    seen: Seen {
+                        slot,
+                        version: meta.map_or(0, |m| m.version),
+                        live,
+                        indexed: meta.is_some_and(|m| m.indexed),
+                        dead: meta.is_some_and(|m| m.dead),
+                        purged: meta.is_some_and(|m| m.purged),
+                        terms: slot.map(|s| st.docs.terms_ref(s)),
+                    },
+                    key,
+                    current: if live {
+                        Current::Fetch
+                    } else {
+                        Current::Absent
+                    },
+                    new_body: None,
+                    changed: false,
+                }
+            })
+            .collect();
+        let basis = (
+            cs.policy.clone(),
+            cs.lazy,
+            keys.iter().map(|k| k.seen).collect(),
+        );
+        let looked = Looked {
+            keys,
+            policy: cs.policy.clone(),
+            lazy: cs.lazy,
+            default_ttl: cs.rules.default_ttl,
+            now,
+            seen_at,
+        };
+        Ok(Look::Read(looked, basis))
+    }
+
+    fn read(&self, shard: &Shard, seen: &Looked) -> Result<Self::Read, Stop> {
+        let mut keys = seen.keys.clone();
+        let rules = (&seen.policy, seen.lazy, seen.default_ttl);
+        let evaluated = shard.evaluate(self.info, self.ops, &mut keys, rules, seen.now)?;
+        Ok((keys, evaluated))
+    }
+
+    fn reflects(seen: &Looked) -> Lsn {
+        seen.seen_at
+    }
+
+    fn commit(self, shard: &Shard, ready: Ready<'_, Self>) -> Outcome<Vec<BatchOutput>> {
+        let (keys, evaluated) = ready.read;
+        let seen_at = ready.seen.seen_at;
+        shard.commit_batch(ready.state, self.info, &keys, evaluated, ready.now, seen_at)
     }
 }
 

@@ -1,16 +1,21 @@
-//! Document requests on one shard: put, touch, delete and read, each one check-and-write
-//! under the shard lock, with bodies fetched outside it where possible.
+//! Document requests on one shard: put, touch, patch, delete and read. The writes are each
+//! one optimistic commit (see [`super::optimistic`]): what they read is read outside the shard
+//! lock, and they check and write under it.
 
+use super::optimistic::{Fallback, Look, OPTIMISTIC_ATTEMPTS, Optimistic, Ready, Stop};
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
-use crate::engine::index::terms::bounded_document_terms;
+use crate::engine::{
+    DocumentBody, Engine, PatchOp, condition::PatchCondition, index::terms::bounded_document_terms,
+    patch,
+};
 use serde_json::{Map, Value};
 
 impl Shard {
     /// Creates, upserts or replaces a document. `terms` are its index terms under the policy
     /// given with them, if computed. If the version it replaces has index entries, their terms
-    /// are read outside the lock first, and used if that version is still the one there. In a
-    /// `lazy` collection neither is needed: the background indexer updates the entries.
+    /// are read outside the lock first (see [`Shard::commit_optimistic`]). In a `lazy`
+    /// collection neither is needed: the background indexer updates the entries.
     #[allow(
         clippy::too_many_arguments,
         reason = "one argument per part of a write request"
@@ -20,113 +25,29 @@ impl Shard {
         info: &CollectionInfo,
         key: DocKey,
         (body, map, ttl): (Bytes, &Map<String, Value>, Option<DocumentTtl>),
-        (policy, mut terms): (Option<Arc<IndexPaths>>, Option<Vec<Term>>),
+        (policy, terms): (Option<Arc<IndexPaths>>, Option<Vec<Term>>),
         mode: WriteMode,
         if_match: Option<&str>,
         version: u64,
         clock: &dyn Clock,
     ) -> Outcome<(DocumentView, bool)> {
-        let mut old_terms: Option<(TermsRef, Vec<Term>)> = None;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut state = self.lock();
-            let st = &mut *state;
-            let now = st.now(clock);
-            let Some(cs) = st.collections.get(&info.uid) else {
-                return Outcome::failed(collection_gone(info));
-            };
-            // A refusal reflects what this shard holds: it settles like a read of it.
-            let seen = observed(st, cs);
-            let slot = cs.index.get(&key).copied();
-            let live = slot.filter(|&s| st.docs.get(s).is_visible(&cs.rules, now));
-            match (mode, live) {
-                (WriteMode::Create, Some(_)) => {
-                    return Outcome::new(
-                        Err(Error::DocumentExists {
-                            id: key.id.to_string(),
-                            partition_key: key.partition_key,
-                        }),
-                        seen,
-                    );
-                }
-                (WriteMode::Replace, None) => {
-                    return Outcome::new(
-                        Err(Error::DocumentNotFound {
-                            id: key.id.to_string(),
-                            partition_key: key.partition_key,
-                        }),
-                        seen,
-                    );
-                }
-                _ => {}
-            }
-            if let Err(e) = check_if_match(if_match, live.map(|s| st.docs.get(s)), &key) {
-                return Outcome::new(Err(e), seen);
-            }
-            let created = live.is_none();
-            let record = |key, body| StoredDocument {
-                collection: info.uid,
-                key,
-                body,
-                last_write: now,
-                version,
-                ttl,
-            };
-            if cs.lazy && cs.policy.is_some() {
-                return self
-                    .write_version(state, slot, record(key, body), IndexChange::Owed)
-                    .map(|view| (view, created));
-            }
-            if terms.is_none() || !same_policy(cs.policy.as_ref(), policy.as_ref()) {
-                // Not computed, or under another policy: a short compute here.
-                terms = Some(match &cs.policy {
-                    Some(p) => match bounded_document_terms(map, p) {
-                        Ok(terms) => terms,
-                        Err(e) => return Outcome::new(Err(e.into()), seen),
-                    },
-                    None => Vec::new(),
-                });
-            }
-            let old = match slot {
-                Some(s) if st.docs.get(s).indexed => {
-                    let current = st.docs.terms_ref(s);
-                    match old_terms.take() {
-                        Some((r, t)) if r == current => t,
-                        _ if attempt < MAX_OPTIMISTIC_ATTEMPTS => {
-                            drop(state);
-                            match self.store.get_terms(info.uid, &key) {
-                                Ok(t) => {
-                                    old_terms =
-                                        Some((current, t.map(|t| t.terms).unwrap_or_default()))
-                                }
-                                Err(e) => return Outcome::failed(e),
-                            }
-                            continue;
-                        }
-                        // Rewritten under every attempt so far: read while holding the lock, once.
-                        _ => match self.store.get_terms(info.uid, &key) {
-                            Ok(t) => t.map(|t| t.terms).unwrap_or_default(),
-                            Err(e) => return Outcome::failed(e),
-                        },
-                    }
-                }
-                _ => Vec::new(),
-            };
-            let new = terms.take().unwrap_or_default();
-            return self
-                .write_version(
-                    state,
-                    slot,
-                    record(key, body),
-                    IndexChange::Replace(old, new),
-                )
-                .map(|view| (view, created));
-        }
+        let put = Put {
+            info,
+            key,
+            body,
+            map,
+            ttl,
+            policy,
+            terms,
+            mode,
+            if_match,
+            version,
+        };
+        self.commit_optimistic(put, Fallback::UnderLock, clock)
     }
 
     /// Stores a new version of a document through the commit path, then views it as of its
-    /// write: the common end of put and touch.
+    /// write: the common end of put, touch and patch.
     fn write_version(
         &self,
         mut state: MutexGuard<'_, ShardState>,
@@ -160,8 +81,7 @@ impl Shard {
     }
 
     /// Rewrites a live document with its current body: a write that restarts its TTL clock.
-    /// The body is read outside the lock and the write made only if the document is still that
-    /// version (else it is read again).
+    /// The body is read outside the lock, and written if the document is still that version.
     pub(crate) fn touch(
         &self,
         info: &CollectionInfo,
@@ -170,48 +90,30 @@ impl Shard {
         version: u64,
         clock: &dyn Clock,
     ) -> Outcome<DocumentView> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let read = if attempt < MAX_OPTIMISTIC_ATTEMPTS {
-                match self.read(info, key, clock) {
-                    Outcome {
-                        result: Ok(view), ..
-                    } => Some(view),
-                    failed => return failed,
-                }
-            } else {
-                None
-            };
-            let mut state = self.lock();
-            let st = &mut *state;
-            let now = st.now(clock);
-            let slot = match writable_slot(st, info, key, if_match, now) {
-                Ok(slot) => slot,
-                Err((e, seen)) => return Outcome::new(Err(e), seen),
-            };
-            let current = match read {
-                Some(view) if view.etag.0 == st.docs.get(slot).version => (view.body, view.ttl),
-                // Written since it was read: read it again.
-                Some(_) => continue,
-                // Rewritten under every attempt so far: fetch while holding the lock, once.
-                None => match self.store.get(info.uid, key) {
-                    Ok(Some(record)) => (record.body.clone(), record.ttl),
-                    Ok(None) => return Outcome::failed(missing_record(key)),
-                    Err(e) => return Outcome::failed(e),
-                },
-            };
-            let record = StoredDocument {
-                collection: info.uid,
-                key: key.clone(),
-                body: current.0,
-                last_write: now,
-                version,
-                ttl: current.1,
-            };
-            // The same body: its index entries stay as they are.
-            return self.write_version(state, Some(slot), record, IndexChange::Unchanged);
-        }
+        let touch = Touch {
+            at: Target::new(info, key, if_match),
+            version,
+        };
+        self.commit_optimistic(touch, Fallback::UnderLock, clock)
+    }
+
+    /// Applies `ops` to a live document as one write. The body is read and patched outside
+    /// the lock, and written if the document is still the version patched; else the patch is
+    /// applied again to the version now there, so concurrent patches all count.
+    pub(crate) fn patch(
+        &self,
+        info: &CollectionInfo,
+        key: &DocKey,
+        (ops, condition): (&[PatchOp], Option<&PatchCondition>),
+        if_match: Option<&str>,
+        clock: &dyn Clock,
+    ) -> Outcome<DocumentView> {
+        let patch = Patch {
+            at: Target::new(info, key, if_match),
+            ops,
+            condition,
+        };
+        self.commit_optimistic(patch, Fallback::UnderLock, clock)
     }
 
     /// Deletes a live document, with its index entries (their terms read outside the lock
@@ -223,50 +125,20 @@ impl Shard {
         if_match: Option<&str>,
         clock: &dyn Clock,
     ) -> Outcome<()> {
-        let mut old_terms: Option<(TermsRef, Vec<Term>)> = None;
-        let mut attempt = 0;
-        let (mut state, slot, terms) = loop {
-            attempt += 1;
-            let mut state = self.lock();
-            let st = &mut *state;
-            let now = st.now(clock);
-            let slot = match writable_slot(st, info, key, if_match, now) {
-                Ok(slot) => slot,
-                Err((e, seen)) => return Outcome::new(Err(e), seen),
-            };
-            if !st.docs.get(slot).indexed {
-                break (state, slot, Vec::new());
-            }
-            let current = st.docs.terms_ref(slot);
-            match old_terms.take() {
-                Some((r, t)) if r == current => break (state, slot, t),
-                _ if attempt < MAX_OPTIMISTIC_ATTEMPTS => {
-                    drop(state);
-                    match self.store.get_terms(info.uid, key) {
-                        Ok(t) => {
-                            old_terms = Some((current, t.map(|t| t.terms).unwrap_or_default()))
-                        }
-                        Err(e) => return Outcome::failed(e),
-                    }
-                }
-                _ => match self.store.get_terms(info.uid, key) {
-                    Ok(t) => break (state, slot, t.map(|t| t.terms).unwrap_or_default()),
-                    Err(e) => return Outcome::failed(e),
-                },
-            }
-        };
-        let st = &mut *state;
-        let change = Change::Remove {
-            slot,
-            cause: RemoveCause::Deleted,
-            terms,
-        };
-        match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
-            Ok((_, lsn)) => {
-                st.client_lsn = lsn;
-                Outcome::new(Ok(()), lsn.max(st.collections[&info.uid].settings_lsn))
-            }
-            Err(e) => Outcome::failed(e),
+        let at = Target::new(info, key, if_match);
+        self.commit_optimistic(Delete { at }, Fallback::UnderLock, clock)
+    }
+
+    /// The stored version `version` of a document; stale if storage holds another, or none.
+    pub(super) fn stored_version(
+        &self,
+        info: &CollectionInfo,
+        key: &DocKey,
+        version: u64,
+    ) -> Result<Arc<StoredDocument>, Stop> {
+        match self.store.get(info.uid, key)? {
+            Some(record) if record.version == version => Ok(record),
+            _ => Err(Stop::Stale),
         }
     }
 
@@ -278,9 +150,8 @@ impl Shard {
         key: &DocKey,
         clock: &dyn Clock,
     ) -> Outcome<DocumentView> {
-        let mut attempt = 0;
+        let mut reads = 0;
         loop {
-            attempt += 1;
             let (version, now, default_ttl, settle_at) = {
                 let mut state = self.lock();
                 let st = &mut *state;
@@ -291,7 +162,7 @@ impl Shard {
                 };
                 let meta = st.docs.get(slot);
                 let cs = &st.collections[&info.uid];
-                if attempt >= MAX_OPTIMISTIC_ATTEMPTS {
+                if reads == OPTIMISTIC_ATTEMPTS {
                     // Rewritten under every read so far: fetch while holding the lock, once.
                     let record = match self.store.get(info.uid, key) {
                         Ok(Some(record)) => record,
@@ -308,16 +179,359 @@ impl Shard {
                     meta.lsn.max(cs.settings_lsn),
                 )
             };
-            match self.store.get(info.uid, key) {
-                Ok(Some(record)) if record.version == version => {
-                    return Outcome::new(Ok(view(&record, default_ttl, now)), settle_at);
-                }
+            reads += 1;
+            match self.stored_version(info, key, version) {
+                Ok(record) => return Outcome::new(Ok(view(&record, default_ttl, now)), settle_at),
                 // Rewritten, deleted or purged since it was judged: judge it again.
-                Ok(_) => {}
-                Err(e) => return Outcome::failed(e),
+                Err(Stop::Stale) => {}
+                Err(Stop::Failed(e)) => return Outcome::failed(e),
             }
         }
     }
+}
+
+/// A put (create, upsert, replace) as an optimistic write: it reads the old version's terms.
+struct Put<'a> {
+    info: &'a CollectionInfo,
+    key: DocKey,
+    body: Bytes,
+    map: &'a Map<String, Value>,
+    ttl: Option<DocumentTtl>,
+    /// The policy `terms` were computed under, outside the lock.
+    policy: Option<Arc<IndexPaths>>,
+    terms: Option<Vec<Term>>,
+    mode: WriteMode,
+    if_match: Option<&'a str>,
+    version: u64,
+}
+
+/// Where a put writes: the previous version's slot, live or expired, and whether it creates.
+struct PutSeen {
+    slot: Option<u32>,
+    created: bool,
+}
+
+impl Optimistic for Put<'_> {
+    type Seen = PutSeen;
+    type Basis = TermsRef;
+    /// The old version's terms.
+    type Read = Vec<Term>;
+    type Output = (DocumentView, bool);
+
+    fn look(&self, st: &ShardState, now: Millis) -> Result<Look<Self>, (Error, Lsn)> {
+        let Some(cs) = st.collections.get(&self.info.uid) else {
+            return Err((collection_gone(self.info), Lsn::ZERO));
+        };
+        // A refusal reflects what this shard holds: it settles like a read of it.
+        let seen = observed(st, cs);
+        let key = &self.key;
+        let slot = cs.index.get(key).copied();
+        let live = slot.filter(|&s| st.docs.get(s).is_visible(&cs.rules, now));
+        match (self.mode, live) {
+            (WriteMode::Create, Some(_)) => {
+                let (id, partition_key) = (key.id.to_string(), key.partition_key.clone());
+                return Err((Error::DocumentExists { id, partition_key }, seen));
+            }
+            (WriteMode::Replace, None) => return Err((not_found(key), seen)),
+            _ => {}
+        }
+        check_if_match(self.if_match, live.map(|s| st.docs.get(s)), key).map_err(|e| (e, seen))?;
+        let found = PutSeen {
+            slot,
+            created: live.is_none(),
+        };
+        Ok(match slot {
+            Some(s) if st.docs.get(s).indexed && !owes_entries(cs) => {
+                Look::Read(found, st.docs.terms_ref(s))
+            }
+            _ => Look::Commit(found, Vec::new()),
+        })
+    }
+
+    fn read(&self, shard: &Shard, _: &PutSeen) -> Result<Vec<Term>, Stop> {
+        shard.stored_terms(self.info, &self.key)
+    }
+
+    fn commit(self, shard: &Shard, ready: Ready<'_, Self>) -> Outcome<(DocumentView, bool)> {
+        let Ready {
+            state,
+            seen,
+            read: old,
+            now,
+        } = ready;
+        let cs = &state.collections[&self.info.uid];
+        let index = match entries_change(cs, self.map, (&self.policy, self.terms), old) {
+            Ok(index) => index,
+            Err(e) => return Outcome::new(Err(e), observed(&state, cs)),
+        };
+        let record = StoredDocument {
+            collection: self.info.uid,
+            key: self.key,
+            body: self.body,
+            last_write: now,
+            version: self.version,
+            ttl: self.ttl,
+        };
+        shard
+            .write_version(state, seen.slot, record, index)
+            .map(|view| (view, seen.created))
+    }
+}
+
+/// The live document a touch, patch or delete is of, and the version it must be, if any.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    info: &'a CollectionInfo,
+    key: &'a DocKey,
+    if_match: Option<&'a str>,
+}
+
+impl<'a> Target<'a> {
+    fn new(info: &'a CollectionInfo, key: &'a DocKey, if_match: Option<&'a str>) -> Self {
+        Target {
+            info,
+            key,
+            if_match,
+        }
+    }
+
+    /// Its slot, if it is live and `if_match` names its version; else the refusal.
+    fn slot(&self, st: &ShardState, now: Millis) -> Result<u32, (Error, Lsn)> {
+        writable_slot(st, self.info, self.key, self.if_match, now)
+    }
+}
+
+/// A touch as an optimistic write: it reads the current body.
+struct Touch<'a> {
+    at: Target<'a>,
+    version: u64,
+}
+
+/// The live document a write found: its slot and version.
+struct Found {
+    slot: u32,
+    version: u64,
+}
+
+impl Optimistic for Touch<'_> {
+    type Seen = Found;
+    /// The version the body is read of.
+    type Basis = u64;
+    type Read = Arc<StoredDocument>;
+    type Output = DocumentView;
+
+    fn look(&self, st: &ShardState, now: Millis) -> Result<Look<Self>, (Error, Lsn)> {
+        let slot = self.at.slot(st, now)?;
+        let version = st.docs.get(slot).version;
+        Ok(Look::Read(Found { slot, version }, version))
+    }
+
+    fn read(&self, shard: &Shard, seen: &Found) -> Result<Arc<StoredDocument>, Stop> {
+        shard.stored_version(self.at.info, self.at.key, seen.version)
+    }
+
+    fn commit(self, shard: &Shard, ready: Ready<'_, Self>) -> Outcome<DocumentView> {
+        let (current, now) = (ready.read, ready.now);
+        let record = StoredDocument {
+            collection: self.at.info.uid,
+            key: self.at.key.clone(),
+            body: current.body.clone(),
+            last_write: now,
+            version: self.version,
+            ttl: current.ttl,
+        };
+        // The same body: its index entries stay as they are.
+        let slot = Some(ready.seen.slot);
+        shard.write_version(ready.state, slot, record, IndexChange::Unchanged)
+    }
+}
+
+/// A patch as an optimistic write: it reads the current body (and terms) and patches it.
+struct Patch<'a> {
+    at: Target<'a>,
+    ops: &'a [PatchOp],
+    condition: Option<&'a PatchCondition>,
+}
+
+/// What a patch's look found.
+struct PatchSeen {
+    found: Found,
+    /// The old version's terms are needed (it has entries, and the collection is not lazy).
+    old_terms: bool,
+    policy: Option<Arc<IndexPaths>>,
+    default_ttl: DefaultTtl,
+    now: Millis,
+    /// Where the version found settles: what a refusal based on it reflects.
+    settle_at: Lsn,
+}
+
+/// A patched body, ready to write.
+struct Patched {
+    body: Bytes,
+    ttl: Option<DocumentTtl>,
+    map: Arc<Map<String, Value>>,
+    /// Its terms, under `policy`.
+    terms: Vec<Term>,
+    policy: Option<Arc<IndexPaths>>,
+    /// The terms of the version patched, if needed.
+    old: Vec<Term>,
+}
+
+impl Optimistic for Patch<'_> {
+    type Seen = PatchSeen;
+    /// The version patched (with its stored terms) and whether its terms are read.
+    type Basis = (TermsRef, bool);
+    type Read = Patched;
+    type Output = DocumentView;
+
+    fn look(&self, st: &ShardState, now: Millis) -> Result<Look<Self>, (Error, Lsn)> {
+        let slot = self.at.slot(st, now)?;
+        let (meta, cs) = (st.docs.get(slot), &st.collections[&self.at.info.uid]);
+        let old_terms = meta.indexed && !owes_entries(cs);
+        let seen = PatchSeen {
+            found: Found {
+                slot,
+                version: meta.version,
+            },
+            old_terms,
+            policy: cs.policy.clone(),
+            default_ttl: cs.rules.default_ttl,
+            now,
+            settle_at: meta.lsn.max(cs.settings_lsn),
+        };
+        Ok(Look::Read(seen, (st.docs.terms_ref(slot), old_terms)))
+    }
+
+    fn read(&self, shard: &Shard, seen: &PatchSeen) -> Result<Patched, Stop> {
+        let record = shard.stored_version(self.at.info, self.at.key, seen.found.version)?;
+        let current = view(&record, seen.default_ttl, seen.now);
+        if let Some(condition) = self.condition {
+            condition.check(&current)?;
+        }
+        let mut map = current.body_map();
+        patch::apply(&mut map, self.ops).map_err(Error::from)?;
+        let body = DocumentBody::parse(Arc::new(map), None).map_err(Error::from)?;
+        // The partition key may not change: the document would move to another partition.
+        Engine::key_for(self.at.info, &body, Some(self.at.key.partition_key.clone()))
+            .map_err(Error::from)?;
+        // Bounded in a `lazy` collection too, as every write is.
+        let terms = match &seen.policy {
+            Some(p) => bounded_document_terms(body.map(), p).map_err(Error::from)?,
+            None => Vec::new(),
+        };
+        let old = match seen.old_terms {
+            true => shard.stored_terms(self.at.info, self.at.key)?,
+            false => Vec::new(),
+        };
+        let map = body.map().clone();
+        let (body, ttl) = body.into_stored();
+        Ok(Patched {
+            body,
+            ttl,
+            map,
+            terms,
+            policy: seen.policy.clone(),
+            old,
+        })
+    }
+
+    fn reflects(seen: &PatchSeen) -> Lsn {
+        seen.settle_at
+    }
+
+    fn commit(self, shard: &Shard, ready: Ready<'_, Self>) -> Outcome<DocumentView> {
+        let Ready {
+            state,
+            seen,
+            read: patched,
+            now,
+        } = ready;
+        let cs = &state.collections[&self.at.info.uid];
+        let terms = (&patched.policy, Some(patched.terms));
+        let index = match entries_change(cs, &patched.map, terms, patched.old) {
+            Ok(index) => index,
+            Err(e) => return Outcome::new(Err(e), seen.settle_at),
+        };
+        let record = StoredDocument {
+            collection: self.at.info.uid,
+            key: self.at.key.clone(),
+            body: patched.body,
+            last_write: now,
+            version: shard.versions.fetch_add(1, Ordering::Relaxed),
+            ttl: patched.ttl,
+        };
+        shard.write_version(state, Some(seen.found.slot), record, index)
+    }
+}
+
+/// A delete as an optimistic write: it reads the terms of what it deletes.
+struct Delete<'a> {
+    at: Target<'a>,
+}
+
+impl Optimistic for Delete<'_> {
+    /// The document's slot.
+    type Seen = u32;
+    type Basis = TermsRef;
+    type Read = Vec<Term>;
+    type Output = ();
+
+    fn look(&self, st: &ShardState, now: Millis) -> Result<Look<Self>, (Error, Lsn)> {
+        let slot = self.at.slot(st, now)?;
+        Ok(match st.docs.get(slot).indexed {
+            true => Look::Read(slot, st.docs.terms_ref(slot)),
+            false => Look::Commit(slot, Vec::new()),
+        })
+    }
+
+    fn read(&self, shard: &Shard, _: &u32) -> Result<Vec<Term>, Stop> {
+        shard.stored_terms(self.at.info, self.at.key)
+    }
+
+    fn commit(self, shard: &Shard, mut ready: Ready<'_, Self>) -> Outcome<()> {
+        let st = &mut *ready.state;
+        let change = Change::Remove {
+            slot: ready.seen,
+            cause: RemoveCause::Deleted,
+            terms: ready.read,
+        };
+        match st.commit(&*shard.store, &[change], &shard.metrics, &shard.versions) {
+            Ok((_, lsn)) => {
+                st.client_lsn = lsn;
+                Outcome::new(
+                    Ok(()),
+                    lsn.max(st.collections[&self.at.info.uid].settings_lsn),
+                )
+            }
+            Err(e) => Outcome::failed(e),
+        }
+    }
+}
+
+/// Whether the collection's writes leave their index entries to the background indexer.
+fn owes_entries(cs: &CollectionShard) -> bool {
+    cs.lazy && cs.policy.is_some()
+}
+
+/// What a new body does to its document's index entries, decided under the lock: nothing
+/// yet where the background indexer owes them ([`owes_entries`]); else they go from `old` to
+/// the body's terms under the policy in force: `terms` if computed under it (outside the
+/// lock), else computed here, once the policy changed in between (rare, and one document).
+fn entries_change(
+    cs: &CollectionShard,
+    map: &Map<String, Value>,
+    (policy, terms): (&Option<Arc<IndexPaths>>, Option<Vec<Term>>),
+    old: Vec<Term>,
+) -> Result<IndexChange, Error> {
+    if owes_entries(cs) {
+        return Ok(IndexChange::Owed);
+    }
+    let new = match (terms, &cs.policy) {
+        (Some(terms), _) if same_policy(cs.policy.as_ref(), policy.as_ref()) => terms,
+        (_, Some(p)) => bounded_document_terms(map, p)?,
+        (_, None) => Vec::new(),
+    };
+    Ok(IndexChange::Replace(old, new))
 }
 
 /// Whether terms computed under `used` are the terms under `current`.
@@ -331,10 +545,6 @@ pub(super) fn same_policy(
         _ => false,
     }
 }
-
-/// Attempts at an optimistic read (judge under the lock, fetch outside it) before one fetch is
-/// made under the lock: only a document rewritten during every attempt gets there.
-pub(super) const MAX_OPTIMISTIC_ATTEMPTS: usize = 4;
 
 /// The position an answer about what a collection's part of this shard holds (absent, a
 /// conflict, a stale etag) must wait for: it may reflect a client write or the rules, not yet
@@ -373,13 +583,14 @@ pub(in crate::engine) fn live_slot(
         .get(key)
         .copied()
         .filter(|&s| st.docs.get(s).is_visible(&cs.rules, now))
-        .ok_or_else(|| {
-            let e = Error::DocumentNotFound {
-                id: key.id.to_string(),
-                partition_key: key.partition_key.clone(),
-            };
-            (e, observed(st, cs))
-        })
+        .ok_or_else(|| (not_found(key), observed(st, cs)))
+}
+
+fn not_found(key: &DocKey) -> Error {
+    Error::DocumentNotFound {
+        id: key.id.to_string(),
+        partition_key: key.partition_key.clone(),
+    }
 }
 
 fn check_if_match(
