@@ -10,6 +10,7 @@ mod batch;
 mod documents;
 mod feed_scan;
 mod index_batch;
+mod optimistic;
 pub(super) mod purge_batch;
 mod rebuild;
 mod slab;
@@ -48,6 +49,11 @@ use crate::storage::{
     WriteBatch,
 };
 
+#[cfg(test)]
+pub(super) use self::optimistic::{
+    OPTIMISTIC_ATTEMPTS,
+    tests::{HookGuard, after_each_read},
+};
 #[cfg(test)]
 pub(super) use self::state::Census;
 pub(super) use self::{
