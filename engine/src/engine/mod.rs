@@ -47,6 +47,7 @@ pub use batch::{BatchOp, BatchOutput, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS};
 pub use body::{DocumentBody, MAX_DEPTH, MAX_DOCUMENT_BYTES};
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use condition::{MAX_CONDITION_BYTES, PatchCondition};
+pub use cursor::QueryCursor;
 pub use document::{DocumentView, Etag, UpsertOutcome};
 pub use error::Error;
 pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_SIZE, page_size};
@@ -55,15 +56,11 @@ pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
 pub use purge::PurgeGuard;
-pub use cursor::QueryCursor;
 pub use query::QuerySpec;
-pub use query_reads::{Cancel, INLINE_READS, PageMemory, QueryReads};
-pub use walk::{
-    MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QUERY_TIME_LIMIT, QueryMetrics,
-    QueryPage,
-};
+pub use query_reads::{Cancel, INLINE_READS, PageMemory, QUERY_TIME_LIMIT, QueryReads};
 pub use recovery::{ExpiryRebuild, Recovery};
 pub use token_seal::TokenKey;
+pub use walk::{MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QueryMetrics, QueryPage};
 // The domain types, where the engine's callers have always found them.
 pub use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
@@ -673,8 +670,10 @@ impl Engine {
     /// Applies `ops` to a live document as one write (new `_ts` and etag; `/ttl` may be set or
     /// removed, checked as in any body). The patch applies to the version it read: should
     /// another write land in between, it is applied again to the new version, so concurrent
-    /// patches (an `incr` from many clients) all count. With `if_match`, only that version is
-    /// patched; with a `condition`, only a version it holds for ([`Error::ConditionNotMet`]).
+    /// patches (an `incr` from many clients) all count (the shard's optimistic commit: it
+    /// never fails for contention). With `if_match`, only that version is patched; with a
+    /// `condition`, only a version it holds for ([`Error::ConditionNotMet`]). Blocks on
+    /// storage: call it off the async runtime.
     pub fn patch_document(
         &self,
         path: &CollectionPath,
@@ -683,59 +682,16 @@ impl Engine {
         condition: Option<&PatchCondition>,
         if_match: Option<&str>,
     ) -> Outcome<DocumentView> {
-        /// Versions tried before giving up: each retry means another write succeeded.
-        const ATTEMPTS: usize = 1000;
-        let info = match self.get_collection(path) {
-            Ok(info) => info,
-            Err(e) => return Outcome::failed(e),
-        };
-        let shard = self.shard_for(info.uid, &key.partition_key);
-        for _ in 0..ATTEMPTS {
-            let read = shard.read(&info, key, &*self.inner.clock);
-            let current = match read.result {
-                Ok(view) => view,
-                Err(e) => return Outcome::new(Err(e), read.settle_at),
-            };
-            let etag = current.etag.to_string();
-            if let Some(sent) = if_match
-                && !current.etag.matches(sent)
-            {
-                return Outcome::new(
-                    Err(Error::PreconditionFailed {
-                        id: key.id.to_string(),
-                        if_match: sent.to_owned(),
-                    }),
-                    read.settle_at,
-                );
-            }
-            if let Some(condition) = condition
-                && let Err(e) = condition.check(&current)
-            {
-                return Outcome::new(Err(e), read.settle_at);
-            }
-            let mut map = current.body_map();
-            if let Err(e) = patch::apply(&mut map, ops) {
-                return Outcome::failed(e);
-            }
-            let body = match DocumentBody::parse(Arc::new(map), None) {
-                Ok(body) => body,
-                Err(e) => return Outcome::failed(e),
-            };
-            // The partition key may not change: the document would move to another partition.
-            let body_key = match Self::key_for(&info, &body, Some(key.partition_key.clone())) {
-                Ok(body_key) => body_key,
-                Err(e) => return Outcome::failed(e),
-            };
-            let written = self
-                .put(&info, body_key, body, WriteMode::Replace, Some(&etag))
-                .map(|(view, _)| view);
-            match written.result {
-                // Another write landed since the read: apply the patch to that one.
-                Err(Error::PreconditionFailed { .. }) if if_match.is_none() => {}
-                _ => return written,
-            }
+        match self.get_collection(path) {
+            Ok(info) => self.shard_for(info.uid, &key.partition_key).patch(
+                &info,
+                key,
+                (ops, condition),
+                if_match,
+                &*self.inner.clock,
+            ),
+            Err(e) => Outcome::failed(e),
         }
-        Outcome::failed(Error::Contended { attempts: ATTEMPTS })
     }
 
     /// Reads a live document.
@@ -882,12 +838,7 @@ impl Engine {
         }
         Ok(FeedPage {
             documents,
-            continuation: Some(self.seal_cursor(
-                &info,
-                scope,
-                None,
-                &cursor::Resume::Feed(cursor),
-            )),
+            continuation: Some(self.seal_cursor(&info, scope, None, &cursor::Resume::Feed(cursor))),
         })
     }
 }

@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 use super::{
     CollectionInfo, Engine, Error, FeedScope, InvalidInput, Millis, Outcome, QueryReads,
     cursor::{QueryCursor, Resume},
+    document::as_document,
     feed::Cursor,
     index::{
         ordered::{OrderedPos, OrderedWalk},
@@ -25,7 +26,8 @@ use super::{
         read::{EntryCursor, IndexWalk},
     },
     query_reads::context,
-    walk::{Driven, PageFill, QueryMetrics, QueryPage, ScanWalk, Walk},
+    shard::Reading,
+    walk::{Driven, PageFill, QueryMetrics, QueryPage, Sink, Step, Walk, check_time},
 };
 
 /// A query and its parameters, parsed and checked at the edge.
@@ -468,6 +470,100 @@ impl Engine {
             return Ok(None);
         }
         Ok(plan::plan(&spec.query, &spec.params, &info.index_paths))
+    }
+}
+
+/// Documents read from a shard at a time by a scan.
+const SCAN_BATCH: usize = 256;
+
+/// The live documents of a scope in key order: shard by shard, within a shard by (partition
+/// key, id).
+pub(crate) struct ScanWalk<'a> {
+    info: &'a CollectionInfo,
+    scope: &'a FeedScope,
+    read_at: Millis,
+    /// The scope's last shard.
+    last: usize,
+    examined: QueryMetrics,
+    started: Instant,
+}
+
+impl<'a> ScanWalk<'a> {
+    pub(crate) fn new(
+        info: &'a CollectionInfo,
+        scope: &'a FeedScope,
+        read_at: Millis,
+        last: usize,
+    ) -> Self {
+        ScanWalk {
+            info,
+            scope,
+            read_at,
+            last,
+            examined: QueryMetrics::default(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Walk for ScanWalk<'_> {
+    type Pos = Cursor;
+
+    fn walk(
+        &mut self,
+        engine: &Engine,
+        mut from: Cursor,
+        reads: &mut QueryReads,
+        sink: &mut Sink<'_, Cursor>,
+    ) -> Result<bool, Error> {
+        loop {
+            check_time(self.started, reads)?;
+            reads.spend(SCAN_BATCH)?;
+            let scanned = engine.inner.shards[from.shard].scan_page(
+                self.info,
+                self.scope,
+                from.after.as_ref(),
+                SCAN_BATCH,
+                &mut |_, _| true,
+                Reading::At(self.read_at),
+            )?;
+            reads.reflect(scanned.settle_at);
+            for view in &scanned.documents {
+                reads.check_time()?;
+                let pos = Cursor {
+                    shard: from.shard,
+                    after: Some(view.key.clone()),
+                };
+                let step = Step::Doc {
+                    pos,
+                    doc: as_document(view),
+                    size: view.body.len(),
+                };
+                if sink(step, reads)? {
+                    return Ok(true);
+                }
+            }
+            from = if !scanned.exhausted {
+                Cursor {
+                    shard: from.shard,
+                    after: scanned.last,
+                }
+            } else if from.shard == self.last {
+                return Ok(false);
+            } else {
+                Cursor {
+                    shard: from.shard + 1,
+                    after: None,
+                }
+            };
+            if sink(Step::Passed(from.clone()), reads)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn examined(&self) -> &QueryMetrics {
+        &self.examined
     }
 }
 

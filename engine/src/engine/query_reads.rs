@@ -12,8 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Error, clock::Millis, walk::QUERY_TIME_LIMIT};
+use super::{Error, clock::Millis};
 use crate::storage::Lsn;
+
+/// How long a query that reads its whole scope (or one page) may run.
+pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// Storage reads (index entries and documents) a query may make on an async worker, on
 /// storage whose reads never wait (memory; on the disk, queries always run on blocking

@@ -9,18 +9,13 @@ use std::time::{Duration, Instant};
 use mayfly_query::{Execution, Flow, QueryError};
 use serde_json::Value;
 
-use super::{
-    CollectionInfo, Engine, Error, FeedScope, Millis, QueryReads, document::as_document,
-    feed::Cursor, shard::Reading,
-};
+use super::{Engine, Error, QUERY_TIME_LIMIT, QueryReads};
 
 /// Documents a streaming page examines at most: a selective filter returns a short page (and
 /// a continuation) rather than reading the whole collection in one request.
 pub const MAX_EXAMINED_PER_PAGE: u64 = 50_000;
 /// How long a streaming page may read before it ends with a continuation (it may end short).
 pub const PAGE_TIME_LIMIT: Duration = Duration::from_secs(2);
-/// How long a query that reads its whole scope may run.
-pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// What a page did, for the client.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,9 +71,6 @@ pub(crate) fn take_results(
     }
     Ok(bytes)
 }
-
-/// Documents read from a shard at a time by a scan.
-const SCAN_BATCH: usize = 256;
 
 /// What a walk hands its consumer.
 pub(crate) enum Step<P> {
@@ -213,97 +205,6 @@ impl Engine {
         metrics.documents_examined += fed + walk.examined().documents_examined;
         metrics.index_entries_examined += walk.examined().index_entries_examined;
         Ok(())
-    }
-}
-
-/// The live documents of a scope in key order: shard by shard, within a shard by (partition
-/// key, id).
-pub(crate) struct ScanWalk<'a> {
-    info: &'a CollectionInfo,
-    scope: &'a FeedScope,
-    read_at: Millis,
-    /// The scope's last shard.
-    last: usize,
-    examined: QueryMetrics,
-    started: Instant,
-}
-
-impl<'a> ScanWalk<'a> {
-    pub(crate) fn new(
-        info: &'a CollectionInfo,
-        scope: &'a FeedScope,
-        read_at: Millis,
-        last: usize,
-    ) -> Self {
-        ScanWalk {
-            info,
-            scope,
-            read_at,
-            last,
-            examined: QueryMetrics::default(),
-            started: Instant::now(),
-        }
-    }
-}
-
-impl Walk for ScanWalk<'_> {
-    type Pos = Cursor;
-
-    fn walk(
-        &mut self,
-        engine: &Engine,
-        mut from: Cursor,
-        reads: &mut QueryReads,
-        sink: &mut Sink<'_, Cursor>,
-    ) -> Result<bool, Error> {
-        loop {
-            check_time(self.started, reads)?;
-            reads.spend(SCAN_BATCH)?;
-            let scanned = engine.inner.shards[from.shard].scan_page(
-                self.info,
-                self.scope,
-                from.after.as_ref(),
-                SCAN_BATCH,
-                &mut |_, _| true,
-                Reading::At(self.read_at),
-            )?;
-            reads.reflect(scanned.settle_at);
-            for view in &scanned.documents {
-                reads.check_time()?;
-                let pos = Cursor {
-                    shard: from.shard,
-                    after: Some(view.key.clone()),
-                };
-                let step = Step::Doc {
-                    pos,
-                    doc: as_document(view),
-                    size: view.body.len(),
-                };
-                if sink(step, reads)? {
-                    return Ok(true);
-                }
-            }
-            from = if !scanned.exhausted {
-                Cursor {
-                    shard: from.shard,
-                    after: scanned.last,
-                }
-            } else if from.shard == self.last {
-                return Ok(false);
-            } else {
-                Cursor {
-                    shard: from.shard + 1,
-                    after: None,
-                }
-            };
-            if sink(Step::Passed(from.clone()), reads)? {
-                return Ok(true);
-            }
-        }
-    }
-
-    fn examined(&self) -> &QueryMetrics {
-        &self.examined
     }
 }
 

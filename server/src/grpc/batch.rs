@@ -9,12 +9,7 @@ use mayfly_proto::v1::{
 };
 use tonic::Status;
 
-use super::{
-    convert,
-    documents::{DocumentsService, settle_blocking},
-    patch,
-    status::to_status,
-};
+use super::{DocumentsService, convert, documents::settle_blocking, patch, status::to_status};
 use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, BatchOp, BatchOutput, Error, IdKind, InvalidInput, MAX_BATCH_OPERATIONS, ResourceId,

@@ -9,61 +9,15 @@ use mayfly_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::{
-    caller, convert, patch,
+    DocumentsService, caller, convert, patch,
     status::to_status,
     stream::{Grant, PageSource, PageStream},
 };
 use crate::{
-    auth::{Action, Authenticator, Target},
-    current_engine::CurrentEngine,
+    auth::{Action, Target},
     engine,
-    net::{ConnectionInfo, Limits, ResponseBudget},
+    net::ConnectionInfo,
 };
-
-/// Serves documents from the engine.
-#[derive(Debug, Clone)]
-pub struct DocumentsService {
-    pub(super) engine: CurrentEngine,
-    pub(super) auth: Authenticator,
-    /// What streams reserve their pages in, and query results held between pages are
-    /// charged to.
-    pub(super) budget: ResponseBudget,
-    /// Raised when the server shuts down: every stream's work stops.
-    pub(super) stop: engine::Cancel,
-}
-
-impl DocumentsService {
-    /// A service over whichever engine `engine` holds, for callers `auth` accepts.
-    pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
-        let limits = Limits::default();
-        DocumentsService {
-            engine,
-            auth,
-            budget: ResponseBudget::new(
-                limits.response_budget_bytes,
-                limits.response_budget_per_ip_bytes,
-            ),
-            stop: engine::Cancel::default(),
-        }
-    }
-
-    /// What stops every stream's work when the server shuts down (see [`engine::Cancel`]).
-    pub fn stop_signal(&self) -> engine::Cancel {
-        self.stop.clone()
-    }
-
-    /// The service charging the results a query holds between its pages to `budget`, the
-    /// one its responses are charged to.
-    pub fn with_budget(mut self, budget: ResponseBudget) -> Self {
-        self.budget = budget;
-        self
-    }
-
-    /// The engine in service.
-    pub(super) fn engine(&self) -> Result<engine::Engine, Status> {
-        self.engine.get().map_err(to_status)
-    }
-}
 
 /// Runs `op` on `engine`, the one the request took (and was authorized against), and releases
 /// its answer once the writes it reflects are durable: a client is never told of (or shown) a
@@ -284,7 +238,7 @@ impl server::Documents for DocumentsService {
         let ops = patch::operations(operations).map_err(to_status)?;
         let condition = patch::condition(&condition).map_err(to_status)?;
         // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
-        // to 1,000 attempts under contention.
+        // to 9 attempts under contention, the last holding its shard's lock.
         let view = settle_blocking(engine, move |e| {
             e.patch_document(&path, &key, &ops, condition.as_deref(), if_match(&etag))
         })

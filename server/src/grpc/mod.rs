@@ -17,7 +17,6 @@ mod tests;
 pub use admin::AdminService;
 pub use collections::CollectionsService;
 pub use databases::DatabasesService;
-pub use documents::DocumentsService;
 
 use tonic::{Request, Status};
 
@@ -25,8 +24,57 @@ use self::status::to_status;
 
 use crate::{
     auth::{Authenticator, Principal, authenticate_headers},
-    engine::Error,
+    current_engine::CurrentEngine,
+    engine::{self, Error},
+    net::{Limits, ResponseBudget},
 };
+
+// `mayfly.v1.Documents` is served from several files (documents, batch, patch, query,
+// stream), each adding to this service: its state lives here, above them.
+/// Serves documents from the engine.
+#[derive(Debug, Clone)]
+pub struct DocumentsService {
+    pub(super) engine: CurrentEngine,
+    pub(super) auth: Authenticator,
+    /// What streams reserve their pages in, and query results held between pages are
+    /// charged to.
+    pub(super) budget: ResponseBudget,
+    /// Raised when the server shuts down: every stream's work stops.
+    pub(super) stop: engine::Cancel,
+}
+
+impl DocumentsService {
+    /// A service over whichever engine `engine` holds, for callers `auth` accepts.
+    pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
+        let limits = Limits::default();
+        DocumentsService {
+            engine,
+            auth,
+            budget: ResponseBudget::new(
+                limits.response_budget_bytes,
+                limits.response_budget_per_ip_bytes,
+            ),
+            stop: engine::Cancel::default(),
+        }
+    }
+
+    /// What stops every stream's work when the server shuts down (see [`engine::Cancel`]).
+    pub fn stop_signal(&self) -> engine::Cancel {
+        self.stop.clone()
+    }
+
+    /// The service charging the results a query holds between its pages to `budget`, the
+    /// one its responses are charged to.
+    pub fn with_budget(mut self, budget: ResponseBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The engine in service.
+    pub(super) fn engine(&self) -> Result<engine::Engine, Status> {
+        self.engine.get().map_err(to_status)
+    }
+}
 
 /// Who sent `request`: UNAUTHENTICATED unless its `authorization` metadata names a key or a
 /// valid token (or the server runs without keys). The server's edge checks it before the

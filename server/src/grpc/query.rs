@@ -13,8 +13,7 @@ use serde_json::{Map, Value};
 use tonic::Status;
 
 use super::{
-    convert,
-    documents::DocumentsService,
+    DocumentsService, convert,
     status::to_status,
     stream::{CancelOnDrop, Grant, PageSource, PageStream},
 };

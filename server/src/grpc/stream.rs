@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use super::{documents::DocumentsService, status::to_status};
+use super::{DocumentsService, status::to_status};
 use crate::{
     CurrentEngine,
     auth::{Action, Authenticator, Target, authenticate_headers},

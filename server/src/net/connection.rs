@@ -27,7 +27,7 @@ use tokio::{
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
-use super::{budget::PeerShare, listener::Slot};
+use super::{budget::PeerShare, slots::Slot};
 
 /// How long a connection that seemed idle but just received bytes gets before another look.
 const IDLE_GRACE: Duration = Duration::from_secs(1);

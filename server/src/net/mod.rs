@@ -7,6 +7,7 @@ mod descriptors;
 mod limits;
 mod listener;
 mod request_limits;
+mod slots;
 mod tls;
 
 pub(crate) use budget::{Budgets, Charge};
