@@ -14,6 +14,12 @@
 //! write the kept prefix holds, judged by the TTL model; acknowledged writes must survive; an
 //! expired version is never read again; no etag a client may have seen is handed out again.
 //!
+//! Besides single writes, sequences patch (conditions, steps that cannot apply), run
+//! transactional batches on one partition (all or nothing: a failing operation leaves nothing
+//! of those before it), change the indexing policy and run the background indexer; after every
+//! crash, equality and `ORDER BY` queries must return exactly the documents the model holds,
+//! through the index once it is complete.
+//!
 //! Mutation checks run the same property over storage with a planted bug and require the
 //! failure it must cause: each shows the model can see that kind of bug.
 
@@ -38,7 +44,7 @@ use proptest::{
 use self::{
     ops::{default_ttl, ops},
     run::{Run, check},
-    storage::Mutation,
+    storage::{Crash, Mutation, PowerLossStorage},
 };
 use super::*;
 
@@ -58,6 +64,8 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 const LOST_ACK: &str = "an acknowledged write was lost";
 /// The failure an expired version read again reports.
 const EXPIRED_IS_FINAL: &str = "expired is final";
+/// The failure of a query whose results are not the model's.
+const INDEXED_QUERY: &str = "a query disagrees with the documents";
 
 fn raw_ttl(ttl: Option<DocumentTtl>) -> Option<i64> {
     ttl.map(|t| i64::from(t.to_raw()))
@@ -161,4 +169,82 @@ fn power_loss_model_catches_a_position_reported_too_low() {
 #[test]
 fn power_loss_model_catches_forgotten_expired_marks() {
     assert_caught(Mutation::ForgetExpiredMarks, EXPIRED_IS_FINAL);
+}
+
+/// Index entries are not made durable with their documents: after a power cut, indexed
+/// queries miss documents a read by key finds.
+#[test]
+fn power_loss_model_catches_index_entries_lost_in_a_power_cut() {
+    assert_caught(Mutation::IndexNotDurable, INDEXED_QUERY);
+}
+
+/// Known bug, found by the batch operations of the model: a batch that creates a document and
+/// deletes it again stores nothing for it (`Shard::commit_batch`), yet its response carries the
+/// created version's etag, and nothing durable records that the version was handed out (a
+/// delete's floor would). After a restart the engine hands the same etag out again, so a
+/// client's `if_match` with it can match another incarnation of the document. Not a crash
+/// matter: a clean restart does it. The model does not count such versions as acknowledged
+/// until this is fixed; then remove the `ignore` and that exception (`Run::batch`).
+#[test]
+#[ignore = "known bug: a batch's versions of a document it created and deleted are reused after a restart"]
+fn power_loss_batch_versions_of_a_document_never_stored_are_not_reused() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let open = |storage: &PowerLossStorage| {
+        Engine::open(
+            EngineConfig::new(SHARDS),
+            Arc::new(storage.clone()),
+            clock.clone(),
+        )
+        .expect("opens")
+        .0
+    };
+    let storage = PowerLossStorage::new(Mutation::None);
+    let engine = open(&storage);
+    let path = CollectionPath {
+        database: ResourceId::parse(IdKind::Database, "db").expect("valid id"),
+        collection: ResourceId::parse(IdKind::Collection, "c").expect("valid id"),
+    };
+    engine
+        .create_database(path.database.clone())
+        .expect("database");
+    engine
+        .create_collection(
+            &path.database,
+            path.collection.clone(),
+            PartitionKeyPath::parse("/pk").expect("valid path"),
+            CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent).expect("valid"),
+            Default::default(),
+        )
+        .expect("collection");
+    let (body, _) = ops::body(0, None, None, 1);
+    let ops = [
+        BatchOp::Upsert {
+            body,
+            if_match: None,
+        },
+        BatchOp::Delete {
+            id: ops::doc_key(0).id,
+            if_match: None,
+        },
+    ];
+    let pk = ops::doc_key(0).partition_key;
+    let outputs = engine
+        .execute_batch(&path, pk, &ops)
+        .result
+        .expect("the batch commits");
+    let BatchOutput::Upserted(_, created) = &outputs[0] else {
+        panic!("an upsert's output: {outputs:?}");
+    };
+    // Everything kept, as a clean restart keeps it.
+    drop(engine);
+    let engine = open(&storage.crash(Crash::ProcessKill).0);
+    let (body, _) = ops::body(0, None, None, 2);
+    let again = engine
+        .create_document(&path, body, None)
+        .result
+        .expect("created");
+    assert_ne!(
+        again.etag, created.etag,
+        "an etag handed out before the restart was handed out again"
+    );
 }

@@ -5,8 +5,9 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 use proptest::prelude::*;
+use serde_json::{Map, Value};
 
-use super::ops::doc_key;
+use super::ops::{doc_key, ttl_of};
 use super::*;
 
 /// When a version expires (SPEC §3): `None` = never. Raw TTLs: default absent = Off, -1 = on
@@ -28,6 +29,9 @@ pub(super) struct Version {
     pub(super) last_write: Millis,
     pub(super) ttl: Option<i64>,
     pub(super) body: Bytes,
+    /// The body as the model says it must read: what was sent, or what the model's patch
+    /// made of the version before.
+    pub(super) doc: Map<String, Value>,
     /// Expired at some instant under the default in force then: final.
     pub(super) expired: bool,
 }
@@ -198,6 +202,7 @@ impl Model {
         prop_assert_eq!(&view.key, &doc_key(key));
         prop_assert_eq!(view.etag.0, version.etag);
         prop_assert_eq!(&view.body, &version.body);
+        prop_assert_eq!(&view.body_map(), &version.doc);
         prop_assert_eq!(view.last_write, version.last_write);
         prop_assert_eq!(raw_ttl(view.ttl), version.ttl);
         prop_assert_eq!(
@@ -207,16 +212,38 @@ impl Model {
         Ok(())
     }
 
+    /// The body version `v` must read as.
+    pub(super) fn doc(&self, v: usize) -> &Map<String, Value> {
+        &self.versions[v].doc
+    }
+
     /// Records a write of a new version at `key`, at log position `at`, checking what the
-    /// engine returned.
+    /// engine returned against `doc`, the body the model expects.
     pub(super) fn put(
         &mut self,
         key: usize,
         view: &DocumentView,
-        ttl: Option<i64>,
+        doc: Map<String, Value>,
         now: Millis,
         at: u64,
     ) -> Result<(), TestCaseError> {
+        let v = self.new_version(key, view, doc, now)?;
+        self.record(key, Some(v), at)?;
+        self.judge(now);
+        Ok(())
+    }
+
+    /// Records a new version at `key` that the engine returned, checking it against `doc`,
+    /// without placing it in the key's history: a batch hands out versions that only its
+    /// last write of a key stores.
+    pub(super) fn new_version(
+        &mut self,
+        key: usize,
+        view: &DocumentView,
+        doc: Map<String, Value>,
+        now: Millis,
+    ) -> Result<usize, TestCaseError> {
+        let ttl = ttl_of(&doc);
         let etag = view.etag.0;
         prop_assert!(
             !self.acknowledged_etags.contains(&etag),
@@ -232,21 +259,33 @@ impl Model {
         prop_assert_eq!(view.last_write, now);
         prop_assert_eq!(raw_ttl(view.ttl), ttl);
         prop_assert_eq!(view.expires_at, expiry(now, ttl, self.default));
+        prop_assert_eq!(&view.body_map(), &doc, "the body read back");
         self.versions.push(Version {
             etag,
             last_write: now,
             ttl,
             body: view.body.clone(),
+            doc,
             expired: false,
         });
-        self.keys[key].push(Some(self.versions.len() - 1), at)?;
-        self.judge(now);
-        Ok(())
+        Ok(self.versions.len() - 1)
     }
 
-    /// Records a delete at `key`, at log position `at`.
-    pub(super) fn delete(&mut self, key: usize, at: u64) -> Result<(), TestCaseError> {
-        self.keys[key].push(None, at)
+    /// Records that the write at log position `at` left `key` in `state` (a version from
+    /// [`Model::new_version`], or absent: a delete).
+    pub(super) fn record(
+        &mut self,
+        key: usize,
+        state: Option<usize>,
+        at: u64,
+    ) -> Result<(), TestCaseError> {
+        self.keys[key].push(state, at)
+    }
+
+    /// A client was told of version `v` (a batch's intermediate versions, which no key
+    /// holds): its etag is never to be handed out again.
+    pub(super) fn acknowledge_version(&mut self, v: usize) {
+        self.acknowledged_etags.insert(self.versions[v].etag);
     }
 
     /// A client was told an outcome at `key`: the state it reflects, the one the latest write

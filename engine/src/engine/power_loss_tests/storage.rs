@@ -1,5 +1,7 @@
 //! The storage model: one ordered log of every write, the image of all of it (what reads see)
-//! and the image of its synced prefix (what a power cut keeps).
+//! and the image of its synced prefix (what a power cut keeps). Index entries and terms
+//! records are kept with the documents they belong to, in the same log entry, so that indexed
+//! queries after a crash read what the kept prefix holds.
 //!
 //! The test never calls `ShardStore::scan` or `ShardStore::drop_collection` (no feed reads,
 //! no collection deletion) nor makes the catalog deletes: they are modelled so that the
@@ -7,6 +9,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
+    ops::Bound,
     sync::Arc,
 };
 
@@ -15,8 +18,8 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::storage::{
-    DocumentWrite, DurableFuture, ScanRange, ShardStore, StorageError, StoredCatalog,
-    StoredDocument, StoredMeta, WriteBatch,
+    DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, ScanRange, ShardStore,
+    StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term, WriteBatch,
 };
 
 /// A bug planted in the storage, for a mutation check.
@@ -30,6 +33,9 @@ pub(super) enum Mutation {
     PositionOneLow,
     /// The catalog loads every collection without the marks earlier defaults left.
     ForgetExpiredMarks,
+    /// Index entries and terms records are applied to what reads see but never made
+    /// durable: a power cut keeps documents without their entries.
+    IndexNotDurable,
 }
 
 /// What a crash keeps of the log.
@@ -58,8 +64,34 @@ enum Entry {
 
 #[derive(Debug, Clone)]
 enum LoggedWrite {
-    Put(Arc<StoredDocument>),
-    Delete(CollectionUid, DocKey),
+    /// A document, with the change to its index entries if the write makes one.
+    Put(Arc<StoredDocument>, Option<LoggedIndex>),
+    /// A document's index entries alone (the background indexer's write).
+    Index {
+        collection: CollectionUid,
+        key: DocKey,
+        change: LoggedIndex,
+    },
+    /// A document removed, with the entries of these terms.
+    Delete(CollectionUid, DocKey, Vec<Term>),
+}
+
+/// An [`IndexUpdate`], owned, with the document version its new terms were computed from.
+#[derive(Debug, Clone)]
+struct LoggedIndex {
+    version: u64,
+    old: Vec<Term>,
+    new: Vec<Term>,
+}
+
+impl LoggedIndex {
+    fn new(version: u64, update: IndexUpdate<'_>) -> Self {
+        LoggedIndex {
+            version,
+            old: update.old.to_vec(),
+            new: update.new.to_vec(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -79,10 +111,55 @@ enum LoggedChange {
 /// Every document of one shard, in key order within each collection.
 type Documents = BTreeMap<(CollectionUid, DocKey), Arc<StoredDocument>>;
 
+/// One shard's part of a store.
+#[derive(Debug, Clone, Default)]
+struct ShardImage {
+    docs: Documents,
+    terms: BTreeMap<(CollectionUid, DocKey), StoredTerms>,
+    /// Each collection's index entries by the bytes scans order them by: `term | document
+    /// key`, the layout the engine's scan bounds are written against.
+    entries: BTreeMap<CollectionUid, BTreeMap<Vec<u8>, IndexEntry>>,
+}
+
+/// The bytes an index entry sorts by: its term, then the document key in the documents' own
+/// order-preserving encoding.
+fn entry_bytes(term: &[u8], key: &DocKey) -> Vec<u8> {
+    let mut out = term.to_vec();
+    key.partition_key.encode_ordered(&mut out);
+    out.extend_from_slice(key.id.as_str().as_bytes());
+    out
+}
+
+impl ShardImage {
+    /// Replaces a document's index entries and its terms record, as both backends do.
+    fn write_index(&mut self, collection: CollectionUid, key: &DocKey, change: &LoggedIndex) {
+        let entries = self.entries.entry(collection).or_default();
+        for term in change.old.iter().filter(|t| !change.new.contains(t)) {
+            entries.remove(&entry_bytes(term, key));
+        }
+        for term in change.new.iter().filter(|t| !change.old.contains(t)) {
+            let entry = IndexEntry {
+                term: term.clone(),
+                key: key.clone(),
+            };
+            entries.insert(entry_bytes(term, key), entry);
+        }
+        if change.new.is_empty() {
+            self.terms.remove(&(collection, key.clone()));
+        } else {
+            let terms = StoredTerms {
+                version: change.version,
+                terms: change.new.clone(),
+            };
+            self.terms.insert((collection, key.clone()), terms);
+        }
+    }
+}
+
 /// The contents of a store after some prefix of the log.
 #[derive(Debug, Clone, Default)]
 struct Image {
-    shards: BTreeMap<usize, Documents>,
+    shards: BTreeMap<usize, ShardImage>,
     databases: BTreeSet<DatabaseId>,
     collections: BTreeMap<CollectionUid, CollectionInfo>,
     last_uid: u64,
@@ -92,7 +169,8 @@ struct Image {
 }
 
 impl Image {
-    fn apply(&mut self, entry: &Entry) {
+    /// Applies `entry`; without `index`, its index changes are left out.
+    fn apply(&mut self, entry: &Entry, index: bool) {
         match entry {
             Entry::Documents {
                 shard,
@@ -104,21 +182,44 @@ impl Image {
                 if writes.iter().any(|w| matches!(w, LoggedWrite::Delete(..))) {
                     self.versions_below = self.versions_below.max(*versions_below);
                 }
-                let docs = self.shards.entry(*shard).or_default();
+                let image = self.shards.entry(*shard).or_default();
                 for write in writes {
                     match write {
-                        LoggedWrite::Put(doc) => {
-                            docs.insert((doc.collection, doc.key.clone()), doc.clone());
+                        LoggedWrite::Put(doc, change) => {
+                            image
+                                .docs
+                                .insert((doc.collection, doc.key.clone()), doc.clone());
+                            if let Some(change) = change.as_ref().filter(|_| index) {
+                                image.write_index(doc.collection, &doc.key, change);
+                            }
                         }
-                        LoggedWrite::Delete(collection, key) => {
-                            docs.remove(&(*collection, key.clone()));
+                        LoggedWrite::Index {
+                            collection,
+                            key,
+                            change,
+                        } => {
+                            if index {
+                                image.write_index(*collection, key, change);
+                            }
+                        }
+                        LoggedWrite::Delete(collection, key, terms) => {
+                            image.docs.remove(&(*collection, key.clone()));
+                            if index {
+                                let entries = image.entries.entry(*collection).or_default();
+                                for term in terms {
+                                    entries.remove(&entry_bytes(term, key));
+                                }
+                                image.terms.remove(&(*collection, key.clone()));
+                            }
                         }
                     }
                 }
             }
             Entry::DropCollection { shard, collection } => {
-                if let Some(docs) = self.shards.get_mut(shard) {
-                    docs.retain(|(c, _), _| c != collection);
+                if let Some(image) = self.shards.get_mut(shard) {
+                    image.docs.retain(|(c, _), _| c != collection);
+                    image.terms.retain(|(c, _), _| c != collection);
+                    image.entries.remove(collection);
                 }
             }
             Entry::Catalog(change) => match change {
@@ -161,12 +262,14 @@ struct Log {
     last: u64,
     /// Every write at or before this position is durable.
     synced: u64,
+    /// Whether index changes become durable (not under [`Mutation::IndexNotDurable`]).
+    durable_index: bool,
 }
 
 impl Log {
     fn append(&mut self, entry: Entry) -> Lsn {
         self.last += 1;
-        self.volatile.apply(&entry);
+        self.volatile.apply(&entry, true);
         self.unsynced.push_back((self.last, entry));
         Lsn(self.last)
     }
@@ -177,7 +280,7 @@ impl Log {
             && *at <= to
         {
             if let Some((_, entry)) = self.unsynced.pop_front() {
-                self.durable.apply(&entry);
+                self.durable.apply(&entry, self.durable_index);
             }
         }
         self.synced = self.synced.max(to);
@@ -261,6 +364,7 @@ impl PowerLossStorage {
                     unsynced: VecDeque::new(),
                     last: 0,
                     synced: 0,
+                    durable_index: mutation != Mutation::IndexNotDurable,
                 }),
                 synced_tx: watch::Sender::new(0),
                 mutation,
@@ -370,13 +474,26 @@ impl ShardStore for PowerLossShard {
         let writes = batch
             .writes
             .iter()
-            .filter_map(|write| match *write {
-                // The model keeps documents only: index entries are not what it checks.
-                DocumentWrite::Put { doc, .. } => Some(LoggedWrite::Put(doc.clone())),
-                DocumentWrite::Index { .. } => None,
+            .map(|write| match *write {
+                DocumentWrite::Put { doc, index } => LoggedWrite::Put(
+                    doc.clone(),
+                    index.map(|update| LoggedIndex::new(doc.version, update)),
+                ),
+                DocumentWrite::Index {
+                    collection,
+                    key,
+                    version,
+                    update,
+                } => LoggedWrite::Index {
+                    collection,
+                    key: key.clone(),
+                    change: LoggedIndex::new(version, update),
+                },
                 DocumentWrite::Delete {
-                    collection, key, ..
-                } => Some(LoggedWrite::Delete(collection, key.clone())),
+                    collection,
+                    key,
+                    terms,
+                } => LoggedWrite::Delete(collection, key.clone(), terms.to_vec()),
             })
             .collect();
         let lsn = self.shared.append(Entry::Documents {
@@ -396,26 +513,87 @@ impl ShardStore for PowerLossShard {
 
     fn load_terms(
         &self,
-        _each: &mut dyn FnMut(CollectionUid, DocKey, crate::storage::StoredTerms),
+        each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
     ) -> Result<(), StorageError> {
+        let terms: Vec<((CollectionUid, DocKey), StoredTerms)> = self
+            .shared
+            .log
+            .lock()
+            .volatile
+            .shards
+            .get(&self.index)
+            .map(|image| {
+                image
+                    .terms
+                    .iter()
+                    .map(|(k, t)| (k.clone(), t.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for ((collection, key), stored) in terms {
+            each(collection, key, stored);
+        }
         Ok(())
     }
 
     fn get_terms(
         &self,
-        _collection: CollectionUid,
-        _key: &DocKey,
-    ) -> Result<Option<crate::storage::StoredTerms>, StorageError> {
-        Ok(None)
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<StoredTerms>, StorageError> {
+        Ok(self
+            .shared
+            .log
+            .lock()
+            .volatile
+            .shards
+            .get(&self.index)
+            .and_then(|image| image.terms.get(&(collection, key.clone())))
+            .cloned())
     }
 
     fn scan_index(
         &self,
-        _collection: CollectionUid,
-        _range: crate::storage::IndexRange<'_>,
-        _limit: usize,
-    ) -> Result<Vec<crate::storage::IndexEntry>, StorageError> {
-        Ok(Vec::new())
+        collection: CollectionUid,
+        range: IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, StorageError> {
+        let log = self.shared.log.lock();
+        let Some(entries) = log
+            .volatile
+            .shards
+            .get(&self.index)
+            .and_then(|image| image.entries.get(&collection))
+        else {
+            return Ok(Vec::new());
+        };
+        let high = match range.high {
+            Some(high) if high <= range.low => return Ok(Vec::new()),
+            Some(high) => Bound::Excluded(high.to_vec()),
+            None => Bound::Unbounded,
+        };
+        let within = entries.range((Bound::Included(range.low.to_vec()), high));
+        let after = range.after.map(|a| entry_bytes(&a.term, &a.key));
+        let past_after = |k: &Vec<u8>, descending: bool| match &after {
+            None => true,
+            Some(a) if descending => k < a,
+            Some(a) => k > a,
+        };
+        let found: Vec<IndexEntry> = if range.descending {
+            within
+                .rev()
+                .filter(|(k, _)| past_after(k, true))
+                .take(limit)
+                .map(|(_, e)| e.clone())
+                .collect()
+        } else {
+            within
+                .filter(|(k, _)| past_after(k, false))
+                .take(limit)
+                .map(|(_, e)| e.clone())
+                .collect()
+        };
+        Ok(found)
     }
 
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
@@ -426,7 +604,7 @@ impl ShardStore for PowerLossShard {
             .volatile
             .shards
             .get(&self.index)
-            .map(|docs| docs.values().cloned().collect())
+            .map(|image| image.docs.values().cloned().collect())
             .unwrap_or_default();
         for doc in docs {
             each(StoredMeta {
@@ -452,7 +630,7 @@ impl ShardStore for PowerLossShard {
             .volatile
             .shards
             .get(&self.index)
-            .and_then(|docs| docs.get(&(collection, key.clone())))
+            .and_then(|image| image.docs.get(&(collection, key.clone())))
             .cloned())
     }
 
@@ -463,7 +641,12 @@ impl ShardStore for PowerLossShard {
         limit: usize,
     ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
         let log = self.shared.log.lock();
-        let Some(docs) = log.volatile.shards.get(&self.index) else {
+        let Some(docs) = log
+            .volatile
+            .shards
+            .get(&self.index)
+            .map(|image| &image.docs)
+        else {
             return Ok(Vec::new());
         };
         let in_range = |key: &DocKey| match range {
