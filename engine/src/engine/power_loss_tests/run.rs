@@ -398,30 +398,21 @@ impl Run {
             self.engine
                 .patch_document(&self.path, &doc_key(key), &ops, condition.as_ref(), None);
         let expected = live.map(|v| patched(self.model.doc(v), patch));
-        // Whether the outcome reflects the document's state, settling at or after its last
-        // write (a refused step does not: its outcome settles at once).
-        let reflects = match (&outcome.result, expected) {
+        // Every outcome reflects the document's state, a refusal too (a step that cannot
+        // apply says what the document holds): each settles at or after its last write.
+        match (&outcome.result, expected) {
             (Ok(view), Some(Ok(doc))) => {
                 let at = self.written_at(before)?;
                 self.model.put(key, view, doc, now, at)?;
-                true
             }
             (Err(Error::DocumentNotFound { .. }), None)
-            | (Err(Error::ConditionNotMet { .. }), Some(Err(PatchRefusal::Condition))) => {
+            | (Err(Error::ConditionNotMet { .. }), Some(Err(PatchRefusal::Condition)))
+            | (Err(Error::Invalid(InvalidInput::Patch { .. })), Some(Err(PatchRefusal::Step))) => {
                 self.wrote_nothing(before)?;
-                true
-            }
-            (Err(Error::Invalid(InvalidInput::Patch { .. })), Some(Err(PatchRefusal::Step))) => {
-                self.wrote_nothing(before)?;
-                false
             }
             (result, _) => return Err(self.mismatch("patch", result, live)),
-        };
-        if reflects {
-            self.settle_and_record(key, outcome, ack).await
-        } else {
-            self.settle(outcome, ack).await.map(drop)
         }
+        self.settle_and_record(key, outcome, ack).await
     }
 
     /// The engine's operations for a batch's `steps` on `partition`, what the model says each
