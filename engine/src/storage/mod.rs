@@ -111,6 +111,10 @@ pub struct WriteBatch<'a> {
     /// Every version the engine has handed out is below this. A backend that forgets deleted
     /// documents keeps it, so that versions (etags) are never reused after a restart.
     pub versions_below: u64,
+    /// Versions were handed out for documents this batch does not store (a transactional
+    /// batch created and deleted them): `versions_below` must be kept even if nothing is
+    /// deleted.
+    pub keep_floor: bool,
 }
 
 /// What a backend keeps of a document in memory at start: everything but the body.

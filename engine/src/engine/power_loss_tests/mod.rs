@@ -178,15 +178,12 @@ fn power_loss_model_catches_index_entries_lost_in_a_power_cut() {
     assert_caught(Mutation::IndexNotDurable, INDEXED_QUERY);
 }
 
-/// Known bug, found by the batch operations of the model: a batch that creates a document and
-/// deletes it again stores nothing for it (`Shard::commit_batch`), yet its response carries the
-/// created version's etag, and nothing durable records that the version was handed out (a
-/// delete's floor would). After a restart the engine hands the same etag out again, so a
-/// client's `if_match` with it can match another incarnation of the document. Not a crash
-/// matter: a clean restart does it. The model does not count such versions as acknowledged
-/// until this is fixed; then remove the `ignore` and that exception (`Run::batch`).
+/// Found by the batch operations of the model: a batch that creates a document and deletes it
+/// again stores nothing for it, yet its response carries the created version's etag; nothing
+/// durable recorded that the version was handed out, so after a restart the engine handed the
+/// same etag out again, and a client's `if_match` with it could match another incarnation of
+/// the document. The batch now has storage keep the version floor (`Change::KeepFloor`).
 #[test]
-#[ignore = "known bug: a batch's versions of a document it created and deleted are reused after a restart"]
 fn power_loss_batch_versions_of_a_document_never_stored_are_not_reused() {
     let clock = Arc::new(ManualClock::new(T0));
     let open = |storage: &PowerLossStorage| {

@@ -626,17 +626,6 @@ impl Run {
                         }
                     }
                 }
-                // A document the batch created and deleted again was never stored: no write.
-                // Nor does anything durable cover the versions it handed out on the way
-                // (a restart may hand them out again: see
-                // `power_loss_batch_versions_of_a_document_never_stored_are_not_reused`);
-                // the others are below their document's stored version or a delete's floor.
-                for (id, state) in last.iter_mut().enumerate() {
-                    if *state == Some(None) && start[id].is_none() {
-                        *state = None;
-                        intermediate.retain(|&(i, _)| i != id);
-                    }
-                }
                 if last.iter().any(Option::is_some) {
                     let at = self.written_at(before)?;
                     for (id, state) in last.into_iter().enumerate() {

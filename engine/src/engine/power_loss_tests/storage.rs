@@ -54,6 +54,7 @@ enum Entry {
         shard: usize,
         writes: Vec<LoggedWrite>,
         versions_below: u64,
+        keep_floor: bool,
     },
     DropCollection {
         shard: usize,
@@ -176,10 +177,12 @@ impl Image {
                 shard,
                 writes,
                 versions_below,
+                keep_floor,
             } => {
-                // As the disk does: only a batch that deletes records the floor. Versions that
-                // stay stored need none, recovery takes the highest stored one.
-                if writes.iter().any(|w| matches!(w, LoggedWrite::Delete(..))) {
+                // As the disk does: only a batch that deletes, or that was handed versions it
+                // does not store, records the floor. Versions that stay stored need none,
+                // recovery takes the highest stored one.
+                if *keep_floor || writes.iter().any(|w| matches!(w, LoggedWrite::Delete(..))) {
                     self.versions_below = self.versions_below.max(*versions_below);
                 }
                 let image = self.shards.entry(*shard).or_default();
@@ -500,6 +503,7 @@ impl ShardStore for PowerLossShard {
             shard: self.index,
             writes,
             versions_below: batch.versions_below,
+            keep_floor: batch.keep_floor,
         });
         Ok(match self.shared.mutation {
             Mutation::PositionOneLow => Lsn(lsn.0 - 1),

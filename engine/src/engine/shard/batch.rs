@@ -375,8 +375,13 @@ impl Shard {
                     cause: RemoveCause::Deleted,
                     terms: old,
                 }),
-                // Created and deleted by the batch: nothing was stored.
-                (Current::Absent, None) => {}
+                // Created and deleted by the batch: nothing is stored, but the versions it
+                // was handed must stay handed out.
+                (Current::Absent, None) => {
+                    if !changes.iter().any(|c| matches!(c, Change::KeepFloor)) {
+                        changes.push(Change::KeepFloor);
+                    }
+                }
                 (Current::Fetch, _) => unreachable!("a changed document was fetched or replaced"),
             }
         }

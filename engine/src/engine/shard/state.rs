@@ -121,6 +121,10 @@ pub(in crate::engine) enum Change {
         cause: RemoveCause,
         terms: Vec<Term>,
     },
+    /// Versions were handed out for documents nothing stores (a batch created and deleted
+    /// them): storage keeps the version floor, so that none is handed out again after a
+    /// restart.
+    KeepFloor,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,38 +221,43 @@ impl ShardState {
         if changes.is_empty() {
             return Ok((None, Lsn::ZERO));
         }
+        let keep_floor = changes.iter().any(|c| matches!(c, Change::KeepFloor));
         let writes: Vec<DocumentWrite<'_>> = changes
             .iter()
-            .map(|change| match change {
-                Change::Put { record, index, .. } => DocumentWrite::Put {
-                    doc: record,
-                    index: match index {
-                        IndexChange::Replace(old, new) => Some(IndexUpdate { old, new }),
-                        IndexChange::Unchanged | IndexChange::Owed => None,
+            .filter_map(|change| {
+                Some(match change {
+                    Change::Put { record, index, .. } => DocumentWrite::Put {
+                        doc: record,
+                        index: match index {
+                            IndexChange::Replace(old, new) => Some(IndexUpdate { old, new }),
+                            IndexChange::Unchanged | IndexChange::Owed => None,
+                        },
                     },
-                },
-                Change::Index { slot, old, new } => {
-                    let meta = self.docs.get(*slot);
-                    DocumentWrite::Index {
-                        collection: meta.collection,
-                        key: &meta.key,
-                        version: meta.version,
-                        update: IndexUpdate { old, new },
+                    Change::Index { slot, old, new } => {
+                        let meta = self.docs.get(*slot);
+                        DocumentWrite::Index {
+                            collection: meta.collection,
+                            key: &meta.key,
+                            version: meta.version,
+                            update: IndexUpdate { old, new },
+                        }
                     }
-                }
-                Change::Remove { slot, terms, .. } => {
-                    let meta = self.docs.get(*slot);
-                    DocumentWrite::Delete {
-                        collection: meta.collection,
-                        key: &meta.key,
-                        terms,
+                    Change::Remove { slot, terms, .. } => {
+                        let meta = self.docs.get(*slot);
+                        DocumentWrite::Delete {
+                            collection: meta.collection,
+                            key: &meta.key,
+                            terms,
+                        }
                     }
-                }
+                    Change::KeepFloor => return None,
+                })
             })
             .collect();
         let lsn = store.write(WriteBatch {
             writes: &writes,
             versions_below: versions.load(Ordering::SeqCst),
+            keep_floor,
         })?;
         drop(writes);
 
@@ -341,6 +350,7 @@ impl ShardState {
                     cs.indexed_docs = cs.indexed_docs + u64::from(meta.indexed) - u64::from(was);
                     unstale(&mut self.docs, cs, *slot);
                 }
+                Change::KeepFloor => {}
                 Change::Remove { slot, cause, terms } => {
                     let collection = self.docs.get(*slot).collection;
                     // Documents of a collection being deleted belong to its cleanup, which

@@ -581,8 +581,9 @@ impl ShardStore for DiskShard {
                 }
             }
         }
-        if deletes {
-            // A deleted document's version must not be handed out again after a restart.
+        if deletes || batch.keep_floor {
+            // A deleted (or never stored) document's version must not be handed out again
+            // after a restart.
             out.insert(
                 &self.catalog,
                 catalog::versions_key(self.index),
@@ -789,6 +790,7 @@ mod tests {
                         },
                     ],
                     versions_below: 9,
+                    keep_floor: false,
                 })
                 .expect("writes");
             let deleted = shard
@@ -799,6 +801,7 @@ mod tests {
                         terms: &[],
                     }],
                     versions_below: 20,
+                    keep_floor: false,
                 })
                 .expect("deletes");
             wait_durable(&*shard, deleted).await;
@@ -823,6 +826,18 @@ mod tests {
             .expect("loads");
         assert!(other.is_empty(), "shards are separate key ranges");
         assert_eq!(storage.load_catalog().expect("catalog").versions_below, 20);
+        // A batch handed versions it stores nothing for keeps the floor too.
+        let kept = shard
+            .write(WriteBatch {
+                writes: &[],
+                versions_below: 30,
+                keep_floor: true,
+            })
+            .expect("writes");
+        wait_durable(&*shard, kept).await;
+        drop((shard, storage));
+        let storage = DiskStorage::open(&options(dir.path())).expect("reopens");
+        assert_eq!(storage.load_catalog().expect("catalog").versions_below, 30);
     }
 
     /// Regression: after a failed fsync, buffered mode kept acknowledging writes (its syncer
@@ -845,6 +860,7 @@ mod tests {
                         index: None,
                     }],
                     versions_below: 2,
+                    keep_floor: false,
                 })
                 .expect("writes");
             wait_durable(&*shard, first).await;
@@ -858,6 +874,7 @@ mod tests {
                         index: None,
                     }],
                     versions_below: 3,
+                    keep_floor: false,
                 })
                 .expect("applied before the sync fails");
             if durability == Durability::Fsync {
@@ -896,6 +913,7 @@ mod tests {
                         index: None,
                     }],
                     versions_below: 4,
+                    keep_floor: false,
                 })
                 .expect_err("refused");
             assert_eq!(refused.kind(), StorageErrorKind::Unavailable);
@@ -1012,6 +1030,7 @@ mod tests {
                     index: None,
                 }],
                 versions_below: 2,
+                keep_floor: false,
             })
             .expect("writes");
         wait_durable(&*storage.shard(0), written).await;
