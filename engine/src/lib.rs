@@ -11,4 +11,5 @@ pub mod model;
 pub mod storage;
 /// Checks shared by the engine's tests and the server's fuzz entry points.
 #[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
