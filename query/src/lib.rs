@@ -30,6 +30,14 @@ pub fn run(
     let query = parse(text)?;
     let mut run = Execution::new(&query, params, context)?;
     let mut out = Vec::new();
+    // Without FROM, one evaluation whatever the documents (Cosmos DB: `SELECT VALUE 1` is
+    // `[1]` on any collection, an empty one too).
+    let once = [serde_json::Value::Null];
+    let documents = if query.from.is_none() {
+        &once[..]
+    } else {
+        documents
+    };
     for doc in documents {
         let flow = run.push(doc)?;
         out.extend(run.take_ready());

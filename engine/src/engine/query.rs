@@ -27,7 +27,7 @@ use super::{
     },
     query_reads::context,
     shard::Reading,
-    walk::{Driven, PageFill, QueryMetrics, QueryPage, Sink, Step, Walk, check_time},
+    walk::{Driven, PageFill, QueryMetrics, QueryPage, Sink, Step, Walk, check_time, take_results},
 };
 
 /// A query and its parameters, parsed and checked at the edge.
@@ -81,6 +81,12 @@ impl QuerySpec {
         self.fingerprint
     }
 
+    /// Whether it reads the collection's documents: a query without `FROM` is evaluated
+    /// once, whatever the collection holds (as in Cosmos DB, `SELECT VALUE 1` is `[1]`).
+    pub fn reads_documents(&self) -> bool {
+        self.query.from.is_some()
+    }
+
     /// Whether pages can end after any document.
     pub fn is_streaming(&self) -> bool {
         mayfly_query::is_streaming(&self.query)
@@ -115,10 +121,15 @@ impl Engine {
         token: Option<&str>,
     ) -> Result<QueryCursor, Error> {
         let info = self.get_collection(path)?;
-        let plan = self.query_plan(&info, spec)?;
+        // A query without FROM reads no document: it runs once, whole.
+        let plan = match spec.reads_documents() {
+            true => self.query_plan(&info, spec)?,
+            false => None,
+        };
+        let streams = spec.is_streaming() && spec.reads_documents();
         let Some(token) = token else {
             // An ordered walk streams where every shard can serve it; a walk that cannot go
-            // on later ends with `CONTINUATION_STALE` (see `ordered_stream_page`).
+            // on later ends with `CONTINUATION_STALE` (see `stream_page`).
             if let Some(plan) = plan.as_ref()
                 && let Some(descending) = plan.ordered
                 && self
@@ -132,31 +143,29 @@ impl Engine {
                     returned: 0,
                 });
             }
-            return Ok(
-                if let Some(plan) = plan.as_ref().filter(|_| spec.is_streaming()) {
-                    QueryCursor::Index {
-                        at: EntryCursor {
-                            shard: self.first_shard(&info, scope),
-                            range: 0,
-                            after: None,
-                        },
-                        plan: plan_fingerprint(plan),
-                        skipped: 0,
-                        returned: 0,
-                    }
-                } else if spec.is_streaming() {
-                    QueryCursor::Stream {
-                        cursor: Cursor {
-                            shard: self.first_shard(&info, scope),
-                            after: None,
-                        },
-                        skipped: 0,
-                        returned: 0,
-                    }
-                } else {
-                    QueryCursor::Offset(0)
-                },
-            );
+            return Ok(if let Some(plan) = plan.as_ref().filter(|_| streams) {
+                QueryCursor::Index {
+                    at: EntryCursor {
+                        shard: self.first_shard(&info, scope),
+                        range: 0,
+                        after: None,
+                    },
+                    plan: plan_fingerprint(plan),
+                    skipped: 0,
+                    returned: 0,
+                }
+            } else if streams {
+                QueryCursor::Stream {
+                    cursor: Cursor {
+                        shard: self.first_shard(&info, scope),
+                        after: None,
+                    },
+                    skipped: 0,
+                    returned: 0,
+                }
+            } else {
+                QueryCursor::Offset(0)
+            });
         };
         let cursor = match self.open_cursor(token, &info, scope, Some(spec.fingerprint()))? {
             Resume::Query(cursor) => cursor,
@@ -178,7 +187,7 @@ impl Engine {
                     reason: "the collection's indexing policy changed since it was issued, so the query now reads another index",
                 })
         };
-        match (&cursor, spec.is_streaming()) {
+        match (&cursor, streams) {
             (QueryCursor::Stream { cursor: c, .. }, true) if in_scope(c.shard) => {}
             (QueryCursor::Index { at, plan: p, .. }, true) if in_scope(at.shard) => {
                 if at.range >= same_plan(*p)?.ranges.len() {
@@ -365,6 +374,19 @@ impl Engine {
         reads: &mut QueryReads,
     ) -> Result<(Vec<Value>, QueryMetrics), Error> {
         let info = self.get_collection(path)?;
+        if !spec.reads_documents() {
+            let mut run = reads.execution(&spec.query, &spec.params, context(read_at))?;
+            // One row, bound to nothing: the query's only evaluation.
+            run.push_owned(Value::Null)?;
+            let mut results = Vec::new();
+            take_results(&mut run, &mut results)?;
+            results.extend(run.finish()?);
+            let metrics = QueryMetrics {
+                results_returned: results.len() as u64,
+                ..QueryMetrics::default()
+            };
+            return Ok((results, metrics));
+        }
         let (first, last) = self.shard_range(&info, scope);
         let plan = self.query_plan(&info, spec)?;
         let mut metrics = QueryMetrics {

@@ -2750,4 +2750,39 @@ fn an_indexed_order_by_past_the_held_limit_streams() {
     );
 }
 
+/// Issue 24: a query without FROM is evaluated once, whatever the collection holds, reading no
+/// document (on a collection that does not index too, without `enable_scan`).
+#[test]
+fn a_query_without_from_runs_once_and_reads_nothing() {
+    let f = Fixture::new(None);
+    let (_, unindexed) = f.collection("plain", IndexingMode::None, IndexPaths::default());
+    for (path, docs) in [(&f.path, 3), (&unindexed, 0), (&unindexed, 2)] {
+        for i in 0..docs {
+            f.engine
+                .upsert_document(
+                    path,
+                    body(json!({"id": format!("d{i}"), "pk": "p"})),
+                    None,
+                    None,
+                )
+                .result
+                .expect("upsert");
+        }
+        for (text, expected) in [
+            ("SELECT VALUE 1", json!([1])),
+            ("SELECT ABS(-2) AS a", json!([{"a": 2}])),
+            ("SELECT VALUE COUNT(1)", json!([1])),
+            ("SELECT VALUE 1 WHERE false", json!([])),
+        ] {
+            let (rows, metrics) = query_on(&f.engine, path, text, false, 2).expect("runs");
+            assert_eq!(Value::Array(rows), expected, "{text}");
+            assert_eq!(
+                (metrics.documents_examined, metrics.index_entries_examined),
+                (0, 0),
+                "{text}: reads nothing"
+            );
+        }
+    }
+}
+
 mod optimistic;
