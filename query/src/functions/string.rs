@@ -30,6 +30,16 @@
 //!   (unanchored), and modifiers are `i` (ignore case), `m` (multi-line), `s` (dot matches
 //!   newline) and `x` (ignore whitespace). A pattern that does not compile, that compiles larger
 //!   than 1 MiB, or an unknown modifier fails the query.
+//! - **`SubstringAfter`/`SubstringBefore`/`LastSubstringAfter`/`LastSubstringBefore`** give
+//!   `""` when the delimiter does not occur (the reference does not say). **`LastIndexOf`**'s
+//!   optional start is where the backward search begins, as in .NET: the match must end at or
+//!   before that character (a negative start finds nothing, one past the end searches all).
+//! - **`StringSplit`** with an empty delimiter gives `[s]`; **`StringJoin`** is `undefined` if
+//!   an element is not a string, or past 2 MiB as `CONCAT` is.
+//! - **`CONTAINS_ALL_CI`/`_CS`** and **`CONTAINS_ANY_CI`/`_CS`** are `CONTAINS(s, e, ci)` joined
+//!   by `AND`/`OR` with three-valued logic, as the reference defines them (its
+//!   `CONTAINS_ALL_CS` page's first example, `true` for "have" in "Have a nice day!",
+//!   contradicts that definition; the definition is followed).
 
 use std::collections::HashSet;
 
@@ -103,6 +113,49 @@ pub(super) const FUNCTIONS: &[Function] = &[
     }),
     function("ToString", 1, 1, to_string),
     costly("RegexMatch", 2, 3, regex_match, regex_cost),
+    function("LastIndexOf", 2, 3, last_index_of),
+    costly("StringSplit", 2, 2, string_split, string_split_cost),
+    function("StringJoin", 2, 2, string_join),
+    function("SubstringAfter", 2, 2, |_, a| {
+        Ok(split_at_delimiter(a, Occurrence::First, Part::After))
+    }),
+    function("SubstringBefore", 2, 2, |_, a| {
+        Ok(split_at_delimiter(a, Occurrence::First, Part::Before))
+    }),
+    function("LastSubstringAfter", 2, 2, |_, a| {
+        Ok(split_at_delimiter(a, Occurrence::Last, Part::After))
+    }),
+    function("LastSubstringBefore", 2, 2, |_, a| {
+        Ok(split_at_delimiter(a, Occurrence::Last, Part::Before))
+    }),
+    costly(
+        "CONTAINS_ALL_CI",
+        2,
+        usize::MAX,
+        |_, a| Ok(contains_many(a, true, true)),
+        contains_many_cost,
+    ),
+    costly(
+        "CONTAINS_ALL_CS",
+        2,
+        usize::MAX,
+        |_, a| Ok(contains_many(a, true, false)),
+        contains_many_cost,
+    ),
+    costly(
+        "CONTAINS_ANY_CI",
+        2,
+        usize::MAX,
+        |_, a| Ok(contains_many(a, false, true)),
+        contains_many_cost,
+    ),
+    costly(
+        "CONTAINS_ANY_CS",
+        2,
+        usize::MAX,
+        |_, a| Ok(contains_many(a, false, false)),
+        contains_many_cost,
+    ),
 ];
 
 /// Argument `i`, if given and defined.
@@ -291,6 +344,165 @@ fn to_string(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
             string(out)
         }
     })
+}
+
+/// `LastIndexOf(s, sub[, start])`: the character position of the last `sub` that ends at or
+/// before character `start` (the search runs from `start` toward the beginning, as .NET's
+/// `LastIndexOf` does), or -1.
+fn last_index_of(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(s), Some(sub)) = (str_arg(args, 0), str_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let window = match args.get(2) {
+        None => s,
+        Some(_) => match int_arg(args, 2) {
+            Some(n) if n < 0 => return Ok(number(-1.0)),
+            // Characters 0..=start.
+            Some(n) => &s[..byte_offset(s, count(n).saturating_add(1))],
+            None => return Ok(None),
+        },
+    };
+    Ok(match window.rfind(sub) {
+        Some(at) => number(window[..at].chars().count() as f64),
+        None => number(-1.0),
+    })
+}
+
+/// Text bytes one evaluation step pays for when a function scans a string (`StringSplit`,
+/// `CONTAINS_ALL_*`/`CONTAINS_ANY_*`): these calls are charged before they run, in proportion
+/// to the text they scan, so that no one call takes far longer than the document's budget.
+const SCAN_BYTES_PER_STEP: u64 = 64;
+
+/// `StringSplit(s, delimiter)`: the pieces of `s` between non-overlapping occurrences of
+/// `delimiter`, left to right; an empty delimiter gives `[s]`.
+fn string_split(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(s), Some(delimiter)) = (str_arg(args, 0), str_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let pieces: Vec<Value> = if delimiter.is_empty() {
+        vec![Value::String(s.to_owned())]
+    } else {
+        s.split(delimiter)
+            .map(|piece| Value::String(piece.to_owned()))
+            .collect()
+    };
+    Ok(Some(Value::Array(pieces)))
+}
+
+/// One step per piece `StringSplit` would build, plus the scan: counted (without building
+/// anything) before the call, so that splitting a large string into many small pieces is
+/// refused by the document's budget rather than allocated first.
+fn string_split_cost(args: &[Val]) -> u64 {
+    let (Some(s), Some(delimiter)) = (str_arg(args, 0), str_arg(args, 1)) else {
+        return 0;
+    };
+    let pieces = if delimiter.is_empty() {
+        1
+    } else {
+        s.matches(delimiter).count() as u64 + 1
+    };
+    pieces + s.len() as u64 / SCAN_BYTES_PER_STEP
+}
+
+/// `StringJoin(array, separator)`: the array's strings with `separator` between them;
+/// `undefined` if any element is not a string, or if the result would exceed the largest
+/// string a query builds.
+fn string_join(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(Value::Array(items)), Some(separator)) = (arg(args, 0), str_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let mut len = separator
+        .len()
+        .saturating_mul(items.len().saturating_sub(1));
+    for item in items {
+        let Value::String(s) = item else {
+            return Ok(None);
+        };
+        len = len.saturating_add(s.len());
+    }
+    if len > MAX_REPLACE_BYTES {
+        return Ok(None);
+    }
+    let mut out = String::with_capacity(len);
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(separator);
+        }
+        if let Value::String(s) = item {
+            out.push_str(s);
+        }
+    }
+    Ok(string(out))
+}
+
+/// Which occurrence of the delimiter the `Substring*` functions split at.
+#[derive(Debug, Clone, Copy)]
+enum Occurrence {
+    First,
+    Last,
+}
+
+/// Which side of the delimiter they return.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    Before,
+    After,
+}
+
+/// `SubstringAfter`/`SubstringBefore`/`LastSubstringAfter`/`LastSubstringBefore(s,
+/// delimiter)`: the text after or before the first or last occurrence of `delimiter`; `""`
+/// when `delimiter` does not occur.
+fn split_at_delimiter(args: &[Val], occurrence: Occurrence, part: Part) -> Val {
+    let (s, delimiter) = (str_arg(args, 0)?, str_arg(args, 1)?);
+    let found = match occurrence {
+        Occurrence::First => s.find(delimiter),
+        Occurrence::Last => s.rfind(delimiter),
+    };
+    let Some(at) = found else {
+        return string("");
+    };
+    string(match part {
+        Part::Before => &s[..at],
+        Part::After => &s[at + delimiter.len()..],
+    })
+}
+
+/// `CONTAINS_ALL_*(s, e1, ...)` (`all`) and `CONTAINS_ANY_*` (not `all`): `CONTAINS(s, e1,
+/// ignore_case) AND ...` or `OR ...`, with the query language's three-valued logic — a
+/// non-string argument makes its own test `undefined`, which a `false` (`ALL`) or a `true`
+/// (`ANY`) elsewhere overrides.
+fn contains_many(args: &[Val], all: bool, ignore_case: bool) -> Val {
+    let haystack = str_arg(args, 0).map(|s| {
+        if ignore_case {
+            std::borrow::Cow::Owned(s.to_lowercase())
+        } else {
+            std::borrow::Cow::Borrowed(s)
+        }
+    });
+    let mut unknown = false;
+    for i in 1..args.len() {
+        let test = match (&haystack, str_arg(args, i)) {
+            (Some(s), Some(t)) if ignore_case => Some(s.contains(&t.to_lowercase())),
+            (Some(s), Some(t)) => Some(s.contains(t)),
+            _ => None,
+        };
+        match test {
+            // `false` decides `ALL`, `true` decides `ANY`.
+            Some(found) if found != all => return boolean(found),
+            Some(_) => {}
+            None => unknown = true,
+        }
+    }
+    if unknown { None } else { boolean(all) }
+}
+
+/// One scan of the text per substring looked for.
+fn contains_many_cost(args: &[Val]) -> u64 {
+    let text = str_arg(args, 0).map_or(0, |s: &str| s.len() as u64);
+    let needles: u64 = (1..args.len())
+        .map(|i| str_arg(args, i).map_or(0, |t: &str| t.len() as u64 + text))
+        .sum();
+    needles / SCAN_BYTES_PER_STEP
 }
 
 /// Text bytes times pattern bytes per evaluation step that a `RegexMatch` is charged: the
@@ -493,6 +705,240 @@ mod tests {
     }
 
     const AW: &str = "AdventureWorks";
+
+    fn cost(name: &str, args: &[Val]) -> u64 {
+        let f = lookup(name).expect("known function");
+        f.cost.expect("a costly function")(args)
+    }
+
+    fn strings(items: &[&str]) -> Val {
+        Some(json!(items))
+    }
+
+    #[test]
+    fn string_split() {
+        // The reference's examples.
+        assert_eq!(
+            call("StringSplit", &[s("Handlebar"), s("e")]),
+            strings(&["Handl", "bar"])
+        );
+        assert_eq!(
+            call("StringSplit", &[s("CARBON_STEEL_BIKE_WHEEL"), s("_")]),
+            strings(&["CARBON", "STEEL", "BIKE", "WHEEL"])
+        );
+        assert_eq!(
+            call("StringSplit", &[s("Road Bike"), s(" ")]),
+            strings(&["Road", "Bike"])
+        );
+        assert_eq!(
+            call("StringSplit", &[s("xenmoun mountain bike"), s("moun")]),
+            strings(&["xen", " ", "tain bike"])
+        );
+        assert_eq!(call("StringSplit", &[s("AluminumBikeFrame"), None]), None);
+        assert_eq!(
+            call("StringSplit", &[s("Helmet"), s("")]),
+            strings(&["Helmet"])
+        );
+        assert_eq!(call("StringSplit", &[s(""), s("")]), strings(&[""]));
+        // Edges.
+        assert_eq!(call("StringSplit", &[s(""), s(",")]), strings(&[""]));
+        assert_eq!(
+            call("StringSplit", &[s(",a,,b,"), s(",")]),
+            strings(&["", "a", "", "b", ""])
+        );
+        assert_eq!(
+            call("StringSplit", &[s("aaa"), s("aa")]),
+            strings(&["", "a"])
+        );
+        assert_eq!(call("StringSplit", &[n(1.0), s(",")]), None);
+        assert_eq!(call("StringSplit", &[s("a"), n(1.0)]), None);
+    }
+
+    #[test]
+    fn string_split_is_charged_per_piece_before_it_runs() {
+        // 2 MiB split into one-character pieces costs more than one document's budget, so
+        // the evaluator refuses it before any piece is built.
+        let big = ",".repeat(MAX_REPLACE_BYTES);
+        let charged = cost("StringSplit", &[s(&big), s(",")]);
+        assert!(charged > crate::eval::MAX_STEPS_PER_DOCUMENT, "{charged}");
+        // A large text split into few pieces costs little.
+        let few = format!("{}|{}", "x".repeat(MAX_REPLACE_BYTES / 2), "y".repeat(10));
+        assert!(cost("StringSplit", &[s(&few), s("|")]) < 50_000);
+        assert_eq!(cost("StringSplit", &[s("a,b"), s("")]), 1);
+        assert_eq!(cost("StringSplit", &[None, s(",")]), 0);
+    }
+
+    #[test]
+    fn string_join() {
+        // The reference's examples.
+        let words = strings(&["Iropa", "Mountain", "Bike"]);
+        assert_eq!(
+            call("StringJoin", &[words.clone(), s(" ")]),
+            s("Iropa Mountain Bike")
+        );
+        assert_eq!(
+            call("StringJoin", &[words.clone(), s("")]),
+            s("IropaMountainBike")
+        );
+        assert_eq!(call("StringJoin", &[words, None]), None);
+        assert_eq!(
+            call("StringJoin", &[strings(&["6", "7", "4", "3"]), s("A")]),
+            s("6A7A4A3")
+        );
+        assert_eq!(
+            call("StringJoin", &[strings(&["Adventure", "LT"]), s("Works")]),
+            s("AdventureWorksLT")
+        );
+        // Edges: empty and one-element arrays, non-string elements, the size limit.
+        assert_eq!(call("StringJoin", &[strings(&[]), s(",")]), s(""));
+        assert_eq!(call("StringJoin", &[strings(&["a"]), s(",")]), s("a"));
+        assert_eq!(call("StringJoin", &[Some(json!(["a", 1])), s(",")]), None);
+        assert_eq!(call("StringJoin", &[s("abc"), s(",")]), None);
+        let half = "x".repeat(MAX_REPLACE_BYTES / 2);
+        let two = Some(json!([half, half]));
+        assert!(call("StringJoin", &[two.clone(), s("")]).is_some());
+        assert_eq!(call("StringJoin", &[two, s("-")]), None);
+    }
+
+    #[test]
+    fn substring_after_and_before() {
+        // The reference's examples.
+        let cases = [
+            ("SubstringAfter", "contoso|north|2026", "|", "north|2026"),
+            ("SubstringAfter", "a/b/c", "/", "b/c"),
+            (
+                "SubstringAfter",
+                "bike::touring::frame",
+                "::",
+                "touring::frame",
+            ),
+            ("SubstringBefore", "contoso|north|2026", "|", "contoso"),
+            ("SubstringBefore", "a/b/c", "/", "a"),
+            ("SubstringBefore", "bike::touring::frame", "::", "bike"),
+            ("LastSubstringAfter", "/products/shoes/boots", "/", "boots"),
+            ("LastSubstringAfter", "A-B-C", "-", "C"),
+            ("LastSubstringAfter", "bike::touring::frame", "::", "frame"),
+            (
+                "LastSubstringBefore",
+                "/products/shoes/boots",
+                "/",
+                "/products/shoes",
+            ),
+            ("LastSubstringBefore", "A-B-C", "-", "A-B"),
+            (
+                "LastSubstringBefore",
+                "bike::touring::frame",
+                "::",
+                "bike::touring",
+            ),
+            // No delimiter: "".
+            ("SubstringAfter", "abc", "|", ""),
+            ("SubstringBefore", "abc", "|", ""),
+            ("LastSubstringAfter", "abc", "|", ""),
+            ("LastSubstringBefore", "abc", "|", ""),
+            // Multi-byte characters are never split.
+            ("SubstringAfter", "é😀é", "😀", "é"),
+            ("LastSubstringBefore", "a😀b😀c", "😀", "a😀b"),
+        ];
+        for (name, text, delimiter, expected) in cases {
+            assert_eq!(
+                call(name, &[s(text), s(delimiter)]),
+                s(expected),
+                "{name}({text:?}, {delimiter:?})"
+            );
+        }
+        for name in [
+            "SubstringAfter",
+            "SubstringBefore",
+            "LastSubstringAfter",
+            "LastSubstringBefore",
+        ] {
+            assert_eq!(call(name, &[None, s("/")]), None, "{name}");
+            assert_eq!(call(name, &[s("a/b"), None]), None, "{name}");
+            assert_eq!(call(name, &[n(1.0), s("/")]), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn last_index_of() {
+        // The reference's examples.
+        assert_eq!(call("LastIndexOf", &[s("abcdeabc"), s("abc")]), n(5.0));
+        assert_eq!(
+            call("LastIndexOf", &[s("abcdeabc"), s("abc"), n(6.0)]),
+            n(0.0)
+        );
+        assert_eq!(
+            call("LastIndexOf", &[s("abcdeabc"), s("abc"), n(7.0)]),
+            n(5.0)
+        );
+        assert_eq!(call("LastIndexOf", &[s("abcdeabc"), s("fg")]), n(-1.0));
+        // Edges: a start past the end searches everything, a negative one finds nothing;
+        // positions count characters.
+        assert_eq!(
+            call("LastIndexOf", &[s("abcdeabc"), s("abc"), n(100.0)]),
+            n(5.0)
+        );
+        assert_eq!(
+            call("LastIndexOf", &[s("abcdeabc"), s("abc"), n(-1.0)]),
+            n(-1.0)
+        );
+        assert_eq!(call("LastIndexOf", &[s("😀a😀a"), s("a")]), n(3.0));
+        assert_eq!(call("LastIndexOf", &[s("abc"), s("")]), n(3.0));
+        assert_eq!(call("LastIndexOf", &[s("abc"), n(1.0)]), None);
+        assert_eq!(call("LastIndexOf", &[s("abc"), s("a"), s("1")]), None);
+    }
+
+    #[test]
+    fn contains_all_and_any() {
+        // The reference's examples, in order: ALL_CI, ALL_CS, ANY_CI, ANY_CS. One differs:
+        // the CONTAINS_ALL_CS page shows `true` for "have" in "Have a nice day!", which
+        // contradicts the same page's definition (`CONTAINS(s, "have", false) AND ...`);
+        // the definition is followed.
+        let t = boolean(true);
+        let f = boolean(false);
+        let day = "Have a nice day!";
+        let cases: [(&[Val], [Val; 4]); 5] = [
+            (
+                &[s("have"), s("nice"), s("day!")],
+                [t.clone(), f.clone(), t.clone(), t.clone()],
+            ),
+            (
+                &[s("HAVE"), s("NICE"), s("DAY!")],
+                [t.clone(), f.clone(), t.clone(), f.clone()],
+            ),
+            (
+                &[s("had"), s("nice"), s("day!")],
+                [f.clone(), f.clone(), t.clone(), t.clone()],
+            ),
+            (
+                &[None, s("nice"), s("day!")],
+                [None, None, t.clone(), t.clone()],
+            ),
+            (&[None, s("had")], [f.clone(), f.clone(), None, None]),
+        ];
+        let names = [
+            "CONTAINS_ALL_CI",
+            "CONTAINS_ALL_CS",
+            "CONTAINS_ANY_CI",
+            "CONTAINS_ANY_CS",
+        ];
+        for (needles, expected) in cases {
+            let mut args = vec![s(day)];
+            args.extend(needles.iter().cloned());
+            for (name, want) in names.iter().zip(expected) {
+                assert_eq!(call(name, &args), want, "{name}{args:?}");
+            }
+        }
+        // A non-string text leaves every test undefined.
+        for name in names {
+            assert_eq!(call(name, &[n(1.0), s("1")]), None, "{name}");
+            assert_eq!(call(name, &[s("Straße"), s("")]), t, "{name}");
+        }
+        assert_eq!(call("CONTAINS_ALL_CI", &[s("ÉTÉ"), s("été")]), t);
+        // Charged one scan of the text per substring.
+        let text = "x".repeat(64 * 1000);
+        assert_eq!(cost("CONTAINS_ANY_CS", &[s(&text), s("a"), s("b")]), 2000);
+    }
 
     #[test]
     fn concat_strings_only() {

@@ -1,6 +1,16 @@
 //! Type checking functions, and `IIF`.
+//!
+//! - **`IS_FINITE_NUMBER`** is `true` for a finite number and `false` for anything else
+//!   (a non-number or `undefined` included).
+//! - **`IS_INTEGER`** is `true` for a number with no fractional part from -2^63 through 2^63,
+//!   `false` for anything else. Numbers in queries are doubles, so the literal
+//!   `9223372036854775807` (the largest 64-bit integer, which the reference says is an
+//!   integer) is read as 2^63 and counts as one; `18446744073709551615` is 2^64 and does not.
+//!   A document's integers beyond a double's precision are judged exactly.
+//! - **`IS_DATETIME`** is `true` for a string the date and time functions accept (the format
+//!   the reference's `IS_DATETIME` page lists), `false` for anything else.
 
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use super::{Context, Function, FunctionError, function};
 use crate::value::{Val, boolean};
@@ -31,8 +41,40 @@ pub(super) const FUNCTIONS: &[Function] = &[
     unary("IS_STRING", |_, a| {
         Ok(boolean(matches!(a[0], Some(Value::String(_)))))
     }),
+    unary("IS_FINITE_NUMBER", |_, a| {
+        Ok(boolean(matches!(
+            &a[0],
+            Some(Value::Number(n)) if n.as_f64().is_some_and(f64::is_finite)
+        )))
+    }),
+    unary("IS_INTEGER", |_, a| {
+        Ok(boolean(
+            matches!(&a[0], Some(Value::Number(n)) if is_integer(n)),
+        ))
+    }),
+    unary("IS_DATETIME", |_, a| {
+        Ok(boolean(matches!(
+            &a[0],
+            Some(Value::String(s)) if super::datetime::parse(s).is_some()
+        )))
+    }),
     function("IIF", 3, 3, iif),
 ];
+
+/// 2^63, the first double past the 64-bit integers.
+const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+
+/// Whether `n` is a whole number in the 64-bit range (see the module's notes for 2^63).
+fn is_integer(n: &Number) -> bool {
+    if n.is_i64() {
+        return true;
+    }
+    if let Some(u) = n.as_u64() {
+        return i64::try_from(u).is_ok();
+    }
+    n.as_f64()
+        .is_some_and(|x| x.fract() == 0.0 && (-TWO_TO_63..=TWO_TO_63).contains(&x))
+}
 
 const fn unary(
     name: &'static str,
@@ -72,6 +114,43 @@ mod tests {
         assert_eq!(call("IS_PRIMITIVE", &[Some(json!("x"))]), Some(json!(true)));
         assert_eq!(call("IS_PRIMITIVE", &[Some(json!({}))]), Some(json!(false)));
         assert_eq!(call("IS_NULL", &[None]), Some(json!(false)));
+    }
+
+    #[test]
+    fn finite_integer_and_date_time_tests() {
+        let t = Some(json!(true));
+        let f = Some(json!(false));
+        // The reference's examples (8.9 / 0.0 and SQRT(-1.0) are not numbers here yet).
+        assert_eq!(call("IS_FINITE_NUMBER", &[Some(json!(1234.567))]), t);
+        assert_eq!(call("IS_FINITE_NUMBER", &[Some(json!("1"))]), f);
+        assert_eq!(call("IS_FINITE_NUMBER", &[None]), f);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(3454.123))]), f);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(5523432))]), t);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(i64::MIN))]), t);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(i64::MAX))]), t);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(u64::MAX))]), f);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(1u64 << 63))]), f);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(TWO_TO_63))]), t);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(-TWO_TO_63))]), t);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(2.0 * TWO_TO_63))]), f);
+        assert_eq!(call("IS_INTEGER", &[Some(json!(5.0))]), t);
+        assert_eq!(call("IS_INTEGER", &[Some(json!("5"))]), f);
+        assert_eq!(call("IS_INTEGER", &[None]), f);
+        for (text, expected) in [
+            ("2024-12-12", true),
+            ("2024-12-12Z", true),
+            ("2024-12-12 20:21:25", true),
+            ("2024-12-12T20:21:25Z", true),
+            ("2024-12-12T20:21:25.123", true),
+            ("2024-12-12 20:21:25.123Z", true),
+            ("2024-12-12T20Z", false),
+            ("2024-12-12 20:21:25.", false),
+        ] {
+            let got = call("IS_DATETIME", &[Some(json!(text))]);
+            assert_eq!(got, Some(json!(expected)), "{text}");
+        }
+        assert_eq!(call("IS_DATETIME", &[Some(json!(20241212))]), f);
+        assert_eq!(call("IS_DATETIME", &[None]), f);
     }
 
     #[test]
