@@ -873,6 +873,12 @@ fn call(name: &str, at: Position, mut args: Vec<Expr>) -> Result<Expr, QueryErro
         }
         return Ok(Expr::Aggregate(aggregate, Box::new(args.remove(0))));
     }
+    if let Some(refused) = functions::unsupported(name) {
+        return Err(QueryError::unsupported(
+            Some(at),
+            format!("{refused} is not supported: Mayfly has no full-text or vector search"),
+        ));
+    }
     let Some(function) = functions::lookup(name) else {
         return Err(QueryError::invalid(
             Some(at),

@@ -15,15 +15,37 @@
 //!   counts from the end (clamped to the first element), and a negative length gives `[]`.
 //! - `SetIntersect(a, b)` lists the distinct values of `b` that are in `a`, in `b`'s order (as
 //!   the reference's `SetIntersect([1, 2, "A", "B"], ["A", 1])` is `["A", 1]`); `SetUnion`
-//!   lists the distinct values of `a` then of `b`, in order.
+//!   lists the distinct values of `a` then of `b`, in order. `SetDifference(a, b)` lists the
+//!   distinct values of `a` that are not in `b`, in `a`'s order; `SetEqual(a, b)` is whether
+//!   the two hold the same distinct values.
+//! - `ARRAY_SUM`, `ARRAY_AVG` and `ARRAY_MEDIAN` take arrays of numbers only: any other
+//!   element (a string, boolean, null, array or object) makes the result `undefined`, as the
+//!   reference's examples show (an `undefined` element is left out when the array is built).
+//!   `ARRAY_SUM([])` is `0`; `ARRAY_AVG([])` and `ARRAY_MEDIAN([])` are `undefined` (there is
+//!   no average of nothing, as for the `AVG` aggregate). The median of an even count is the
+//!   mean of the two middle values.
+//! - `ARRAY_MAX` and `ARRAY_MIN` take numbers, strings, booleans and nulls, ordered across
+//!   types null < boolean < number < string (the reference's priority order) and within a type
+//!   by value (strings by code point, so `"abc"` > `"ABC"`); an array or object element, or an
+//!   empty array, gives `undefined`.
+//! - `CHOOSE(i, e1, e2, ...)` counts from 1 and truncates a fractional index toward zero; an
+//!   index out of range or not a number gives `undefined`.
+//! - `ObjectToArray(obj[, keyName[, valueName]])` lists the object's members in key order (the
+//!   order Mayfly keeps members in) as `{"k": name, "v": value}` objects, or with the given
+//!   names; a non-object, or a name that is not a string, gives `undefined`. Where both names
+//!   are the same, the member holds the value.
+//!
+//! Each of these walks its arrays (`ARRAY_MEDIAN` also sorts), so each is charged its work in
+//! evaluation steps before it runs (see `Function::cost`).
 
+use std::cmp::Ordering;
 use std::collections::HashSet;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::string::{count, int_arg, write_json};
-use super::{Context, Function, FunctionError, function};
-use crate::value::{Val, boolean, deep_equal, number};
+use super::{Context, Function, FunctionError, costly, function};
+use crate::value::{Val, approximate_size, as_f64, boolean, deep_equal, number, sort_order};
 
 pub(super) const FUNCTIONS: &[Function] = &[
     function("ARRAY_CONCAT", 2, usize::MAX, array_concat),
@@ -40,7 +62,58 @@ pub(super) const FUNCTIONS: &[Function] = &[
     function("ARRAY_SLICE", 2, 3, array_slice),
     function("SetIntersect", 2, 2, set_intersect),
     function("SetUnion", 2, 2, set_union),
+    costly("SetDifference", 2, 2, set_difference, size_cost),
+    costly("SetEqual", 2, 2, set_equal, size_cost),
+    costly("ARRAY_SUM", 1, 1, array_sum, length_cost),
+    costly("ARRAY_AVG", 1, 1, array_avg, length_cost),
+    costly("ARRAY_MEDIAN", 1, 1, array_median, sort_cost),
+    costly(
+        "ARRAY_MAX",
+        1,
+        1,
+        |_, a| Ok(extreme(a, Ordering::Greater)),
+        length_cost,
+    ),
+    costly(
+        "ARRAY_MIN",
+        1,
+        1,
+        |_, a| Ok(extreme(a, Ordering::Less)),
+        length_cost,
+    ),
+    function("CHOOSE", 2, usize::MAX, choose),
+    costly("ObjectToArray", 1, 3, object_to_array, size_cost),
 ];
+
+/// Bytes of an argument's JSON per evaluation step, for the functions that write their
+/// arguments out (the set functions compare values by their canonical text).
+const BYTES_PER_STEP: u64 = 16;
+
+/// One step per element of the first argument (an array), for the functions that walk it once.
+fn length_cost(args: &[Val]) -> u64 {
+    array_arg(args, 0).map_or(0, |items| items.len() as u64)
+}
+
+/// `n log2 n` steps for sorting the first argument's `n` elements (and one per element).
+fn sort_cost(args: &[Val]) -> u64 {
+    let n = length_cost(args);
+    n.saturating_mul(u64::from(n.max(1).ilog2() + 1))
+}
+
+/// One step per [`BYTES_PER_STEP`] of every argument's JSON, and one per top-level element.
+fn size_cost(args: &[Val]) -> u64 {
+    args.iter()
+        .flatten()
+        .map(|v| {
+            let elements = match v {
+                Value::Array(items) => items.len() as u64,
+                Value::Object(map) => map.len() as u64,
+                _ => 0,
+            };
+            (approximate_size(v) as u64 / BYTES_PER_STEP).saturating_add(elements)
+        })
+        .fold(0, u64::saturating_add)
+}
 
 /// Argument `i` if it is an array.
 fn array_arg(args: &[Val], i: usize) -> Option<&[Value]> {
@@ -156,6 +229,118 @@ fn set_union(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
         .chain(b)
         .filter(|v| seen.insert(key(v)))
         .cloned()
+        .collect();
+    Ok(Some(Value::Array(out)))
+}
+
+fn set_difference(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let in_b: HashSet<String> = b.iter().map(key).collect();
+    let mut seen = HashSet::new();
+    let out = a
+        .iter()
+        .filter(|v| {
+            let k = key(v);
+            !in_b.contains(&k) && seen.insert(k)
+        })
+        .cloned()
+        .collect();
+    Ok(Some(Value::Array(out)))
+}
+
+fn set_equal(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let a: HashSet<String> = a.iter().map(key).collect();
+    let b: HashSet<String> = b.iter().map(key).collect();
+    Ok(boolean(a == b))
+}
+
+/// The first argument's elements as numbers, if it is an array of numbers only.
+fn numbers(args: &[Val]) -> Option<Vec<f64>> {
+    array_arg(args, 0)?.iter().map(as_f64).collect()
+}
+
+fn array_sum(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    Ok(numbers(args).and_then(|xs| number(xs.iter().sum())))
+}
+
+fn array_avg(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let Some(xs) = numbers(args).filter(|xs| !xs.is_empty()) else {
+        return Ok(None);
+    };
+    #[allow(clippy::cast_precision_loss, reason = "an array's length")]
+    let n = xs.len() as f64;
+    Ok(number(xs.iter().sum::<f64>() / n))
+}
+
+fn array_median(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let Some(mut xs) = numbers(args).filter(|xs| !xs.is_empty()) else {
+        return Ok(None);
+    };
+    xs.sort_by(f64::total_cmp);
+    let mid = xs.len() / 2;
+    let median = if xs.len() % 2 == 1 {
+        xs[mid]
+    } else {
+        (xs[mid - 1] + xs[mid]) / 2.0
+    };
+    Ok(number(median))
+}
+
+/// `ARRAY_MAX` (`want` is `Greater`) or `ARRAY_MIN` (`Less`).
+fn extreme(args: &[Val], want: Ordering) -> Val {
+    let items = array_arg(args, 0)?;
+    let mut best: Option<&Value> = None;
+    for item in items {
+        if matches!(item, Value::Array(_) | Value::Object(_)) {
+            return None;
+        }
+        if best.is_none_or(|b| sort_order(Some(item), Some(b)) == want) {
+            best = Some(item);
+        }
+    }
+    best.cloned()
+}
+
+/// `CHOOSE(i, e1, e2, ...)`: `e_i`, counting from 1.
+fn choose(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let Some(i) = int_arg(args, 0) else {
+        return Ok(None);
+    };
+    let choices = &args[1..];
+    Ok(usize::try_from(i)
+        .ok()
+        .and_then(|i| i.checked_sub(1))
+        .and_then(|i| choices.get(i))
+        .cloned()
+        .flatten())
+}
+
+/// `ObjectToArray(obj[, keyName[, valueName]])`.
+fn object_to_array(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let Some(Some(Value::Object(object))) = args.first() else {
+        return Ok(None);
+    };
+    let name = |i: usize, default: &str| match args.get(i) {
+        None => Some(default.to_owned()),
+        Some(Some(Value::String(s))) => Some(s.clone()),
+        Some(_) => None,
+    };
+    let (Some(k), Some(v)) = (name(1, "k"), name(2, "v")) else {
+        return Ok(None);
+    };
+    let out = object
+        .iter()
+        .map(|(key, value)| {
+            let mut pair = Map::new();
+            pair.insert(k.clone(), Value::String(key.clone()));
+            pair.insert(v.clone(), value.clone());
+            Value::Object(pair)
+        })
         .collect();
     Ok(Some(Value::Array(out)))
 }
@@ -446,5 +631,43 @@ mod tests {
         // Wrong types.
         assert_eq!(call("SetIntersect", &[a.clone(), None]), None);
         assert_eq!(call("SetUnion", &[v(json!({})), a]), None);
+    }
+
+    #[test]
+    fn numeric_reductions() {
+        let xs = [v(json!([3, 1.5, -2, 10]))];
+        assert_eq!(call("ARRAY_SUM", &xs), v(json!(12.5)));
+        assert_eq!(call("ARRAY_AVG", &xs), v(json!(3.125)));
+        assert_eq!(call("ARRAY_MEDIAN", &xs), v(json!(2.25)));
+        assert_eq!(call("ARRAY_MAX", &xs), v(json!(10)));
+        assert_eq!(call("ARRAY_MIN", &xs), v(json!(-2)));
+        // Overflow has no JSON form (until IEEE specials): undefined, never a panic.
+        assert_eq!(call("ARRAY_SUM", &[v(json!([1e308, 1e308]))]), None);
+        assert_eq!(call("ARRAY_AVG", &[v(json!([1e308, 1e308]))]), None);
+        assert_eq!(call("ARRAY_MEDIAN", &[v(json!([1e308, 1e308]))]), None);
+    }
+
+    #[test]
+    fn costs_grow_with_the_arrays() {
+        let f = lookup("ARRAY_MEDIAN").expect("known");
+        let cost = f.cost.expect("costly");
+        assert_eq!(cost(&[v(json!([]))]), 0);
+        assert_eq!(cost(&[v(json!([1]))]), 1);
+        let big: Vec<Value> = (0..1024).map(|i| json!(i)).collect();
+        assert_eq!(cost(&[v(Value::Array(big))]), 1024 * 11);
+        assert_eq!(cost(&[None]), 0);
+        for name in [
+            "ARRAY_SUM",
+            "ARRAY_AVG",
+            "ARRAY_MAX",
+            "ARRAY_MIN",
+            "SetDifference",
+            "SetEqual",
+            "ObjectToArray",
+        ] {
+            let cost = lookup(name).and_then(|f| f.cost).expect(name);
+            let args = [v(json!([1, 2, 3])), v(json!([4]))];
+            assert!(cost(&args) >= 3, "{name}");
+        }
     }
 }

@@ -10,8 +10,21 @@
 //! range of .NET's `DateTime`, 0001-01-01T00:00:00.0000000Z through
 //! 9999-12-31T23:59:59.9999999Z; any result outside it is `undefined`, as are malformed
 //! strings, unknown part names and arguments of the wrong type. No function reads the system
-//! clock: the `GetCurrent*` functions return the query's one clock reading,
-//! [`Context::now_ms`].
+//! clock: the `GetCurrent*` functions (and their `*Static` forms, the same here), `Now` and
+//! `Ago` return the query's one clock reading, [`Context::now_ms`].
+//!
+//! `DateTimeFormat(dateTime, format)` writes a date and time with the custom format
+//! specifiers of .NET's date and time formatting (culture-invariant names), as far as the
+//! reference's examples show them: `y`/`yy` (the year's last two digits), `yyy`.. (the year,
+//! padded with zeros to the letters' count), `M`/`MM` (month), `MMM`/`MMMM` (its abbreviated
+//! or full English name), `d`/`dd` (day), `ddd`/`dddd` (weekday name), `h`/`hh` (12-hour
+//! clock), `H`/`HH`, `m`/`mm`, `s`/`ss`, `f`.. to seven `f`s (second fraction digits), `F`..
+//! to seven (the same, trailing zeros dropped; nothing when zero — the `.` before them stays,
+//! as in the reference's example), `t`/`tt` (`A`/`AM` or `P`/`PM`) and `K` (`Z`). A `\`
+//! makes the next character literal, text in `'...'` or `"..."` is copied, and any other
+//! character is copied as it is. More than seven `f`/`F`s, or a malformed date, give
+//! `undefined`; a single letter is a custom specifier too (.NET's one-letter standard
+//! formats are not supported).
 
 use chrono::{Datelike, Months, NaiveDate};
 use serde_json::Value;
@@ -28,6 +41,21 @@ pub(super) const FUNCTIONS: &[Function] = &[
         Ok(int_result(Some(c.now_ms)))
     }),
     function("GetCurrentTicks", 0, 0, |c, _| Ok(int_result(now_ticks(c)))),
+    function("GetCurrentDateTimeStatic", 0, 0, |c, _| {
+        Ok(now_ticks(c).and_then(format))
+    }),
+    function("GetCurrentTimestampStatic", 0, 0, |c, _| {
+        Ok(int_result(Some(c.now_ms)))
+    }),
+    function("GetCurrentTicksStatic", 0, 0, |c, _| {
+        Ok(int_result(now_ticks(c)))
+    }),
+    function("Now", 0, 2, |c, a| Ok(now_plus(c, a, false))),
+    function("Ago", 2, 2, |c, a| Ok(now_plus(c, a, true))),
+    function("DateTimeFormat", 2, 2, date_time_format),
+    function("DAY", 1, 1, |_, a| Ok(part_of(Part::Day, &a[0]))),
+    function("MONTH", 1, 1, |_, a| Ok(part_of(Part::Month, &a[0]))),
+    function("YEAR", 1, 1, |_, a| Ok(part_of(Part::Year, &a[0]))),
     function("DateTimeAdd", 3, 3, date_time_add),
     function("DateTimeDiff", 3, 3, date_time_diff),
     function("DateTimePart", 2, 2, date_time_part),
@@ -238,7 +266,29 @@ fn date_time_add(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     else {
         return Ok(None);
     };
-    let result = match part {
+    Ok(add_part(part, n, ticks).and_then(format))
+}
+
+/// `Now()`, `Now(part, n)` (the query's clock plus `n` of `part`, as `DateTimeAdd` adds) and
+/// `Ago(part, n)` (`ago`: minus). `Now` with one argument is `undefined`.
+fn now_plus(ctx: &Context, args: &[Val], ago: bool) -> Val {
+    let now = now_ticks(ctx)?;
+    if args.is_empty() {
+        return format(now);
+    }
+    let (part, n) = (Part::parse(args.first()?)?, int_arg(args.get(1)?)?);
+    let n = if ago { n.checked_neg()? } else { n };
+    add_part(part, n, now).and_then(format)
+}
+
+/// `DAY`, `MONTH` and `YEAR`: `DateTimePart` of one part.
+fn part_of(part: Part, v: &Val) -> Val {
+    int_result(date_arg(v).and_then(|ticks| part_value(part, ticks)))
+}
+
+/// `n` of `part` added to `ticks`, if the result is in range.
+fn add_part(part: Part, n: i64, ticks: i64) -> Option<i64> {
+    match part {
         Part::Year => n
             .checked_mul(12)
             .and_then(|months| add_months(ticks, months)),
@@ -250,8 +300,125 @@ fn date_time_add(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
         Part::Millisecond => add_ticks(ticks, n, TICKS_PER_MS),
         Part::Microsecond => add_ticks(ticks, n, TICKS_PER_US),
         Part::Nanosecond => add_ticks(ticks, n / 100, 1),
+    }
+}
+
+const MONTH_NAMES: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const DAY_NAMES: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
+/// `DateTimeFormat(dateTime, format)` (see the module's documentation).
+fn date_time_format(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+    let (Some(ticks), Some(Value::String(spec))) = (date_arg(&args[0]), &args[1]) else {
+        return Ok(None);
     };
-    Ok(result.and_then(format))
+    let Some((date, time)) = split(ticks) else {
+        return Ok(None);
+    };
+    let seconds = time / TICKS_PER_SECOND;
+    let fraction = time % TICKS_PER_SECOND;
+    let (hour, minute, second) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    let chars: Vec<char> = spec.chars().collect();
+    let mut out = String::with_capacity(spec.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let run = chars[i..].iter().take_while(|&&x| x == c).count();
+        let mut used = run;
+        match c {
+            'y' => {
+                let year = i64::from(date.year());
+                if run <= 2 {
+                    out.push_str(&format!("{:0run$}", year % 100));
+                } else {
+                    out.push_str(&format!("{year:0run$}"));
+                }
+            }
+            'M' => match run {
+                1 | 2 => out.push_str(&format!("{:0run$}", date.month())),
+                _ => {
+                    let name = MONTH_NAMES[date.month0() as usize];
+                    out.push_str(if run == 3 { &name[..3] } else { name });
+                }
+            },
+            'd' => match run {
+                1 | 2 => out.push_str(&format!("{:0run$}", date.day())),
+                _ => {
+                    let name = DAY_NAMES[date.weekday().num_days_from_monday() as usize];
+                    out.push_str(if run == 3 { &name[..3] } else { name });
+                }
+            },
+            'h' | 'H' | 'm' | 's' => {
+                let width = run.min(2);
+                let n = match c {
+                    'h' => (hour + 11) % 12 + 1,
+                    'H' => hour,
+                    'm' => minute,
+                    _ => second,
+                };
+                out.push_str(&format!("{n:0width$}"));
+            }
+            'f' | 'F' => {
+                if run > 7 {
+                    return Ok(None);
+                }
+                let digits = format!("{fraction:07}");
+                let digits = &digits[..run];
+                if c == 'f' {
+                    out.push_str(digits);
+                } else {
+                    out.push_str(digits.trim_end_matches('0'));
+                }
+            }
+            't' => {
+                let ampm = if hour < 12 { "AM" } else { "PM" };
+                out.push_str(&ampm[..run.min(2)]);
+            }
+            'K' => {
+                used = 1;
+                out.push('Z');
+            }
+            '\\' => {
+                used = 1;
+                if let Some(&next) = chars.get(i + 1) {
+                    out.push(next);
+                    used = 2;
+                }
+            }
+            '\'' | '"' => {
+                // Copied to the closing quote (or the end).
+                let text: String = chars[i + 1..].iter().take_while(|&&x| x != c).collect();
+                used = text.chars().count() + 2;
+                out.push_str(&text);
+            }
+            _ => {
+                used = 1;
+                out.push(c);
+            }
+        }
+        i += used;
+    }
+    Ok(string(out))
 }
 
 fn add_ticks(ticks: i64, n: i64, unit: i64) -> Option<i64> {
@@ -322,12 +489,15 @@ fn date_time_part(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let (Some(part), Some(ticks)) = (Part::parse(&args[0]), date_arg(&args[1])) else {
         return Ok(None);
     };
-    let Some((date, time)) = split(ticks) else {
-        return Ok(None);
-    };
+    Ok(int_result(part_value(part, ticks)))
+}
+
+/// The value of `part` in the instant `ticks`.
+fn part_value(part: Part, ticks: i64) -> Option<i64> {
+    let (date, time) = split(ticks)?;
     let seconds = time / TICKS_PER_SECOND;
     let fraction = time % TICKS_PER_SECOND;
-    let value = match part {
+    Some(match part {
         Part::Year => i64::from(date.year()),
         Part::Month => i64::from(date.month()),
         Part::Day => i64::from(date.day()),
@@ -337,8 +507,7 @@ fn date_time_part(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
         Part::Millisecond => fraction / TICKS_PER_MS,
         Part::Microsecond => fraction / TICKS_PER_US,
         Part::Nanosecond => fraction * 100,
-    };
-    Ok(int_result(Some(value)))
+    })
 }
 
 /// `DateTimeFromParts(year, month, day [, hour [, minute [, second [, fraction]]]])`: the
@@ -863,5 +1032,53 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn date_time_format_edges() {
+        let fmt = |f: &str| {
+            call(
+                "DateTimeFormat",
+                &[string("2024-10-10T14:40:20.1230000Z"), string(f)],
+            )
+        };
+        assert_eq!(
+            fmt("yyyy-MM-dd HH:mm:ss.fffffff"),
+            string("2024-10-10 14:40:20.1230000")
+        );
+        assert_eq!(fmt("FFFFFFF|y|yy|yyyyy"), string("123|24|24|02024"));
+        assert_eq!(fmt("hh tt HHH"), string("02 PM 14"));
+        // Odd formats never panic: a trailing escape, an unclosed quote, non-ASCII text.
+        assert_eq!(fmt("yyyy\\"), string("2024"));
+        assert_eq!(fmt("'open"), string("open"));
+        assert_eq!(fmt("é日 \\d d"), string("é日 d 10"));
+        assert_eq!(fmt("ffffffff"), None);
+        assert_eq!(fmt(""), string(""));
+        assert_eq!(
+            call(
+                "DateTimeFormat",
+                &[string("0001-01-01"), string("yy yyyy ddd")]
+            ),
+            string("01 0001 Mon")
+        );
+    }
+
+    #[test]
+    fn now_and_ago() {
+        // 2023-11-14T22:13:20Z.
+        let now = 1_700_000_000_000;
+        let at = |name: &str, args: &[Val]| call_at(now, name, args);
+        assert_eq!(at("Now", &[]), string("2023-11-14T22:13:20.0000000Z"));
+        assert_eq!(
+            at("Ago", &[string("dd"), i(1)]),
+            string("2023-11-13T22:13:20.0000000Z")
+        );
+        assert_eq!(
+            at("Now", &[string("mm"), i(-2)]),
+            string("2023-09-14T22:13:20.0000000Z")
+        );
+        assert_eq!(at("Now", &[string("dd")]), None);
+        assert_eq!(at("Ago", &[string("dd"), i(i64::MIN)]), None);
+        assert_eq!(at("GetCurrentDateTimeStatic", &[]), at("Now", &[]));
     }
 }

@@ -110,6 +110,25 @@ pub fn lookup(name: &str) -> Option<&'static Function> {
         .find(|f| f.name.eq_ignore_ascii_case(name))
 }
 
+/// Cosmos DB's full-text and vector search functions, which Mayfly refuses by name (it has no
+/// full-text or vector indexes to score against).
+const UNSUPPORTED: &[&str] = &[
+    "FullTextContains",
+    "FullTextContainsAll",
+    "FullTextContainsAny",
+    "FullTextScore",
+    "VectorDistance",
+    "RRF",
+];
+
+/// The reference's spelling of `name` (in any letter case) if it is a function Mayfly refuses.
+pub fn unsupported(name: &str) -> Option<&'static str> {
+    UNSUPPORTED
+        .iter()
+        .find(|n| n.eq_ignore_ascii_case(name))
+        .copied()
+}
+
 /// Every function, for documentation and tests.
 pub fn all() -> impl Iterator<Item = &'static Function> {
     FAMILIES.iter().flat_map(|family| family.iter())
@@ -134,5 +153,14 @@ mod tests {
     fn lookup_ignores_case() {
         assert_eq!(lookup("is_string").map(|f| f.name), Some("IS_STRING"));
         assert!(lookup("NO_SUCH_FUNCTION").is_none());
+    }
+
+    #[test]
+    fn refused_names_are_not_functions() {
+        for name in UNSUPPORTED {
+            assert!(lookup(name).is_none(), "{name}");
+        }
+        assert_eq!(unsupported("vectordistance"), Some("VectorDistance"));
+        assert_eq!(unsupported("ARRAY_LENGTH"), None);
     }
 }
