@@ -2786,3 +2786,4 @@ fn a_query_without_from_runs_once_and_reads_nothing() {
 }
 
 mod optimistic;
+mod ordered_review;

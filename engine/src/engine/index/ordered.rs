@@ -217,6 +217,7 @@ impl OrderedWalk<'_> {
                         head.after.as_ref(),
                         self.descending,
                         head.batch,
+                        self.scope,
                     );
                     reads.spend(keys.len())?;
                     head.took(keys.len(), UNDEFINED_BATCH);

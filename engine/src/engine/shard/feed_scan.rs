@@ -159,8 +159,8 @@ impl Shard {
         self.lock().order_support(info.uid, path)
     }
 
-    /// Up to `limit` keys of documents without `bit` (undefined at an `ORDER BY`'s path),
-    /// the first in the order's key order past `after`, found in memory.
+    /// Up to `limit` keys of documents in `scope` without `bit` (undefined at an `ORDER BY`'s
+    /// path), the first in the order's key order past `after`, found in memory.
     pub(crate) fn undefined_keys(
         &self,
         info: &CollectionInfo,
@@ -168,13 +168,14 @@ impl Shard {
         after: Option<&DocKey>,
         descending: bool,
         limit: usize,
+        scope: &FeedScope,
     ) -> Vec<DocKey> {
         let mut found = std::collections::BinaryHeap::with_capacity(limit + 1);
         let mut from = Some(0);
         while let Some(slot) = from {
-            from = self
-                .lock()
-                .undefined_keys(info.uid, bit, after, descending, slot, limit, &mut found);
+            from = self.lock().undefined_keys(
+                info.uid, bit, after, descending, slot, limit, &mut found, scope,
+            );
         }
         found.into_sorted_vec().into_iter().map(|k| k.key).collect()
     }

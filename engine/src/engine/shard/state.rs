@@ -3,6 +3,7 @@
 
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
+use crate::engine::feed::FeedScope;
 
 #[derive(Debug)]
 pub(crate) struct ShardState {
@@ -455,11 +456,12 @@ impl ShardState {
         })
     }
 
-    /// Up to `limit` keys of a collection's documents without `bit` (undefined at its path),
-    /// the first in key order after `after` (or, `descending`, the last before it), among
-    /// the slots from `from`; returns where the next call goes on (`None`: every slot seen).
-    /// Slots are visited [`UNDEFINED_SLOTS_PER_LOCK`] at a time, so one call holds the lock
-    /// briefly.
+    /// Up to `limit` keys of a collection's documents in `scope` without `bit` (undefined at
+    /// its path), the first in key order after `after` (or, `descending`, the last before
+    /// it), among the slots from `from`; returns where the next call goes on (`None`: every
+    /// slot seen). Slots are visited [`UNDEFINED_SLOTS_PER_LOCK`] at a time, so one call holds
+    /// the lock briefly; other partitions' documents are left out here, so that a partition's
+    /// walk costs one visit of the slots, not one per batch of the shard's undefined keys.
     #[allow(
         clippy::too_many_arguments,
         reason = "one search's inputs, each distinct"
@@ -473,6 +475,7 @@ impl ShardState {
         from: u32,
         limit: usize,
         found: &mut std::collections::BinaryHeap<UndefinedKey>,
+        scope: &FeedScope,
     ) -> Option<u32> {
         let end = (from as usize + UNDEFINED_SLOTS_PER_LOCK).min(self.docs.slot_count());
         for slot in from..end as u32 {
@@ -480,6 +483,11 @@ impl ShardState {
                 continue;
             };
             if meta.collection != uid || meta.purged || meta.path_bits & (1 << bit) != 0 {
+                continue;
+            }
+            if let FeedScope::Partition(pk) = scope
+                && meta.key.partition_key != *pk
+            {
                 continue;
             }
             let past = after.is_none_or(|a| {
