@@ -5,9 +5,11 @@
 //! fingerprints, and the position, so it resumes only what made it.
 //!
 //! Layout (little-endian): `version u8 | kind u8 | uid u64 | shards u32 | scope | query u64 |
-//! plan u64 | skipped u64 | returned u64 | shard u32 | range u32 | phase u8 | key | term | skip
-//! u64`, where `scope` is `0` or `1` and a partition key, `key` is `0` or `1`, a partition key
-//! and an id, and `term` is a `u16` length and bytes. Fields a kind does not use are zero.
+//! plan u64 | skipped u64 | returned u64 | shard u32 | range u32 | phase u8 | key | term |
+//! value`, where `scope` is `0` or `1` and a partition key, `key` is `0` or `1`, a partition key
+//! and an id, `term` is a `u16` length and bytes, and `value` (the value an ordered walk's tied
+//! group resumes after) is `0` or `1`, a `u32` length and JSON. Fields a kind does not use are
+//! zero.
 
 use super::{
     CollectionInfo, CollectionUid, Engine, Error, IdKind, InvalidInput, ResourceId,
@@ -77,7 +79,8 @@ struct Fields {
     phase: u8,
     key: Option<DocKey>,
     term: Vec<u8>,
-    skip: u64,
+    /// JSON.
+    value: Option<Vec<u8>>,
 }
 
 const FEED: u8 = 0;
@@ -132,11 +135,16 @@ fn fields(resume: &Resume) -> Fields {
             skipped,
             returned,
         }) => {
-            let (phase, key, term, skip) = match at {
-                OrderedPos::Undefined(after) => (0, after.clone(), Vec::new(), 0),
-                OrderedPos::Entries(None) => (1, None, Vec::new(), 0),
-                OrderedPos::Entries(Some(e)) => (1, Some(e.key.clone()), e.term.clone(), 0),
-                OrderedPos::Group { term, skip } => (2, None, term.clone(), *skip),
+            let (phase, key, term, value) = match at {
+                OrderedPos::Undefined(after) => (0, after.clone(), Vec::new(), None),
+                OrderedPos::Entries(None) => (1, None, Vec::new(), None),
+                OrderedPos::Entries(Some(e)) => (1, Some(e.key.clone()), e.term.clone(), None),
+                OrderedPos::Group { term, last, value } => (
+                    2,
+                    Some(last.clone()),
+                    term.clone(),
+                    value.as_ref().map(|v| v.to_string().into_bytes()),
+                ),
             };
             Fields {
                 kind: ORDERED,
@@ -146,7 +154,7 @@ fn fields(resume: &Resume) -> Fields {
                 phase,
                 key,
                 term,
-                skip,
+                value,
                 ..Fields::default()
             }
         }
@@ -192,7 +200,14 @@ pub(crate) fn encode(binding: &Binding<'_>, resume: &Resume) -> Vec<u8> {
             .to_le_bytes(),
     );
     out.extend_from_slice(&f.term);
-    out.extend_from_slice(&f.skip.to_le_bytes());
+    match &f.value {
+        None => out.push(0),
+        Some(value) => {
+            out.push(1);
+            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            out.extend_from_slice(value);
+        }
+    }
     out
 }
 
@@ -263,7 +278,14 @@ pub(crate) fn decode(bytes: &[u8], binding: &Binding<'_>) -> Result<Resume, Inva
     };
     let term_len = usize::from(u16::from_le_bytes(r.take(2)?.try_into().expect("2 bytes")));
     f.term = r.take(term_len)?.to_vec();
-    f.skip = r.u64()?;
+    f.value = match r.u8()? {
+        0 => None,
+        1 => {
+            let len = r.u32()? as usize;
+            Some(r.take(len)?.to_vec())
+        }
+        _ => return Err(bad("it is corrupt")),
+    };
     if !r.0.is_empty() {
         return Err(bad("it is corrupt"));
     }
@@ -311,9 +333,13 @@ fn resume(f: Fields) -> Result<Resume, InvalidInput> {
                 (1, Some(key), false) => {
                     OrderedPos::Entries(Some(IndexEntry { term: f.term, key }))
                 }
-                (2, None, false) => OrderedPos::Group {
+                (2, Some(last), false) => OrderedPos::Group {
                     term: f.term,
-                    skip: f.skip,
+                    last,
+                    value: match f.value {
+                        Some(json) => Some(serde_json::from_slice(&json).map_err(|_| corrupt())?),
+                        None => None,
+                    },
                 },
                 _ => return Err(corrupt()),
             };
@@ -494,7 +520,18 @@ mod tests {
                 QueryCursor::Ordered {
                     at: OrderedPos::Group {
                         term: vec![1, 2, 3],
-                        skip: 4,
+                        last: key(pk.clone(), "g"),
+                        value: Some(serde_json::json!({"a": [1, "x"]})),
+                    },
+                    plan: 9,
+                    skipped: 3,
+                    returned: 1,
+                },
+                QueryCursor::Ordered {
+                    at: OrderedPos::Group {
+                        term: vec![1, 2, 3],
+                        last: key(pk.clone(), "g"),
+                        value: None,
                     },
                     plan: 9,
                     skipped: 3,

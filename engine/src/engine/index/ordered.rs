@@ -9,7 +9,10 @@
 
 use std::{cmp::Ordering, collections::VecDeque, time::Instant};
 
-use mayfly_query::{QueryError, value::sort_order};
+use mayfly_query::{
+    QueryError,
+    value::{approximate_size, sort_order},
+};
 use serde_json::Value;
 
 use super::{
@@ -38,8 +41,14 @@ pub enum OrderedPos {
     Undefined(Option<DocKey>),
     /// Among the entries, after this one (`None`: at their start).
     Entries(Option<IndexEntry>),
-    /// In the group of entries with this term, sorted by value, after `skip` of them.
-    Group { term: Vec<u8>, skip: u64 },
+    /// In the group of entries with this term (sorted by value, then key), after the document
+    /// with this key and value at the path (`None`: a value too large to carry, found again
+    /// by the key).
+    Group {
+        term: Vec<u8>,
+        last: DocKey,
+        value: Option<Value>,
+    },
 }
 
 impl OrderedPos {
@@ -68,6 +77,22 @@ pub(crate) struct OrderedWalk<'a> {
     /// Entries read, and documents read but not fed (gone, or moved off their entry).
     pub(crate) examined: QueryMetrics,
     pub(crate) started: Instant,
+}
+
+/// The most a group of tied entries may hold of its documents, as stored (the in-memory
+/// sort's limit).
+const MAX_GROUP_BYTES: usize = 64 << 20;
+/// The largest value a continuation carries to resume a group after; a larger one is found
+/// again by its document's key.
+const MAX_VALUE_IN_CURSOR: usize = 4096;
+
+/// One document of a group of tied entries.
+struct Member {
+    key: DocKey,
+    /// Its value at the path.
+    value: Option<Value>,
+    doc: Value,
+    size: usize,
 }
 
 /// Where a walk stands in one shard.
@@ -273,17 +298,17 @@ impl OrderedWalk<'_> {
         let range = &self.plan.ranges[0];
         let (mut low, mut high) = (range.low.clone(), range.high.clone());
         let mut after = None;
-        // A group is read again from its term, and the part already fed skipped.
+        // A group is read again from its term, and resumed after the last document fed.
         let mut resume_group = None;
         match from {
             OrderedPos::Entries(entry) => after = entry,
-            OrderedPos::Group { term, skip } => {
+            OrderedPos::Group { term, last, value } => {
                 if self.descending {
                     high = prefix_end(&term).unwrap_or(high).min(range.high.clone());
                 } else {
                     low = term.clone().max(low);
                 }
-                resume_group = Some((term, skip));
+                resume_group = Some((term, last, value));
             }
             OrderedPos::Undefined(_) => unreachable!("undefined documents are not entries"),
         }
@@ -308,18 +333,24 @@ impl OrderedWalk<'_> {
             };
             let entry = heads[i].buffer.pop_front().expect("has a front");
             let shard = heads[i].shard;
-            let skip = match resume_group.take() {
-                Some((term, skip)) if term == entry.term => skip,
-                _ => 0,
-            };
+            let resume = resume_group.take().filter(|(term, ..)| *term == entry.term);
             if !is_orderable(&entry.term) {
                 let term = entry.term.clone();
                 let group = self.tied_group(engine, &bounds, &mut heads, shard, entry, reads)?;
-                for (j, (doc, size)) in group.into_iter().enumerate().skip(skip as usize) {
+                let start = match resume {
+                    Some((_, last, value)) => self.group_resumes_at(&group, &last, value)?,
+                    None => 0,
+                };
+                for member in group.into_iter().skip(start) {
+                    let value = member
+                        .value
+                        .filter(|v| approximate_size(v) <= MAX_VALUE_IN_CURSOR);
                     let pos = OrderedPos::Group {
                         term: term.clone(),
-                        skip: j as u64 + 1,
+                        last: member.key,
+                        value,
                     };
+                    let (doc, size) = (member.doc, member.size);
                     if sink(Step::Doc { pos, doc, size }, reads)? {
                         return Ok(true);
                     }
@@ -370,9 +401,36 @@ impl OrderedWalk<'_> {
         Ok(())
     }
 
+    /// Where a group resumes after the document `last` with `value` at the path: the first
+    /// member after it in the walk's order. Without the value (it was too large to carry), by
+    /// the key, if that document is still in the group with a value there.
+    fn group_resumes_at(
+        &self,
+        group: &[Member],
+        last: &DocKey,
+        value: Option<Value>,
+    ) -> Result<usize, Error> {
+        match value {
+            Some(value) => Ok(group
+                .iter()
+                .position(|m| {
+                    let o = sort_order(m.value.as_ref(), Some(&value)).then_with(|| m.key.cmp(last));
+                    if self.descending { o.is_lt() } else { o.is_gt() }
+                })
+                .unwrap_or(group.len())),
+            None => group
+                .iter()
+                .position(|m| m.key == *last)
+                .map(|i| i + 1)
+                .ok_or(Error::ContinuationStale {
+                    reason: "the document this ORDER BY's page ended at changed or is gone, and its value was too large to carry in the continuation; run the query again",
+                }),
+        }
+    }
+
     /// Every live document whose entry has `first`'s term (which stands for several values),
-    /// with its stored size, in the order of their values at the path, then of their keys
-    /// (reversed if descending).
+    /// in the order of their values at the path, then of their keys (reversed if descending).
+    /// At most [`mayfly_query::MAX_HELD_ROWS`] documents and [`MAX_GROUP_BYTES`] are held.
     fn tied_group(
         &mut self,
         engine: &Engine,
@@ -381,7 +439,7 @@ impl OrderedWalk<'_> {
         shard: usize,
         first: IndexEntry,
         reads: &mut QueryReads,
-    ) -> Result<Vec<(Value, usize)>, Error> {
+    ) -> Result<Vec<Member>, Error> {
         let term = first.term.clone();
         let mut by_shard: Vec<(usize, Vec<IndexEntry>)> = vec![(shard, vec![first])];
         let mut size = 1;
@@ -412,30 +470,49 @@ impl OrderedWalk<'_> {
                 check_time(self.started, reads)?;
             }
         }
-        let mut group = Vec::with_capacity(size);
+        let too_large = || {
+            Error::Query(QueryError {
+                kind: mayfly_query::ErrorKind::Limit,
+                position: None,
+                message: format!(
+                    "the documents whose arrays, objects or long strings the index cannot tell apart at the ORDER BY path take more than {} MiB; filter further",
+                    MAX_GROUP_BYTES >> 20
+                ),
+            })
+        };
+        let (mut group, mut bytes) = (Vec::with_capacity(size), 0usize);
         for (shard, entries) in by_shard {
             for (entry, view) in
                 engine.entry_documents(self.info, shard, entries, self.read_at, reads)?
             {
                 let key = view.key.clone();
                 let size = view.body.len();
+                bytes = bytes.saturating_add(size);
+                if bytes > MAX_GROUP_BYTES {
+                    return Err(too_large());
+                }
                 match named_by(&entry, view, self.plan) {
-                    Some(doc) => group.push((key, doc, size)),
+                    Some(doc) => {
+                        let path = &self.plan.path;
+                        let body = doc.as_object().expect("documents are objects");
+                        let value = value_at(body, path).cloned();
+                        group.push(Member {
+                            key,
+                            value,
+                            doc,
+                            size,
+                        });
+                    }
                     None => self.examined.documents_examined += 1,
                 }
             }
         }
-        let path = &self.plan.path;
-        let value =
-            |doc: &Value| value_at(doc.as_object().expect("documents are objects"), path).cloned();
-        let mut keyed: Vec<(Option<Value>, DocKey, Value, usize)> = group
-            .into_iter()
-            .map(|(k, d, s)| (value(&d), k, d, s))
-            .collect();
-        keyed.sort_by(|a, b| sort_order(a.0.as_ref(), b.0.as_ref()).then_with(|| a.1.cmp(&b.1)));
+        group.sort_by(|a, b| {
+            sort_order(a.value.as_ref(), b.value.as_ref()).then_with(|| a.key.cmp(&b.key))
+        });
         if self.descending {
-            keyed.reverse();
+            group.reverse();
         }
-        Ok(keyed.into_iter().map(|(_, _, d, s)| (d, s)).collect())
+        Ok(group)
     }
 }

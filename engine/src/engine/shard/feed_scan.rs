@@ -177,7 +177,10 @@ impl Shard {
                 info.uid, bit, after, descending, slot, limit, &mut found, scope,
             );
         }
-        found.into_sorted_vec().into_iter().map(|k| k.key).collect()
+        let mut keys: Vec<DocKey> = found.into_sorted_vec().into_iter().map(|k| k.key).collect();
+        // A key deleted and written again into a later slot during the visit is seen twice.
+        keys.dedup();
+        keys
     }
 
     /// Index entries of a collection, read from storage without the lock.

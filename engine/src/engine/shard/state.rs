@@ -500,16 +500,22 @@ impl ShardState {
             if !past {
                 continue;
             }
-            let key = UndefinedKey {
+            // Compared before it is cloned: most keys of a large shard are not kept.
+            let kept = found.len() < limit
+                || found.peek().is_some_and(|worst| {
+                    let o = meta.key.cmp(&worst.key);
+                    if descending { o.is_gt() } else { o.is_lt() }
+                });
+            if !kept {
+                continue;
+            }
+            if found.len() >= limit {
+                found.pop();
+            }
+            found.push(UndefinedKey {
                 key: meta.key.clone(),
                 descending,
-            };
-            if found.len() < limit {
-                found.push(key);
-            } else if found.peek().is_some_and(|worst| key < *worst) {
-                found.pop();
-                found.push(key);
-            }
+            });
         }
         (end < self.docs.slot_count()).then_some(end as u32)
     }
