@@ -329,6 +329,15 @@ impl OrderedWalk<'_> {
                 if heads.iter().all(|h| h.exhausted || !h.buffer.is_empty()) {
                     return Ok(false);
                 }
+                // A partition's walk has one shard, whose last batch held only other
+                // partitions' entries: a page may end past them (and on time).
+                if let ([head], FeedScope::Partition(_)) = (&heads[..], self.scope)
+                    && let Some(last) = &head.after
+                    && resume_group.is_none()
+                    && sink(Step::Passed(OrderedPos::Entries(Some(last.clone()))), reads)?
+                {
+                    return Ok(true);
+                }
                 continue;
             };
             let entry = heads[i].buffer.pop_front().expect("has a front");

@@ -298,3 +298,40 @@ fn a_tie_group_of_large_values_resumes_by_key_or_says_it_cannot() {
         "{next:?}"
     );
 }
+
+/// Review finding 5: a partition's walk passes whole batches of other partitions' entries;
+/// it reports them as passed, so a page may end among them, and resumes exactly there.
+#[test]
+fn a_partition_walk_passes_other_partitions_entries_and_resumes_after_them() {
+    let f = Fixture::new(None);
+    for i in 0..1500 {
+        put(
+            &f,
+            json!({"id": format!("o{i}"), "pk": format!("q{}", i % 7), "n": i}),
+        );
+    }
+    for i in 0..5 {
+        put(
+            &f,
+            json!({"id": format!("m{i}"), "pk": "mine", "n": 2000 + i}),
+        );
+    }
+    let scope = FeedScope::Partition(pk("mine"));
+    for (text, expected) in [
+        (
+            "SELECT VALUE c.n FROM c ORDER BY c.n",
+            vec![2000, 2001, 2002, 2003, 2004],
+        ),
+        (
+            "SELECT VALUE c.n FROM c ORDER BY c.n DESC",
+            vec![2004, 2003, 2002, 2001, 2000],
+        ),
+    ] {
+        let rows = paged_with(&f, text, &scope, 2, |_| {});
+        assert_eq!(
+            rows,
+            expected.iter().map(|n| json!(n)).collect::<Vec<_>>(),
+            "{text}"
+        );
+    }
+}
