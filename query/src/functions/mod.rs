@@ -9,6 +9,7 @@ use crate::value::Val;
 mod array;
 mod datetime;
 mod math;
+mod spatial;
 mod string;
 mod type_check;
 
@@ -100,6 +101,7 @@ const FAMILIES: &[&[Function]] = &[
     math::FUNCTIONS,
     array::FUNCTIONS,
     datetime::FUNCTIONS,
+    spatial::FUNCTIONS,
 ];
 
 /// The function called `name`, in any letter case.
