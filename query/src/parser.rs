@@ -873,10 +873,10 @@ fn call(name: &str, at: Position, mut args: Vec<Expr>) -> Result<Expr, QueryErro
         }
         return Ok(Expr::Aggregate(aggregate, Box::new(args.remove(0))));
     }
-    if let Some(refused) = functions::unsupported(name) {
+    if let Some((refused, why)) = functions::unsupported(name) {
         return Err(QueryError::unsupported(
             Some(at),
-            format!("{refused} is not supported: Mayfly has no full-text or vector search"),
+            format!("{refused} is not supported: {why}"),
         ));
     }
     let Some(function) = functions::lookup(name) else {

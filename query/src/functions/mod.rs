@@ -112,22 +112,30 @@ pub fn lookup(name: &str) -> Option<&'static Function> {
         .find(|f| f.name.eq_ignore_ascii_case(name))
 }
 
-/// Cosmos DB's full-text and vector search functions, which Mayfly refuses by name (it has no
-/// full-text or vector indexes to score against).
-const UNSUPPORTED: &[&str] = &[
-    "FullTextContains",
-    "FullTextContainsAll",
-    "FullTextContainsAny",
-    "FullTextScore",
-    "VectorDistance",
-    "RRF",
+/// Functions of the Cosmos DB reference that Mayfly refuses by name, with why: the full-text
+/// and vector search functions (it has no full-text or vector indexes to score against), and
+/// `DocumentId` (an internal per-partition document number it does not have).
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("FullTextContains", FULL_TEXT),
+    ("FullTextContainsAll", FULL_TEXT),
+    ("FullTextContainsAny", FULL_TEXT),
+    ("FullTextScore", FULL_TEXT),
+    ("VectorDistance", FULL_TEXT),
+    ("RRF", FULL_TEXT),
+    (
+        "DocumentId",
+        "it returns Cosmos DB's internal per-partition document number, which Mayfly does not have; use the document's id",
+    ),
 ];
 
-/// The reference's spelling of `name` (in any letter case) if it is a function Mayfly refuses.
-pub fn unsupported(name: &str) -> Option<&'static str> {
+const FULL_TEXT: &str = "Mayfly has no full-text or vector search";
+
+/// The reference's spelling of `name` (in any letter case) and why Mayfly refuses it, if it
+/// does.
+pub fn unsupported(name: &str) -> Option<(&'static str, &'static str)> {
     UNSUPPORTED
         .iter()
-        .find(|n| n.eq_ignore_ascii_case(name))
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
         .copied()
 }
 
@@ -159,10 +167,17 @@ mod tests {
 
     #[test]
     fn refused_names_are_not_functions() {
-        for name in UNSUPPORTED {
+        for (name, _) in UNSUPPORTED {
             assert!(lookup(name).is_none(), "{name}");
         }
-        assert_eq!(unsupported("vectordistance"), Some("VectorDistance"));
+        assert_eq!(
+            unsupported("vectordistance").map(|(name, _)| name),
+            Some("VectorDistance")
+        );
+        assert_eq!(
+            unsupported("DOCUMENTID").map(|(name, _)| name),
+            Some("DocumentId")
+        );
         assert_eq!(unsupported("ARRAY_LENGTH"), None);
     }
 }

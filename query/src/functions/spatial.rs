@@ -1,4 +1,4 @@
-//! Spatial functions over GeoJSON values, with geography (WGS-84) semantics, and `DocumentId`.
+//! Spatial functions over GeoJSON values, with geography (WGS-84) semantics.
 //!
 //! A spatial argument is a GeoJSON object whose `type` is `Point`, `LineString`, `Polygon` or
 //! `MultiPolygon` (the types the reference supports), with `coordinates` in degrees, longitude
@@ -34,14 +34,11 @@
 //!   for two geometries one per pair of positions (their edges are compared pairwise), four
 //!   for `ST_DISTANCE` (each pair of edges is measured four ways). Measured in a release
 //!   build, 2,000,000 pairs take about 250 ms for `ST_DISTANCE` and 25 ms for `ST_INTERSECTS`.
-//! - `DocumentId` returns an internal integer Cosmos DB keeps per physical partition; Mayfly
-//!   has no such number, so a call fails with an error naming the function (use the
-//!   document's `id`).
 
 use geographiclib_rs::{Geodesic, InverseGeodesic, PolygonArea, Winding};
 use serde_json::{Map, Value};
 
-use super::{Context, Function, FunctionError, costly, function};
+use super::{Context, Function, FunctionError, costly};
 use crate::value::{Val, boolean, number};
 
 pub(super) const FUNCTIONS: &[Function] = &[
@@ -51,7 +48,6 @@ pub(super) const FUNCTIONS: &[Function] = &[
     costly("ST_ISVALID", 1, 1, st_isvalid, single_cost),
     costly("ST_ISVALIDDETAILED", 1, 1, st_isvaliddetailed, single_cost),
     costly("ST_AREA", 1, 1, st_area, single_cost),
-    function("DocumentId", 1, 1, document_id),
 ];
 
 /// Deepest nesting of `coordinates` (a MultiPolygon's positions are 4 arrays deep).
@@ -581,12 +577,6 @@ fn st_intersects(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     Ok(boolean(intersects(&a, &b)))
 }
 
-fn document_id(_: &Context, _: &[Val]) -> Result<Val, FunctionError> {
-    Err(FunctionError(
-        "DocumentId is not supported: it returns Cosmos DB's internal per-partition document number, which Mayfly does not have; use the document's id".to_owned(),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -784,11 +774,5 @@ mod tests {
         // Nesting deeper than a MultiPolygon's is not walked.
         let deep = json!({"type": "Point", "coordinates": [[[[[[[[1]]]]]]]]});
         assert_eq!(positions_in(&Some(deep)), 5);
-    }
-
-    #[test]
-    fn document_id_is_refused() {
-        let e = document_id(&Context::new(0, 1), &[Some(json!({}))]).expect_err("refused");
-        assert!(e.0.contains("DocumentId is not supported"));
     }
 }
