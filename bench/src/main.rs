@@ -59,6 +59,11 @@ enum Workload {
     /// Preload, then run each query shape (indexed equality, ORDER BY TOP 10, COUNT, a
     /// full-scan filter) at --concurrency and at 1 in flight.
     Query,
+    /// Preload, then point reads, then each indexed query shape (one document by a unique
+    /// `n`, 10 documents by a group `g`, ORDER BY TOP 10), then point reads again, each for
+    /// --duration seconds at --concurrency: prints each query's throughput as a ratio of the
+    /// point reads' (issue 24, item 5).
+    Ratios,
     /// Increment counters: patch incr versus read-modify-write, on one hot document and on
     /// --counters documents.
     Counter,
@@ -199,20 +204,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let bench = Arc::new(Bench::start(args).await?);
     match bench.args.workload {
-        Workload::Write => bench.timed(0).await?,
+        Workload::Write => {
+            bench.timed(0).await?;
+        }
         Workload::Read => {
             bench.preload().await?;
-            bench.timed(100).await?
+            bench.timed(100).await?;
         }
         Workload::Mixed => {
             bench.preload().await?;
-            bench.timed(bench.args.read_percent).await?
+            bench.timed(bench.args.read_percent).await?;
         }
         Workload::Expiry => bench.expiry().await?,
         Workload::Counter => bench.counters().await?,
         Workload::Query => {
             bench.preload().await?;
             bench.queries().await?
+        }
+        Workload::Ratios => {
+            bench.preload().await?;
+            bench.ratios().await?
         }
         Workload::EtcdPut
         | Workload::EtcdLeasePut
@@ -424,8 +435,9 @@ impl Bench {
         Ok(())
     }
 
-    /// Runs reads (`read_percent` of requests) and writes-with-ttl for the configured duration.
-    async fn timed(self: &Arc<Self>, read_percent: u8) -> Result<(), Box<dyn std::error::Error>> {
+    /// Runs reads (`read_percent` of requests) and writes-with-ttl for the configured duration;
+    /// returns the reads' throughput (per second).
+    async fn timed(self: &Arc<Self>, read_percent: u8) -> Result<f64, Box<dyn std::error::Error>> {
         let stop = Arc::new(AtomicBool::new(false));
         let next_write = Arc::new(AtomicU64::new(self.args.preload));
         let errors = Arc::new(AtomicU64::new(0));
@@ -488,7 +500,7 @@ impl Bench {
         report("read", &reads, elapsed);
         report("write-with-ttl", &writes, elapsed);
         println!("errors: {}", errors.load(Ordering::Relaxed));
-        Ok(())
+        Ok(reads.len() as f64 / elapsed)
     }
 
     /// Loads documents whose expiry instants fall in [first, first + window), then follows the

@@ -3,6 +3,11 @@
 //! `--concurrency` queries in flight, and prints latency percentiles with the metrics the
 //! server reported (documents and index entries examined, the index used); then reads the
 //! collection's feed to its end the same way.
+//!
+//! The `ratios` workload measures, in one run against one server, each indexed query shape's
+//! throughput as a ratio of point reads of the same preloaded documents at the same
+//! concurrency (issue 24, item 5): point reads, the three shapes, point reads again; each
+//! ratio is taken against the mean of the two point-read runs.
 
 use std::{
     sync::{
@@ -23,6 +28,8 @@ struct Shape {
     text: &'static str,
     /// Takes `@g`, a random group.
     grouped: bool,
+    /// Takes `@n`, a random preloaded document's unique number.
+    numbered: bool,
     /// Also run at --concurrency (a full scan is measured one at a time: its figure is
     /// documents read per second).
     concurrent: bool,
@@ -35,6 +42,7 @@ const SHAPES: &[Shape] = &[
         name: "indexed equality (10 documents)",
         text: "SELECT * FROM c WHERE c.g = @g",
         grouped: true,
+        numbered: false,
         concurrent: true,
         feed: false,
     },
@@ -42,6 +50,7 @@ const SHAPES: &[Shape] = &[
         name: "ORDER BY indexed path, TOP 10",
         text: "SELECT TOP 10 * FROM c ORDER BY c.n DESC",
         grouped: false,
+        numbered: false,
         concurrent: true,
         feed: false,
     },
@@ -49,6 +58,7 @@ const SHAPES: &[Shape] = &[
         name: "SELECT VALUE COUNT(1) FROM c",
         text: "SELECT VALUE COUNT(1) FROM c",
         grouped: false,
+        numbered: false,
         concurrent: true,
         feed: false,
     },
@@ -56,6 +66,7 @@ const SHAPES: &[Shape] = &[
         name: "full-scan filter (no index can answer it)",
         text: "SELECT VALUE c.n FROM c WHERE CONTAINS(c.payload, 'zzzzzz')",
         grouped: false,
+        numbered: false,
         concurrent: false,
         feed: false,
     },
@@ -63,9 +74,48 @@ const SHAPES: &[Shape] = &[
         name: "read feed (the whole collection, pages of 1,000)",
         text: "",
         grouped: false,
+        numbered: false,
         concurrent: true,
         feed: true,
     },
+];
+
+/// The `ratios` workload's shapes, each with the least ratio of point-read throughput that
+/// issue 24 item 5 asks of it.
+const RATIO_SHAPES: &[(Shape, f64)] = &[
+    (
+        Shape {
+            name: "indexed equality (1 document)",
+            text: "SELECT * FROM c WHERE c.n = @n",
+            grouped: false,
+            numbered: true,
+            concurrent: true,
+            feed: false,
+        },
+        0.5,
+    ),
+    (
+        Shape {
+            name: "indexed equality (10 documents)",
+            text: "SELECT * FROM c WHERE c.g = @g",
+            grouped: true,
+            numbered: false,
+            concurrent: true,
+            feed: false,
+        },
+        0.25,
+    ),
+    (
+        Shape {
+            name: "ORDER BY indexed path, TOP 10",
+            text: "SELECT TOP 10 * FROM c ORDER BY c.n DESC",
+            grouped: false,
+            numbered: false,
+            concurrent: true,
+            feed: false,
+        },
+        0.25,
+    ),
 ];
 
 /// What one query call returned, summed over its pages.
@@ -87,11 +137,40 @@ impl Bench {
         Ok(())
     }
 
+    /// Point reads, each of [`RATIO_SHAPES`], point reads again, all at --concurrency; prints
+    /// one `ratio` line per shape.
+    pub(crate) async fn ratios(self: &Arc<Self>) -> Result<(), Box<dyn std::error::Error>> {
+        let concurrency = self.args.concurrency;
+        let reads_before = self.timed(100).await?;
+        let mut measured = Vec::new();
+        for (shape, target) in RATIO_SHAPES {
+            measured.push((shape, *target, self.run_shape(shape, concurrency).await?));
+        }
+        let reads_after = self.timed(100).await?;
+        let reads = (reads_before + reads_after) / 2.0;
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        println!(
+            "point reads [{concurrency} in flight]: {reads_before:.0}/s before the queries, \
+             {reads_after:.0}/s after, mean {reads:.0}/s"
+        );
+        for (shape, target, per_second) in measured {
+            let ratio = per_second / reads.max(f64::MIN_POSITIVE);
+            println!(
+                "ratio {} [{concurrency} in flight]: {per_second:.0} queries/s / {reads:.0} reads/s = {ratio:.3}x \
+                 (target >= {target}x: {}); reproduce: {command}",
+                shape.name,
+                if ratio >= target { "met" } else { "NOT met" }
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs one shape for --duration seconds; returns its throughput (queries per second).
     async fn run_shape(
         self: &Arc<Self>,
         shape: &'static Shape,
         concurrency: usize,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+    ) -> Result<f64, Box<dyn std::error::Error>> {
         let stop = Arc::new(AtomicBool::new(false));
         let errors = Arc::new(AtomicU64::new(0));
         let deadline = Instant::now() + Duration::from_secs(self.args.duration);
@@ -107,9 +186,8 @@ impl Bench {
                     let mut rng = crate::WorkerRng::new(worker as u64 + 7);
                     while !stop.load(Ordering::Relaxed) {
                         let r = rng.next();
-                        let group = r % group_count(bench.args.preload);
                         let began = Instant::now();
-                        match bench.query(&mut client, shape, group).await {
+                        match bench.query(&mut client, shape, r).await {
                             Ok((seen, used)) => {
                                 let _ = latency.record(began.elapsed().as_micros() as u64);
                                 total.results += seen.results;
@@ -168,7 +246,7 @@ impl Bench {
             total.documents as f64 / elapsed,
             errors.load(Ordering::Relaxed)
         );
-        Ok(())
+        Ok(latency.len() as f64 / elapsed)
     }
 
     /// Runs one query to its last page.
@@ -176,7 +254,7 @@ impl Bench {
         &self,
         client: &mut DocumentsClient<crate::Authorized>,
         shape: &Shape,
-        group: u64,
+        random: u64,
     ) -> Result<(Seen, String), tonic::Status> {
         if shape.feed {
             return self.feed(client).await;
@@ -185,7 +263,17 @@ impl Bench {
         if shape.grouped {
             parameters.insert(
                 "@g".to_owned(),
-                mayfly_proto::json::JsonValue::new(serde_json::json!(group)),
+                mayfly_proto::json::JsonValue::new(serde_json::json!(
+                    random % group_count(self.args.preload)
+                )),
+            );
+        }
+        if shape.numbered {
+            parameters.insert(
+                "@n".to_owned(),
+                mayfly_proto::json::JsonValue::new(serde_json::json!(
+                    random % self.args.preload.max(1)
+                )),
             );
         }
         let mut stream = client
