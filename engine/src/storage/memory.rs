@@ -176,13 +176,7 @@ impl ShardStore for MemoryShard {
             .values()
             .flat_map(|c| c.docs.values())
         {
-            each(StoredMeta {
-                collection: doc.collection,
-                key: doc.key.clone(),
-                last_write: doc.last_write,
-                version: doc.version,
-                ttl: doc.ttl,
-            });
+            each(StoredMeta::of(doc));
         }
         Ok(())
     }

@@ -132,6 +132,19 @@ pub struct StoredMeta {
     pub ttl: Option<DocumentTtl>,
 }
 
+impl StoredMeta {
+    /// What a backend that holds whole documents hands recovery of `doc`.
+    pub fn of(doc: &StoredDocument) -> Self {
+        StoredMeta {
+            collection: doc.collection,
+            key: doc.key.clone(),
+            last_write: doc.last_write,
+            version: doc.version,
+            ttl: doc.ttl,
+        }
+    }
+}
+
 /// The catalog as a backend recovered it.
 #[derive(Debug, Clone, Default)]
 pub struct StoredCatalog {

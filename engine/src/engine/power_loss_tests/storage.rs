@@ -472,6 +472,17 @@ struct PowerLossShard {
     index: usize,
 }
 
+impl PowerLossShard {
+    /// `read` of this shard's part of what is applied (the empty part if nothing is).
+    fn applied<T>(&self, read: impl FnOnce(&ShardImage) -> T) -> T {
+        let log = self.shared.log.lock();
+        match log.volatile.shards.get(&self.index) {
+            Some(image) => read(image),
+            None => read(&ShardImage::default()),
+        }
+    }
+}
+
 impl ShardStore for PowerLossShard {
     fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
         let writes = batch
@@ -519,21 +530,13 @@ impl ShardStore for PowerLossShard {
         &self,
         each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
     ) -> Result<(), StorageError> {
-        let terms: Vec<((CollectionUid, DocKey), StoredTerms)> = self
-            .shared
-            .log
-            .lock()
-            .volatile
-            .shards
-            .get(&self.index)
-            .map(|image| {
-                image
-                    .terms
-                    .iter()
-                    .map(|(k, t)| (k.clone(), t.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let terms: Vec<((CollectionUid, DocKey), StoredTerms)> = self.applied(|image| {
+            image
+                .terms
+                .iter()
+                .map(|(k, t)| (k.clone(), t.clone()))
+                .collect()
+        });
         for ((collection, key), stored) in terms {
             each(collection, key, stored);
         }
@@ -545,15 +548,7 @@ impl ShardStore for PowerLossShard {
         collection: CollectionUid,
         key: &DocKey,
     ) -> Result<Option<StoredTerms>, StorageError> {
-        Ok(self
-            .shared
-            .log
-            .lock()
-            .volatile
-            .shards
-            .get(&self.index)
-            .and_then(|image| image.terms.get(&(collection, key.clone())))
-            .cloned())
+        Ok(self.applied(|image| image.terms.get(&(collection, key.clone())).cloned()))
     }
 
     fn scan_index(
@@ -601,23 +596,10 @@ impl ShardStore for PowerLossShard {
     }
 
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
-        let docs: Vec<Arc<StoredDocument>> = self
-            .shared
-            .log
-            .lock()
-            .volatile
-            .shards
-            .get(&self.index)
-            .map(|image| image.docs.values().cloned().collect())
-            .unwrap_or_default();
+        let docs: Vec<Arc<StoredDocument>> =
+            self.applied(|image| image.docs.values().cloned().collect());
         for doc in docs {
-            each(StoredMeta {
-                collection: doc.collection,
-                key: doc.key.clone(),
-                last_write: doc.last_write,
-                version: doc.version,
-                ttl: doc.ttl,
-            });
+            each(StoredMeta::of(&doc));
         }
         Ok(())
     }
@@ -627,15 +609,7 @@ impl ShardStore for PowerLossShard {
         collection: CollectionUid,
         key: &DocKey,
     ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
-        Ok(self
-            .shared
-            .log
-            .lock()
-            .volatile
-            .shards
-            .get(&self.index)
-            .and_then(|image| image.docs.get(&(collection, key.clone())))
-            .cloned())
+        Ok(self.applied(|image| image.docs.get(&(collection, key.clone())).cloned()))
     }
 
     fn scan(
