@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::{error::Position, functions::Function};
+use crate::{error::Position, functions::Function, value::Val};
 
 /// A `SELECT` query, or a subquery.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,6 +81,10 @@ pub struct SortKey {
 pub enum Expr {
     /// A constant: `None` is `undefined`.
     Literal(Option<Value>),
+    /// A number constant JSON cannot hold: `Infinity` or `NaN` as written (`-Infinity` is
+    /// `Infinity` negated), or a value computed while running (an aggregate's or a group key's,
+    /// put back into the select list).
+    NonFinite(Bits),
     /// `@name`.
     Param(String),
     /// A name as written, before the parser binds it to an alias.
@@ -131,6 +135,17 @@ pub enum Expr {
     ArraySubquery(Box<Query>),
     /// `(subquery)`: its single value, or undefined.
     Subquery(Box<Query>),
+}
+
+/// A double compared by its bits, so that an expression holding `NaN` equals itself (as
+/// `GROUP BY` needs to match a select item with its key).
+#[derive(Debug, Clone, Copy)]
+pub struct Bits(pub f64);
+
+impl PartialEq for Bits {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
 }
 
 /// `- + ~ NOT`.
@@ -237,6 +252,15 @@ impl Query {
 }
 
 impl Expr {
+    /// The constant `v`.
+    pub(crate) fn constant(v: Val) -> Expr {
+        match v {
+            Val::Undefined => Expr::Literal(None),
+            Val::Json(v) => Expr::Literal(Some(v)),
+            Val::NonFinite(n) => Expr::NonFinite(Bits(n)),
+        }
+    }
+
     /// [`Expr::visit`] with the lifetime of the tree, for collecting references into it.
     fn visit_all<'q>(&'q self, f: &mut dyn FnMut(&'q Expr)) {
         f(self);
@@ -264,6 +288,7 @@ impl Expr {
     pub(crate) fn children(&self) -> Vec<&Expr> {
         match self {
             Expr::Literal(_)
+            | Expr::NonFinite(_)
             | Expr::Param(_)
             | Expr::Name(..)
             | Expr::Alias(_)
@@ -290,6 +315,7 @@ impl Expr {
     pub(crate) fn children_mut(&mut self) -> Vec<&mut Expr> {
         match self {
             Expr::Literal(_)
+            | Expr::NonFinite(_)
             | Expr::Param(_)
             | Expr::Name(..)
             | Expr::Alias(_)

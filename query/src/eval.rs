@@ -2,11 +2,14 @@
 //! comparisons across types are undefined, `AND`/`OR`/`NOT` are three-valued, and arithmetic
 //! on anything but numbers is undefined.
 //!
-//! Bitwise operators (`& | ^ ~ << >> >>>`) work on 32-bit integers as in JavaScript, whose
-//! number model the dialect shares; the `Int*` functions are the 64-bit alternative.
+//! Arithmetic is IEEE 754, as in JavaScript, whose number model the dialect shares: `1/0` is
+//! `Infinity`, `0/0` is `NaN` (see `value` for how such numbers compare and are returned).
+//! Bitwise operators (`& | ^ ~ << >> >>>`) work on 32-bit integers as in JavaScript (`Infinity`
+//! and `NaN` count as 0); the `Int*` functions are the 64-bit alternative.
 
 use std::{
     cell::{Cell, RefCell},
+    cmp::Ordering,
     collections::HashMap,
     rc::Rc,
     time::Instant,
@@ -19,7 +22,7 @@ use crate::{
     error::{ErrorKind, QueryError},
     functions::Context,
     like::Like,
-    value::{Val, as_f64, boolean, compare, equals, number},
+    value::{Val, equals, number, relate},
 };
 
 /// Rows a query may enumerate (joins, subqueries) per document before it is stopped: bounds
@@ -177,19 +180,20 @@ impl<'p> Evaluator<'p> {
             if let Some(v) = found {
                 self.charge_copy(v)?;
             }
-            return Ok(found.cloned());
+            return Ok(found.cloned().into());
         }
         Ok(match expr {
             Expr::Literal(v) => {
                 if let Some(v) = v {
                     self.charge_copy(v)?;
                 }
-                v.clone()
+                v.clone().into()
             }
+            Expr::NonFinite(n) => Val::NonFinite(n.0),
             Expr::Param(name) => {
                 let v = self.param(name)?;
                 self.charge_copy(v)?;
-                Some(v.clone())
+                Val::Json(v.clone())
             }
             Expr::Name(name, at) => {
                 return Err(QueryError::invalid(
@@ -198,17 +202,18 @@ impl<'p> Evaluator<'p> {
                 ));
             }
             // Paths over aliases were answered above; these are over computed values.
-            Expr::Alias(_) => None,
+            Expr::Alias(_) => Val::Undefined,
             Expr::Property(base, name) => match self.eval(base, env)? {
-                Some(Value::Object(mut map)) => map.remove(name),
-                _ => None,
+                Val::Json(Value::Object(mut map)) => map.remove(name).into(),
+                _ => Val::Undefined,
             },
             Expr::Index(base, index) => {
                 let index = self.eval(index, env)?;
                 let base = self.eval(base, env)?;
-                base.as_ref()
-                    .and_then(|b| index_into(b, index.as_ref()))
+                base.json()
+                    .and_then(|b| index_into(b, &index))
                     .cloned()
+                    .into()
             }
             Expr::Unary(op, operand) => unary(*op, self.eval(operand, env)?),
             Expr::Chain(first, rest) => {
@@ -221,9 +226,9 @@ impl<'p> Evaluator<'p> {
                                 acc
                             } else {
                                 match (a, truth(&self.eval(e, env)?)) {
-                                    (_, Some(false)) => boolean(false),
-                                    (Some(true), Some(true)) => boolean(true),
-                                    _ => None,
+                                    (_, Some(false)) => bool_val(false),
+                                    (Some(true), Some(true)) => bool_val(true),
+                                    _ => Val::Undefined,
                                 }
                             }
                         }
@@ -233,9 +238,9 @@ impl<'p> Evaluator<'p> {
                                 acc
                             } else {
                                 match (a, truth(&self.eval(e, env)?)) {
-                                    (_, Some(true)) => boolean(true),
-                                    (Some(false), Some(false)) => boolean(false),
-                                    _ => None,
+                                    (_, Some(true)) => bool_val(true),
+                                    (Some(false), Some(false)) => bool_val(false),
+                                    _ => Val::Undefined,
                                 }
                             }
                         }
@@ -247,29 +252,29 @@ impl<'p> Evaluator<'p> {
             Expr::Binary(BinaryOp::And, a, b) => {
                 let a = truth(&self.eval(a, env)?);
                 if a == Some(false) {
-                    return Ok(boolean(false));
+                    return Ok(bool_val(false));
                 }
                 match (a, truth(&self.eval(b, env)?)) {
-                    (_, Some(false)) => boolean(false),
-                    (Some(true), Some(true)) => boolean(true),
-                    _ => None,
+                    (_, Some(false)) => bool_val(false),
+                    (Some(true), Some(true)) => bool_val(true),
+                    _ => Val::Undefined,
                 }
             }
             Expr::Binary(BinaryOp::Or, a, b) => {
                 let a = truth(&self.eval(a, env)?);
                 if a == Some(true) {
-                    return Ok(boolean(true));
+                    return Ok(bool_val(true));
                 }
                 match (a, truth(&self.eval(b, env)?)) {
-                    (_, Some(true)) => boolean(true),
-                    (Some(false), Some(false)) => boolean(false),
-                    _ => None,
+                    (_, Some(true)) => bool_val(true),
+                    (Some(false), Some(false)) => bool_val(false),
+                    _ => Val::Undefined,
                 }
             }
             Expr::Binary(op, a, b) => binary(*op, &self.eval(a, env)?, &self.eval(b, env)?)?,
             Expr::Coalesce(a, b) => match self.eval(a, env)? {
-                Some(v) => Some(v),
-                None => self.eval(b, env)?,
+                Val::Undefined => self.eval(b, env)?,
+                v => v,
             },
             Expr::Conditional(cond, then, otherwise) => {
                 if truth(&self.eval(cond, env)?) == Some(true) {
@@ -285,13 +290,14 @@ impl<'p> Evaluator<'p> {
                 negated,
             } => {
                 let v = self.eval(expr, env)?;
-                let low = compare(v.as_ref(), self.eval(low, env)?.as_ref());
-                let high = compare(v.as_ref(), self.eval(high, env)?.as_ref());
-                let within = match (low, high) {
-                    (Some(l), Some(h)) => Some(l.is_ge() && h.is_le()),
-                    _ => None,
-                };
-                within.and_then(|w| boolean(w != *negated))
+                let low = relate(&v, &self.eval(low, env)?, Ordering::is_ge);
+                let high = relate(&v, &self.eval(high, env)?, Ordering::is_le);
+                // `NOT BETWEEN` is the negation: with a `NaN`, `x BETWEEN` is false and
+                // `x NOT BETWEEN` true, as `!(a <= x && x <= b)` is in JavaScript.
+                match (low, high) {
+                    (Some(l), Some(h)) => bool_val((l && h) != *negated),
+                    _ => Val::Undefined,
+                }
             }
             Expr::In {
                 expr,
@@ -302,7 +308,7 @@ impl<'p> Evaluator<'p> {
                 // `x IN (a, b)` is `x = a OR x = b`, three-valued.
                 let mut result = Some(false);
                 for item in list {
-                    match equals(v.as_ref(), self.eval(item, env)?.as_ref()) {
+                    match equals(&v, &self.eval(item, env)?) {
                         Some(true) => {
                             result = Some(true);
                             break;
@@ -311,7 +317,7 @@ impl<'p> Evaluator<'p> {
                         None => result = None,
                     }
                 }
-                result.and_then(|r| boolean(r != *negated))
+                result.map_or(Val::Undefined, |r| bool_val(r != *negated))
             }
             Expr::Like {
                 expr,
@@ -319,12 +325,12 @@ impl<'p> Evaluator<'p> {
                 escape,
                 negated,
             } => {
-                let (Some(Value::String(s)), Some(Value::String(p))) =
+                let (Val::Json(Value::String(s)), Val::Json(Value::String(p))) =
                     (self.eval(expr, env)?, self.eval(pattern, env)?)
                 else {
-                    return Ok(None);
+                    return Ok(Val::Undefined);
                 };
-                boolean(self.like(&s, &p, *escape)? != *negated)
+                bool_val(self.like(&s, &p, *escape)? != *negated)
             }
             Expr::Call(function, args) => {
                 let args = args
@@ -341,14 +347,14 @@ impl<'p> Evaluator<'p> {
                     }
                     self.charge_steps(cost)?;
                 }
-                let result = (function.call)(&self.context, &args).map_err(|e| {
+                let result = function.invoke(&self.context, &args).map_err(|e| {
                     QueryError::new(
                         ErrorKind::Evaluation,
                         None,
                         format!("{}: {}", function.name, e.0),
                     )
                 })?;
-                if let Some(v) = &result {
+                if let Some(v) = result.json() {
                     self.charge_copy(v)?;
                 }
                 result
@@ -362,19 +368,20 @@ impl<'p> Evaluator<'p> {
             Expr::Array(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for item in items {
-                    // Undefined elements are left out, as undefined properties are.
-                    out.extend(self.eval(item, env)?);
+                    // Undefined elements are left out, as undefined properties are; a number
+                    // JSON cannot hold is null (an array holds JSON).
+                    out.extend(self.eval(item, env)?.into_json_lossy());
                 }
-                Some(Value::Array(out))
+                Val::Json(Value::Array(out))
             }
             Expr::Object(fields) => {
                 let mut out = Map::new();
                 for (name, e) in fields {
-                    if let Some(v) = self.eval(e, env)? {
+                    if let Some(v) = self.eval(e, env)?.into_json_lossy() {
                         out.insert(name.clone(), v);
                     }
                 }
-                Some(Value::Object(out))
+                Val::Json(Value::Object(out))
             }
             Expr::Exists(query) => {
                 let mut any = false;
@@ -382,7 +389,7 @@ impl<'p> Evaluator<'p> {
                     any = true;
                     false
                 })?;
-                boolean(any)
+                bool_val(any)
             }
             Expr::ArraySubquery(query) => {
                 let mut out = Vec::new();
@@ -390,7 +397,7 @@ impl<'p> Evaluator<'p> {
                     out.push(v);
                     true
                 })?;
-                Some(Value::Array(out))
+                Val::Json(Value::Array(out))
             }
             Expr::Subquery(query) => {
                 let mut out = None;
@@ -410,7 +417,7 @@ impl<'p> Evaluator<'p> {
                         "a scalar subquery returned more than one value; use ARRAY(...) for many, or TOP 1",
                     ));
                 }
-                out
+                out.into()
             }
         })
     }
@@ -432,7 +439,7 @@ impl<'p> Evaluator<'p> {
                     return Ok(None);
                 };
                 let index = self.eval(index, env)?;
-                Some(base.and_then(|b| index_into(b, index.as_ref())))
+                Some(base.and_then(|b| index_into(b, &index)))
             }
             _ => None,
         })
@@ -497,14 +504,19 @@ fn cost(v: &Value) -> u64 {
 /// `true`/`false` for booleans, `None` (undefined) for anything else.
 pub(crate) fn truth(v: &Val) -> Option<bool> {
     match v {
-        Some(Value::Bool(b)) => Some(*b),
+        Val::Json(Value::Bool(b)) => Some(*b),
         _ => None,
     }
 }
 
+/// A boolean value.
+fn bool_val(b: bool) -> Val {
+    Val::Json(Value::Bool(b))
+}
+
 /// `base[index]`: a whole non-negative number indexes an array, a string an object.
-fn index_into<'v>(base: &'v Value, index: Option<&Value>) -> Option<&'v Value> {
-    match (base, index?) {
+fn index_into<'v>(base: &'v Value, index: &Val) -> Option<&'v Value> {
+    match (base, index.json()?) {
         (Value::Array(items), Value::Number(n)) => {
             let n = n.as_f64()?;
             if n >= 0.0 && n.fract() == 0.0 && n < items.len() as f64 {
@@ -525,16 +537,19 @@ fn index_into<'v>(base: &'v Value, index: Option<&Value>) -> Option<&'v Value> {
 
 fn unary(op: UnaryOp, v: Val) -> Val {
     match (op, v) {
-        (UnaryOp::Not, Some(Value::Bool(b))) => boolean(!b),
-        (UnaryOp::Neg, Some(v)) => as_f64(&v).and_then(|n| number(-n)),
-        (UnaryOp::Plus, Some(v)) => as_f64(&v).and_then(number),
-        (UnaryOp::BitNot, Some(v)) => as_f64(&v).and_then(|n| number(f64::from(!to_int32(n)))),
-        _ => None,
+        (UnaryOp::Not, Val::Json(Value::Bool(b))) => bool_val(!b),
+        (UnaryOp::Not, _) => Val::Undefined,
+        (op, v) => match (op, v.as_f64()) {
+            (UnaryOp::Neg, Some(n)) => number(-n),
+            (UnaryOp::Plus, Some(n)) => number(n),
+            (UnaryOp::BitNot, Some(n)) => number(f64::from(!to_int32(n))),
+            _ => Val::Undefined,
+        },
     }
 }
 
 fn binary(op: BinaryOp, a: &Val, b: &Val) -> Result<Val, QueryError> {
-    if let (BinaryOp::Concat, Some(Value::String(x)), Some(Value::String(y))) = (op, a, b)
+    if let (BinaryOp::Concat, Val::Json(Value::String(x)), Val::Json(Value::String(y))) = (op, a, b)
         && x.len() + y.len() > crate::functions::MAX_STRING_BYTES
     {
         return Err(QueryError::limit(format!(
@@ -546,24 +561,30 @@ fn binary(op: BinaryOp, a: &Val, b: &Val) -> Result<Val, QueryError> {
 }
 
 fn operate(op: BinaryOp, a: &Val, b: &Val) -> Val {
+    let truth_value = |t: Option<bool>| t.map_or(Val::Undefined, bool_val);
     match op {
-        BinaryOp::Eq => equals(a.as_ref(), b.as_ref()).and_then(boolean),
+        BinaryOp::Eq => truth_value(equals(a, b)),
         // `!=` is an ordering comparison in Cosmos DB: undefined for arrays and objects.
-        BinaryOp::Ne if matches!(a, Some(Value::Array(_) | Value::Object(_))) => None,
-        BinaryOp::Ne => equals(a.as_ref(), b.as_ref()).and_then(|e| boolean(!e)),
-        BinaryOp::Lt => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_lt())),
-        BinaryOp::Le => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_le())),
-        BinaryOp::Gt => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_gt())),
-        BinaryOp::Ge => compare(a.as_ref(), b.as_ref()).and_then(|o| boolean(o.is_ge())),
+        BinaryOp::Ne if matches!(a, Val::Json(Value::Array(_) | Value::Object(_))) => {
+            Val::Undefined
+        }
+        // IEEE: `NaN != x` is true, `NaN = x` false.
+        BinaryOp::Ne => truth_value(equals(a, b).map(|e| !e)),
+        BinaryOp::Lt => truth_value(relate(a, b, Ordering::is_lt)),
+        BinaryOp::Le => truth_value(relate(a, b, Ordering::is_le)),
+        BinaryOp::Gt => truth_value(relate(a, b, Ordering::is_gt)),
+        BinaryOp::Ge => truth_value(relate(a, b, Ordering::is_ge)),
         BinaryOp::Concat => match (a, b) {
-            (Some(Value::String(x)), Some(Value::String(y))) => {
-                Some(Value::String(format!("{x}{y}")))
+            (Val::Json(Value::String(x)), Val::Json(Value::String(y))) => {
+                Val::Json(Value::String(format!("{x}{y}")))
             }
-            _ => None,
+            _ => Val::Undefined,
         },
         BinaryOp::And | BinaryOp::Or => unreachable!("evaluated with short-circuiting"),
         _ => {
-            let (x, y) = (as_f64(a.as_ref()?)?, as_f64(b.as_ref()?)?);
+            let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) else {
+                return Val::Undefined;
+            };
             let n = match op {
                 BinaryOp::Add => x + y,
                 BinaryOp::Sub => x - y,
@@ -626,33 +647,88 @@ mod tests {
         assert_eq!(to_int32(f64::NAN), 0);
     }
 
+    fn j(v: Value) -> Val {
+        Val::Json(v)
+    }
+
+    const INF: Val = Val::NonFinite(f64::INFINITY);
+    const NEG_INF: Val = Val::NonFinite(f64::NEG_INFINITY);
+    const NAN: Val = Val::NonFinite(f64::NAN);
+
     #[test]
     fn arithmetic_and_logic() {
         assert_eq!(
-            operate(BinaryOp::Add, &Some(json!(1)), &Some(json!(2))),
-            Some(json!(3))
+            operate(BinaryOp::Add, &j(json!(1)), &j(json!(2))),
+            j(json!(3))
         );
         assert_eq!(
-            operate(BinaryOp::Add, &Some(json!(1)), &Some(json!("2"))),
-            None
+            operate(BinaryOp::Add, &j(json!(1)), &j(json!("2"))),
+            Val::Undefined
         );
         assert_eq!(
-            operate(BinaryOp::Div, &Some(json!(1)), &Some(json!(0))),
-            None
+            operate(BinaryOp::ShrZero, &j(json!(-1)), &j(json!(28))),
+            j(json!(15))
         );
         assert_eq!(
-            operate(BinaryOp::ShrZero, &Some(json!(-1)), &Some(json!(28))),
-            Some(json!(15))
+            operate(BinaryOp::Shl, &j(json!(1)), &j(json!(33))),
+            j(json!(2))
         );
+        assert_eq!(unary(UnaryOp::BitNot, j(json!(5))), j(json!(-6)));
+        assert_eq!(unary(UnaryOp::Not, j(json!(1))), Val::Undefined);
         assert_eq!(
-            operate(BinaryOp::Shl, &Some(json!(1)), &Some(json!(33))),
-            Some(json!(2))
+            operate(BinaryOp::Concat, &j(json!("a")), &j(json!("b"))),
+            j(json!("ab"))
         );
-        assert_eq!(unary(UnaryOp::BitNot, Some(json!(5))), Some(json!(-6)));
-        assert_eq!(unary(UnaryOp::Not, Some(json!(1))), None);
+    }
+
+    #[test]
+    fn arithmetic_is_ieee() {
+        let (zero, one) = (j(json!(0)), j(json!(1)));
+        assert_eq!(operate(BinaryOp::Div, &one, &zero), INF);
+        assert_eq!(operate(BinaryOp::Div, &j(json!(-1)), &zero), NEG_INF);
+        assert_eq!(operate(BinaryOp::Div, &zero, &zero), NAN);
+        assert_eq!(operate(BinaryOp::Mod, &one, &zero), NAN);
         assert_eq!(
-            operate(BinaryOp::Concat, &Some(json!("a")), &Some(json!("b"))),
-            Some(json!("ab"))
+            operate(BinaryOp::Mul, &j(json!(1e300)), &j(json!(1e300))),
+            INF
         );
+        assert_eq!(operate(BinaryOp::Sub, &INF, &INF), NAN);
+        assert_eq!(operate(BinaryOp::Mul, &INF, &zero), NAN);
+        assert_eq!(operate(BinaryOp::Div, &one, &INF), zero);
+        assert_eq!(operate(BinaryOp::Add, &NEG_INF, &one), NEG_INF);
+        assert_eq!(unary(UnaryOp::Neg, INF), NEG_INF);
+        assert_eq!(unary(UnaryOp::Plus, NAN), NAN);
+        // Bitwise operators take Infinity and NaN as 0, as JavaScript's ToInt32 does.
+        assert_eq!(unary(UnaryOp::BitNot, INF), j(json!(-1)));
+        assert_eq!(operate(BinaryOp::BitOr, &NAN, &one), one);
+        assert_eq!(operate(BinaryOp::Shl, &one, &INF), one);
+        assert_eq!(operate(BinaryOp::Add, &INF, &j(json!("1"))), Val::Undefined);
+    }
+
+    #[test]
+    fn comparisons_with_non_finite_numbers_are_ieee() {
+        let (t, f) = (j(json!(true)), j(json!(false)));
+        let max = j(json!(f64::MAX));
+        assert_eq!(operate(BinaryOp::Lt, &max, &INF), t);
+        assert_eq!(operate(BinaryOp::Gt, &NEG_INF, &j(json!(f64::MIN))), f);
+        assert_eq!(operate(BinaryOp::Eq, &INF, &INF), t);
+        assert_eq!(operate(BinaryOp::Ge, &INF, &INF), t);
+        for op in [
+            BinaryOp::Eq,
+            BinaryOp::Lt,
+            BinaryOp::Le,
+            BinaryOp::Gt,
+            BinaryOp::Ge,
+        ] {
+            assert_eq!(operate(op, &NAN, &NAN), f, "{op:?}");
+            assert_eq!(operate(op, &NAN, &max), f, "{op:?}");
+            assert_eq!(operate(op, &max, &NAN), f, "{op:?}");
+        }
+        assert_eq!(operate(BinaryOp::Ne, &NAN, &NAN), t);
+        assert_eq!(operate(BinaryOp::Ne, &INF, &max), t);
+        // Across types, still undefined.
+        assert_eq!(operate(BinaryOp::Eq, &NAN, &j(json!(null))), Val::Undefined);
+        assert_eq!(operate(BinaryOp::Lt, &INF, &j(json!("z"))), Val::Undefined);
+        assert_eq!(operate(BinaryOp::Ne, &INF, &Val::Undefined), Val::Undefined);
     }
 }

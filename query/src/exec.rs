@@ -11,7 +11,7 @@ use crate::{
     error::QueryError,
     eval::{Env, Evaluator, truth},
     functions::Context,
-    value::{Val, approximate_size, number, sort_order, type_rank},
+    value::{Val, ValRef, approximate_size, number, sort_order, type_rank},
 };
 
 /// Most rows a query holds at once to sort, group or de-duplicate.
@@ -277,7 +277,7 @@ fn joins(
         return f(env);
     };
     let source = eval.eval(&join.source, Some(env))?;
-    if let Some(Value::Array(items)) = &source {
+    if let Val::Json(Value::Array(items)) = &source {
         for item in items {
             eval.charge_row()?;
             let inner = Env {
@@ -331,8 +331,8 @@ impl<'q> Sink<'q> {
             |e: &Option<crate::ast::Expr>, clause: &str| -> Result<Option<u64>, QueryError> {
                 let Some(e) = e else { return Ok(None) };
                 match eval.eval(e, None)? {
-                    Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
-                    Some(Value::Number(n))
+                    Val::Json(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+                    Val::Json(Value::Number(n))
                         if n.as_f64().is_some_and(|f| f >= 0.0 && f.fract() == 0.0) =>
                     {
                         Ok(Some(u64::MAX))
@@ -341,7 +341,7 @@ impl<'q> Sink<'q> {
                         None,
                         format!(
                             "{clause} takes a non-negative integer, not {}",
-                            crate::value::type_name(other.as_ref())
+                            crate::value::type_name(&other)
                         ),
                     )),
                 }
@@ -431,7 +431,7 @@ impl<'q> Sink<'q> {
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut name = String::new();
                 for k in &keys {
-                    canonical(k.as_ref(), &mut name);
+                    canonical(k.view(), &mut name);
                     name.push(',');
                 }
                 let index = match self.group_index.get(&name) {
@@ -463,7 +463,7 @@ impl<'q> Sink<'q> {
     fn emit(&mut self, v: Value) -> Result<(), QueryError> {
         if self.query.distinct {
             let mut key = String::new();
-            canonical(Some(&v), &mut key);
+            canonical(ValRef::Json(&v), &mut key);
             let size = key.len();
             if !self.seen.insert(key) {
                 return Ok(());
@@ -487,7 +487,7 @@ impl<'q> Sink<'q> {
         let order = &self.query.order_by;
         self.sorted.sort_by(|(a, _), (b, _)| {
             for ((x, y), key) in a.iter().zip(b).zip(order) {
-                let o = sort_order(x.as_ref(), y.as_ref());
+                let o = sort_order(x, y);
                 let o = if key.descending { o.reverse() } else { o };
                 if o != Ordering::Equal {
                     return o;
@@ -531,7 +531,7 @@ impl<'q> Sink<'q> {
                                 &results,
                                 &mut next,
                             );
-                            eval.eval(&e, None)?
+                            eval.eval(&e, None)?.into_json_lossy()
                         }
                         Select::List(items) => {
                             let mut map = Map::new();
@@ -543,7 +543,7 @@ impl<'q> Sink<'q> {
                                     &results,
                                     &mut next,
                                 );
-                                if let Some(v) = eval.eval(&e, None)? {
+                                if let Some(v) = eval.eval(&e, None)?.into_json_lossy() {
                                     map.insert(name.clone(), v);
                                 }
                             }
@@ -571,18 +571,28 @@ fn held(rows: usize, bytes: usize) -> Result<(), QueryError> {
 }
 
 fn row_size(keys: &[Val], v: &Value) -> usize {
-    approximate_size(v) + keys.iter().flatten().map(approximate_size).sum::<usize>()
+    approximate_size(v)
+        + keys
+            .iter()
+            .filter_map(Val::json)
+            .map(approximate_size)
+            .sum::<usize>()
 }
 
-/// A row's result: the `SELECT` applied to it (`None` when `SELECT VALUE` is undefined).
-fn project(eval: &Evaluator<'_>, query: &Query, env: &Env<'_>) -> Result<Val, QueryError> {
+/// A row's result: the `SELECT` applied to it (`None` when `SELECT VALUE` is undefined), as
+/// JSON: a number JSON cannot hold (`SELECT VALUE 1/0`, `SELECT 1/0 AS x`) is `null`.
+fn project(
+    eval: &Evaluator<'_>,
+    query: &Query,
+    env: &Env<'_>,
+) -> Result<Option<Value>, QueryError> {
     Ok(match &query.select {
         Select::Star => query.from.as_ref().and_then(|f| env.get(f.slot)).cloned(),
-        Select::Value(e) => eval.eval(e, Some(env))?,
+        Select::Value(e) => eval.eval(e, Some(env))?.into_json_lossy(),
         Select::List(items) => {
             let mut map = Map::new();
             for (e, name) in items {
-                if let Some(v) = eval.eval(e, Some(env))? {
+                if let Some(v) = eval.eval(e, Some(env))?.into_json_lossy() {
                     map.insert(name.clone(), v);
                 }
             }
@@ -627,11 +637,11 @@ fn substitute(
     next: &mut usize,
 ) -> Expr {
     if let Some(i) = keys.iter().position(|k| k == expr) {
-        return Expr::Literal(key_values[i].clone());
+        return Expr::constant(key_values[i].clone());
     }
     if let Expr::Aggregate(..) = expr {
         *next += 1;
-        return Expr::Literal(results[*next - 1].clone());
+        return Expr::constant(results[*next - 1].clone());
     }
     let mut copy = expr.clone();
     let originals = expr.children();
@@ -671,16 +681,19 @@ impl Accumulator {
                 average: a == Aggregate::Avg,
             },
             Aggregate::Min | Aggregate::Max => Accumulator::Extreme {
-                best: None,
+                best: Val::Undefined,
                 poisoned: false,
                 max: a == Aggregate::Max,
             },
         }
     }
 
-    /// Adds one row's value; undefined values are skipped.
+    /// Adds one row's value; undefined values are skipped. `Infinity`, `-Infinity` and `NaN`
+    /// are numbers: they add up by IEEE rules, and `MIN`/`MAX` order them as `ORDER BY` does.
     fn add(&mut self, v: Val) {
-        let Some(v) = v else { return };
+        if !v.is_defined() {
+            return;
+        }
         match self {
             Accumulator::Count(n) => *n += 1,
             Accumulator::Sum {
@@ -697,19 +710,19 @@ impl Accumulator {
                 poisoned,
                 max,
             } => {
-                if matches!(v, Value::Array(_) | Value::Object(_)) {
+                if matches!(v, Val::Json(Value::Array(_) | Value::Object(_))) {
                     *poisoned = true;
                     return;
                 }
-                let better = match best {
-                    None => true,
-                    Some(b) => {
-                        let o = sort_order(Some(&v), Some(b));
+                let better = match &*best {
+                    Val::Undefined => true,
+                    b => {
+                        let o = sort_order(&v, b);
                         if *max { o.is_gt() } else { o.is_lt() }
                     }
                 };
                 if better {
-                    *best = Some(v);
+                    *best = v;
                 }
             }
         }
@@ -726,18 +739,18 @@ impl Accumulator {
                 average,
             } => {
                 if *poisoned {
-                    None
+                    Val::Undefined
                 } else if *average {
                     #[allow(clippy::cast_precision_loss, reason = "counts stay far below 2^53")]
                     let mean = (*n > 0).then(|| sum / *n as f64);
-                    mean.and_then(number)
+                    mean.map_or(Val::Undefined, number)
                 } else {
                     number(*sum)
                 }
             }
             Accumulator::Extreme { best, poisoned, .. } => {
                 if *poisoned {
-                    None
+                    Val::Undefined
                 } else {
                     best.clone()
                 }
@@ -747,32 +760,36 @@ impl Accumulator {
 }
 
 /// A text form equal for values `=` deems equal (numbers by value), for grouping and
-/// `DISTINCT`.
-pub(crate) fn canonical(v: Option<&Value>, out: &mut String) {
+/// `DISTINCT` (where, unlike `=`, all `NaN`s are one value, as `ORDER BY` ties them).
+pub(crate) fn canonical(v: ValRef<'_>, out: &mut String) {
     match v {
-        None => out.push('~'),
-        Some(Value::Number(n)) => {
+        ValRef::Undefined => out.push('~'),
+        // `inf`, `-inf` and `NaN` for the non-finite ones: no finite number is written so.
+        ValRef::NonFinite(n) => {
+            let _ = write!(out, "n{n}");
+        }
+        ValRef::Json(Value::Number(n)) => {
             let _ = write!(out, "n{}", n.as_f64().unwrap_or(0.0));
         }
-        Some(Value::Array(items)) => {
+        ValRef::Json(Value::Array(items)) => {
             out.push('[');
             for item in items {
-                canonical(Some(item), out);
+                canonical(ValRef::Json(item), out);
                 out.push(',');
             }
             out.push(']');
         }
-        Some(Value::Object(map)) => {
+        ValRef::Json(Value::Object(map)) => {
             out.push('{');
             for (k, v) in map {
                 let _ = write!(out, "{k:?}:");
-                canonical(Some(v), out);
+                canonical(ValRef::Json(v), out);
                 out.push(',');
             }
             out.push('}');
         }
-        Some(other) => {
-            let _ = write!(out, "{}{other}", type_rank(Some(other)));
+        ValRef::Json(other) => {
+            let _ = write!(out, "{}{other}", type_rank(other));
         }
     }
 }

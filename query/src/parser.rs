@@ -8,7 +8,7 @@
 use serde_json::{Map, Value};
 
 use crate::{
-    ast::{Aggregate, BinaryOp, Expr, From, Join, Query, Select, SortKey, Step, UnaryOp},
+    ast::{Aggregate, BinaryOp, Bits, Expr, From, Join, Query, Select, SortKey, Step, UnaryOp},
     error::{Position, QueryError},
     functions,
     lexer::{Token, tokenize},
@@ -319,7 +319,7 @@ impl Parser {
     fn count_operand(&mut self, clause: &str) -> Result<Expr, QueryError> {
         let _at = self.position();
         match self.advance() {
-            Token::Number(n) => Ok(Expr::Literal(number(n))),
+            Token::Number(n) => Ok(Expr::constant(number(n))),
             Token::Param(p) => Ok(Expr::Param(p)),
             _ => {
                 self.at -= 1;
@@ -665,7 +665,7 @@ impl Parser {
             if let (UnaryOp::Neg, Expr::Literal(Some(Value::Number(n)))) = (op, &operand)
                 && let Some(f) = n.as_f64()
             {
-                return Ok(Expr::Literal(number(-f)));
+                return Ok(Expr::constant(number(-f)));
             }
             return Ok(Expr::Unary(op, Box::new(operand)));
         }
@@ -696,7 +696,7 @@ impl Parser {
         match self.peek().clone() {
             Token::Number(n) => {
                 self.advance();
-                Ok(Expr::Literal(number(n)))
+                Ok(Expr::constant(number(n)))
             }
             Token::Str(s) => {
                 self.advance();
@@ -913,7 +913,9 @@ fn name_items(items: Vec<(Expr, Option<String>)>) -> Vec<(Expr, String)> {
         .map(|(expr, name)| {
             let name = name.unwrap_or_else(|| match &expr {
                 Expr::Property(_, p) => p.clone(),
-                Expr::Name(n, _) => n.clone(),
+                // `NaN` and `Infinity` are constants (the binder makes them numbers, unless an
+                // alias has the name), named as constants are.
+                Expr::Name(n, _) if non_finite_constant(n).is_none() => n.clone(),
                 _ => {
                     unnamed += 1;
                     format!("${unnamed}")
@@ -1061,6 +1063,10 @@ impl Binder {
                 }
                 match lookup(scopes, name) {
                     Some(slot) => *expr = Expr::Alias(slot),
+                    // `NaN` and `Infinity` are numbers, unless an alias has the name.
+                    None if let Some(n) = non_finite_constant(name) => {
+                        *expr = Expr::NonFinite(Bits(n));
+                    }
                     None => {
                         return Err(QueryError::invalid(
                             Some(*at),
@@ -1128,6 +1134,17 @@ fn is_path(expr: &Expr) -> bool {
         Expr::Property(base, _) => is_path(base),
         Expr::Index(base, index) => matches!(**index, Expr::Literal(_)) && is_path(base),
         _ => false,
+    }
+}
+
+/// The number the name `NaN` or `Infinity` stands for: like JavaScript's globals, these are
+/// spelled in exactly that case, and are not reserved (`c.NaN` is a property, and an alias may
+/// be so named, which then hides the number). `-Infinity` is `Infinity` negated.
+fn non_finite_constant(name: &str) -> Option<f64> {
+    match name {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        _ => None,
     }
 }
 

@@ -1067,7 +1067,7 @@ fn parameters_of_every_type() {
     ];
     for v in value_zoo() {
         let mut params = Map::new();
-        if let Some(v) = v {
+        if let Some(v) = v.into_json() {
             params.insert("@p".into(), v);
         }
         for q in queries {
@@ -1263,10 +1263,11 @@ fn empty_and_truncated_queries() {
 // ---- Functions ----
 
 /// Values of every type and edge: undefined, null, booleans, numbers (zero, negative zero,
-/// tiny, huge, beyond i64 and 2^53, ones that give NaN or infinity), strings (empty, non-BMP,
-/// dates, part names, regex syntax, JSON), arrays and objects, nested.
+/// tiny, huge, beyond i64 and 2^53, ones that give NaN or infinity, and Infinity, -Infinity
+/// and NaN themselves), strings (empty, non-BMP, dates, part names, regex syntax, JSON), arrays
+/// and objects, nested.
 fn value_zoo() -> Vec<Val> {
-    let mut values: Vec<Val> = vec![
+    let mut values: Vec<Option<Value>> = vec![
         None,
         Some(json!(null)),
         Some(json!(true)),
@@ -1354,6 +1355,8 @@ fn value_zoo() -> Vec<Val> {
         Some(deep_json(128)),
     ];
     values.push(Some(Value::Array((0..1000).map(Value::from).collect())));
+    let mut values: Vec<Val> = values.into_iter().map(Val::from).collect();
+    values.extend([f64::INFINITY, f64::NEG_INFINITY, f64::NAN].map(Val::NonFinite));
     values
 }
 
@@ -1410,11 +1413,11 @@ fn every_function_with_every_kind_of_argument() {
                     for t in tuples {
                         let args: Vec<Val> = t.iter().map(|&i| zoo[i].clone()).collect();
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            (f.call)(&ctx, &args)
+                            f.invoke(&ctx, &args)
                         }));
                         calls += 1;
                         match result {
-                            Ok(Ok(Some(v))) => {
+                            Ok(Ok(Val::Json(v))) => {
                                 // Whatever comes back must be writable as JSON.
                                 drop(serde_json::to_string(&v).expect("serializes"));
                             }
@@ -1422,10 +1425,10 @@ fn every_function_with_every_kind_of_argument() {
                             Err(_) => {
                                 let shown: Vec<String> = args
                                     .iter()
-                                    .map(|a| {
-                                        a.as_ref().map_or("undefined".to_owned(), |v| {
-                                            v.to_string().chars().take(40).collect()
-                                        })
+                                    .map(|a| match a {
+                                        Val::Undefined => "undefined".to_owned(),
+                                        Val::NonFinite(n) => n.to_string(),
+                                        Val::Json(v) => v.to_string().chars().take(40).collect(),
                                     })
                                     .collect();
                                 panic!("{} panicked on ({})", f.name, shown.join(", "));

@@ -7,12 +7,14 @@
 //!   non-boolean flag) makes the result `undefined`.
 //! - `ARRAY_CONTAINS(arr, v, true)` matches objects partially at the top level: an element
 //!   matches if it is an object holding every property of `v` with a deeply equal value.
+//!   `Infinity`, `-Infinity` and `NaN` match no element (an array holds JSON, which has none).
 //!   `ARRAY_CONTAINS(arr, undefined)` is `undefined`, as a lone `undefined` search value is for
 //!   `ARRAY_CONTAINS_ANY`/`ALL` (which follow the reference's examples: an `undefined` search
 //!   value is unknown, so `ANY` is `true` if another value matches and `undefined` otherwise,
 //!   and `ALL` is `false` if another value is missing and `undefined` otherwise).
 //! - `ARRAY_SLICE(arr, start[, length])` truncates its numbers toward zero; a negative start
 //!   counts from the end (clamped to the first element), and a negative length gives `[]`.
+//!   `Infinity` is past the end and `NaN` counts as 0, as in JavaScript.
 //! - `SetIntersect(a, b)` lists the distinct values of `b` that are in `a`, in `b`'s order (as
 //!   the reference's `SetIntersect([1, 2, "A", "B"], ["A", 1])` is `["A", 1]`); `SetUnion`
 //!   lists the distinct values of `a` then of `b`, in order. `SetDifference(a, b)` lists the
@@ -22,14 +24,15 @@
 //!   element (a string, boolean, null, array or object) makes the result `undefined`, as the
 //!   reference's examples show (an `undefined` element is left out when the array is built).
 //!   `ARRAY_SUM([])` is `0`; `ARRAY_AVG([])` and `ARRAY_MEDIAN([])` are `undefined` (there is
-//!   no average of nothing, as for the `AVG` aggregate). The median of an even count is the
-//!   mean of the two middle values.
+//!   no average of nothing, as for the `AVG` aggregate). A sum past the doubles is `Infinity`.
+//!   The median of an even count is the mean of the two middle values.
 //! - `ARRAY_MAX` and `ARRAY_MIN` take numbers, strings, booleans and nulls, ordered across
 //!   types null < boolean < number < string (the reference's priority order) and within a type
 //!   by value (strings by code point, so `"abc"` > `"ABC"`); an array or object element, or an
 //!   empty array, gives `undefined`.
 //! - `CHOOSE(i, e1, e2, ...)` counts from 1 and truncates a fractional index toward zero; an
-//!   index out of range or not a number gives `undefined`.
+//!   index out of range or not a number gives `undefined`. The value chosen is returned as it
+//!   is (`CHOOSE(1, 1/0)` is `Infinity`).
 //! - `ObjectToArray(obj[, keyName[, valueName]])` lists the object's members in key order (the
 //!   order Mayfly keeps members in) as `{"k": name, "v": value}` objects, or with the given
 //!   names; a non-object, or a name that is not a string, gives `undefined`. Where both names
@@ -44,8 +47,10 @@ use std::collections::HashSet;
 use serde_json::{Map, Value};
 
 use super::string::{count, int_arg, write_json};
-use super::{Context, Function, FunctionError, costly, function};
-use crate::value::{Val, approximate_size, as_f64, boolean, deep_equal, number, sort_order};
+use super::{Context, Function, FunctionError, any_function, costly, costly_any, function};
+use crate::value::{
+    Val, approximate_size, as_f64, boolean, deep_equal, json_number, number, sort_order,
+};
 
 pub(super) const FUNCTIONS: &[Function] = &[
     function("ARRAY_CONCAT", 2, usize::MAX, array_concat),
@@ -57,16 +62,16 @@ pub(super) const FUNCTIONS: &[Function] = &[
         Ok(contains_many(a, false))
     }),
     function("ARRAY_LENGTH", 1, 1, |_, a| {
-        Ok(array_arg(a, 0).and_then(|items| number(items.len() as f64)))
+        Ok(array_arg(a, 0).and_then(|items| json_number(items.len() as f64)))
     }),
     function("ARRAY_SLICE", 2, 3, array_slice),
     function("SetIntersect", 2, 2, set_intersect),
     function("SetUnion", 2, 2, set_union),
     costly("SetDifference", 2, 2, set_difference, size_cost),
     costly("SetEqual", 2, 2, set_equal, size_cost),
-    costly("ARRAY_SUM", 1, 1, array_sum, length_cost),
-    costly("ARRAY_AVG", 1, 1, array_avg, length_cost),
-    costly("ARRAY_MEDIAN", 1, 1, array_median, sort_cost),
+    costly_any("ARRAY_SUM", 1, 1, array_sum, length_cost),
+    costly_any("ARRAY_AVG", 1, 1, array_avg, length_cost),
+    costly_any("ARRAY_MEDIAN", 1, 1, array_median, sort_cost),
     costly(
         "ARRAY_MAX",
         1,
@@ -81,7 +86,7 @@ pub(super) const FUNCTIONS: &[Function] = &[
         |_, a| Ok(extreme(a, Ordering::Less)),
         length_cost,
     ),
-    function("CHOOSE", 2, usize::MAX, choose),
+    any_function("CHOOSE", 2, usize::MAX, choose),
     costly("ObjectToArray", 1, 3, object_to_array, size_cost),
 ];
 
@@ -103,7 +108,7 @@ fn sort_cost(args: &[Val]) -> u64 {
 /// One step per [`BYTES_PER_STEP`] of every argument's JSON, and one per top-level element.
 fn size_cost(args: &[Val]) -> u64 {
     args.iter()
-        .flatten()
+        .filter_map(Val::json)
         .map(|v| {
             let elements = match v {
                 Value::Array(items) => items.len() as u64,
@@ -118,12 +123,12 @@ fn size_cost(args: &[Val]) -> u64 {
 /// Argument `i` if it is an array.
 fn array_arg(args: &[Val], i: usize) -> Option<&[Value]> {
     match args.get(i)? {
-        Some(Value::Array(items)) => Some(items),
+        Val::Json(Value::Array(items)) => Some(items),
         _ => None,
     }
 }
 
-fn array_concat(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn array_concat(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let mut out = Vec::new();
     for i in 0..args.len() {
         let Some(items) = array_arg(args, i) else {
@@ -135,14 +140,20 @@ fn array_concat(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
 }
 
 /// `ARRAY_CONTAINS(arr, v[, partial])`.
-fn array_contains(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
-    let (Some(items), Some(Some(wanted))) = (array_arg(args, 0), args.get(1)) else {
+fn array_contains(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
+    let (Some(items), Some(wanted)) = (array_arg(args, 0), args.get(1)) else {
         return Ok(None);
     };
     let partial = match args.get(2) {
         None => false,
-        Some(Some(Value::Bool(b))) => *b,
+        Some(Val::Json(Value::Bool(b))) => *b,
         Some(_) => return Ok(None),
+    };
+    let wanted = match wanted {
+        Val::Undefined => return Ok(None),
+        // No element is one: arrays hold JSON.
+        Val::NonFinite(_) => return Ok(boolean(false)),
+        Val::Json(wanted) => wanted,
     };
     Ok(boolean(items.iter().any(|item| {
         match (partial, item, wanted) {
@@ -156,15 +167,20 @@ fn array_contains(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
 
 /// `ARRAY_CONTAINS_ANY` (`any`) or `ARRAY_CONTAINS_ALL` (`!any`) of `arr, v1, v2, ...`, with
 /// an `undefined` search value counting as unknown.
-fn contains_many(args: &[Val], any: bool) -> Val {
+fn contains_many(args: &[Val], any: bool) -> Option<Value> {
     let items = array_arg(args, 0)?;
     let mut unknown = false;
     for wanted in args.iter().skip(1) {
-        let Some(wanted) = wanted else {
-            unknown = true;
-            continue;
+        let found = match wanted {
+            Val::Undefined => {
+                unknown = true;
+                continue;
+            }
+            // No element is one: arrays hold JSON.
+            Val::NonFinite(_) => false,
+            Val::Json(wanted) => items.iter().any(|item| deep_equal(item, wanted)),
         };
-        if items.iter().any(|item| deep_equal(item, wanted)) == any {
+        if found == any {
             // ANY found one, or ALL missed one: decided.
             return boolean(any);
         }
@@ -173,7 +189,7 @@ fn contains_many(args: &[Val], any: bool) -> Val {
 }
 
 /// `ARRAY_SLICE(arr, start[, length])`.
-fn array_slice(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn array_slice(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(items), Some(start)) = (array_arg(args, 0), int_arg(args, 1)) else {
         return Ok(None);
     };
@@ -202,7 +218,7 @@ fn key(v: &Value) -> String {
     out
 }
 
-fn set_intersect(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn set_intersect(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
         return Ok(None);
     };
@@ -219,7 +235,7 @@ fn set_intersect(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     Ok(Some(Value::Array(out)))
 }
 
-fn set_union(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn set_union(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
         return Ok(None);
     };
@@ -233,7 +249,7 @@ fn set_union(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     Ok(Some(Value::Array(out)))
 }
 
-fn set_difference(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn set_difference(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
         return Ok(None);
     };
@@ -250,7 +266,7 @@ fn set_difference(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     Ok(Some(Value::Array(out)))
 }
 
-fn set_equal(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn set_equal(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(a), Some(b)) = (array_arg(args, 0), array_arg(args, 1)) else {
         return Ok(None);
     };
@@ -264,13 +280,14 @@ fn numbers(args: &[Val]) -> Option<Vec<f64>> {
     array_arg(args, 0)?.iter().map(as_f64).collect()
 }
 
+/// A sum past the doubles is `Infinity` (`ARRAY_SUM([1e308, 1e308])`), as the `SUM` aggregate.
 fn array_sum(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
-    Ok(numbers(args).and_then(|xs| number(xs.iter().sum())))
+    Ok(numbers(args).map_or(Val::Undefined, |xs| number(xs.iter().sum())))
 }
 
 fn array_avg(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let Some(xs) = numbers(args).filter(|xs| !xs.is_empty()) else {
-        return Ok(None);
+        return Ok(Val::Undefined);
     };
     #[allow(clippy::cast_precision_loss, reason = "an array's length")]
     let n = xs.len() as f64;
@@ -279,7 +296,7 @@ fn array_avg(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
 
 fn array_median(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let Some(mut xs) = numbers(args).filter(|xs| !xs.is_empty()) else {
-        return Ok(None);
+        return Ok(Val::Undefined);
     };
     xs.sort_by(f64::total_cmp);
     let mid = xs.len() / 2;
@@ -292,7 +309,7 @@ fn array_median(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
 }
 
 /// `ARRAY_MAX` (`want` is `Greater`) or `ARRAY_MIN` (`Less`).
-fn extreme(args: &[Val], want: Ordering) -> Val {
+fn extreme(args: &[Val], want: Ordering) -> Option<Value> {
     let items = array_arg(args, 0)?;
     let mut best: Option<&Value> = None;
     for item in items {
@@ -309,7 +326,7 @@ fn extreme(args: &[Val], want: Ordering) -> Val {
 /// `CHOOSE(i, e1, e2, ...)`: `e_i`, counting from 1.
 fn choose(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let Some(i) = int_arg(args, 0) else {
-        return Ok(None);
+        return Ok(Val::Undefined);
     };
     let choices = &args[1..];
     Ok(usize::try_from(i)
@@ -317,17 +334,17 @@ fn choose(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
         .and_then(|i| i.checked_sub(1))
         .and_then(|i| choices.get(i))
         .cloned()
-        .flatten())
+        .unwrap_or_default())
 }
 
 /// `ObjectToArray(obj[, keyName[, valueName]])`.
-fn object_to_array(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
-    let Some(Some(Value::Object(object))) = args.first() else {
+fn object_to_array(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
+    let Some(Val::Json(Value::Object(object))) = args.first() else {
         return Ok(None);
     };
     let name = |i: usize, default: &str| match args.get(i) {
         None => Some(default.to_owned()),
-        Some(Some(Value::String(s))) => Some(s.clone()),
+        Some(Val::Json(Value::String(s))) => Some(s.clone()),
         Some(_) => None,
     };
     let (Some(k), Some(v)) = (name(1, "k"), name(2, "v")) else {
@@ -352,16 +369,16 @@ mod tests {
     use super::super::lookup;
     use super::*;
 
-    fn call(name: &str, args: &[Val]) -> Val {
+    fn call(name: &str, args: &[Option<Value>]) -> Option<Value> {
         let f = lookup(name).expect("known function");
         assert!(
             args.len() >= f.min_args && args.len() <= f.max_args,
             "{name} arity"
         );
-        (f.call)(&Context::new(0, 1), args).expect("no error")
+        super::super::call_json(f, &Context::new(0, 1), args).expect("no error")
     }
 
-    fn v(value: Value) -> Val {
+    fn v(value: Value) -> Option<Value> {
         Some(value)
     }
 
@@ -534,7 +551,7 @@ mod tests {
         let scores = v(json!([70, 86, 92, 99, 85, 90, 82]));
         let slice = |args: &[f64]| {
             let mut all = vec![scores.clone()];
-            all.extend(args.iter().map(|&x| number(x)));
+            all.extend(args.iter().map(|&x| json_number(x)));
             call("ARRAY_SLICE", &all)
         };
         assert_eq!(slice(&[0.0]), scores.clone());
@@ -557,17 +574,20 @@ mod tests {
         assert_eq!(slice(&[-1e300, 1e300]), scores.clone());
         assert_eq!(slice(&[f64::MIN, 1.0]), v(json!([70])));
         assert_eq!(
-            call("ARRAY_SLICE", &[v(json!([])), number(-1.0)]),
+            call("ARRAY_SLICE", &[v(json!([])), json_number(-1.0)]),
             v(json!([]))
         );
         // Wrong types.
         assert_eq!(call("ARRAY_SLICE", &[scores.clone(), v(json!("1"))]), None);
         assert_eq!(
-            call("ARRAY_SLICE", &[scores.clone(), number(1.0), None]),
+            call("ARRAY_SLICE", &[scores.clone(), json_number(1.0), None]),
             None
         );
-        assert_eq!(call("ARRAY_SLICE", &[v(json!("abc")), number(1.0)]), None);
-        assert_eq!(call("ARRAY_SLICE", &[None, number(1.0)]), None);
+        assert_eq!(
+            call("ARRAY_SLICE", &[v(json!("abc")), json_number(1.0)]),
+            None
+        );
+        assert_eq!(call("ARRAY_SLICE", &[None, json_number(1.0)]), None);
     }
 
     #[test]
@@ -641,16 +661,58 @@ mod tests {
         assert_eq!(call("ARRAY_MEDIAN", &xs), v(json!(2.25)));
         assert_eq!(call("ARRAY_MAX", &xs), v(json!(10)));
         assert_eq!(call("ARRAY_MIN", &xs), v(json!(-2)));
-        // Overflow has no JSON form (until IEEE specials): undefined, never a panic.
-        assert_eq!(call("ARRAY_SUM", &[v(json!([1e308, 1e308]))]), None);
-        assert_eq!(call("ARRAY_AVG", &[v(json!([1e308, 1e308]))]), None);
-        assert_eq!(call("ARRAY_MEDIAN", &[v(json!([1e308, 1e308]))]), None);
+        // Past the doubles: Infinity, as the aggregates give (never a panic).
+        let inf = crate::value::Val::NonFinite(f64::INFINITY);
+        let huge = [crate::value::Val::Json(json!([1e308, 1e308]))];
+        let call_any = |name: &str| {
+            let f = lookup(name).expect("known function");
+            f.invoke(&Context::new(0, 1), &huge).expect("no error")
+        };
+        assert_eq!(call_any("ARRAY_SUM"), inf);
+        assert_eq!(call_any("ARRAY_AVG"), inf);
+        assert_eq!(call_any("ARRAY_MEDIAN"), inf);
+        assert_eq!(
+            call("ARRAY_MAX", &[v(json!([1e308, 1e308]))]),
+            v(json!(1e308))
+        );
+    }
+
+    #[test]
+    fn non_finite_arguments() {
+        use crate::value::Val;
+        let call_any = |name: &str, args: &[Val]| {
+            let f = lookup(name).expect("known function");
+            f.invoke(&Context::new(0, 1), args).expect("no error")
+        };
+        let (inf, nan) = (Val::NonFinite(f64::INFINITY), Val::NonFinite(f64::NAN));
+        let arr = Val::Json(json!([1, null, 2]));
+        // No element of an array is one, so none is found; an index of Infinity is past the
+        // end, NaN is 0 (as in JavaScript).
+        let f = Some(json!(false));
+        assert_eq!(call_any("ARRAY_CONTAINS", &[arr.clone(), inf.clone()]), f);
+        assert_eq!(call_any("ARRAY_CONTAINS", &[arr.clone(), nan.clone()]), f);
+        let any = [arr.clone(), nan.clone(), Val::Json(json!(2))];
+        assert_eq!(call_any("ARRAY_CONTAINS_ANY", &any), Some(json!(true)));
+        assert_eq!(call_any("ARRAY_CONTAINS_ALL", &any), f);
+        let slice = [arr.clone(), Val::Json(json!(1)), inf.clone()];
+        assert_eq!(call_any("ARRAY_SLICE", &slice), Some(json!([null, 2])));
+        let slice = [arr.clone(), nan.clone()];
+        assert_eq!(call_any("ARRAY_SLICE", &slice), Some(json!([1, null, 2])));
+        // CHOOSE hands its choice back as it is.
+        let choose = [Val::Json(json!(2)), Val::Json(json!("a")), inf.clone()];
+        assert_eq!(call_any("CHOOSE", &choose), inf);
+        assert_eq!(call_any("CHOOSE", &[inf.clone(), nan.clone()]), None);
+        assert_eq!(call_any("ARRAY_LENGTH", &[inf]), None);
     }
 
     #[test]
     fn costs_grow_with_the_arrays() {
         let f = lookup("ARRAY_MEDIAN").expect("known");
-        let cost = f.cost.expect("costly");
+        let median_cost = f.cost.expect("costly");
+        let cost = |args: &[Option<Value>]| {
+            let args: Vec<crate::value::Val> = args.iter().cloned().map(Into::into).collect();
+            median_cost(&args)
+        };
         assert_eq!(cost(&[v(json!([]))]), 0);
         assert_eq!(cost(&[v(json!([1]))]), 1);
         let big: Vec<Value> = (0..1024).map(|i| json!(i)).collect();
@@ -666,7 +728,7 @@ mod tests {
             "ObjectToArray",
         ] {
             let cost = lookup(name).and_then(|f| f.cost).expect(name);
-            let args = [v(json!([1, 2, 3])), v(json!([4]))];
+            let args = [json!([1, 2, 3]).into(), json!([4]).into()];
             assert!(cost(&args) >= 3, "{name}");
         }
     }

@@ -2,46 +2,50 @@
 //! (`IntAdd` ... `IntSub`).
 //!
 //! Every argument must be a number; anything else (undefined, null, a string ...) makes the
-//! result `undefined`, as does a result that is not finite (`SQRT(-1)`, `LOG(0)`, `COT(0)`).
+//! result `undefined`. They compute in IEEE doubles, so a result may be a number JSON cannot
+//! hold (`SQRT(-1)` is `NaN`, `LOG(0)` is `-Infinity`, `POWER(10, 400)` is `Infinity`), and
+//! they take such numbers as arguments (`ABS(-Infinity)` is `Infinity`, `FLOOR(NaN)` is
+//! `NaN`); see `value` for how those numbers behave and are returned.
 //!
 //! The `Int*` functions work on signed 64-bit integers as the Cosmos DB reference describes:
-//! an argument that is not a whole number within the `i64` range gives `undefined`, overflow
+//! an argument that is not a whole number within the `i64` range (`Infinity` and `NaN` are
+//! not) gives `undefined`, overflow
 //! wraps around (two's complement, as C++ does in practice), and their results are exact JSON
 //! integers even beyond ±2^53.
 
 use serde_json::Value;
 
-use super::{Context, Function, FunctionError, function};
-use crate::value::{Val, as_f64, number};
+use super::{Context, Function, FunctionError, any_function, function};
+use crate::value::{Val, number};
 
 pub(super) const FUNCTIONS: &[Function] = &[
-    function("ABS", 1, 1, |_, a| Ok(unary(a, f64::abs))),
-    function("ACOS", 1, 1, |_, a| Ok(unary(a, f64::acos))),
-    function("ASIN", 1, 1, |_, a| Ok(unary(a, f64::asin))),
-    function("ATAN", 1, 1, |_, a| Ok(unary(a, f64::atan))),
+    any_function("ABS", 1, 1, |_, a| Ok(unary(a, f64::abs))),
+    any_function("ACOS", 1, 1, |_, a| Ok(unary(a, f64::acos))),
+    any_function("ASIN", 1, 1, |_, a| Ok(unary(a, f64::asin))),
+    any_function("ATAN", 1, 1, |_, a| Ok(unary(a, f64::atan))),
     // ATN2(y, x): the reference's example ATN2(35.175643, 129.44) = 0.265344532064832 is
     // atan2(35.175643, 129.44).
-    function("ATN2", 2, 2, |_, a| Ok(binary(a, f64::atan2))),
-    function("CEILING", 1, 1, |_, a| Ok(unary(a, f64::ceil))),
-    function("COS", 1, 1, |_, a| Ok(unary(a, f64::cos))),
-    function("COT", 1, 1, |_, a| Ok(unary(a, |x| 1.0 / x.tan()))),
-    function("DEGREES", 1, 1, |_, a| Ok(unary(a, f64::to_degrees))),
-    function("EXP", 1, 1, |_, a| Ok(unary(a, f64::exp))),
-    function("FLOOR", 1, 1, |_, a| Ok(unary(a, f64::floor))),
-    function("LOG", 1, 2, log),
-    function("LOG10", 1, 1, |_, a| Ok(unary(a, f64::log10))),
-    function("PI", 0, 0, |_, _| Ok(number(std::f64::consts::PI))),
-    function("POWER", 2, 2, |_, a| Ok(binary(a, f64::powf))),
-    function("RADIANS", 1, 1, |_, a| Ok(unary(a, f64::to_radians))),
-    function("RAND", 0, 0, rand),
-    function("ROUND", 1, 2, round),
-    function("SIGN", 1, 1, |_, a| Ok(unary(a, sign))),
-    function("SIN", 1, 1, |_, a| Ok(unary(a, f64::sin))),
-    function("SQRT", 1, 1, |_, a| Ok(unary(a, f64::sqrt))),
-    function("SQUARE", 1, 1, |_, a| Ok(unary(a, |x| x * x))),
-    function("TAN", 1, 1, |_, a| Ok(unary(a, f64::tan))),
-    function("TRUNC", 1, 1, |_, a| Ok(unary(a, f64::trunc))),
-    function("NumberBin", 1, 2, number_bin),
+    any_function("ATN2", 2, 2, |_, a| Ok(binary(a, f64::atan2))),
+    any_function("CEILING", 1, 1, |_, a| Ok(unary(a, f64::ceil))),
+    any_function("COS", 1, 1, |_, a| Ok(unary(a, f64::cos))),
+    any_function("COT", 1, 1, |_, a| Ok(unary(a, |x| 1.0 / x.tan()))),
+    any_function("DEGREES", 1, 1, |_, a| Ok(unary(a, f64::to_degrees))),
+    any_function("EXP", 1, 1, |_, a| Ok(unary(a, f64::exp))),
+    any_function("FLOOR", 1, 1, |_, a| Ok(unary(a, f64::floor))),
+    any_function("LOG", 1, 2, log),
+    any_function("LOG10", 1, 1, |_, a| Ok(unary(a, f64::log10))),
+    any_function("PI", 0, 0, |_, _| Ok(number(std::f64::consts::PI))),
+    any_function("POWER", 2, 2, |_, a| Ok(binary(a, f64::powf))),
+    any_function("RADIANS", 1, 1, |_, a| Ok(unary(a, f64::to_radians))),
+    any_function("RAND", 0, 0, rand),
+    any_function("ROUND", 1, 2, round),
+    any_function("SIGN", 1, 1, |_, a| Ok(unary(a, sign))),
+    any_function("SIN", 1, 1, |_, a| Ok(unary(a, f64::sin))),
+    any_function("SQRT", 1, 1, |_, a| Ok(unary(a, f64::sqrt))),
+    any_function("SQUARE", 1, 1, |_, a| Ok(unary(a, |x| x * x))),
+    any_function("TAN", 1, 1, |_, a| Ok(unary(a, f64::tan))),
+    any_function("TRUNC", 1, 1, |_, a| Ok(unary(a, f64::trunc))),
+    any_function("NumberBin", 1, 2, number_bin),
     function("IntAdd", 2, 2, |_, a| {
         Ok(int_binary(a, |x, y| Some(x.wrapping_add(y))))
     }),
@@ -79,26 +83,30 @@ pub(super) const FUNCTIONS: &[Function] = &[
     }),
 ];
 
-/// A number argument as a double; `None` for anything else.
+/// A number argument as a double, finite or not; `None` for anything else.
 fn num(v: &Val) -> Option<f64> {
-    v.as_ref().and_then(as_f64)
+    v.as_f64()
 }
 
 fn unary(args: &[Val], f: fn(f64) -> f64) -> Val {
-    num(&args[0]).and_then(|x| number(f(x)))
+    num(&args[0]).map_or(Val::Undefined, |x| number(f(x)))
 }
 
 fn binary(args: &[Val], f: fn(f64, f64) -> f64) -> Val {
-    let (x, y) = (num(&args[0])?, num(&args[1])?);
-    number(f(x, y))
+    match (num(&args[0]), num(&args[1])) {
+        (Some(x), Some(y)) => number(f(x, y)),
+        _ => Val::Undefined,
+    }
 }
 
-/// `SIGN`: -1, 0 or 1 (and 0 for -0).
+/// `SIGN`: -1, 0 or 1 (and 0 for -0; `NaN` for `NaN`, as JavaScript's `Math.sign`).
 fn sign(x: f64) -> f64 {
     if x > 0.0 {
         1.0
     } else if x < 0.0 {
         -1.0
+    } else if x.is_nan() {
+        x
     } else {
         0.0
     }
@@ -109,13 +117,13 @@ fn sign(x: f64) -> f64 {
 /// reference shows; `LOG(8, 2)` = 3 exactly).
 fn log(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let Some(x) = num(&args[0]) else {
-        return Ok(None);
+        return Ok(Val::Undefined);
     };
     let Some(base) = args.get(1) else {
         return Ok(number(x.ln()));
     };
     let Some(base) = num(base) else {
-        return Ok(None);
+        return Ok(Val::Undefined);
     };
     #[allow(clippy::float_cmp, reason = "exact bases with exact library functions")]
     let result = if base == 10.0 {
@@ -153,16 +161,16 @@ fn round_half_away(x: f64) -> f64 {
 
 /// `ROUND(n [, precision])`: to the nearest integer, midpoints away from zero; with a
 /// precision, to that many decimal places (negative: to tens, hundreds, ...). The precision
-/// must be a whole number, else the result is undefined.
+/// must be a whole number (not `Infinity` or `NaN`), else the result is undefined.
 fn round(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let Some(x) = num(&args[0]) else {
-        return Ok(None);
+        return Ok(Val::Undefined);
     };
     let precision = match args.get(1) {
         None => 0.0,
         Some(p) => match num(p) {
             Some(p) if p.fract() == 0.0 => p,
-            _ => return Ok(None),
+            _ => return Ok(Val::Undefined),
         },
     };
     Ok(number(round_to(x, precision)))
@@ -196,13 +204,13 @@ fn round_to(x: f64, precision: f64) -> f64 {
 /// `FLOOR(n / binSize) * binSize`; a bin size of 0 gives undefined.
 fn number_bin(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let Some(x) = num(&args[0]) else {
-        return Ok(None);
+        return Ok(Val::Undefined);
     };
     let bin = match args.get(1) {
         None => 1.0,
         Some(b) => match num(b) {
             Some(b) if b != 0.0 => b,
-            _ => return Ok(None),
+            _ => return Ok(Val::Undefined),
         },
     };
     Ok(number((x / bin).floor() * bin))
@@ -211,7 +219,7 @@ fn number_bin(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
 /// An `Int*` argument: a whole number within the `i64` range, else `None`. Also the rule for
 /// the integer arguments of the date and time functions.
 pub(super) fn int_arg(v: &Val) -> Option<i64> {
-    let Some(Value::Number(n)) = v else {
+    let Val::Json(Value::Number(n)) = v else {
         return None;
     };
     if let Some(i) = n.as_i64() {
@@ -232,11 +240,11 @@ pub(super) fn int_arg(v: &Val) -> Option<i64> {
 }
 
 /// An `Int*` result: an exact JSON integer.
-pub(super) fn int_result(i: Option<i64>) -> Val {
+pub(super) fn int_result(i: Option<i64>) -> Option<Value> {
     i.map(|i| Value::Number(i.into()))
 }
 
-fn int_binary(args: &[Val], f: fn(i64, i64) -> Option<i64>) -> Val {
+fn int_binary(args: &[Val], f: fn(i64, i64) -> Option<i64>) -> Option<Value> {
     let (x, y) = (int_arg(&args[0])?, int_arg(&args[1])?);
     int_result(f(x, y))
 }
@@ -267,23 +275,33 @@ mod tests {
             (f.min_args..=f.max_args).contains(&args.len()),
             "{name} arity"
         );
-        (f.call)(ctx, args).expect("no error")
+        f.invoke(ctx, args).expect("no error")
     }
 
-    fn call(name: &str, args: &[Val]) -> Val {
+    /// A call with JSON (or undefined) arguments.
+    fn call(name: &str, args: &[Option<Value>]) -> Val {
+        let args: Vec<Val> = args.iter().cloned().map(Val::from).collect();
+        call_with(&Context::new(0, 1), name, &args)
+    }
+
+    fn call_val(name: &str, args: &[Val]) -> Val {
         call_with(&Context::new(0, 1), name, args)
     }
 
-    fn n(x: f64) -> Val {
-        number(x)
+    fn n(x: f64) -> Option<Value> {
+        crate::value::json_number(x)
     }
 
-    fn i(x: i64) -> Val {
+    fn i(x: i64) -> Option<Value> {
         Some(json!(x))
     }
 
+    const INF: Val = Val::NonFinite(f64::INFINITY);
+    const NEG_INF: Val = Val::NonFinite(f64::NEG_INFINITY);
+    const NAN: Val = Val::NonFinite(f64::NAN);
+
     fn approx(v: Val, expected: f64) {
-        let got = v.as_ref().and_then(as_f64).expect("a number");
+        let got = v.as_f64().expect("a number");
         assert!(
             (got - expected).abs() <= 1e-12 * expected.abs().max(1.0),
             "{got} != {expected}"
@@ -498,19 +516,46 @@ mod tests {
     }
 
     #[test]
-    fn non_finite_results_are_undefined() {
-        assert_eq!(call("SQRT", &[n(-1.0)]), None);
-        assert_eq!(call("LOG", &[n(0.0)]), None);
-        assert_eq!(call("LOG", &[n(-1.0)]), None);
-        assert_eq!(call("LOG", &[n(5.0), n(1.0)]), None);
-        assert_eq!(call("LOG10", &[n(0.0)]), None);
-        assert_eq!(call("ACOS", &[n(2.0)]), None);
-        assert_eq!(call("ASIN", &[n(-2.0)]), None);
-        assert_eq!(call("COT", &[n(0.0)]), None);
-        assert_eq!(call("EXP", &[n(1000.0)]), None);
-        assert_eq!(call("POWER", &[n(10.0), n(400.0)]), None);
-        assert_eq!(call("POWER", &[n(0.0), n(-1.0)]), None);
-        assert_eq!(call("SQUARE", &[n(1e200)]), None);
+    fn non_finite_results_are_numbers() {
+        assert_eq!(call("SQRT", &[n(-1.0)]), NAN);
+        assert_eq!(call("LOG", &[n(0.0)]), NEG_INF);
+        assert_eq!(call("LOG", &[n(-1.0)]), NAN);
+        assert_eq!(call("LOG", &[n(5.0), n(1.0)]), INF);
+        assert_eq!(call("LOG10", &[n(0.0)]), NEG_INF);
+        assert_eq!(call("ACOS", &[n(2.0)]), NAN);
+        assert_eq!(call("ASIN", &[n(-2.0)]), NAN);
+        assert_eq!(call("COT", &[n(0.0)]), INF);
+        assert_eq!(call("EXP", &[n(1000.0)]), INF);
+        assert_eq!(call("POWER", &[n(10.0), n(400.0)]), INF);
+        assert_eq!(call("POWER", &[n(0.0), n(-1.0)]), INF);
+        assert_eq!(call("SQUARE", &[n(1e200)]), INF);
+    }
+
+    #[test]
+    fn non_finite_arguments_follow_ieee() {
+        assert_eq!(call_val("ABS", &[NEG_INF]), INF);
+        assert_eq!(call_val("ABS", &[NAN]), NAN);
+        assert_eq!(call_val("SIGN", &[NEG_INF]), i(-1));
+        assert_eq!(call_val("SIGN", &[NAN]), NAN);
+        assert_eq!(call_val("FLOOR", &[INF]), INF);
+        assert_eq!(call_val("CEILING", &[NAN]), NAN);
+        assert_eq!(call_val("ROUND", &[NEG_INF]), NEG_INF);
+        assert_eq!(call_val("ROUND", &[INF, Val::from(n(2.0))]), INF);
+        assert_eq!(call_val("ROUND", &[NAN, Val::from(n(-2.0))]), NAN);
+        assert_eq!(call_val("ROUND", &[Val::from(n(1.5)), INF]), None);
+        assert_eq!(call_val("TRUNC", &[INF]), INF);
+        assert_eq!(call_val("EXP", &[NEG_INF]), i(0));
+        assert_eq!(call_val("ATAN", &[INF]), n(std::f64::consts::FRAC_PI_2));
+        assert_eq!(call_val("POWER", &[NAN, Val::from(n(0.0))]), i(1));
+        assert_eq!(call_val("SQRT", &[INF]), INF);
+        assert_eq!(call_val("SIN", &[INF]), NAN);
+        assert_eq!(call_val("NumberBin", &[INF]), INF);
+        assert_eq!(call_val("NumberBin", &[Val::from(n(5.0)), NAN]), NAN);
+        // The Int* functions take whole numbers only.
+        for x in [INF, NEG_INF, NAN] {
+            assert_eq!(call_val("IntAdd", &[x.clone(), Val::from(i(1))]), None);
+            assert_eq!(call_val("IntBitNot", &[x]), None);
+        }
     }
 
     #[test]
@@ -561,7 +606,7 @@ mod tests {
     fn number_bin_edges() {
         assert_eq!(call("NumberBin", &[n(-0.5)]), i(-1));
         assert_eq!(call("NumberBin", &[n(-37.752), n(10.0)]), i(-40));
-        assert_eq!(call("NumberBin", &[n(1e300), n(1e-300)]), None);
+        assert_eq!(call("NumberBin", &[n(1e300), n(1e-300)]), INF);
     }
 
     #[test]
@@ -572,7 +617,7 @@ mod tests {
         for _ in 0..1000 {
             let x = call_with(&a, "RAND", &[]);
             assert_eq!(x, call_with(&b, "RAND", &[]));
-            let f = x.as_ref().and_then(as_f64).expect("a number");
+            let f = x.as_f64().expect("a number");
             assert!((0.0..1.0).contains(&f), "{f}");
             seen.insert(f.to_bits());
         }

@@ -4,6 +4,8 @@
 
 use std::cell::Cell;
 
+use serde_json::Value;
+
 use crate::value::Val;
 
 mod array;
@@ -42,6 +44,17 @@ impl Context {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FunctionError(pub String);
 
+/// How a function is evaluated.
+#[derive(Debug, Clone, Copy)]
+pub enum Call {
+    /// A function whose result is JSON or `undefined` (most of them: strings, arrays, dates,
+    /// type tests, ...).
+    Json(fn(&Context, &[Val]) -> Result<Option<Value>, FunctionError>),
+    /// A function whose result may be any value, a number JSON cannot hold included (the
+    /// mathematical functions: `SQRT(-1)` is `NaN`; and those that pass an argument through).
+    Any(fn(&Context, &[Val]) -> Result<Val, FunctionError>),
+}
+
 /// One system function.
 #[derive(Debug)]
 pub struct Function {
@@ -52,10 +65,20 @@ pub struct Function {
     /// Most arguments.
     pub max_args: usize,
     /// Evaluates a call; `args.len()` is within `min_args..=max_args`.
-    pub call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+    pub call: Call,
     /// For a function whose work can grow past its arguments' sizes: the evaluation steps a
     /// call may take at most, charged before it runs (it cannot be interrupted).
     pub cost: Option<fn(&[Val]) -> u64>,
+}
+
+impl Function {
+    /// Evaluates a call with `args` (as many as the function takes).
+    pub fn invoke(&self, context: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+        match self.call {
+            Call::Json(call) => call(context, args).map(Val::from),
+            Call::Any(call) => call(context, args),
+        }
+    }
 }
 
 impl PartialEq for Function {
@@ -65,8 +88,25 @@ impl PartialEq for Function {
     }
 }
 
-/// A function's entry in its family's table.
+/// A function's entry in its family's table: one whose result is JSON or `undefined`.
 const fn function(
+    name: &'static str,
+    min_args: usize,
+    max_args: usize,
+    call: fn(&Context, &[Val]) -> Result<Option<Value>, FunctionError>,
+) -> Function {
+    Function {
+        name,
+        min_args,
+        max_args,
+        call: Call::Json(call),
+        cost: None,
+    }
+}
+
+/// [`function`] for a function whose result may be a number JSON cannot hold (see
+/// [`Call::Any`]).
+const fn any_function(
     name: &'static str,
     min_args: usize,
     max_args: usize,
@@ -76,7 +116,7 @@ const fn function(
         name,
         min_args,
         max_args,
-        call,
+        call: Call::Any(call),
         cost: None,
     }
 }
@@ -86,12 +126,26 @@ const fn costly(
     name: &'static str,
     min_args: usize,
     max_args: usize,
-    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+    call: fn(&Context, &[Val]) -> Result<Option<Value>, FunctionError>,
     cost: fn(&[Val]) -> u64,
 ) -> Function {
     Function {
         cost: Some(cost),
         ..function(name, min_args, max_args, call)
+    }
+}
+
+/// [`any_function`] with a worst-case cost (see [`Function::cost`]).
+const fn costly_any(
+    name: &'static str,
+    min_args: usize,
+    max_args: usize,
+    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+    cost: fn(&[Val]) -> u64,
+) -> Function {
+    Function {
+        cost: Some(cost),
+        ..any_function(name, min_args, max_args, call)
     }
 }
 
@@ -137,6 +191,21 @@ pub fn unsupported(name: &str) -> Option<(&'static str, &'static str)> {
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
         .copied()
+}
+
+/// Calls `f` with JSON (or undefined) arguments, for the families' tests: its result as JSON
+/// (a number JSON cannot hold fails the test).
+#[cfg(test)]
+pub(crate) fn call_json(
+    f: &Function,
+    context: &Context,
+    args: &[Option<Value>],
+) -> Result<Option<Value>, FunctionError> {
+    let args: Vec<Val> = args.iter().cloned().map(Val::from).collect();
+    f.invoke(context, &args).map(|v| match v {
+        Val::NonFinite(n) => panic!("{} gave {n}", f.name),
+        v => v.into_json(),
+    })
 }
 
 /// Every function, for documentation and tests.

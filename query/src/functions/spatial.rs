@@ -39,7 +39,7 @@ use geographiclib_rs::{Geodesic, InverseGeodesic, PolygonArea, Winding};
 use serde_json::{Map, Value};
 
 use super::{Context, Function, FunctionError, costly};
-use crate::value::{Val, boolean, number};
+use crate::value::{Val, boolean, json_number};
 
 pub(super) const FUNCTIONS: &[Function] = &[
     costly("ST_DISTANCE", 2, 2, st_distance, distance_cost),
@@ -67,7 +67,7 @@ fn positions_in(v: &Val) -> u64 {
         }
     }
     match v {
-        Some(Value::Object(obj)) => obj.get("coordinates").map_or(0, |c| arrays(c, 0)),
+        Val::Json(Value::Object(obj)) => obj.get("coordinates").map_or(0, |c| arrays(c, 0)),
         _ => 0,
     }
 }
@@ -223,17 +223,27 @@ fn polygon(v: &Value, kind: &str, ring_number: &mut usize) -> Result<Vec<Ring>, 
 
 /// The geometry in an argument, if it is a valid one.
 fn geometry(v: &Val) -> Option<Geometry> {
-    parse(v.as_ref()?).ok()
+    parse(v.json()?).ok()
 }
 
-fn st_isvalid(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
-    Ok(args[0].as_ref().and_then(|v| boolean(parse(v).is_ok())))
+/// A defined argument to validate as JSON: a number JSON cannot hold is judged as a number is.
+fn to_validate(v: &Val) -> Option<std::borrow::Cow<'_, Value>> {
+    match v {
+        Val::Undefined => None,
+        Val::Json(v) => Some(std::borrow::Cow::Borrowed(v)),
+        Val::NonFinite(_) => Some(std::borrow::Cow::Owned(Value::from(0))),
+    }
 }
 
-fn st_isvaliddetailed(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
-    let Some(v) = &args[0] else {
+fn st_isvalid(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
+    Ok(to_validate(&args[0]).and_then(|v| boolean(parse(&v).is_ok())))
+}
+
+fn st_isvaliddetailed(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
+    let Some(v) = to_validate(&args[0]) else {
         return Ok(None);
     };
+    let v = &*v;
     let mut result = Map::new();
     match parse(v) {
         Ok(_) => {
@@ -247,12 +257,12 @@ fn st_isvaliddetailed(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     Ok(Some(Value::Object(result)))
 }
 
-fn st_area(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn st_area(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let Some(g) = geometry(&args[0]) else {
         return Ok(None);
     };
     let Geometry::Polygons(polygons) = g else {
-        return Ok(number(0.0));
+        return Ok(json_number(0.0));
     };
     let geodesic = Geodesic::wgs84();
     let earth = geodesic.area();
@@ -267,7 +277,7 @@ fn st_area(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
             area.max(0.0)
         })
         .sum();
-    Ok(number(total))
+    Ok(json_number(total))
 }
 
 /// The area of the region left of a ring, in square meters (a clockwise ring: the rest of the
@@ -281,15 +291,15 @@ fn ring_region_area(geodesic: &Geodesic, ring: &Ring) -> f64 {
     area.compute(false).1
 }
 
-fn st_distance(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn st_distance(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(a), Some(b)) = (geometry(&args[0]), geometry(&args[1])) else {
         return Ok(None);
     };
     if let (Geometry::Point(p), Geometry::Point(q)) = (&a, &b) {
-        return Ok(number(geodesic_distance(*p, *q)));
+        return Ok(json_number(geodesic_distance(*p, *q)));
     }
     if intersects(&a, &b) {
-        return Ok(number(0.0));
+        return Ok(json_number(0.0));
     }
     // The closest pair of points on the sphere, measured on the ellipsoid.
     let mut best: Option<(f64, Pos, Pos)> = None;
@@ -314,7 +324,7 @@ fn st_distance(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
             consider(d, p, q);
         }
     }
-    Ok(best.and_then(|(_, p, q)| number(geodesic_distance(p, q))))
+    Ok(best.and_then(|(_, p, q)| json_number(geodesic_distance(p, q))))
 }
 
 fn geodesic_distance(p: Pos, q: Pos) -> f64 {
@@ -563,14 +573,14 @@ fn within(a: &Geometry, b: &Geometry) -> bool {
     }
 }
 
-fn st_within(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn st_within(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(a), Some(b)) = (geometry(&args[0]), geometry(&args[1])) else {
         return Ok(None);
     };
     Ok(boolean(within(&a, &b)))
 }
 
-fn st_intersects(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn st_intersects(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(a), Some(b)) = (geometry(&args[0]), geometry(&args[1])) else {
         return Ok(None);
     };
@@ -583,8 +593,11 @@ mod tests {
 
     use super::*;
 
-    fn call(f: fn(&Context, &[Val]) -> Result<Val, FunctionError>, args: Vec<Value>) -> Val {
-        let args: Vec<Val> = args.into_iter().map(Some).collect();
+    fn call(
+        f: fn(&Context, &[Val]) -> Result<Option<Value>, FunctionError>,
+        args: Vec<Value>,
+    ) -> Option<Value> {
+        let args: Vec<Val> = args.into_iter().map(Val::Json).collect();
         f(&Context::new(0, 1), &args).expect("no error")
     }
 
@@ -608,7 +621,7 @@ mod tests {
         assert!((d(&rd) - 1_907_438.421299902).abs() < 0.1);
     }
 
-    fn as_number(v: Val) -> f64 {
+    fn as_number(v: Option<Value>) -> f64 {
         v.and_then(|v| v.as_f64()).expect("a number")
     }
 
@@ -758,21 +771,26 @@ mod tests {
             assert_eq!(call(st_intersects, vec![bad.clone(), bad.clone()]), None);
         }
         assert_eq!(
-            st_isvalid(&Context::new(0, 1), &[None]).expect("no error"),
+            st_isvalid(&Context::new(0, 1), &[Val::Undefined]).expect("no error"),
             None
+        );
+        // Infinity and NaN are numbers: not geometries.
+        assert_eq!(
+            st_isvalid(&Context::new(0, 1), &[Val::NonFinite(f64::NAN)]).expect("no error"),
+            Some(json!(false))
         );
     }
 
     #[test]
     fn cost_counts_positions() {
         let big = square(0.0, 0.0, 10.0);
-        assert_eq!(positions_in(&Some(point(1.0, 2.0))), 1);
+        assert_eq!(positions_in(&Val::Json(point(1.0, 2.0))), 1);
         // The ring list, the ring, and five positions.
-        assert_eq!(positions_in(&Some(big.clone())), 7);
-        assert_eq!(pair_cost(&[Some(point(1.0, 2.0)), Some(big)]), 16);
-        assert_eq!(single_cost(&[Some(json!("x"))]), 1);
+        assert_eq!(positions_in(&Val::Json(big.clone())), 7);
+        assert_eq!(pair_cost(&[Val::Json(point(1.0, 2.0)), Val::Json(big)]), 16);
+        assert_eq!(single_cost(&[Val::Json(json!("x"))]), 1);
         // Nesting deeper than a MultiPolygon's is not walked.
         let deep = json!({"type": "Point", "coordinates": [[[[[[[[1]]]]]]]]});
-        assert_eq!(positions_in(&Some(deep)), 5);
+        assert_eq!(positions_in(&Val::Json(deep)), 5);
     }
 }

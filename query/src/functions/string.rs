@@ -10,7 +10,8 @@
 //! - **Numeric arguments that must be integers are truncated toward zero** (`LEFT("abc", 1.9)`
 //!   is `"a"`); a non-number is `undefined`. Out-of-range values clamp: a negative start of
 //!   `SUBSTRING` or `INDEX_OF` counts as 0, a negative length or count gives `""`, a start past
-//!   the end gives `""` (`INDEX_OF`: -1).
+//!   the end gives `""` (`INDEX_OF`: -1). As in JavaScript, `Infinity` is past any end,
+//!   `-Infinity` before any start, and `NaN` counts as 0 (`LEFT("abc", 1/0)` is `"abc"`).
 //! - **Ignoring case** (the optional last argument of `CONTAINS`, `STARTSWITH`, `ENDSWITH`,
 //!   `StringEquals`) compares the Unicode lower-case forms. That argument must be a boolean if
 //!   given; anything else makes the result `undefined`.
@@ -20,11 +21,13 @@
 //!   documented limit) or the count is negative. **`REPLACE`** with an empty search string
 //!   returns the input unchanged, and returns `undefined` rather than build a string over
 //!   16 MiB.
-//! - **`ToString`** writes numbers as JavaScript does (`1`, `0.1234`, `1e+21`) and arrays and
-//!   objects as compact JSON; `ToString(undefined)` is `undefined`.
+//! - **`ToString`** writes numbers as JavaScript does (`1`, `0.1234`, `1e+21`, `Infinity`,
+//!   `-Infinity`, `NaN`) and arrays and objects as compact JSON; `ToString(undefined)` is
+//!   `undefined`.
 //! - **`StringToNumber`/`Array`/`Boolean`/`Null`/`Object`** parse the whole string as strict
 //!   JSON, allowing JSON whitespace around it, and are `undefined` unless it parses to a value
-//!   of the named type (`"NaN"`, `"'a'"` or `"True"` are not JSON).
+//!   of the named type (`"NaN"`, `"Infinity"`, `"1e999"`, `"'a'"` or `"True"` are not JSON, so
+//!   `StringToNumber` never gives a number JSON cannot hold).
 //! - **`RegexMatch`** uses the `regex` crate's syntax, not PCRE: look-around and
 //!   back-references are rejected, matching finds the pattern anywhere in the string
 //!   (unanchored), and modifiers are `i` (ignore case), `m` (multi-line), `s` (dot matches
@@ -47,7 +50,7 @@ use regex::RegexBuilder;
 use serde_json::{Number, Value};
 
 use super::{Context, Function, FunctionError, costly, function};
-use crate::value::{Val, as_f64, boolean, number, string};
+use crate::value::{Val, as_f64, boolean, json_number, string};
 
 /// `REPLICATE`'s documented limit on its result, in characters.
 const MAX_REPLICATE_CHARS: usize = 10_000;
@@ -79,7 +82,7 @@ pub(super) const FUNCTIONS: &[Function] = &[
     function("LEFT", 2, 2, left),
     function("RIGHT", 2, 2, right),
     function("LENGTH", 1, 1, |_, a| {
-        Ok(str_arg(a, 0).and_then(|s| number(s.chars().count() as f64)))
+        Ok(str_arg(a, 0).and_then(|s| json_number(s.chars().count() as f64)))
     }),
     function("LOWER", 1, 1, |_, a| {
         Ok(str_arg(a, 0).and_then(|s| string(s.to_lowercase())))
@@ -106,7 +109,10 @@ pub(super) const FUNCTIONS: &[Function] = &[
         Ok(parse_json(a).filter(Value::is_null))
     }),
     function("StringToNumber", 1, 1, |_, a| {
-        Ok(parse_json(a).as_ref().and_then(as_f64).and_then(number))
+        Ok(parse_json(a)
+            .as_ref()
+            .and_then(as_f64)
+            .and_then(json_number))
     }),
     function("StringToObject", 1, 1, |_, a| {
         Ok(parse_json(a).filter(Value::is_object))
@@ -158,9 +164,9 @@ pub(super) const FUNCTIONS: &[Function] = &[
     ),
 ];
 
-/// Argument `i`, if given and defined.
+/// Argument `i`, if given and JSON.
 fn arg(args: &[Val], i: usize) -> Option<&Value> {
-    args.get(i)?.as_ref()
+    args.get(i)?.json()
 }
 
 /// Argument `i` if it is a string.
@@ -172,10 +178,11 @@ fn str_arg(args: &[Val], i: usize) -> Option<&str> {
 }
 
 /// Argument `i` as an integer, truncated toward zero (saturating at the `i64` range), if it is
-/// a number.
+/// a number: as JavaScript's `ToIntegerOrInfinity` then clamped, `Infinity` is the largest,
+/// `-Infinity` the smallest and `NaN` is 0.
 pub(super) fn int_arg(args: &[Val], i: usize) -> Option<i64> {
-    let n = as_f64(arg(args, i)?)?;
-    // `as` saturates, and the value is finite.
+    let n = args.get(i)?.as_f64()?;
+    // `as` saturates, and takes NaN to 0.
     Some(n.trunc() as i64)
 }
 
@@ -195,7 +202,7 @@ fn char_slice(s: &str, start: usize, len: usize) -> &str {
     &rest[..byte_offset(rest, len)]
 }
 
-fn concat(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn concat(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let mut out = String::new();
     for i in 0..args.len() {
         let Some(s) = str_arg(args, i) else {
@@ -210,11 +217,11 @@ fn concat(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
 }
 
 /// `test(a, b)` of two strings, with the optional third argument to ignore case.
-fn compare(args: &[Val], test: fn(&str, &str) -> bool) -> Val {
+fn compare(args: &[Val], test: fn(&str, &str) -> bool) -> Option<Value> {
     let (s, t) = (str_arg(args, 0)?, str_arg(args, 1)?);
     let ignore_case = match args.get(2) {
         None => false,
-        Some(Some(Value::Bool(b))) => *b,
+        Some(Val::Json(Value::Bool(b))) => *b,
         Some(_) => return None,
     };
     boolean(if ignore_case {
@@ -226,7 +233,7 @@ fn compare(args: &[Val], test: fn(&str, &str) -> bool) -> Val {
 
 /// `INDEX_OF(s, sub[, start])`: the character position of the first `sub` at or after `start`,
 /// or -1.
-fn index_of(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn index_of(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(sub)) = (str_arg(args, 0), str_arg(args, 1)) else {
         return Ok(None);
     };
@@ -240,22 +247,22 @@ fn index_of(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     let from = byte_offset(s, start);
     // A start past the end finds nothing, not even "" (`byte_offset` stops at the end).
     if from == s.len() && s.chars().count() < start {
-        return Ok(number(-1.0));
+        return Ok(json_number(-1.0));
     }
     Ok(match s[from..].find(sub) {
-        Some(at) => number((start + s[from..from + at].chars().count()) as f64),
-        None => number(-1.0),
+        Some(at) => json_number((start + s[from..from + at].chars().count()) as f64),
+        None => json_number(-1.0),
     })
 }
 
-fn left(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn left(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(n)) = (str_arg(args, 0), int_arg(args, 1)) else {
         return Ok(None);
     };
     Ok(string(char_slice(s, 0, count(n))))
 }
 
-fn right(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn right(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(n)) = (str_arg(args, 0), int_arg(args, 1)) else {
         return Ok(None);
     };
@@ -263,7 +270,7 @@ fn right(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     Ok(string(&s[byte_offset(s, skip)..]))
 }
 
-fn substring(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn substring(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(start), Some(len)) = (str_arg(args, 0), int_arg(args, 1), int_arg(args, 2))
     else {
         return Ok(None);
@@ -280,7 +287,7 @@ enum Side {
 }
 
 /// `LTRIM`/`RTRIM`/`TRIM(s[, chars])`: strips whitespace, or any of `chars`.
-fn trim(args: &[Val], side: Side) -> Val {
+fn trim(args: &[Val], side: Side) -> Option<Value> {
     let s = str_arg(args, 0)?;
     // A set, so that trimming stays linear however long both strings are.
     let chars: Option<HashSet<char>> = match args.get(1) {
@@ -299,7 +306,7 @@ fn trim(args: &[Val], side: Side) -> Val {
     })
 }
 
-fn replace(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn replace(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(find), Some(with)) = (str_arg(args, 0), str_arg(args, 1), str_arg(args, 2))
     else {
         return Ok(None);
@@ -315,7 +322,7 @@ fn replace(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
     Ok(string(s.replace(find, with)))
 }
 
-fn replicate(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn replicate(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(n)) = (str_arg(args, 0), int_arg(args, 1)) else {
         return Ok(None);
     };
@@ -334,11 +341,13 @@ fn parse_json(args: &[Val]) -> Option<Value> {
     serde_json::from_str(str_arg(args, 0)?).ok()
 }
 
-fn to_string(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
-    Ok(match arg(args, 0) {
-        None => None,
-        Some(Value::String(s)) => string(s.as_str()),
-        Some(v) => {
+fn to_string(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
+    Ok(match &args[0] {
+        Val::Undefined => None,
+        // As JavaScript writes them: "Infinity", "-Infinity", "NaN".
+        Val::NonFinite(n) => string(format_double(*n)),
+        Val::Json(Value::String(s)) => string(s.as_str()),
+        Val::Json(v) => {
             let mut out = String::new();
             write_json(&mut out, v, false);
             string(out)
@@ -349,22 +358,22 @@ fn to_string(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
 /// `LastIndexOf(s, sub[, start])`: the character position of the last `sub` that ends at or
 /// before character `start` (the search runs from `start` toward the beginning, as .NET's
 /// `LastIndexOf` does), or -1.
-fn last_index_of(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn last_index_of(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(sub)) = (str_arg(args, 0), str_arg(args, 1)) else {
         return Ok(None);
     };
     let window = match args.get(2) {
         None => s,
         Some(_) => match int_arg(args, 2) {
-            Some(n) if n < 0 => return Ok(number(-1.0)),
+            Some(n) if n < 0 => return Ok(json_number(-1.0)),
             // Characters 0..=start.
             Some(n) => &s[..byte_offset(s, count(n).saturating_add(1))],
             None => return Ok(None),
         },
     };
     Ok(match window.rfind(sub) {
-        Some(at) => number(window[..at].chars().count() as f64),
-        None => number(-1.0),
+        Some(at) => json_number(window[..at].chars().count() as f64),
+        None => json_number(-1.0),
     })
 }
 
@@ -375,7 +384,7 @@ const SCAN_BYTES_PER_STEP: u64 = 64;
 
 /// `StringSplit(s, delimiter)`: the pieces of `s` between non-overlapping occurrences of
 /// `delimiter`, left to right; an empty delimiter gives `[s]`.
-fn string_split(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn string_split(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(s), Some(delimiter)) = (str_arg(args, 0), str_arg(args, 1)) else {
         return Ok(None);
     };
@@ -407,7 +416,7 @@ fn string_split_cost(args: &[Val]) -> u64 {
 /// `StringJoin(array, separator)`: the array's strings with `separator` between them;
 /// `undefined` if any element is not a string, or if the result would exceed the largest
 /// string a query builds.
-fn string_join(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn string_join(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let (Some(Value::Array(items)), Some(separator)) = (arg(args, 0), str_arg(args, 1)) else {
         return Ok(None);
     };
@@ -452,7 +461,7 @@ enum Part {
 /// `SubstringAfter`/`SubstringBefore`/`LastSubstringAfter`/`LastSubstringBefore(s,
 /// delimiter)`: the text after or before the first or last occurrence of `delimiter`; `""`
 /// when `delimiter` does not occur.
-fn split_at_delimiter(args: &[Val], occurrence: Occurrence, part: Part) -> Val {
+fn split_at_delimiter(args: &[Val], occurrence: Occurrence, part: Part) -> Option<Value> {
     let (s, delimiter) = (str_arg(args, 0)?, str_arg(args, 1)?);
     let found = match occurrence {
         Occurrence::First => s.find(delimiter),
@@ -471,7 +480,7 @@ fn split_at_delimiter(args: &[Val], occurrence: Occurrence, part: Part) -> Val {
 /// ignore_case) AND ...` or `OR ...`, with the query language's three-valued logic — a
 /// non-string argument makes its own test `undefined`, which a `false` (`ALL`) or a `true`
 /// (`ANY`) elsewhere overrides.
-fn contains_many(args: &[Val], all: bool, ignore_case: bool) -> Val {
+fn contains_many(args: &[Val], all: bool, ignore_case: bool) -> Option<Value> {
     let haystack = str_arg(args, 0).map(|s| {
         if ignore_case {
             std::borrow::Cow::Owned(s.to_lowercase())
@@ -518,7 +527,7 @@ fn regex_cost(args: &[Val]) -> u64 {
     len(0).saturating_mul(len(1).max(1)) / REGEX_WORK_PER_STEP
 }
 
-fn regex_match(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
+fn regex_match(_: &Context, args: &[Val]) -> Result<Option<Value>, FunctionError> {
     let Some(pattern) = str_arg(args, 1) else {
         return Ok(None);
     };
@@ -687,31 +696,40 @@ mod tests {
     use super::super::lookup;
     use super::*;
 
-    fn call(name: &str, args: &[Val]) -> Val {
+    fn call(name: &str, args: &[Option<Value>]) -> Option<Value> {
         let f = lookup(name).expect("known function");
         assert!(
             args.len() >= f.min_args && args.len() <= f.max_args,
             "{name} arity"
         );
-        (f.call)(&Context::new(0, 1), args).expect("no error")
+        super::super::call_json(f, &Context::new(0, 1), args).expect("no error")
     }
 
-    fn s(text: &str) -> Val {
+    fn s(text: &str) -> Option<Value> {
         Some(json!(text))
     }
 
-    fn n(x: f64) -> Val {
-        number(x)
+    /// A call with any arguments, numbers JSON cannot hold included.
+    fn call_val(name: &str, args: &[Val]) -> Option<Value> {
+        let f = lookup(name).expect("known function");
+        f.invoke(&Context::new(0, 1), args)
+            .expect("no error")
+            .into_json()
+    }
+
+    fn n(x: f64) -> Option<Value> {
+        json_number(x)
     }
 
     const AW: &str = "AdventureWorks";
 
-    fn cost(name: &str, args: &[Val]) -> u64 {
+    fn cost(name: &str, args: &[Option<Value>]) -> u64 {
         let f = lookup(name).expect("known function");
-        f.cost.expect("a costly function")(args)
+        let args: Vec<Val> = args.iter().cloned().map(Val::from).collect();
+        f.cost.expect("a costly function")(&args)
     }
 
-    fn strings(items: &[&str]) -> Val {
+    fn strings(items: &[&str]) -> Option<Value> {
         Some(json!(items))
     }
 
@@ -897,7 +915,8 @@ mod tests {
         let t = boolean(true);
         let f = boolean(false);
         let day = "Have a nice day!";
-        let cases: [(&[Val], [Val; 4]); 5] = [
+        type Arg = Option<Value>;
+        let cases: [(&[Arg], [Arg; 4]); 5] = [
             (
                 &[s("have"), s("nice"), s("day!")],
                 [t.clone(), f.clone(), t.clone(), t.clone()],
@@ -1212,7 +1231,7 @@ mod tests {
 
     #[test]
     fn to_string_writes_javascript_numbers_and_compact_json() {
-        // The reference's examples (NaN and Infinity are not values here).
+        // The reference's examples.
         assert_eq!(call("ToString", &[n(125.0)]), s("125"));
         assert_eq!(call("ToString", &[n(0.1234)]), s("0.1234"));
         assert_eq!(call("ToString", &[Some(json!(false))]), s("false"));
@@ -1233,6 +1252,39 @@ mod tests {
             call("ToString", &[Some(json!(u64::MAX))]),
             s("18446744073709552000")
         );
+        for (x, text) in [
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "Infinity"),
+            (f64::NEG_INFINITY, "-Infinity"),
+        ] {
+            assert_eq!(call_val("ToString", &[Val::NonFinite(x)]), s(text));
+        }
+    }
+
+    #[test]
+    fn non_finite_numbers_as_arguments() {
+        let (inf, nan) = (Val::NonFinite(f64::INFINITY), Val::NonFinite(f64::NAN));
+        let neg_inf = Val::NonFinite(f64::NEG_INFINITY);
+        let abc = Val::Json(json!("abc"));
+        let one = Val::Json(json!(1));
+        // Integer arguments as in JavaScript: Infinity past the end, NaN as 0.
+        assert_eq!(call_val("LEFT", &[abc.clone(), inf.clone()]), s("abc"));
+        assert_eq!(call_val("LEFT", &[abc.clone(), nan.clone()]), s(""));
+        assert_eq!(call_val("RIGHT", &[abc.clone(), inf.clone()]), s("abc"));
+        let args = [abc.clone(), neg_inf.clone(), inf.clone()];
+        assert_eq!(call_val("SUBSTRING", &args), s("abc"));
+        let args = [abc.clone(), one.clone(), nan.clone()];
+        assert_eq!(call_val("SUBSTRING", &args), s(""));
+        let args = [abc.clone(), Val::Json(json!("c")), nan.clone()];
+        assert_eq!(call_val("INDEX_OF", &args), n(2.0));
+        assert_eq!(call_val("REPLICATE", &[abc.clone(), inf.clone()]), None);
+        assert_eq!(call_val("REPLICATE", &[abc.clone(), nan.clone()]), s(""));
+        // Not strings.
+        assert_eq!(call_val("StringToNumber", std::slice::from_ref(&nan)), None);
+        assert_eq!(call_val("StringToNumber", std::slice::from_ref(&inf)), None);
+        assert_eq!(call_val("CONCAT", &[abc.clone(), inf.clone()]), None);
+        assert_eq!(call_val("LENGTH", &[inf]), None);
+        assert_eq!(call_val("UPPER", &[nan]), None);
     }
 
     #[test]
@@ -1307,7 +1359,11 @@ mod tests {
     fn regex_match_errors() {
         let f = lookup("REGEXMATCH").expect("known function");
         let ctx = Context::new(0, 1);
-        let error = |args: &[Val]| (f.call)(&ctx, args).expect_err("an error").0;
+        let error = |args: &[Option<Value>]| {
+            super::super::call_json(f, &ctx, args)
+                .expect_err("an error")
+                .0
+        };
         let message = error(&[s("a"), s("(a")]);
         assert!(message.starts_with("RegexMatch: invalid regular expression \"(a\": "));
         assert!(error(&[s("a"), s("a"), s("g")]).contains("unknown modifier 'g'"));

@@ -1,9 +1,11 @@
 //! Type checking functions, and `IIF`.
 //!
+//! - **`IS_NUMBER`** and **`IS_PRIMITIVE`** are `true` for `Infinity`, `-Infinity` and `NaN`
+//!   too (`IS_NUMBER(1/0)`): they are numbers while a query computes.
 //! - **`IS_FINITE_NUMBER`** is `true` for a finite number and `false` for anything else
-//!   (a non-number or `undefined` included).
+//!   (`Infinity`, `NaN`, a non-number or `undefined`).
 //! - **`IS_INTEGER`** is `true` for a number with no fractional part from -2^63 through 2^63,
-//!   `false` for anything else. Numbers in queries are doubles, so the literal
+//!   `false` for anything else (`Infinity` and `NaN` included). Numbers in queries are doubles, so the literal
 //!   `9223372036854775807` (the largest 64-bit integer, which the reference says is an
 //!   integer) is read as 2^63 and counts as one; `18446744073709551615` is 2^64 and does not.
 //!   A document's integers beyond a double's precision are judged exactly.
@@ -12,53 +14,50 @@
 
 use serde_json::{Number, Value};
 
-use super::{Context, Function, FunctionError, function};
+use super::{Context, Function, FunctionError, any_function, function};
 use crate::value::{Val, boolean};
 
 pub(super) const FUNCTIONS: &[Function] = &[
     unary("IS_ARRAY", |_, a| {
-        Ok(boolean(matches!(a[0], Some(Value::Array(_)))))
+        Ok(boolean(matches!(a[0], Val::Json(Value::Array(_)))))
     }),
     unary("IS_BOOL", |_, a| {
-        Ok(boolean(matches!(a[0], Some(Value::Bool(_)))))
+        Ok(boolean(matches!(a[0], Val::Json(Value::Bool(_)))))
     }),
-    unary("IS_DEFINED", |_, a| Ok(boolean(a[0].is_some()))),
+    unary("IS_DEFINED", |_, a| Ok(boolean(a[0].is_defined()))),
     unary("IS_NULL", |_, a| {
-        Ok(boolean(matches!(a[0], Some(Value::Null))))
+        Ok(boolean(matches!(a[0], Val::Json(Value::Null))))
     }),
-    unary("IS_NUMBER", |_, a| {
-        Ok(boolean(matches!(a[0], Some(Value::Number(_)))))
-    }),
+    // `Infinity`, `-Infinity` and `NaN` are numbers.
+    unary("IS_NUMBER", |_, a| Ok(boolean(a[0].as_f64().is_some()))),
     unary("IS_OBJECT", |_, a| {
-        Ok(boolean(matches!(a[0], Some(Value::Object(_)))))
+        Ok(boolean(matches!(a[0], Val::Json(Value::Object(_)))))
     }),
     unary("IS_PRIMITIVE", |_, a| {
         Ok(boolean(matches!(
             a[0],
-            Some(Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_))
+            Val::Json(Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_))
+                | Val::NonFinite(_)
         )))
     }),
     unary("IS_STRING", |_, a| {
-        Ok(boolean(matches!(a[0], Some(Value::String(_)))))
+        Ok(boolean(matches!(a[0], Val::Json(Value::String(_)))))
     }),
     unary("IS_FINITE_NUMBER", |_, a| {
-        Ok(boolean(matches!(
-            &a[0],
-            Some(Value::Number(n)) if n.as_f64().is_some_and(f64::is_finite)
-        )))
+        Ok(boolean(a[0].as_f64().is_some_and(f64::is_finite)))
     }),
     unary("IS_INTEGER", |_, a| {
         Ok(boolean(
-            matches!(&a[0], Some(Value::Number(n)) if is_integer(n)),
+            matches!(&a[0], Val::Json(Value::Number(n)) if is_integer(n)),
         ))
     }),
     unary("IS_DATETIME", |_, a| {
         Ok(boolean(matches!(
             &a[0],
-            Some(Value::String(s)) if super::datetime::parse(s).is_some()
+            Val::Json(Value::String(s)) if super::datetime::parse(s).is_some()
         )))
     }),
-    function("IIF", 3, 3, iif),
+    any_function("IIF", 3, 3, iif),
 ];
 
 /// 2^63, the first double past the 64-bit integers.
@@ -78,7 +77,7 @@ fn is_integer(n: &Number) -> bool {
 
 const fn unary(
     name: &'static str,
-    call: fn(&Context, &[Val]) -> Result<Val, FunctionError>,
+    call: fn(&Context, &[Val]) -> Result<Option<Value>, FunctionError>,
 ) -> Function {
     function(name, 1, 1, call)
 }
@@ -86,7 +85,7 @@ const fn unary(
 /// `IIF(condition, a, b)`: `a` if the condition is exactly `true`, else `b` (a non-boolean
 /// condition picks `b`).
 fn iif(_: &Context, args: &[Val]) -> Result<Val, FunctionError> {
-    Ok(if args[0] == Some(Value::Bool(true)) {
+    Ok(if args[0] == Val::Json(Value::Bool(true)) {
         args[1].clone()
     } else {
         args[2].clone()
@@ -100,9 +99,14 @@ mod tests {
     use super::super::lookup;
     use super::*;
 
-    fn call(name: &str, args: &[Val]) -> Val {
+    fn call(name: &str, args: &[Option<Value>]) -> Val {
+        let args: Vec<Val> = args.iter().cloned().map(Val::from).collect();
+        call_val(name, &args)
+    }
+
+    fn call_val(name: &str, args: &[Val]) -> Val {
         let f = lookup(name).expect("known function");
-        (f.call)(&Context::new(0, 1), args).expect("no error")
+        f.invoke(&Context::new(0, 1), args).expect("no error")
     }
 
     #[test]
@@ -120,7 +124,6 @@ mod tests {
     fn finite_integer_and_date_time_tests() {
         let t = Some(json!(true));
         let f = Some(json!(false));
-        // The reference's examples (8.9 / 0.0 and SQRT(-1.0) are not numbers here yet).
         assert_eq!(call("IS_FINITE_NUMBER", &[Some(json!(1234.567))]), t);
         assert_eq!(call("IS_FINITE_NUMBER", &[Some(json!("1"))]), f);
         assert_eq!(call("IS_FINITE_NUMBER", &[None]), f);
@@ -151,6 +154,27 @@ mod tests {
         }
         assert_eq!(call("IS_DATETIME", &[Some(json!(20241212))]), f);
         assert_eq!(call("IS_DATETIME", &[None]), f);
+    }
+
+    #[test]
+    fn non_finite_numbers_are_numbers_but_not_finite_or_integers() {
+        let (t, f) = (Some(json!(true)), Some(json!(false)));
+        for x in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            let v = [Val::NonFinite(x)];
+            assert_eq!(call_val("IS_NUMBER", &v), t, "{x}");
+            assert_eq!(call_val("IS_PRIMITIVE", &v), t, "{x}");
+            assert_eq!(call_val("IS_DEFINED", &v), t, "{x}");
+            assert_eq!(call_val("IS_FINITE_NUMBER", &v), f, "{x}");
+            assert_eq!(call_val("IS_INTEGER", &v), f, "{x}");
+            assert_eq!(call_val("IS_NULL", &v), f, "{x}");
+            assert_eq!(call_val("IS_STRING", &v), f, "{x}");
+        }
+        let inf = Val::NonFinite(f64::INFINITY);
+        let picked = call_val(
+            "IIF",
+            &[Val::Json(json!(true)), inf.clone(), Val::Undefined],
+        );
+        assert_eq!(picked, inf);
     }
 
     #[test]
