@@ -59,10 +59,10 @@ enum Workload {
     /// Preload, then run each query shape (indexed equality, ORDER BY TOP 10, COUNT, a
     /// full-scan filter) at --concurrency and at 1 in flight.
     Query,
-    /// Preload, then point reads, then each indexed query shape (one document by a unique
-    /// `n`, 10 documents by a group `g`, ORDER BY TOP 10), then point reads again, each for
-    /// --duration seconds at --concurrency: prints each query's throughput as a ratio of the
-    /// point reads' (issue 24, item 5).
+    /// Preload, then each indexed query shape (one document by a unique `n`, 10 documents by
+    /// a group `g`, ORDER BY TOP 10) between runs of point reads, each for --duration seconds
+    /// at --concurrency: prints each query's throughput as a ratio of the point reads' around
+    /// it (issue 24, item 5).
     Ratios,
     /// Increment counters: patch incr versus read-modify-write, on one hot document and on
     /// --counters documents.

@@ -57,7 +57,9 @@ pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
 pub use purge::PurgeGuard;
 pub use query::QuerySpec;
-pub use query_reads::{Cancel, INLINE_READS, PageMemory, QUERY_TIME_LIMIT, QueryReads};
+pub use query_reads::{
+    Cancel, INLINE_READS, INLINE_READS_MAY_BLOCK, PageMemory, QUERY_TIME_LIMIT, QueryReads,
+};
 pub use recovery::{ExpiryRebuild, Recovery};
 pub use token_seal::TokenKey;
 pub use walk::{MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QueryMetrics, QueryPage};

@@ -95,7 +95,7 @@ impl QuerySpec {
 
 impl Engine {
     /// Whether a storage read may wait on a disk or a network (see
-    /// [`crate::storage::Storage::reads_may_block`]): queries then run off the async workers.
+    /// [`crate::storage::Storage::reads_may_block`]): queries then get a smaller inline attempt.
     pub fn reads_may_block(&self) -> bool {
         self.inner.storage.reads_may_block()
     }

@@ -19,13 +19,19 @@ use crate::storage::Lsn;
 pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// Storage reads (index entries and documents) a query may make on an async worker, on
-/// storage whose reads never wait (memory; on the disk, queries always run on blocking
-/// threads, where many reads can wait at once). A query this small (an equality returning
-/// ten documents, a `TOP 10` from an index) is answered there, sparing the two thread
-/// hand-offs of a blocking task, which cost more than the query itself on a small machine. A
-/// query that needs more stops at the first read past it and is run again, from its start, on
-/// a blocking thread: the work lost is this many reads and at most one batch of index entries.
+/// storage whose reads never wait (memory). A query this small (an equality returning ten
+/// documents, a `TOP 10` from an index) is answered there, sparing the two thread hand-offs of
+/// a blocking task, which cost more than the query itself on a small machine. A query that
+/// needs more stops at the first read past it and is run again, from its start, on a blocking
+/// thread: the work lost is this many reads and at most one batch of index entries.
 pub const INLINE_READS: u64 = 64;
+
+/// The same on storage whose reads may wait on the disk: fewer, so that an async worker waits
+/// at most this many reads' worth, as a point read (one document read on the worker) waits for
+/// one. With the data cached (the common case), a ten-document equality or a `TOP 10` from an
+/// index is answered without a thread hand-off; anything larger runs on a blocking thread, where
+/// many reads can wait at once.
+pub const INLINE_READS_MAY_BLOCK: u64 = 32;
 
 /// How long a query may run on an async worker before it is moved off it (checked before each
 /// read and each document evaluated, and inside a document's evaluation every few hundred
@@ -128,6 +134,15 @@ impl QueryReads {
             inline: Some((reads, Instant::now() + time)),
             ..QueryReads::unlimited()
         }
+    }
+
+    /// An inline run allowed at most `reads` reads (fewer if it had fewer).
+    #[must_use]
+    pub fn at_most(mut self, reads: u64) -> Self {
+        if let Some((left, _)) = &mut self.inline {
+            *left = (*left).min(reads);
+        }
+        self
     }
 
     /// The run stops once `cancel` is raised.
@@ -275,6 +290,27 @@ mod tests {
         unlimited.reflect(Lsn(7));
         unlimited.reflect(Lsn(3));
         assert_eq!(unlimited.settle_at, Lsn(7));
+    }
+
+    #[test]
+    fn an_inline_run_on_storage_that_may_block_gets_the_smaller_budget() {
+        let far = Instant::now() + Duration::from_secs(3600);
+        let mut capped = QueryReads {
+            inline: Some((INLINE_READS, far)),
+            ..QueryReads::unlimited()
+        }
+        .at_most(INLINE_READS_MAY_BLOCK);
+        capped
+            .spend(INLINE_READS_MAY_BLOCK as usize)
+            .expect("within the smaller budget");
+        assert!(matches!(capped.spend(1), Err(Error::ReadBudgetSpent)));
+        // Never raises a budget, and leaves a run off the async worker unlimited.
+        let mut small =
+            QueryReads::inline_within(2, Duration::from_secs(3600)).at_most(INLINE_READS_MAY_BLOCK);
+        small.spend(2).expect("within");
+        assert!(matches!(small.spend(1), Err(Error::ReadBudgetSpent)));
+        let mut unlimited = QueryReads::unlimited().at_most(1);
+        unlimited.spend(usize::MAX).expect("no limit");
     }
 
     #[test]

@@ -341,9 +341,9 @@ pub trait Storage: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Whether a read may wait on a disk or a network. A query that reads such storage always
-    /// runs on a blocking thread, so that many wait at once; on storage that never waits a
-    /// small query is answered on the async worker (see `engine::QueryReads`).
+    /// Whether a read may wait on a disk or a network. A query on such storage gets a smaller
+    /// inline attempt on the async worker (`engine::INLINE_READS_MAY_BLOCK` reads, against
+    /// `engine::INLINE_READS`) before it runs on a blocking thread, where many wait at once.
     fn reads_may_block(&self) -> bool {
         true
     }

@@ -36,8 +36,8 @@ pub(super) trait PageSource: Send + Sync + 'static {
     /// Where a page starts.
     type Cursor: Clone + Send + Sync + 'static;
 
-    /// What a page may do on the async worker, on storage whose reads never wait, before it
-    /// is run again on a blocking thread.
+    /// What a page may do on the async worker before it is run again on a blocking thread
+    /// (less on storage whose reads may wait, see [`DocumentsService::run_paged`]).
     fn inline(&self) -> QueryReads {
         QueryReads::inline()
     }
@@ -231,10 +231,10 @@ impl DocumentsService {
     }
 
     /// Runs `op` (a page, or a query's whole run) with the engine in service and waits until
-    /// what it reflects is durable. On storage whose reads never wait, it is tried here, on the
-    /// async worker, within [`engine::INLINE_READS`] storage reads; one that needs more, and
-    /// any on storage that may wait (the disk), runs on a blocking thread without that limit.
-    /// Either stops once `cancel` is raised.
+    /// what it reflects is durable. It is tried here, on the async worker, within
+    /// [`engine::INLINE_READS`] storage reads ([`engine::INLINE_READS_MAY_BLOCK`] on storage
+    /// whose reads may wait on the disk, as a point read's one read does); one that needs more
+    /// runs on a blocking thread without that limit. Either stops once `cancel` is raised.
     pub(super) async fn run_paged<T: Send + 'static>(
         &self,
         (inline, cancel): (QueryReads, &Cancel),
@@ -242,17 +242,16 @@ impl DocumentsService {
         op: impl Fn(&Engine, QueryReads) -> Outcome<T> + Send + 'static,
     ) -> Result<T, Status> {
         let engine = self.engine()?;
-        let mut outcome = None;
-        if !engine.reads_may_block() {
-            let mut reads = inline.cancelled_by(cancel.clone());
-            if let Some(memory) = memory {
-                reads = reads.reserving_in(memory.clone());
-            }
-            let inline = op(&engine, reads);
-            if !matches!(inline.result, Err(engine::Error::ReadBudgetSpent)) {
-                outcome = Some(inline);
-            }
+        let mut reads = inline.cancelled_by(cancel.clone());
+        if engine.reads_may_block() {
+            reads = reads.at_most(engine::INLINE_READS_MAY_BLOCK);
         }
+        if let Some(memory) = memory {
+            reads = reads.reserving_in(memory.clone());
+        }
+        let inline = op(&engine, reads);
+        let outcome =
+            (!matches!(inline.result, Err(engine::Error::ReadBudgetSpent))).then_some(inline);
         let outcome = match outcome {
             Some(inline) => inline,
             None => {
