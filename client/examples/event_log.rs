@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
+use mayfly_client::StreamExt as _;
 use mayfly_client::{Client, Collection, DefaultTtl, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio_stream::StreamExt as _;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Event {
@@ -106,7 +106,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or_default()
     });
     // A server keeping its data on disk needs its key: MAYFLY_KEY=$(cat mayfly-data/keys/primary).
-    let client = Client::builder(&address).key_from_env().connect().await?;
+    let client = Client::builder(&address)
+        .key_from_env_if_set()?
+        .connect()
+        .await?;
     let events = open(&client, ttl).await?;
 
     for seq in 0..20u64 {

@@ -162,7 +162,10 @@ async fn run(address: Option<String>) -> Result<(), Box<dyn std::error::Error>> 
             .unwrap_or_default()
     });
     // A server keeping its data on disk needs its key: MAYFLY_KEY=$(cat mayfly-data/keys/primary).
-    let client = Client::builder(&address).key_from_env().connect().await?;
+    let client = Client::builder(&address)
+        .key_from_env_if_set()?
+        .connect()
+        .await?;
     let service = Service::open(&client, Duration::from_secs(86_400)).await?;
     service.open_account("ann").await?;
 

@@ -81,7 +81,7 @@ impl SessionStore {
         let outcome = self
             .sessions
             .update::<Session, _>(session_id, user, |session| {
-                session.cart.push(item.to_owned())
+                session.value_mut().cart.push(item.to_owned())
             })
             .await?;
         Ok(match outcome {
@@ -116,7 +116,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or_default()
     });
     // A server keeping its data on disk needs its key: MAYFLY_KEY=$(cat mayfly-data/keys/primary).
-    let client = Client::builder(&address).key_from_env().connect().await?;
+    let client = Client::builder(&address)
+        .key_from_env_if_set()?
+        .connect()
+        .await?;
     let store = SessionStore::open(&client, idle).await?;
 
     println!("sessions expire after {idle:?} without a request");

@@ -103,6 +103,22 @@ impl std::fmt::Debug for ClientBuilder {
     }
 }
 
+/// The environment variable [`ClientBuilder::key_from_env`] reads.
+const KEY_VARIABLE: &str = "MAYFLY_KEY";
+
+/// The key in [`KEY_VARIABLE`]; `None` if it is unset or empty.
+fn key_in_env() -> Result<Option<String>, Error> {
+    match std::env::var(KEY_VARIABLE) {
+        Ok(key) if key.is_empty() => Ok(None),
+        Ok(key) => Ok(Some(key)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(Error::invalid(
+            format!("{KEY_VARIABLE} is set but not Unicode: a key or token is printable ASCII"),
+            Some(Reason::InvalidCredentials),
+        )),
+    }
+}
+
 /// Default limit on establishing a connection (TCP, then TLS).
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default limit on one request (each page of a feed or query counts as one).
@@ -138,12 +154,52 @@ impl ClientBuilder {
         self
     }
 
-    /// Sends the key or token in the environment variable `MAYFLY_KEY`, if it is set.
-    pub fn key_from_env(self) -> Self {
-        match std::env::var("MAYFLY_KEY") {
-            Ok(key) => self.key(&key),
-            Err(_) => self,
+    /// Sends the key or token in the environment variable `MAYFLY_KEY`. If it is not set (or
+    /// empty, or not Unicode), fails at once with [`Error::InvalidArgument`] (reason
+    /// [`Reason::MissingCredentials`]) naming the variable and how to set it, rather than
+    /// connecting without a key and being refused as unauthenticated later. For a server
+    /// that may or may not need a key, [`key_from_env_if_set`](Self::key_from_env_if_set).
+    ///
+    /// ```
+    /// # // SAFETY: each doctest runs in a process of its own, with no other thread yet.
+    /// # unsafe { std::env::remove_var("MAYFLY_KEY") };
+    /// let err = mayfly_client::Client::builder("127.0.0.1:7070").key_from_env().unwrap_err();
+    /// assert!(err.to_string().contains("MAYFLY_KEY is not set"), "{err}");
+    /// ```
+    pub fn key_from_env(self) -> Result<Self, Error> {
+        match key_in_env()? {
+            Some(key) => Ok(self.key(&key)),
+            None => Err(Error::invalid(
+                format!(
+                    "{KEY_VARIABLE} is not set: key_from_env() sends the key in it; set it to the \
+                     server's key or a resource token (the key of a server keeping its data on \
+                     disk is in its data directory: export {KEY_VARIABLE}=$(cat \
+                     mayfly-data/keys/primary)), or use key_from_env_if_set() for a server \
+                     that needs no key"
+                ),
+                Some(Reason::MissingCredentials),
+            )),
         }
+    }
+
+    /// Sends the key or token in the environment variable `MAYFLY_KEY` if it is set (and not
+    /// empty), and no key otherwise: for a program that talks to servers with and without
+    /// keys (a server keeping its data in memory, on loopback, needs none). A variable that
+    /// is set but not Unicode is an error.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let address = server.local_addr().to_string();
+    /// let client = mayfly_client::Client::builder(&address).key_from_env_if_set()?.connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn key_from_env_if_set(self) -> Result<Self, Error> {
+        Ok(match key_in_env()? {
+            Some(key) => self.key(&key),
+            None => self,
+        })
     }
 
     /// Sends a resource token (minted by `mayfly.v1.Admin/CreateResourceToken` with a
@@ -163,7 +219,7 @@ impl ClientBuilder {
     ///
     /// let client = Client::builder("db.example.com:7070")
     ///     .tls(Tls::ca_file("ca.pem")?)
-    ///     .key_from_env()
+    ///     .key_from_env()?
     ///     .connect()
     ///     .await?;
     /// # Ok(()) }

@@ -480,6 +480,8 @@ impl Collection {
     }
 
     /// Reads a live document into a typed value; `None` if it does not exist or has expired.
+    /// `T` sees what a query's `SELECT *` returns: the body with `_ts` and `_etag` (see
+    /// [`Document::deserialize`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -510,6 +512,8 @@ impl Collection {
 
     /// Reads a live document as an [`Item`]: the typed value with its etag, `_ts`, TTL,
     /// expiry instant and remaining lifetime; `None` if it does not exist or has expired.
+    /// The value is the document as a query's `SELECT *` returns it, system properties
+    /// included, so fields of `T` renamed `_ts` or `_etag` are filled (see [`Item`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -527,9 +531,17 @@ impl Collection {
     /// let order = Order { id: "SO05".into(), customer_id: "CO1".into(), total: 42.5 };
     /// orders.create(&order).ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
     /// let item = orders.read_item::<Order>("SO05", "CO1").await?.expect("alive");
-    /// assert_eq!(item.total, 42.5);
+    /// assert_eq!(item.value().total, 42.5);
     /// assert!(item.lifetime() <= Lifetime::Remaining(Duration::from_secs(60)));
     /// println!("etag {}, written at {}", item.etag(), item.ts());
+    ///
+    /// // `T` sees the document as a query's `SELECT *` does: `_ts`, `_etag` and `ttl` included.
+    /// #[derive(serde::Deserialize)]
+    /// struct Versioned { #[serde(rename = "_ts")] ts: i64, #[serde(rename = "_etag")] etag: String, ttl: i64 }
+    /// let read = orders.read_item::<Versioned>("SO05", "CO1").await?.expect("alive");
+    /// assert_eq!((read.value().ts, read.value().etag.as_str(), read.value().ttl), (read.ts(), read.etag(), 60));
+    /// let query = orders.query::<Versioned>("SELECT * FROM o").await?.collect_all().await?;
+    /// assert_eq!((query[0].ts, query[0].etag.as_str()), (read.ts(), read.etag()));
     /// # Ok(()) }
     /// ```
     pub async fn read_item<T: DeserializeOwned>(
@@ -546,6 +558,8 @@ impl Collection {
     /// Replaces the document an [`Item`] was read from with its (changed) value, if nobody
     /// wrote it since (`if_match` on the item's etag), keeping the item's TTL (as read, or
     /// as set with [`Item::set_ttl`]). See [`Collection::update`] for the loop around it.
+    /// Fields of `T` holding system properties (`_ts`, `_etag`) are sent back and ignored by
+    /// the server.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -559,7 +573,7 @@ impl Collection {
     /// struct Counter { id: String, k: i64, n: i64 }
     /// c.create(&Counter { id: "a".into(), k: 1, n: 0 }).await?;
     /// let mut item = c.read_item::<Counter>("a", 1).await?.expect("there");
-    /// item.n += 1;
+    /// item.value_mut().n += 1;
     /// c.replace_item(&item).await?;
     /// let stale = c.replace_item(&item).await.unwrap_err(); // its etag is the old one
     /// assert!(matches!(stale, Error::PreconditionFailed(_)));
@@ -586,8 +600,8 @@ impl Collection {
     /// and writes it back with `if_match`; if another write landed in between, reads again
     /// and calls `change` again (after a short random backoff, at most 100 times, then
     /// [`Error::PreconditionFailed`]). The document keeps its own TTL unless `change` sets
-    /// another with [`Item::set_ttl`]; a `ttl` field of `T` is ignored. `change` sees the
-    /// item dereferenced to `T`. The outcome says how many conflicts were retried, or that the
+    /// another with [`Item::set_ttl`]; a `ttl` field of `T` is ignored. `change` gets the
+    /// [`Item`]: its value is [`Item::value_mut`]. The outcome says how many conflicts were retried, or that the
     /// document was missing (nothing is written then). The whole document is written from `T`:
     /// give `T` the `id`, the partition key and every property to keep (a
     /// `#[serde(flatten)] rest: serde_json::Map<..>` field keeps the ones it does not name).
@@ -606,11 +620,11 @@ impl Collection {
     /// struct Counter { id: String, k: String, n: i64 }
     /// c.create(&Counter { id: "hits".into(), k: "x".into(), n: 0 })
     ///     .ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
-    /// let outcome = c.update::<Counter, _>("hits", "x", |counter| counter.n += 1).await?;
+    /// let outcome = c.update::<Counter, _>("hits", "x", |item| item.value_mut().n += 1).await?;
     /// let UpdateOutcome::Updated { item, conflicts } = outcome else { panic!("there") };
-    /// assert_eq!((item.n, conflicts), (1, 0));
+    /// assert_eq!((item.value().n, conflicts), (1, 0));
     /// assert_eq!(item.ttl(), DocumentTtl::After(Duration::from_secs(60)), "TTL kept");
-    /// let gone = c.update::<Counter, _>("nope", "x", |counter| counter.n += 1).await?;
+    /// let gone = c.update::<Counter, _>("nope", "x", |item| item.value_mut().n += 1).await?;
     /// assert!(matches!(gone, UpdateOutcome::Missing));
     /// # Ok(()) }
     /// ```
@@ -767,7 +781,9 @@ impl Collection {
 
     /// Runs a query in the Azure Cosmos DB for NoSQL SQL dialect; results arrive as `T`
     /// (use `serde_json::Value` for any shape). Await it for [`QueryResults`](crate::QueryResults), a stream of
-    /// results that also reads page by page.
+    /// results that also reads page by page. Parameters ([`Query::param`](crate::Query::param))
+    /// must be the ones the query uses: one it does not use is refused, by name. `SELECT *`
+    /// returns each document with `_ts` and `_etag`, as [`read_item`](Self::read_item) does.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -776,7 +792,7 @@ impl Collection {
     /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
     /// # let db = client.create_database("app").await?;
     /// # let orders = db.create_collection("orders", "/customer").await?;
-    /// use tokio_stream::StreamExt as _;
+    /// use mayfly_client::StreamExt as _;
     /// #[derive(serde::Deserialize)]
     /// struct Order { id: String, total: f64 }
     /// orders.create(&serde_json::json!({"id": "o1", "customer": "ann", "total": 30})).await?;

@@ -50,11 +50,27 @@ impl From<f64> for PartitionKey {
     }
 }
 
-impl From<i64> for PartitionKey {
-    fn from(x: i64) -> Self {
-        PartitionKey::Number(x as f64)
-    }
+/// Integers become numbers (JSON numbers are doubles): exact up to ±2^53, the nearest double
+/// beyond, as the server would store the number in a body.
+///
+/// ```
+/// use mayfly_client::PartitionKey;
+/// assert_eq!(PartitionKey::from(7), PartitionKey::Number(7.0)); // i32
+/// assert_eq!(PartitionKey::from(7_u32), PartitionKey::Number(7.0));
+/// assert_eq!(PartitionKey::from(7_i64), PartitionKey::Number(7.0));
+/// assert_eq!(PartitionKey::from(7_u64), PartitionKey::Number(7.0));
+/// ```
+macro_rules! integer_partition_keys {
+    ($($int:ty),*) => {$(
+        impl From<$int> for PartitionKey {
+            fn from(x: $int) -> Self {
+                PartitionKey::Number(x as f64)
+            }
+        }
+    )*};
 }
+
+integer_partition_keys!(i32, u32, i64, u64);
 
 impl From<bool> for PartitionKey {
     fn from(b: bool) -> Self {
@@ -63,6 +79,19 @@ impl From<bool> for PartitionKey {
 }
 
 impl PartitionKey {
+    /// The value as JSON, for messages (`"ann"`, `42`, `undefined`).
+    fn describe(&self) -> String {
+        match self {
+            PartitionKey::Undefined => "undefined".to_owned(),
+            PartitionKey::Null => "null".to_owned(),
+            PartitionKey::Bool(b) => b.to_string(),
+            PartitionKey::Number(x) => {
+                serde_json::Number::from_f64(*x).map_or_else(|| x.to_string(), |n| n.to_string())
+            }
+            PartitionKey::String(s) => Value::String(s.clone()).to_string(),
+        }
+    }
+
     pub(crate) fn into_proto(self) -> v1::PartitionKey {
         let pk = self;
         let value = |value: Value| PartitionKeyKind::Value(JsonValue::new(value));
@@ -94,6 +123,28 @@ impl PartitionKey {
             _ => PartitionKey::Undefined,
         }
     }
+}
+
+/// `value` as a `T`; a failure names `what` (the document or result) and the JSON path within
+/// it where the value did not fit (`items[2].qty`).
+pub(crate) fn from_json<T: DeserializeOwned>(
+    value: Value,
+    what: impl FnOnce() -> String,
+) -> Result<T, Error> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!(" at {path}")
+        };
+        Error::Serialization(format!(
+            "{} does not deserialize as {}{at}: {}",
+            what(),
+            std::any::type_name::<T>(),
+            e.inner()
+        ))
+    })
 }
 
 /// A document with its system properties.
@@ -189,7 +240,10 @@ impl Document {
         &self.partition_key
     }
 
-    /// The JSON body as stored (including `ttl` if it has one).
+    /// The JSON body as stored (including `id`, and `ttl` if it has one), without the system
+    /// properties `_ts` and `_etag` ([`ts`](Self::ts), [`etag`](Self::etag)); the typed
+    /// conversions ([`deserialize`](Self::deserialize), [`into_item`](Self::into_item)) add
+    /// them, as a query's `SELECT *` does.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -206,7 +260,14 @@ impl Document {
         &self.body
     }
 
-    /// The body as a typed value.
+    /// The document as a typed value, exactly as a query's `SELECT *` returns it: the body
+    /// (`id`, the document's own `ttl` if it has one, every other property) with the system
+    /// properties `_ts` (seconds) and `_etag`, so that a field `#[serde(rename = "_ts")]` of
+    /// `T` is filled by a read as by a query. A `T` with `#[serde(deny_unknown_fields)]` must
+    /// name `_ts` and `_etag` (or not deny unknown fields). When the body does not fit `T`,
+    /// [`Error::Serialization`] names the document, its partition key and the JSON path of
+    /// the value that did not fit (`document 'SO05' (partition key "CO1") does not
+    /// deserialize as Order at lines[1].qty: invalid type: ...`).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -222,7 +283,20 @@ impl Document {
     /// # Ok(()) }
     /// ```
     pub fn deserialize<T: DeserializeOwned>(&self) -> Result<T, Error> {
-        Ok(T::deserialize(Value::Object(self.body.clone()))?)
+        self.typed(self.body.clone())
+    }
+
+    /// `body` with `_ts` and `_etag` as a `T`: the document as a query's `SELECT *` shows it.
+    fn typed<T: DeserializeOwned>(&self, mut body: Map<String, Value>) -> Result<T, Error> {
+        body.insert("_ts".to_owned(), Value::from(self.ts));
+        body.insert("_etag".to_owned(), Value::String(self.etag.clone()));
+        from_json(Value::Object(body), || {
+            format!(
+                "document '{}' (partition key {})",
+                self.id,
+                self.partition_key.describe()
+            )
+        })
     }
 
     /// `_ts`: the last write, in Unix seconds.
@@ -338,7 +412,9 @@ impl Document {
         Lifetime::from(self.expires_in)
     }
 
-    /// The document as an [`Item`]: its body as a `T`, with its system properties.
+    /// The document as an [`Item`]: its value as a `T` (the body with `_ts` and `_etag`, as
+    /// in [`deserialize`](Self::deserialize) and a query's `SELECT *`), with its system
+    /// properties.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -352,11 +428,12 @@ impl Document {
     /// struct Order { id: String, customer_id: String, total: f64 }
     /// let order = Order { id: "SO05".into(), customer_id: "CO1".into(), total: 42.5 };
     /// let item = orders.create(&order).await?.into_item::<Order>()?;
-    /// assert_eq!((item.total, item.etag().is_empty()), (42.5, false));
+    /// assert_eq!((item.value().total, item.etag().is_empty()), (42.5, false));
     /// # Ok(()) }
     /// ```
-    pub fn into_item<T: DeserializeOwned>(self) -> Result<Item<T>, Error> {
-        let value = T::deserialize(Value::Object(self.body))?;
+    pub fn into_item<T: DeserializeOwned>(mut self) -> Result<Item<T>, Error> {
+        let body = std::mem::take(&mut self.body);
+        let value = self.typed(body)?;
         Ok(Item {
             value,
             id: self.id,
@@ -412,8 +489,24 @@ impl From<Option<Duration>> for Lifetime {
     }
 }
 
-/// A typed document: its body as a `T`, with its etag, `_ts`, own TTL, expiry instant and
-/// remaining [`Lifetime`], all from one request. Dereferences to the `T`.
+/// A typed document: its value as a `T`, with its etag, `_ts`, own TTL, expiry instant and
+/// remaining [`Lifetime`], all from one request.
+///
+/// The value is what a query's `SELECT *` returns for the document: the body (`id`, `ttl` if
+/// the document has its own, every other property) and the system properties `_ts` and
+/// `_etag`, so a `T` with `#[serde(rename = "_ts")] ts: i64` is filled alike by
+/// [`read_item`](crate::Collection::read_item), a feed and a query.
+///
+/// # The value and the item's own properties, kept apart
+///
+/// `Item<T>` does not dereference to `T`: the value is [`value`](Self::value),
+/// [`value_mut`](Self::value_mut) or [`into_value`](Self::into_value), and the methods of
+/// `Item` ([`id`](Self::id), [`ts`](Self::ts), [`etag`](Self::etag), [`ttl`](Self::ttl), ...)
+/// are always the server's system properties. With `Deref`, `item.ts` (a field of `T`) sat
+/// next to `item.ts()` (the item's), and a method of `T` named like one of `Item`'s (an
+/// `id()`, a `ttl()`) was silently shadowed by it; `item.value().ts` says which one is meant.
+/// (`Item` is not a smart pointer, the one kind of type Rust's API guidelines let implement
+/// `Deref`.)
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -429,11 +522,20 @@ impl From<Option<Duration>> for Lifetime {
 /// sessions.create(&Session { id: "s1".into(), user: "ann".into(), clicks: 0 })
 ///     .ttl(DocumentTtl::After(Duration::from_secs(60))).await?;
 /// let s1 = sessions.read_item::<Session>("s1", "ann").await?.expect("alive");
-/// assert_eq!(s1.clicks, 0);
+/// assert_eq!(s1.value().clicks, 0);
 /// assert_eq!(s1.ttl(), DocumentTtl::After(Duration::from_secs(60)));
 /// assert!(s1.lifetime() <= Lifetime::Remaining(Duration::from_secs(60)));
 /// assert!(s1.expires_at().is_some());
 /// # Ok(()) }
+/// ```
+///
+/// The value's own fields are reached through [`value`](Self::value), never on the item:
+///
+/// ```compile_fail
+/// struct Session { clicks: u32 }
+/// fn clicks(item: &mayfly_client::Item<Session>) -> u32 {
+///     item.clicks // no `Deref`: `item.value().clicks`
+/// }
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Item<T> {
@@ -678,20 +780,6 @@ impl<T> Item<T> {
     }
 }
 
-impl<T> std::ops::Deref for Item<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.value
-    }
-}
-
-impl<T> std::ops::DerefMut for Item<T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.value
-    }
-}
-
 /// What an upsert did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum UpsertOutcome {
@@ -786,7 +874,7 @@ impl ReplaceOutcome {
 /// let db = client.create_database("app").await?;
 /// let c = db.create_collection("c", "/k").await?;
 /// c.create(&serde_json::json!({"id": "a", "k": 1, "n": 1})).await?;
-/// let outcome = c.update::<serde_json::Value, _>("a", 1, |doc| doc["n"] = 2.into()).await?;
+/// let outcome = c.update::<serde_json::Value, _>("a", 1, |item| item.value_mut()["n"] = 2.into()).await?;
 /// assert!(matches!(outcome, UpdateOutcome::Updated { conflicts: 0, .. }));
 /// # Ok(()) }
 /// ```
@@ -820,4 +908,102 @@ pub enum DeleteOutcome {
     Deleted,
     /// No live document: never written, deleted, or expired already.
     Missing,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_partition_keys_are_numbers() {
+        let seven = PartitionKey::Number(7.0);
+        assert_eq!(PartitionKey::from(7_i32), seven);
+        assert_eq!(PartitionKey::from(7_u32), seven);
+        assert_eq!(PartitionKey::from(7_i64), seven);
+        assert_eq!(PartitionKey::from(7_u64), seven);
+        assert_eq!(
+            PartitionKey::from(u32::MAX),
+            PartitionKey::Number(4_294_967_295.0)
+        );
+        assert_eq!(PartitionKey::from(-3_i32), PartitionKey::Number(-3.0));
+        // Integer literals still work where a partition key is taken (they fall back to i32).
+        fn take(pk: impl Into<PartitionKey>) -> PartitionKey {
+            pk.into()
+        }
+        assert_eq!(take(7), seven);
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_names_the_document_and_the_path() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Line {
+            #[allow(dead_code)]
+            qty: u32,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        struct Cart {
+            #[allow(dead_code)]
+            items: std::collections::BTreeMap<String, Line>,
+        }
+        let doc = Document {
+            id: "cart1".into(),
+            partition_key: PartitionKey::from("ann"),
+            body: serde_json::json!({"id": "cart1", "items": {"tea": {"qty": 1}, "cup": {"qty": "two"}}})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            ts: 1,
+            etag: "e".into(),
+            ttl: DocumentTtl::Inherit,
+            modified_at: UNIX_EPOCH,
+            expires_at: None,
+            expires_in: None,
+        };
+        let Err(Error::Serialization(message)) = doc.clone().into_item::<Cart>() else {
+            panic!("qty is not a number")
+        };
+        assert!(
+            message
+                .starts_with("document 'cart1' (partition key \"ann\") does not deserialize as "),
+            "{message}"
+        );
+        assert!(
+            message.ends_with(r#" at items.cup.qty: invalid type: string "two", expected u32"#),
+            "{message}"
+        );
+        let Err(Error::Serialization(same)) = doc.deserialize::<Cart>() else {
+            panic!("qty is not a number")
+        };
+        assert_eq!(same, message);
+        // A missing field is named at the level that misses it.
+        let Err(Error::Serialization(missing)) = doc.deserialize::<Line>() else {
+            panic!("no qty at the top")
+        };
+        assert!(missing.ends_with("Line: missing field `qty`"), "{missing}");
+    }
+
+    #[test]
+    fn typed_values_carry_ts_and_etag_like_select_star() {
+        let doc = Document {
+            id: "a".into(),
+            partition_key: PartitionKey::Number(1.0),
+            body: serde_json::json!({"id": "a", "k": 1, "ttl": 60})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            ts: 1_790_000_000,
+            etag: "0000000000000abc".into(),
+            ttl: DocumentTtl::After(Duration::from_secs(60)),
+            modified_at: UNIX_EPOCH,
+            expires_at: None,
+            expires_in: None,
+        };
+        let value = serde_json::json!({"id": "a", "k": 1, "ttl": 60, "_ts": 1_790_000_000, "_etag": "0000000000000abc"});
+        assert_eq!(doc.deserialize::<Value>().ok(), Some(value.clone()));
+        assert_eq!(
+            doc.clone().into_item::<Value>().ok().map(Item::into_value),
+            Some(value)
+        );
+        assert!(!doc.body().contains_key("_ts"), "the body stays as stored");
+    }
 }

@@ -77,7 +77,7 @@ pub enum Error {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorDetails {
-    code: i32,
+    code: StatusCode,
     message: String,
     reason: Option<Reason>,
     operation_index: Option<usize>,
@@ -86,28 +86,34 @@ pub struct ErrorDetails {
 impl ErrorDetails {
     pub(crate) fn new(code: Code, message: impl Into<String>, reason: Option<Reason>) -> Self {
         ErrorDetails {
-            code: code as i32,
+            code: StatusCode::from(code),
             message: message.into(),
             reason,
             operation_index: None,
         }
     }
 
-    /// The gRPC status code, as numbered by gRPC (`5` NOT_FOUND, `14` UNAVAILABLE, ...).
+    /// The gRPC status code, typed: [`StatusCode::AlreadyExists`], [`StatusCode::NotFound`],
+    /// ... Its number and wire name are [`StatusCode::as_i32`] and [`StatusCode::as_str`].
+    /// Which rule the server applied is finer than the code: see [`reason`](Self::reason).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
     /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use mayfly_client::{Error, StatusCode};
     /// client.create_database("app").await?;
     /// match client.create_database("app").await {
-    ///     Err(mayfly_client::Error::Conflict(details)) => assert_eq!(details.code(), 6), // ALREADY_EXISTS
+    ///     Err(Error::Conflict(details)) => {
+    ///         assert_eq!(details.code(), StatusCode::AlreadyExists);
+    ///         assert_eq!((details.code().as_i32(), details.code().as_str()), (6, "ALREADY_EXISTS"));
+    ///     }
     ///     other => panic!("{other:?}"),
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn code(&self) -> i32 {
+    pub fn code(&self) -> StatusCode {
         self.code
     }
 
@@ -128,8 +134,9 @@ impl ErrorDetails {
         &self.message
     }
 
-    /// The server's `ErrorInfo` reason; `None` for a status without one (sent by the HTTP/2
-    /// layer, or made by this client from a broken connection).
+    /// The server's `ErrorInfo` reason, typed ([`Reason::Other`] keeps a name this client
+    /// does not know); its wire name is [`Reason::as_str`]. `None` for a status without one
+    /// (sent by the HTTP/2 layer, or made by this client from a broken connection).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -140,6 +147,7 @@ impl ErrorDetails {
     /// client.create_database("app").await?;
     /// if let Err(Error::Conflict(details)) = client.create_database("app").await {
     ///     assert_eq!(details.reason(), Some(&Reason::DatabaseExists));
+    ///     assert_eq!(details.reason().map(Reason::as_str), Some("DATABASE_EXISTS"));
     /// }
     /// # Ok(()) }
     /// ```
@@ -166,6 +174,114 @@ impl ErrorDetails {
 impl fmt::Display for ErrorDetails {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
+    }
+}
+
+/// Declares [`StatusCode`], its numbers and wire names in one table.
+macro_rules! status_codes {
+    ($($(#[$doc:meta])* $variant:ident = $number:literal $wire:literal,)*) => {
+        /// A gRPC status code ([`ErrorDetails::code`]): the coarse class of a failure, which
+        /// the [`Error`] variants follow. Its number ([`as_i32`](Self::as_i32)) and wire name
+        /// ([`as_str`](Self::as_str)) are gRPC's. The finer cause is the [`Reason`].
+        ///
+        /// ```
+        /// use mayfly_client::StatusCode;
+        /// assert_eq!(StatusCode::from_i32(5), Some(StatusCode::NotFound));
+        /// assert_eq!(StatusCode::NotFound.as_i32(), 5);
+        /// assert_eq!(StatusCode::NotFound.as_str(), "NOT_FOUND");
+        /// assert_eq!(StatusCode::from_i32(99), None);
+        /// ```
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum StatusCode {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl StatusCode {
+            /// The code numbered `n` by gRPC; `None` for a number gRPC does not define.
+            ///
+            /// ```
+            /// assert_eq!(mayfly_client::StatusCode::from_i32(14), Some(mayfly_client::StatusCode::Unavailable));
+            /// ```
+            pub fn from_i32(n: i32) -> Option<Self> {
+                match n {
+                    $($number => Some(StatusCode::$variant),)*
+                    _ => None,
+                }
+            }
+
+            /// gRPC's number for the code (`5` for `NOT_FOUND`).
+            ///
+            /// ```
+            /// assert_eq!(mayfly_client::StatusCode::AlreadyExists.as_i32(), 6);
+            /// ```
+            pub fn as_i32(self) -> i32 {
+                match self {
+                    $(StatusCode::$variant => $number,)*
+                }
+            }
+
+            /// gRPC's name for the code (`"NOT_FOUND"`).
+            ///
+            /// ```
+            /// assert_eq!(mayfly_client::StatusCode::FailedPrecondition.as_str(), "FAILED_PRECONDITION");
+            /// ```
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(StatusCode::$variant => $wire,)*
+                }
+            }
+        }
+    };
+}
+
+status_codes! {
+    /// Not an error.
+    Ok = 0 "OK",
+    /// The request was cancelled.
+    Cancelled = 1 "CANCELLED",
+    /// An error without a better code.
+    Unknown = 2 "UNKNOWN",
+    /// The request is malformed.
+    InvalidArgument = 3 "INVALID_ARGUMENT",
+    /// No answer in time.
+    DeadlineExceeded = 4 "DEADLINE_EXCEEDED",
+    /// A database, collection or document that is not there.
+    NotFound = 5 "NOT_FOUND",
+    /// A database, collection or document that is there already.
+    AlreadyExists = 6 "ALREADY_EXISTS",
+    /// Valid credentials that do not allow the request.
+    PermissionDenied = 7 "PERMISSION_DENIED",
+    /// Out of a budget (throughput, memory), or a message too large.
+    ResourceExhausted = 8 "RESOURCE_EXHAUSTED",
+    /// A stale `if_match` or a false condition.
+    FailedPrecondition = 9 "FAILED_PRECONDITION",
+    /// Aborted, as a contended batch.
+    Aborted = 10 "ABORTED",
+    /// Out of range.
+    OutOfRange = 11 "OUT_OF_RANGE",
+    /// Not implemented by the server.
+    Unimplemented = 12 "UNIMPLEMENTED",
+    /// A fault in the server.
+    Internal = 13 "INTERNAL",
+    /// The server cannot serve now, or the connection broke.
+    Unavailable = 14 "UNAVAILABLE",
+    /// Data lost.
+    DataLoss = 15 "DATA_LOSS",
+    /// No or invalid credentials.
+    Unauthenticated = 16 "UNAUTHENTICATED",
+}
+
+impl From<Code> for StatusCode {
+    fn from(code: Code) -> Self {
+        // tonic's codes are gRPC's: every one has its number here.
+        StatusCode::from_i32(code as i32).unwrap_or(StatusCode::Unknown)
+    }
+}
+
+impl fmt::Display for StatusCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -378,7 +494,7 @@ impl Error {
     /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
     /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
     /// let err = client.database("nope").delete().await.unwrap_err();
-    /// assert_eq!(err.details().map(|d| d.code()), Some(5)); // NOT_FOUND
+    /// assert_eq!(err.details().map(|d| d.code()), Some(mayfly_client::StatusCode::NotFound));
     /// # Ok(()) }
     /// ```
     pub fn details(&self) -> Option<&ErrorDetails> {
@@ -574,7 +690,7 @@ impl Error {
             .and_then(|i| i.metadata.get("operation_index"))
             .and_then(|i| i.parse().ok());
         let details = ErrorDetails {
-            code: status.code() as i32,
+            code: StatusCode::from(status.code()),
             message: status.message().to_owned(),
             reason,
             operation_index,
@@ -644,6 +760,26 @@ impl From<serde_json::Error> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_codes_are_typed_with_grpc_numbers_and_names() {
+        for n in 0..=16 {
+            let code = StatusCode::from_i32(n).expect("gRPC defines 0 to 16");
+            assert_eq!(code.as_i32(), n);
+            assert_eq!(StatusCode::from(Code::from_i32(n)), code);
+        }
+        assert_eq!(StatusCode::from_i32(17), None);
+        assert_eq!(StatusCode::from(Code::NotFound), StatusCode::NotFound);
+        assert_eq!(StatusCode::Unauthenticated.as_str(), "UNAUTHENTICATED");
+        assert_eq!(
+            StatusCode::DeadlineExceeded.to_string(),
+            "DEADLINE_EXCEEDED"
+        );
+        let e = Error::from_status(Status::already_exists("there"), "here");
+        let details = e.details().expect("from the server");
+        assert_eq!(details.code(), StatusCode::AlreadyExists);
+        assert_eq!(details.code().as_i32(), 6);
+    }
 
     #[test]
     fn reasons_round_trip_through_their_wire_names() {

@@ -238,7 +238,7 @@ impl Feed {
     /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
     /// # let db = client.create_database("app").await?;
     /// # let c = db.create_collection("c", "/k").await?;
-    /// use tokio_stream::StreamExt as _;
+    /// use mayfly_client::StreamExt as _;
     /// #[derive(serde::Deserialize)]
     /// struct Event { id: String, n: u32 }
     /// for n in 0..5 {
@@ -248,8 +248,8 @@ impl Feed {
     /// let mut total = 0;
     /// while let Some(event) = events.next().await {
     ///     let event = event?;
-    ///     total += event.n;
-    ///     println!("{} (etag {})", event.id, event.etag());
+    ///     total += event.value().n;
+    ///     println!("{} (etag {})", event.value().id, event.etag());
     /// }
     /// assert_eq!(total, 10);
     /// # Ok(()) }
@@ -270,7 +270,7 @@ impl Feed {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
 /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
-/// use tokio_stream::StreamExt as _;
+/// use mayfly_client::StreamExt as _;
 /// let db = client.create_database("app").await?;
 /// let c = db.create_collection("c", "/k").await?;
 /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;

@@ -53,6 +53,40 @@
 //! [`RetryPolicy::default`]; [`ClientBuilder::connect_lazy`] makes a client without dialing.
 //! A server that cannot be reached is [`Error::Connect`], naming the address and the cause.
 //!
+//! # Streams
+//!
+//! Feeds ([`Feed::into_stream`]) and queries ([`QueryResults`]) are [`Stream`]s that fetch
+//! pages as they are read. [`StreamExt`] (tokio-stream's, re-exported) gives them `next`,
+//! `map`, `filter`, `take`, `collect`, ..., without a dependency on `tokio-stream`:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+//! # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+//! # let db = client.create_database("app").await?;
+//! # let events = db.create_collection("events", "/user").await?;
+//! use mayfly_client::StreamExt as _;
+//! for n in 0..5 {
+//!     events.create(&serde_json::json!({"id": format!("e{n}"), "user": "ann", "n": n})).await?;
+//! }
+//! let mut big = events.query::<u32>("SELECT VALUE e.n FROM e WHERE e.n >= 2").await?;
+//! let mut sum = 0;
+//! while let Some(n) = big.next().await {
+//!     sum += n?;
+//! }
+//! assert_eq!(sum, 2 + 3 + 4);
+//! let ids: Vec<String> = events.read_feed().await?.into_stream::<serde_json::Value>()
+//!     .map(|item| item.map(|item| item.id().to_owned()))
+//!     .collect::<Result<_, _>>()
+//!     .await?;
+//! assert_eq!(ids.len(), 5);
+//! # Ok(()) }
+//! ```
+//!
+//! (Import it as `_`: another `StreamExt` in scope, `futures`' say, would make `next`
+//! ambiguous.)
+//!
 //! [Mayfly]: https://example.invalid/mayfly
 
 mod batch;
@@ -76,13 +110,21 @@ pub use document::{
     DeleteOutcome, Document, Item, Lifetime, PartitionKey, ReplaceOutcome, TouchOutcome,
     UpdateOutcome, UpsertOutcome,
 };
-pub use error::{Error, ErrorDetails, Reason};
+pub use error::{Error, ErrorDetails, Reason, StatusCode};
 pub use feed::{Feed, FeedPage, FeedStream, ReadFeed};
-pub use patch::{Patch, PatchOps, PatchOutcome};
+pub use patch::{Patch, PatchOps, PatchOutcome, json_pointer};
 pub use query::{Query, QueryMetrics, QueryPage, QueryResults};
 pub use requests::{
     CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
 };
 pub use retry::RetryPolicy;
 pub use tls::Tls;
+/// The streams of feeds and queries, and their combinators (`next`, `map`, `collect`, ...),
+/// re-exported from `tokio-stream` so that consuming them needs no dependency of its own.
+pub use tokio_stream::{Stream, StreamExt};
 pub use ttl::{DefaultTtl, DocumentTtl};
+
+/// The README's examples, compiled with the doctests (they need a server to run).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -20,10 +20,54 @@ use crate::{
     ttl::DocumentTtl,
 };
 
+/// A JSON pointer (RFC 6901) to the value reached through `segments`, each a property name
+/// or an array index, escaped so that any text is one segment: `~` becomes `~0` and `/`
+/// becomes `~1`. Build patch paths from user-supplied keys with it: `format!("/items/{key}")`
+/// with a key `a/b` would patch `/items/a/b`, another place.
+///
+/// No segments is `""`, the whole document.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+/// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+/// # let db = client.create_database("app").await?;
+/// # let carts = db.create_collection("carts", "/user").await?;
+/// use mayfly_client::json_pointer;
+/// let sku = "tea/green~1kg"; // from the user: may hold '/' and '~'
+/// assert_eq!(json_pointer(["items", sku, "qty"]), "/items/tea~1green~01kg/qty");
+///
+/// carts.create(&serde_json::json!({"id": "c1", "user": "ann", "items": {sku: {"qty": 1}}})).await?;
+/// carts.patch("c1", "ann").incr(&json_pointer(["items", sku, "qty"]), 2).await?;
+/// let cart = carts.read("c1", "ann").await?.expect("there");
+/// assert_eq!(cart.body()["items"][sku]["qty"], 3);
+/// # Ok(()) }
+/// ```
+pub fn json_pointer<I>(segments: I) -> String
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    let mut pointer = String::new();
+    for segment in segments {
+        pointer.push('/');
+        for c in segment.as_ref().chars() {
+            match c {
+                '~' => pointer.push_str("~0"),
+                '/' => pointer.push_str("~1"),
+                c => pointer.push(c),
+            }
+        }
+    }
+    pointer
+}
+
 /// Patch operations (at most 10), applied in order; see [`Collection::patch`] and
 /// [`Batch::patch`](crate::Batch::patch). Paths are JSON pointers: `/status`, `/address/city`,
 /// `/tags/0`, `/tags/-` (the end of an array); `~1` stands for `/` and `~0` for `~` in a
-/// property name. `/id`, system properties and the partition key cannot be patched.
+/// property name. [`json_pointer`] escapes them for property names that come from users.
+/// `/id`, system properties and the partition key cannot be patched.
 ///
 /// ```
 /// use mayfly_client::PatchOps;
@@ -529,5 +573,22 @@ impl<'a> IntoFuture for Patch<'a> {
                 Err(e) => Err(e),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_pointers_escape_tilde_then_slash() {
+        assert_eq!(json_pointer(["items", "a/b", "qty"]), "/items/a~1b/qty");
+        assert_eq!(json_pointer(["m~n"]), "/m~0n");
+        // `~1` in a key is not a slash: the `~` is escaped first.
+        assert_eq!(json_pointer(["~1"]), "/~01");
+        assert_eq!(json_pointer(["/~", "", "0"]), "/~1~0//0");
+        assert_eq!(json_pointer(Vec::<String>::new()), "");
+        let key = String::from("ünï/cödé");
+        assert_eq!(json_pointer(&["items", key.as_str()]), "/items/ünï~1cödé");
     }
 }

@@ -16,7 +16,7 @@ use tokio_stream::Stream;
 use crate::{
     client::{BoxFuture, Call},
     collection::Collection,
-    document::PartitionKey,
+    document::{PartitionKey, from_json},
     error::Error,
     feed::checked_page_size,
     pages::Pages,
@@ -52,6 +52,16 @@ impl<'a, T> Query<'a, T> {
 
     /// Gives the parameter `name` (written with its `@`) a value.
     ///
+    /// Every parameter given must be used by the query, and every one the query uses must be
+    /// given: the server refuses the query otherwise, before reading anything, with
+    /// [`Error::InvalidArgument`] and [`Reason::QueryInvalid`](crate::Reason::QueryInvalid),
+    /// naming the parameter (`query: parameter '@x' is not used by the query (parameters are
+    /// named with '@', as in @status)`, or `query: parameter @x is used but not given`), the
+    /// server's message as it sent it; a name without its `@` is refused too (`query: query
+    /// parameter name 'x' must be '@' followed by letters, digits or '_'`). So a typo in a
+    /// name (`@satus`) fails loudly instead of leaving a filter unapplied. Setting a parameter
+    /// twice keeps the last value.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -67,6 +77,12 @@ impl<'a, T> Query<'a, T> {
     ///     .collect_all()
     ///     .await?;
     /// assert_eq!(ids, ["a"]);
+    ///
+    /// use mayfly_client::{Error, Reason};
+    /// let typo = c.query::<String>("SELECT VALUE c.id FROM c WHERE c.n > @min").param("@min", 3).param("@max", 9).await;
+    /// let Err(Error::InvalidArgument(details)) = typo else { panic!("refused") };
+    /// assert_eq!(details.reason(), Some(&Reason::QueryInvalid));
+    /// assert!(details.message().contains("parameter '@max' is not used by the query"), "{details}");
     /// # Ok(()) }
     /// ```
     pub fn param(mut self, name: &str, value: impl Serialize) -> Self {
@@ -195,9 +211,16 @@ pub struct QueryResults<T> {
 // Results are never pinned in place: they are moved out of the buffer.
 impl<T> Unpin for QueryResults<T> {}
 
-/// One result as `T`.
+/// One result as `T`; a failure names the result's `id`, if it has one, and the JSON path.
 fn result<T: DeserializeOwned>(v: serde_json::Value) -> Result<T, Error> {
-    serde_json::from_value(v).map_err(|e| Error::Serialization(e.to_string()))
+    let id = v
+        .get("id")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned);
+    from_json(v, || match id {
+        Some(id) => format!("query result '{id}'"),
+        None => "a query result".to_owned(),
+    })
 }
 
 fn metrics(page: &v1::QueryPage) -> QueryMetrics {
