@@ -1061,13 +1061,12 @@ impl Binder {
                         ),
                     ));
                 }
-                match lookup(scopes, name) {
-                    Some(slot) => *expr = Expr::Alias(slot),
-                    // `NaN` and `Infinity` are numbers, unless an alias has the name.
-                    None if let Some(n) = non_finite_constant(name) => {
-                        *expr = Expr::NonFinite(Bits(n));
-                    }
-                    None => {
+                // `NaN` and `Infinity` are numbers, unless an alias has the name. (No `if let`
+                // guard: the workspace's Rust 1.90 does not have them.)
+                match (lookup(scopes, name), non_finite_constant(name)) {
+                    (Some(slot), _) => *expr = Expr::Alias(slot),
+                    (None, Some(n)) => *expr = Expr::NonFinite(Bits(n)),
+                    (None, None) => {
                         return Err(QueryError::invalid(
                             Some(*at),
                             format!("'{name}' is not an alias defined in FROM or JOIN"),
