@@ -56,7 +56,7 @@ pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
 pub use purge::PurgeGuard;
-pub use query::QuerySpec;
+pub use query::{QueryCache, QuerySpec};
 pub use query_reads::{
     Cancel, INLINE_READS, INLINE_READS_MAY_BLOCK, PageMemory, QUERY_TIME_LIMIT, QueryReads,
 };

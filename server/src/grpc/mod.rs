@@ -18,6 +18,8 @@ pub use admin::AdminService;
 pub use collections::CollectionsService;
 pub use databases::DatabasesService;
 
+use std::sync::Arc;
+
 use tonic::{Request, Status};
 
 use self::status::to_status;
@@ -41,6 +43,8 @@ pub struct DocumentsService {
     pub(super) budget: ResponseBudget,
     /// Raised when the server shuts down: every stream's work stops.
     pub(super) stop: engine::Cancel,
+    /// Query texts parsed before.
+    pub(super) queries: Arc<engine::QueryCache>,
 }
 
 impl DocumentsService {
@@ -55,6 +59,7 @@ impl DocumentsService {
                 limits.response_budget_per_ip_bytes,
             ),
             stop: engine::Cancel::default(),
+            queries: Arc::default(),
         }
     }
 

@@ -160,7 +160,7 @@ impl DocumentsService {
         )?;
         let page_size = engine::page_size(page_size).map_err(to_status)?;
         let params = parameters_json(parameters).map_err(to_status)?;
-        let mut spec = QuerySpec::parse(&query, params).map_err(to_status)?;
+        let mut spec = QuerySpec::parse_cached(&self.queries, &query, params).map_err(to_status)?;
         spec.enable_scan = enable_scan;
         let plan = Arc::new(Plan {
             path,
