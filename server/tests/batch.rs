@@ -133,8 +133,8 @@ async fn patch_and_batch_failures_name_their_operation() {
         id: "counter".into(),
         partition_key: Some(string_pk("p")),
         operations,
-        if_match: String::new(),
         condition: condition.into(),
+        ..Default::default()
     };
 
     let patched = docs

@@ -4,9 +4,11 @@
 
 use std::sync::Arc;
 
+use crate::storage::DocKey;
+
 use super::{
     CollectionPath, DocumentBody, DocumentId, DocumentView, Engine, Error, InvalidInput, Outcome,
-    PartitionKeyValue, PatchOp, UpsertOutcome, condition::PatchCondition,
+    PartitionKeyValue, PatchOp, PatchOptions, UpsertOutcome, condition::PatchCondition,
 };
 
 /// Most operations one batch may carry (Cosmos DB's limit).
@@ -39,12 +41,14 @@ pub enum BatchOp {
         id: DocumentId,
         if_match: Option<String>,
     },
-    /// Patches a live document.
+    /// Patches a live document; with `options.create_if_missing`, creates it from that body
+    /// first if it is not live at this point of the batch (see [`PatchOptions`]).
     Patch {
         id: DocumentId,
         ops: Vec<PatchOp>,
         condition: Option<Arc<PatchCondition>>,
         if_match: Option<String>,
+        options: PatchOptions,
     },
     /// Restarts a live document's TTL clock.
     Touch {
@@ -101,6 +105,9 @@ pub enum BatchOutput {
     Document(DocumentView),
     /// An upsert: whether it created or replaced, and the document.
     Upserted(UpsertOutcome, DocumentView),
+    /// A patch that created its document from its `create_if_missing` body: the document as
+    /// its operations left it. (A patch of a live document is a [`BatchOutput::Document`].)
+    Created(DocumentView),
     /// A delete.
     Deleted,
 }
@@ -139,6 +146,22 @@ impl Engine {
                 }
                 BatchOp::Replace { body, .. } => {
                     Self::key_for(&info, body, Some(partition_key.clone())).map(drop)
+                }
+                BatchOp::Patch {
+                    id,
+                    if_match,
+                    options:
+                        PatchOptions {
+                            create_if_missing: Some(initial),
+                            ..
+                        },
+                    ..
+                } => {
+                    let key = DocKey {
+                        partition_key: partition_key.clone(),
+                        id: id.clone(),
+                    };
+                    Self::check_initial_body(&info, &key, initial, if_match.as_deref())
                 }
                 _ => Ok(()),
             };

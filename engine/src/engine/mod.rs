@@ -54,7 +54,7 @@ pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_
 pub use indexer::IndexerGuard;
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
-pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp};
+pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp, PatchOptions};
 pub use purge::PurgeGuard;
 pub use query::{QueryCache, QuerySpec};
 pub use query_reads::{
@@ -684,16 +684,66 @@ impl Engine {
         condition: Option<&PatchCondition>,
         if_match: Option<&str>,
     ) -> Outcome<DocumentView> {
-        match self.get_collection(path) {
-            Ok(info) => self.shard_for(info.uid, &key.partition_key).patch(
-                &info,
-                key,
-                (ops, condition),
-                if_match,
-                &*self.inner.clock,
-            ),
-            Err(e) => Outcome::failed(e),
+        let options = PatchOptions::default();
+        self.patch_document_with(path, key, (ops, condition), if_match, &options)
+            .map(|(view, _)| view)
+    }
+
+    /// [`Engine::patch_document`] with [`PatchOptions`]: with a `create_if_missing` body, a
+    /// document that is not live (absent, deleted or expired) is created from it with `ops`
+    /// applied, as one write (one new version), and the answer's flag is true; a live one is
+    /// patched as without it (flag false), `condition` checked against it. Whether the
+    /// document is live is judged under the shard lock in the same hold as the commit (the
+    /// optimistic commit's look), so a creation racing another never loses a write: the
+    /// loser of the race patches the winner's document. The body's id and partition key must
+    /// be `key`'s, and an `if_match` is refused with it ([`InvalidInput::CreateIfMissing`],
+    /// [`InvalidInput::IfMatchWithCreate`]). Blocks on storage: call it off the async runtime.
+    pub fn patch_document_with(
+        &self,
+        path: &CollectionPath,
+        key: &DocKey,
+        (ops, condition): (&[PatchOp], Option<&PatchCondition>),
+        if_match: Option<&str>,
+        options: &PatchOptions,
+    ) -> Outcome<(DocumentView, bool)> {
+        let info = match self.get_collection(path) {
+            Ok(info) => info,
+            Err(e) => return Outcome::failed(e),
+        };
+        if let Some(initial) = &options.create_if_missing
+            && let Err(e) = Self::check_initial_body(&info, key, initial, if_match)
+        {
+            return Outcome::failed(e);
         }
+        self.shard_for(info.uid, &key.partition_key).patch(
+            &info,
+            key,
+            (ops, condition, options),
+            if_match,
+            &*self.inner.clock,
+        )
+    }
+
+    /// A patch's `create_if_missing` body is the document at `key`'s, and comes without an
+    /// `if_match`.
+    fn check_initial_body(
+        info: &CollectionInfo,
+        key: &DocKey,
+        initial: &DocumentBody,
+        if_match: Option<&str>,
+    ) -> Result<(), InvalidInput> {
+        if if_match.is_some() {
+            return Err(InvalidInput::IfMatchWithCreate);
+        }
+        let named = |e| InvalidInput::CreateIfMissing(Box::new(e));
+        if initial.id() != &key.id {
+            return Err(named(InvalidInput::IdMismatch {
+                request: key.id.to_string(),
+                body: initial.id().to_string(),
+            }));
+        }
+        Self::key_for(info, initial, Some(key.partition_key.clone())).map_err(named)?;
+        Ok(())
     }
 
     /// Reads a live document.

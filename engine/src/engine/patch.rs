@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::InvalidInput;
+use super::{DocumentBody, InvalidInput};
 use crate::model::partition_key::SYSTEM_PROPERTIES;
 
 /// Most operations one patch may carry (Cosmos DB's limit).
@@ -33,6 +33,21 @@ pub enum PatchOp {
     Move { from: String, path: String },
 }
 
+/// What a patch may make that is not there: the document itself, and objects on its paths.
+#[derive(Debug, Clone, Default)]
+pub struct PatchOptions {
+    /// The body of the document to create if no live document has the key (absent, deleted
+    /// or expired): the operations then apply to it, and the creation and the operations are
+    /// one write. Its id and partition key must be the patched document's, and it cannot be
+    /// combined with an `if_match` (see [`InvalidInput::IfMatchWithCreate`]); a condition is
+    /// not checked against it.
+    pub create_if_missing: Option<DocumentBody>,
+    /// `add`, `set` and `incr` create the missing objects on their path as empty objects.
+    /// Only object members are created: a missing array element, or a member under a value
+    /// that holds none, is still an error.
+    pub create_parents: bool,
+}
+
 impl PatchOp {
     fn name(&self) -> &'static str {
         match self {
@@ -59,8 +74,14 @@ impl PatchOp {
 
 /// Applies `ops` in order to `doc`. Nothing is applied unless all are: the caller works on a
 /// copy. `/id` and system properties cannot be patched; the partition key and the result's
-/// validity (TTL, size, depth) are the caller's to check, as for any body.
-pub(super) fn apply(doc: &mut Map<String, Value>, ops: &[PatchOp]) -> Result<(), InvalidInput> {
+/// validity (TTL, size, depth) are the caller's to check, as for any body. With
+/// `create_parents`, `add`, `set` and `incr` create missing objects on their path
+/// ([`PatchOptions::create_parents`]).
+pub(super) fn apply(
+    doc: &mut Map<String, Value>,
+    ops: &[PatchOp],
+    create_parents: bool,
+) -> Result<(), InvalidInput> {
     if ops.is_empty() || ops.len() > MAX_PATCH_OPERATIONS {
         return Err(InvalidInput::PatchSize {
             count: ops.len(),
@@ -74,15 +95,19 @@ pub(super) fn apply(doc: &mut Map<String, Value>, ops: &[PatchOp]) -> Result<(),
             path: op.path().to_owned(),
             reason,
         };
-        apply_one(doc, op).map_err(failed)?;
+        apply_one(doc, op, create_parents).map_err(failed)?;
     }
     Ok(())
 }
 
-fn apply_one(doc: &mut Map<String, Value>, op: &PatchOp) -> Result<(), String> {
+fn apply_one(doc: &mut Map<String, Value>, op: &PatchOp, parents: bool) -> Result<(), String> {
     match op {
-        PatchOp::Add { path, value } => insert(doc, &segments(path)?, value.clone(), true),
-        PatchOp::Set { path, value } => insert(doc, &segments(path)?, value.clone(), false),
+        PatchOp::Add { path, value } => {
+            insert(doc, &segments(path)?, value.clone(), (true, parents))
+        }
+        PatchOp::Set { path, value } => {
+            insert(doc, &segments(path)?, value.clone(), (false, parents))
+        }
         PatchOp::Replace { path, value } => {
             *existing(doc, &segments(path)?)? = value.clone();
             Ok(())
@@ -101,7 +126,7 @@ fn apply_one(doc: &mut Map<String, Value>, op: &PatchOp) -> Result<(), String> {
                     if let Some(b) = integer(by) {
                         exact(b).map_err(|beyond| format!("{by} {beyond}"))?;
                     }
-                    insert(doc, &segments, Value::Number(by.clone()), false)
+                    insert(doc, &segments, Value::Number(by.clone()), (false, parents))
                 }
             }
         }
@@ -111,7 +136,7 @@ fn apply_one(doc: &mut Map<String, Value>, op: &PatchOp) -> Result<(), String> {
                 return Err("a value cannot move into itself".into());
             }
             let value = remove(doc, &from).map_err(|e| format!("from: {e}"))?;
-            insert(doc, &to, value, true)
+            insert(doc, &to, value, (true, false))
         }
     }
 }
@@ -167,7 +192,7 @@ fn existing<'a>(
     doc: &'a mut Map<String, Value>,
     segments: &[String],
 ) -> Result<&'a mut Value, String> {
-    let (parent, last) = parent(doc, segments)?;
+    let (parent, last) = parent(doc, segments, false)?;
     match parent {
         Parent::Object(map) => map.get_mut(last).ok_or_else(|| "nothing is there".into()),
         Parent::Array(items) => {
@@ -180,7 +205,7 @@ fn existing<'a>(
 }
 
 fn remove(doc: &mut Map<String, Value>, segments: &[String]) -> Result<Value, String> {
-    let (parent, last) = parent(doc, segments)?;
+    let (parent, last) = parent(doc, segments, false)?;
     match parent {
         Parent::Object(map) => map.remove(last).ok_or_else(|| "nothing is there".into()),
         Parent::Array(items) => {
@@ -194,15 +219,16 @@ fn remove(doc: &mut Map<String, Value>, segments: &[String]) -> Result<Value, St
 }
 
 /// Puts `value` at `segments`: an object member is created or replaced; in an array, `add`
-/// inserts at the index (or appends for `-` or the length) and `set` replaces the element
-/// there (or appends).
+/// (`inserting`) inserts at the index (or appends for `-` or the length) and `set` replaces
+/// the element there (or appends). With `create_parents`, missing objects on the way are
+/// created.
 fn insert(
     doc: &mut Map<String, Value>,
     segments: &[String],
     value: Value,
-    inserting: bool,
+    (inserting, create_parents): (bool, bool),
 ) -> Result<(), String> {
-    let (parent, last) = parent(doc, segments)?;
+    let (parent, last) = parent(doc, segments, create_parents)?;
     match parent {
         Parent::Object(map) => {
             map.insert(last.to_owned(), value);
@@ -232,10 +258,12 @@ enum Parent<'a> {
     Array(&'a mut Vec<Value>),
 }
 
-/// The container holding the last segment, which must exist, and that segment.
+/// The container holding the last segment, which must exist (or, with `create`, be a
+/// missing member of an object on the way, made an empty object), and that segment.
 fn parent<'a, 's>(
     doc: &'a mut Map<String, Value>,
     segments: &'s [String],
+    create: bool,
 ) -> Result<(Parent<'a>, &'s str), String> {
     let Some((last, path)) = segments.split_last() else {
         return Err("an empty path".into());
@@ -243,6 +271,10 @@ fn parent<'a, 's>(
     let mut current = Parent::Object(doc);
     for (depth, s) in path.iter().enumerate() {
         let next = match current {
+            Parent::Object(map) if create => Some(
+                map.entry(s.as_str())
+                    .or_insert_with(|| Value::Object(Map::new())),
+            ),
             Parent::Object(map) => map.get_mut(s),
             Parent::Array(items) => index(s).and_then(|i| items.get_mut(i)),
         };
@@ -355,7 +387,7 @@ mod tests {
 
     fn patched(ops: Vec<PatchOp>) -> Result<Value, InvalidInput> {
         let mut d = doc();
-        apply(&mut d, &ops)?;
+        apply(&mut d, &ops, false)?;
         Ok(Value::Object(d))
     }
 
@@ -536,7 +568,7 @@ mod tests {
             if let Some(current) = current {
                 d.insert("n".into(), current);
             }
-            apply(&mut d, &[PatchOp::Incr { path: p("/n"), by }]).map(|()| d["n"].clone())
+            apply(&mut d, &[PatchOp::Incr { path: p("/n"), by }], false).map(|()| d["n"].clone())
         };
         let int = |n: i64| Number::from(n);
         // Exact integer results, up to ±2^53.
@@ -604,6 +636,93 @@ mod tests {
     }
 
     #[test]
+    fn create_parents_makes_missing_objects_for_add_set_and_incr_only() {
+        let with_parents = |start: Value, ops: Vec<PatchOp>| {
+            let Value::Object(mut d) = start else {
+                unreachable!("an object")
+            };
+            apply(&mut d, &ops, true).map(|()| Value::Object(d))
+        };
+        let incr = |path: &str| PatchOp::Incr {
+            path: p(path),
+            by: Number::from(2),
+        };
+        // The cart line item: `incr /items/sku1/qty` on an empty document.
+        assert_eq!(
+            with_parents(json!({}), vec![incr("/items/sku1/qty")]),
+            Ok(json!({"items": {"sku1": {"qty": 2}}}))
+        );
+        // Existing objects are kept; only what is missing is made.
+        assert_eq!(
+            with_parents(
+                json!({"items": {"sku0": {"qty": 1}}}),
+                vec![
+                    incr("/items/sku1/qty"),
+                    incr("/items/sku0/qty"),
+                    PatchOp::Set {
+                        path: p("/a/b/c"),
+                        value: json!("x"),
+                    },
+                    PatchOp::Add {
+                        path: p("/tags/x~1y/z"),
+                        value: json!(1),
+                    },
+                ]
+            ),
+            Ok(json!({
+                "items": {"sku0": {"qty": 3}, "sku1": {"qty": 2}},
+                "a": {"b": {"c": "x"}},
+                "tags": {"x/y": {"z": 1}}
+            }))
+        );
+        // Only object members: a missing array element, or a member under a value that holds
+        // none, stays an error; so do replace, remove and move.
+        for (start, op, expected) in [
+            (
+                json!({"list": [{"a": 1}]}),
+                PatchOp::Set {
+                    path: p("/list/1/a"),
+                    value: json!(1),
+                },
+                "/list/1 does not exist",
+            ),
+            (json!({"s": "text"}), incr("/s/n"), "holds no members"),
+            (json!({"n": null}), incr("/n/m/o"), "holds no members"),
+            (
+                json!({}),
+                PatchOp::Replace {
+                    path: p("/a/b"),
+                    value: json!(1),
+                },
+                "/a does not exist",
+            ),
+            (
+                json!({}),
+                PatchOp::Remove { path: p("/a/b") },
+                "/a does not exist",
+            ),
+            (
+                json!({"x": 1}),
+                PatchOp::Move {
+                    from: p("/x"),
+                    path: p("/a/b"),
+                },
+                "/a does not exist",
+            ),
+        ] {
+            let err = with_parents(start, vec![op.clone()]).expect_err("refused");
+            let InvalidInput::Patch { reason, .. } = &err else {
+                panic!("{op:?}: {err}")
+            };
+            assert!(reason.contains(expected), "{op:?}: {reason}");
+        }
+        // Without the flag, nothing changes: a missing parent is an error.
+        let mut d = Map::new();
+        let err = apply(&mut d, &[incr("/items/sku1/qty")], false).expect_err("no parents");
+        assert!(err.to_string().contains("/items does not exist"), "{err}");
+    }
+
+    #[test]
     fn a_patch_applies_all_or_nothing_to_its_copy() {
         let mut d = doc();
         let before = d.clone();
@@ -614,7 +733,7 @@ mod tests {
             },
             PatchOp::Remove { path: p("/nope") },
         ];
-        let err = apply(&mut d, &ops).expect_err("second fails");
+        let err = apply(&mut d, &ops, false).expect_err("second fails");
         assert!(matches!(err, InvalidInput::Patch { index: 1, .. }));
         // The caller's copy is partly changed; the engine throws it away.
         assert_ne!(d, before);

@@ -2787,3 +2787,4 @@ fn a_query_without_from_runs_once_and_reads_nothing() {
 
 mod optimistic;
 mod ordered_review;
+mod patch_create;

@@ -87,6 +87,11 @@ pub enum InvalidInput {
     BatchTooLarge { what: &'static str, limit: usize },
     /// A patch condition that is not `FROM <alias> [JOIN ...] [WHERE ...]`.
     PatchCondition { reason: String },
+    /// What is wrong with a patch's `create_if_missing` body (a body rule, or an id or
+    /// partition key other than the patched document's): the same reason, named as that body's.
+    CreateIfMissing(Box<InvalidInput>),
+    /// A patch with both an `if_match` and a `create_if_missing` body.
+    IfMatchWithCreate,
 }
 
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
@@ -193,6 +198,10 @@ impl fmt::Display for InvalidInput {
                 f,
                 "invalid patch condition: {}; write it as a query without SELECT, such as \"FROM c WHERE c.status = 'active'\"",
                 Echo(reason)
+            ),
+            InvalidInput::CreateIfMissing(inner) => write!(f, "create_if_missing: {inner}"),
+            InvalidInput::IfMatchWithCreate => f.write_str(
+                "if_match cannot be combined with create_if_missing: an etag names a version of a live document, and a patch that may create has none to name; send one or the other"
             ),
             InvalidInput::IndexTermsTooLarge { limit } => write!(
                 f,

@@ -63,19 +63,22 @@ impl DocumentsService {
 }
 
 fn result(output: BatchOutput) -> BatchResult {
-    let (document, outcome) = match output {
-        BatchOutput::Document(view) => (Some(convert::document(view)), UpsertOutcome::Unspecified),
+    let (document, outcome, created) = match output {
+        BatchOutput::Document(view) => (Some(view), UpsertOutcome::Unspecified, false),
         BatchOutput::Upserted(engine::UpsertOutcome::Created, view) => {
-            (Some(convert::document(view)), UpsertOutcome::Created)
+            (Some(view), UpsertOutcome::Created, false)
         }
         BatchOutput::Upserted(engine::UpsertOutcome::Replaced, view) => {
-            (Some(convert::document(view)), UpsertOutcome::Replaced)
+            (Some(view), UpsertOutcome::Replaced, false)
         }
-        BatchOutput::Deleted => (None, UpsertOutcome::Unspecified),
+        // A patch that created its document from its initial body.
+        BatchOutput::Created(view) => (Some(view), UpsertOutcome::Unspecified, true),
+        BatchOutput::Deleted => (None, UpsertOutcome::Unspecified, false),
     };
     BatchResult {
-        document,
+        document: document.map(convert::document),
         upsert_outcome: outcome as i32,
+        created,
     }
 }
 
@@ -139,11 +142,14 @@ fn operation(index: usize, op: BatchOperation) -> Result<BatchOp, Error> {
                 operations,
                 if_match: etag,
                 condition,
+                create_if_missing,
+                create_parents,
             })) => BatchOp::Patch {
                 id: id(&raw)?,
                 ops: patch::operations(operations)?,
                 condition: patch::condition(&condition)?,
                 if_match: if_match(etag),
+                options: patch::options(create_if_missing, create_parents)?,
             },
             Some(ProtoOp::Touch(BatchTouch {
                 id: raw,

@@ -226,6 +226,8 @@ impl server::Documents for DocumentsService {
             operations,
             if_match: etag,
             condition,
+            create_if_missing,
+            create_parents,
         } = request.into_inner();
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
@@ -237,13 +239,19 @@ impl server::Documents for DocumentsService {
         )?;
         let ops = patch::operations(operations).map_err(to_status)?;
         let condition = patch::condition(&condition).map_err(to_status)?;
+        let options = patch::options(create_if_missing, create_parents).map_err(to_status)?;
         // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
         // to 9 attempts under contention, the last holding its shard's lock.
-        let view = settle_blocking(engine, move |e| {
-            e.patch_document(&path, &key, &ops, condition.as_deref(), if_match(&etag))
+        let (view, created) = settle_blocking(engine, move |e| {
+            let patch = (ops.as_slice(), condition.as_deref());
+            e.patch_document_with(&path, &key, patch, if_match(&etag), &options)
         })
         .await?;
-        Ok(Response::new(convert::document(view)))
+        let mut response = Response::new(convert::document(view));
+        response
+            .metadata_mut()
+            .insert(patch::CREATED_HEADER, patch::created_value(created));
+        Ok(response)
     }
 
     async fn execute_batch(

@@ -1,20 +1,49 @@
-//! `Documents.PatchDocument`'s operations and condition, converted from the proto (a batch's
-//! patch operations use the same conversions).
+//! `Documents.PatchDocument`'s operations, condition and options, converted from the proto (a
+//! batch's patch operations use the same conversions).
 
 use std::sync::Arc;
 
 use mayfly_proto::{
-    json::JsonDefect,
+    json::{JsonDefect, JsonObject},
     v1::{
         self, PatchIncrement, PatchMove, PatchValue,
         oneofs::{PatchIncrementBy, PatchOp as ProtoOp},
     },
 };
 use serde_json::Number;
+use tonic::metadata::AsciiMetadataValue;
 
 use super::convert;
-use crate::engine::{Error, InvalidInput, MAX_PATCH_OPERATIONS, PatchCondition, PatchOp};
+use crate::engine::{
+    Error, InvalidInput, MAX_PATCH_OPERATIONS, PatchCondition, PatchOp, PatchOptions,
+};
 use crate::model::Echo;
+
+/// Response header of `PatchDocument`: `true` if the patch created its document from its
+/// `create_if_missing` body, `false` if it patched a live one. (The response message is the
+/// document itself, which has no room for it.)
+pub(super) const CREATED_HEADER: &str = "mayfly-created";
+
+/// The value of [`CREATED_HEADER`].
+pub(super) fn created_value(created: bool) -> AsciiMetadataValue {
+    AsciiMetadataValue::from_static(if created { "true" } else { "false" })
+}
+
+/// A request's `create_if_missing` and `create_parents`. The body is checked as a create's is
+/// (its failures named as this body's); its id and partition key are checked by the engine.
+pub(super) fn options(
+    create_if_missing: Option<JsonObject>,
+    create_parents: bool,
+) -> Result<PatchOptions, InvalidInput> {
+    let create_if_missing = create_if_missing
+        .map(|body| convert::document_body(Some(body), None))
+        .transpose()
+        .map_err(|e| InvalidInput::CreateIfMissing(Box::new(e)))?;
+    Ok(PatchOptions {
+        create_if_missing,
+        create_parents,
+    })
+}
 
 /// A request's patch operations; the count is checked before any is converted.
 pub(super) fn operations(ops: Vec<v1::PatchOperation>) -> Result<Vec<PatchOp>, InvalidInput> {

@@ -90,6 +90,9 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         InvalidInput::BatchSize { .. } => "INVALID_BATCH",
         InvalidInput::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
         InvalidInput::PatchCondition { .. } => "INVALID_PATCH_CONDITION",
+        // The body's own reason (ID_MISMATCH, INVALID_TTL, ...), its message naming the body.
+        InvalidInput::CreateIfMissing(inner) => invalid_reason(inner),
+        InvalidInput::IfMatchWithCreate => "INVALID_PATCH",
     }
 }
 

@@ -490,6 +490,7 @@ impl Run {
                         ops: patch_ops,
                         condition: condition.map(Arc::new),
                         if_match: None,
+                        options: Default::default(),
                     };
                     let result = match current.as_ref().map(|doc| patched(doc, patch)) {
                         None => Err(Refusal::NotFound),

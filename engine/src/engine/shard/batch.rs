@@ -75,6 +75,8 @@ enum Current {
 enum Pending {
     Document(usize, Arc<Staged>),
     Upserted(UpsertOutcome, usize, Arc<Staged>),
+    /// A patch that created its document.
+    Created(usize, Arc<Staged>),
     Deleted,
 }
 
@@ -186,6 +188,8 @@ impl Shard {
                     }));
                 }
                 BatchOp::Create { .. } | BatchOp::Upsert { .. } => {}
+                // Not live: created from its initial body (which comes without an if_match).
+                BatchOp::Patch { options, .. } if options.create_if_missing.is_some() => {}
                 _ if !live => return Err(failed(not_found())),
                 _ => {}
             }
@@ -238,13 +242,45 @@ impl Shard {
                     plan.new_body = None;
                     Pending::Deleted
                 }
-                BatchOp::Read { .. } | BatchOp::Patch { .. } | BatchOp::Touch { .. } => {
+                BatchOp::Patch {
+                    ops,
+                    condition,
+                    options,
+                    ..
+                } => {
+                    let (mut map, created) = match (&plan.current, &options.create_if_missing) {
+                        (Current::Live(staged), _) => {
+                            let view = staged_view(&plan.key, staged, now, now, Some(default_ttl));
+                            if let Some(condition) = condition {
+                                condition.check(&view).map_err(failed)?;
+                            }
+                            (view.body_map(), false)
+                        }
+                        // Created: the caller's body is not checked against the condition.
+                        (Current::Absent, Some(initial)) => ((**initial.map()).clone(), true),
+                        _ => unreachable!("fetched above, or refused as absent"),
+                    };
+                    patch::apply(&mut map, ops, options.create_parents)
+                        .map_err(|e| failed(e.into()))?;
+                    let body =
+                        DocumentBody::parse(Arc::new(map), None).map_err(|e| failed(e.into()))?;
+                    Engine::key_for(info, &body, Some(plan.key.partition_key.clone()))
+                        .map_err(|e| failed(e.into()))?;
+                    let staged = written(&body);
+                    plan.new_body = Some((index, body.map().clone()));
+                    plan.current = Current::Live(staged.clone());
+                    match created {
+                        true => Pending::Created(k, staged),
+                        false => Pending::Document(k, staged),
+                    }
+                }
+                BatchOp::Read { .. } | BatchOp::Touch { .. } => {
                     let Current::Live(staged) = plan.current.clone() else {
                         unreachable!("fetched above");
                     };
                     match op {
                         BatchOp::Read { .. } => Pending::Document(k, staged),
-                        BatchOp::Touch { .. } => {
+                        _ => {
                             let touched = Arc::new(Staged {
                                 body: staged.body.clone(),
                                 ttl: staged.ttl,
@@ -254,30 +290,15 @@ impl Shard {
                             plan.current = Current::Live(touched.clone());
                             Pending::Document(k, touched)
                         }
-                        BatchOp::Patch { ops, condition, .. } => {
-                            let view = staged_view(&plan.key, &staged, now, now, Some(default_ttl));
-                            if let Some(condition) = condition {
-                                condition.check(&view).map_err(failed)?;
-                            }
-                            let mut map = view.body_map();
-                            patch::apply(&mut map, ops).map_err(|e| failed(e.into()))?;
-                            let body = DocumentBody::parse(Arc::new(map), None)
-                                .map_err(|e| failed(e.into()))?;
-                            Engine::key_for(info, &body, Some(plan.key.partition_key.clone()))
-                                .map_err(|e| failed(e.into()))?;
-                            let staged = written(&body);
-                            plan.new_body = Some((index, body.map().clone()));
-                            plan.current = Current::Live(staged.clone());
-                            Pending::Document(k, staged)
-                        }
-                        _ => unreachable!("matched above"),
                     }
                 }
             };
             if !matches!(op, BatchOp::Read { .. }) {
                 plan.changed = true;
             }
-            if let Pending::Document(_, s) | Pending::Upserted(_, _, s) = &result {
+            if let Pending::Document(_, s) | Pending::Upserted(_, _, s) | Pending::Created(_, s) =
+                &result
+            {
                 returned += s.body.len();
                 over_limit(op, index, returned, "returns")?;
             }
@@ -415,6 +436,9 @@ impl Shard {
                     outcome,
                     staged_view(&keys[k].key, &s, at, at, Some(default_ttl)),
                 ),
+                Pending::Created(k, s) => {
+                    BatchOutput::Created(staged_view(&keys[k].key, &s, at, at, Some(default_ttl)))
+                }
                 Pending::Deleted => BatchOutput::Deleted,
             })
             .collect();

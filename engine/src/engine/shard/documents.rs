@@ -6,8 +6,8 @@ use super::optimistic::{Fallback, Look, OPTIMISTIC_ATTEMPTS, Optimistic, Ready, 
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
 use crate::engine::{
-    DocumentBody, Engine, PatchOp, condition::PatchCondition, index::terms::bounded_document_terms,
-    patch,
+    DocumentBody, Engine, PatchOp, PatchOptions, condition::PatchCondition,
+    index::terms::bounded_document_terms, patch,
 };
 use serde_json::{Map, Value};
 
@@ -99,19 +99,23 @@ impl Shard {
 
     /// Applies `ops` to a live document as one write. The body is read and patched outside
     /// the lock, and written if the document is still the version patched; else the patch is
-    /// applied again to the version now there, so concurrent patches all count.
+    /// applied again to the version now there, so concurrent patches all count. With a
+    /// `create_if_missing` body and no live document, the body is patched instead and written
+    /// as a new document if there is still none (else the live one is patched): the flag
+    /// answered says it was created.
     pub(crate) fn patch(
         &self,
         info: &CollectionInfo,
         key: &DocKey,
-        (ops, condition): (&[PatchOp], Option<&PatchCondition>),
+        (ops, condition, options): (&[PatchOp], Option<&PatchCondition>, &PatchOptions),
         if_match: Option<&str>,
         clock: &dyn Clock,
-    ) -> Outcome<DocumentView> {
+    ) -> Outcome<(DocumentView, bool)> {
         let patch = Patch {
             at: Target::new(info, key, if_match),
             ops,
             condition,
+            options,
         };
         self.commit_optimistic(patch, Fallback::UnderLock, clock)
     }
@@ -346,16 +350,22 @@ impl Optimistic for Touch<'_> {
     }
 }
 
-/// A patch as an optimistic write: it reads the current body (and terms) and patches it.
+/// A patch as an optimistic write: it reads the current body (and terms) and patches it; or,
+/// creating, patches its `create_if_missing` body (and reads the terms of the expired version
+/// it replaces, if any).
 struct Patch<'a> {
     at: Target<'a>,
     ops: &'a [PatchOp],
     condition: Option<&'a PatchCondition>,
+    options: &'a PatchOptions,
 }
 
 /// What a patch's look found.
 struct PatchSeen {
-    found: Found,
+    /// The slot written: the live version's, or, creating, the expired version's (if any).
+    slot: Option<u32>,
+    /// The live version patched; `None`: the document is created from `create_if_missing`.
+    version: Option<u64>,
     /// The old version's terms are needed (it has entries, and the collection is not lazy).
     old_terms: bool,
     policy: Option<Arc<IndexPaths>>,
@@ -379,37 +389,72 @@ struct Patched {
 
 impl Optimistic for Patch<'_> {
     type Seen = PatchSeen;
-    /// The version patched (with its stored terms) and whether its terms are read.
-    type Basis = (TermsRef, bool);
+    /// The slot written (with its stored terms), whether its terms are read, and whether the
+    /// patch creates: a document that expired since the reads is created, not patched, and
+    /// one created since is patched, not created again (its slot changed).
+    type Basis = (Option<TermsRef>, bool, bool);
     type Read = Patched;
-    type Output = DocumentView;
+    /// The document written, and whether the patch created it.
+    type Output = (DocumentView, bool);
 
     fn look(&self, st: &ShardState, now: Millis) -> Result<Look<Self>, (Error, Lsn)> {
-        let slot = self.at.slot(st, now)?;
-        let (meta, cs) = (st.docs.get(slot), &st.collections[&self.at.info.uid]);
-        let old_terms = meta.indexed && !owes_entries(cs);
+        let found = match self.at.slot(st, now) {
+            Ok(slot) => Ok(slot),
+            // Absent, deleted or expired, with an initial body (never with an `if_match`: the
+            // engine refuses the pair): created, over the expired version if any. A refusal
+            // then reflects that the document was not there.
+            Err((Error::DocumentNotFound { .. }, settle_at))
+                if self.options.create_if_missing.is_some() =>
+            {
+                Err(settle_at)
+            }
+            Err(refused) => return Err(refused),
+        };
+        let cs = &st.collections[&self.at.info.uid];
+        let (slot, version, settle_at) = match found {
+            Ok(slot) => {
+                let meta = st.docs.get(slot);
+                (
+                    Some(slot),
+                    Some(meta.version),
+                    meta.lsn.max(cs.settings_lsn),
+                )
+            }
+            Err(settle_at) => (cs.index.get(self.at.key).copied(), None, settle_at),
+        };
+        let old_terms = slot.is_some_and(|s| st.docs.get(s).indexed) && !owes_entries(cs);
         let seen = PatchSeen {
-            found: Found {
-                slot,
-                version: meta.version,
-            },
+            slot,
+            version,
             old_terms,
             policy: cs.policy.clone(),
             default_ttl: cs.rules.default_ttl,
             now,
-            settle_at: meta.lsn.max(cs.settings_lsn),
+            settle_at,
         };
-        Ok(Look::Read(seen, (st.docs.terms_ref(slot), old_terms)))
+        let basis = (
+            slot.map(|s| st.docs.terms_ref(s)),
+            old_terms,
+            version.is_none(),
+        );
+        Ok(Look::Read(seen, basis))
     }
 
     fn read(&self, shard: &Shard, seen: &PatchSeen) -> Result<Patched, Stop> {
-        let record = shard.stored_version(self.at.info, self.at.key, seen.found.version)?;
-        let current = view(&record, seen.default_ttl, seen.now);
-        if let Some(condition) = self.condition {
-            condition.check(&current)?;
-        }
-        let mut map = current.body_map();
-        patch::apply(&mut map, self.ops).map_err(Error::from)?;
+        let mut map = match (seen.version, &self.options.create_if_missing) {
+            (Some(version), _) => {
+                let record = shard.stored_version(self.at.info, self.at.key, version)?;
+                let current = view(&record, seen.default_ttl, seen.now);
+                if let Some(condition) = self.condition {
+                    condition.check(&current)?;
+                }
+                current.body_map()
+            }
+            // Created: the caller's body is not checked against the condition.
+            (None, Some(initial)) => (**initial.map()).clone(),
+            (None, None) => unreachable!("only a patch with an initial body creates"),
+        };
+        patch::apply(&mut map, self.ops, self.options.create_parents).map_err(Error::from)?;
         let body = DocumentBody::parse(Arc::new(map), None).map_err(Error::from)?;
         // The partition key may not change: the document would move to another partition.
         Engine::key_for(self.at.info, &body, Some(self.at.key.partition_key.clone()))
@@ -439,7 +484,7 @@ impl Optimistic for Patch<'_> {
         seen.settle_at
     }
 
-    fn commit(self, shard: &Shard, ready: Ready<'_, Self>) -> Outcome<DocumentView> {
+    fn commit(self, shard: &Shard, ready: Ready<'_, Self>) -> Outcome<(DocumentView, bool)> {
         let Ready {
             state,
             seen,
@@ -460,7 +505,10 @@ impl Optimistic for Patch<'_> {
             version: shard.versions.fetch_add(1, Ordering::Relaxed),
             ttl: patched.ttl,
         };
-        shard.write_version(state, Some(seen.found.slot), record, index)
+        let created = seen.version.is_none();
+        shard
+            .write_version(state, seen.slot, record, index)
+            .map(|view| (view, created))
     }
 }
 

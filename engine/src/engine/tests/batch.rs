@@ -45,6 +45,7 @@ fn close_d0_delete_d1() -> Vec<BatchOp> {
             }],
             condition: None,
             if_match: None,
+            options: Default::default(),
         },
         BatchOp::Delete {
             id: id("d1"),
@@ -72,6 +73,7 @@ fn a_batch_whose_57th_operation_fails_changes_nothing() {
         ops: vec![incr("/n")],
         condition: None,
         if_match: None,
+        options: Default::default(),
     }));
     ops.push(BatchOp::Delete {
         id: id("kept"),
@@ -120,6 +122,7 @@ fn each_operation_sees_the_ones_before_it() {
                     PatchCondition::parse("FROM c WHERE c.n = 1").expect("condition"),
                 )),
                 if_match: None,
+                options: Default::default(),
             },
             BatchOp::Read { id: id("a") },
             BatchOp::Delete {
@@ -141,7 +144,9 @@ fn each_operation_sees_the_ones_before_it() {
     )
     .expect("committed");
     let view = |i: usize| match &outputs[i] {
-        BatchOutput::Document(v) | BatchOutput::Upserted(_, v) => v.clone(),
+        BatchOutput::Document(v) | BatchOutput::Upserted(_, v) | BatchOutput::Created(v) => {
+            v.clone()
+        }
         BatchOutput::Deleted => panic!("a document at {i}"),
     };
     assert!(matches!(
@@ -196,6 +201,7 @@ fn etags_conditions_and_bad_bodies_fail_the_batch() {
                     PatchCondition::parse("FROM c WHERE c.n > 5").expect("condition"),
                 )),
                 if_match: None,
+                options: Default::default(),
             },
             |e| matches!(e, Error::ConditionNotMet { .. }),
         ),
@@ -208,6 +214,7 @@ fn etags_conditions_and_bad_bodies_fail_the_batch() {
                 }],
                 condition: None,
                 if_match: None,
+                options: Default::default(),
             },
             |e| matches!(e, Error::Invalid(InvalidInput::PartitionKeyMismatch { .. })),
         ),
@@ -312,6 +319,7 @@ fn concurrent_batches_and_patches_all_count() {
                                 ops: vec![incr("/count")],
                                 condition: None,
                                 if_match: None,
+                                options: Default::default(),
                             },
                             BatchOp::Upsert {
                                 body: doc(&format!("t{t}-{i}"), None),

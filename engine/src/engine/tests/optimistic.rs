@@ -151,6 +151,7 @@ fn a_batch_rewritten_during_every_evaluation_is_contended() {
             }],
             condition: None,
             if_match: None,
+            options: Default::default(),
         },
         BatchOp::Create {
             body: doc("e", None),
