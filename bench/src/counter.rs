@@ -205,6 +205,8 @@ impl Bench {
                 }],
                 if_match: String::new(),
                 condition: String::new(),
+                create_if_missing: None,
+                create_parents: false,
             })
             .await
             .map(drop)

@@ -127,7 +127,7 @@ impl Service {
                 .condition(&condition)
                 .await;
             match counted {
-                Ok(PatchOutcome::Patched(_)) => return Ok(true),
+                Ok(PatchOutcome::Patched(_) | PatchOutcome::Created(_)) => return Ok(true),
                 Err(e) if e.reason() == Some(&Reason::ConditionNotMet) => return Ok(false),
                 // The window's first request: its counter starts at 1 and expires with it.
                 Ok(PatchOutcome::Missing) => {

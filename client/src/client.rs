@@ -501,7 +501,22 @@ pub(crate) enum Call {
 impl Client {
     /// Sends a request through `send` (called once per attempt) under the request timeout,
     /// retrying as the policy says.
-    pub(crate) async fn call<R, F, Fut>(&self, call: Call, mut send: F) -> Result<R, Error>
+    pub(crate) async fn call<R, F, Fut>(&self, call: Call, send: F) -> Result<R, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        self.call_response(call, send)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// [`Self::call`], keeping the response's metadata.
+    pub(crate) async fn call_response<R, F, Fut>(
+        &self,
+        call: Call,
+        mut send: F,
+    ) -> Result<tonic::Response<R>, Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
@@ -517,7 +532,7 @@ impl Client {
                 None => send().await.map_err(|s| self.error(s)),
             };
             match outcome {
-                Ok(response) => return Ok(response.into_inner()),
+                Ok(response) => return Ok(response),
                 Err(e) if settings.retry.may_retry(call, &e, attempt) => {
                     tokio::time::sleep(settings.retry.delay(attempt)).await;
                     attempt += 1;

@@ -39,7 +39,7 @@
 //! | [`update`](Collection::update) | `Ok(`[`UpdateOutcome::Updated`]`)` | `Ok(`[`UpdateOutcome::Missing`]`)` | retried (its own `if_match`) |
 //! | [`touch`](Collection::touch) | `Ok(`[`TouchOutcome::Touched`]`)` | `Ok(`[`TouchOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
 //! | [`delete_document`](Collection::delete_document) | `Ok(`[`DeleteOutcome::Deleted`]`)` | `Ok(`[`DeleteOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)` |
-//! | [`patch`](Collection::patch) | `Ok(`[`PatchOutcome::Patched`]`)` | `Ok(`[`PatchOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)`, also for a false condition ([`Reason::ConditionNotMet`]) |
+//! | [`patch`](Collection::patch) | `Ok(`[`PatchOutcome::Patched`]`)`, or `Ok(`[`PatchOutcome::Created`]`)` with [`create_if_missing`](Patch::create_if_missing) | `Ok(`[`PatchOutcome::Missing`]`)` | `Err(`[`Error::PreconditionFailed`]`)`, also for a false condition ([`Reason::ConditionNotMet`]) |
 //! | [`batch`](Collection::batch) | `Ok(Vec<`[`BatchResult`]`>)` | the operation's error, [`Error::operation_index`] naming it: a batch is all or nothing, so a missing document fails it | the operation's error, likewise |
 //!
 //! Every error the server sends carries its [`Reason`] ([`Error::reason`]); which errors are

@@ -11,6 +11,7 @@ use mayfly_proto::{
     },
 };
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::{
     client::{BoxFuture, Call},
@@ -230,6 +231,7 @@ impl PatchOps {
 /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
 /// match c.patch("a", 1).incr("/n", 5).await? {
 ///     PatchOutcome::Patched(doc) => assert_eq!(doc.body()["n"], 5),
+///     PatchOutcome::Created(_) => unreachable!("only with create_if_missing"),
 ///     PatchOutcome::Missing => unreachable!("just created"),
 /// }
 /// # Ok(()) }
@@ -238,6 +240,10 @@ impl PatchOps {
 pub enum PatchOutcome {
     /// The document was patched; this is the new version.
     Patched(Document),
+    /// There was no live document and the patch was sent with
+    /// [`Patch::create_if_missing`]: the document was created from that body, with the
+    /// operations applied, in one write; this is its first version.
+    Created(Document),
     /// No live document: never written, deleted, or expired already. Nothing was written.
     Missing,
 }
@@ -257,7 +263,7 @@ impl PatchOutcome {
     /// ```
     pub fn into_document(self) -> Option<Document> {
         match self {
-            PatchOutcome::Patched(d) => Some(d),
+            PatchOutcome::Patched(d) | PatchOutcome::Created(d) => Some(d),
             PatchOutcome::Missing => None,
         }
     }
@@ -294,6 +300,8 @@ pub struct Patch<'a> {
     ops: PatchOps,
     if_match: Option<String>,
     condition: Option<String>,
+    create_if_missing: Option<Result<Map<String, Value>, Error>>,
+    create_parents: bool,
 }
 
 impl<'a> Patch<'a> {
@@ -305,6 +313,8 @@ impl<'a> Patch<'a> {
             ops: PatchOps::new(),
             if_match: None,
             condition: None,
+            create_if_missing: None,
+            create_parents: false,
         }
     }
 
@@ -534,6 +544,47 @@ impl<'a> Patch<'a> {
         self.condition = Some(condition.to_owned());
         self
     }
+
+    /// Creates the document from `body` if there is no live one (never written, deleted or
+    /// expired), then applies the operations to it, all in one write
+    /// ([`PatchOutcome::Created`]); a live document is patched as without it
+    /// ([`PatchOutcome::Patched`], `body` unused). The body is checked as a create's is: its
+    /// `id` and partition key must be the patch's. Concurrent patches creating one document
+    /// never conflict: one creates, the others patch what it created. Cannot be combined with
+    /// [`Patch::if_match`] (an etag names a version that exists). A `condition` is checked
+    /// against a live document only.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("shop").await?;
+    /// # let carts = db.create_collection("carts", "/user").await?;
+    /// use mayfly_client::{PatchOutcome, json_pointer};
+    /// let add = |sku: &str| {
+    ///     carts.patch("cart-ann", "ann")
+    ///         .create_if_missing(serde_json::json!({"id": "cart-ann", "user": "ann"}))
+    ///         .create_parents()
+    ///         .incr(&json_pointer(["items", sku, "qty"]), 1)
+    /// };
+    /// assert!(matches!(add("sku/1").await?, PatchOutcome::Created(_)));
+    /// let PatchOutcome::Patched(cart) = add("sku/1").await? else { panic!("patched") };
+    /// assert_eq!(cart.body()["items"]["sku/1"]["qty"], 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn create_if_missing(mut self, body: impl Serialize) -> Self {
+        self.create_if_missing = Some(crate::collection::to_object(&body));
+        self
+    }
+
+    /// Lets `set`, `add` and `incr` create the missing objects on their paths, as empty
+    /// objects (`/items/sku1/qty` on `{}` makes `{"items": {"sku1": {"qty": ...}}}`); a missing
+    /// array element is still an error. See [`Patch::create_if_missing`] for an example.
+    pub fn create_parents(mut self) -> Self {
+        self.create_parents = true;
+        self
+    }
 }
 
 impl<'a> IntoFuture for Patch<'a> {
@@ -549,6 +600,8 @@ impl<'a> IntoFuture for Patch<'a> {
                 ops,
                 if_match,
                 condition,
+                create_if_missing,
+                create_parents,
             } = self;
             let request = PatchDocumentRequest {
                 database: collection.database.clone(),
@@ -558,17 +611,30 @@ impl<'a> IntoFuture for Patch<'a> {
                 operations: ops.into_wire()?,
                 if_match: if_match.unwrap_or_default(),
                 condition: condition.unwrap_or_default(),
+                create_if_missing: create_if_missing.transpose()?.map(json::JsonObject::new),
+                create_parents,
             };
             let client = &collection.client;
             let answer = client
-                .call(Call::Once, || {
+                .call_response(Call::Once, || {
                     let mut documents = client.documents.clone();
                     let request = request.clone();
                     async move { documents.patch_document(request).await }
                 })
                 .await;
             match answer {
-                Ok(document) => Ok(PatchOutcome::Patched(Document::from_proto(document))),
+                Ok(response) => {
+                    // The server says which happened (see `PatchDocumentRequest`).
+                    let created = response
+                        .metadata()
+                        .get("mayfly-created")
+                        .is_some_and(|v| v.as_bytes() == b"true");
+                    let document = Document::from_proto(response.into_inner());
+                    Ok(match created {
+                        true => PatchOutcome::Created(document),
+                        false => PatchOutcome::Patched(document),
+                    })
+                }
                 Err(Error::NotFound(_)) => Ok(PatchOutcome::Missing),
                 Err(e) => Err(e),
             }

@@ -155,7 +155,7 @@ async fn reads_feeds_writes_and_queries_fill_system_properties_alike() {
         .expect("patch")
     {
         PatchOutcome::Patched(doc) => doc.into_item::<Cart>().expect("typed"),
-        PatchOutcome::Missing => panic!("there"),
+        other => panic!("there: {other:?}"),
     };
     assert_system_properties(&patched, Some(600));
     assert_ne!(patched.value().etag, read.value().etag, "a new version");

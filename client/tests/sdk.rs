@@ -691,7 +691,7 @@ async fn twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts(
                         PatchOutcome::Patched(doc) => {
                             seen.push(doc.body()["n"].as_i64().expect("a number"))
                         }
-                        PatchOutcome::Missing => panic!("the counter is there"),
+                        other => panic!("the counter is there: {other:?}"),
                     }
                 }
                 seen
