@@ -64,6 +64,9 @@ pub enum BatchResult {
     Upserted(UpsertOutcome),
     /// A delete.
     Deleted,
+    /// A patch sent with [`Batch::create_if_missing`] that found no live document and created
+    /// it, with its operations applied.
+    Created(Document),
 }
 
 impl BatchResult {
@@ -86,7 +89,7 @@ impl BatchResult {
     /// ```
     pub fn document(&self) -> Option<&Document> {
         match self {
-            BatchResult::Document(d) => Some(d),
+            BatchResult::Document(d) | BatchResult::Created(d) => Some(d),
             BatchResult::Upserted(outcome) => Some(outcome.document()),
             BatchResult::Deleted => None,
         }
@@ -99,8 +102,9 @@ impl BatchResult {
 /// one write. If one fails, nothing is changed and the error is that operation's, with
 /// [`Error::operation_index`] naming it (from 0); a document that is not there fails the batch
 /// (unlike a single read or replace, where it is an outcome). [`ttl`](Batch::ttl),
-/// [`if_match`](Batch::if_match) and [`condition`](Batch::condition) modify the operation
-/// added just before them.
+/// [`if_match`](Batch::if_match), [`condition`](Batch::condition),
+/// [`create_if_missing`](Batch::create_if_missing) and
+/// [`create_parents`](Batch::create_parents) modify the operation added just before them.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -432,6 +436,54 @@ impl<'a> Batch<'a> {
             _ => self.fail(misplaced("condition", "a patch")),
         }
     }
+
+    /// Makes the patch just added create its document from `body` if there is none live, as
+    /// [`Patch::create_if_missing`](crate::Patch::create_if_missing) does
+    /// ([`BatchResult::Created`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// use mayfly_client::{BatchResult, PatchOps};
+    /// let results = c.batch(1)
+    ///     .patch("stats", PatchOps::new().incr("/orders/count", 1))
+    ///     .create_if_missing(serde_json::json!({"id": "stats", "k": 1}))
+    ///     .create_parents()
+    ///     .await?;
+    /// assert!(matches!(&results[0], BatchResult::Created(d) if d.body()["orders"]["count"] == 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn create_if_missing(mut self, body: impl Serialize) -> Self {
+        let body = match crate::collection::to_object(&body) {
+            Ok(map) => mayfly_proto::json::JsonObject::new(map),
+            Err(e) => return self.fail(e),
+        };
+        match self.ops.last_mut().and_then(|o| o.op.as_mut()) {
+            Some(BatchOp::Patch(BatchPatch {
+                create_if_missing, ..
+            })) => {
+                *create_if_missing = Some(body);
+                self
+            }
+            _ => self.fail(misplaced("create_if_missing", "a patch")),
+        }
+    }
+
+    /// Lets the patch just added create the missing objects on its paths, as
+    /// [`Patch::create_parents`](crate::Patch::create_parents) does.
+    pub fn create_parents(mut self) -> Self {
+        match self.ops.last_mut().and_then(|o| o.op.as_mut()) {
+            Some(BatchOp::Patch(BatchPatch { create_parents, .. })) => {
+                *create_parents = true;
+                self
+            }
+            _ => self.fail(misplaced("create_parents", "a patch")),
+        }
+    }
 }
 
 fn misplaced(modifier: &str, what: &str) -> Error {
@@ -508,8 +560,10 @@ impl<'a> IntoFuture for Batch<'a> {
                 .zip(kinds)
                 .map(|(r, deleted)| {
                     let outcome = mayfly_proto::v1::UpsertOutcome::try_from(r.upsert_outcome);
+                    let created = r.created;
                     Ok(match (r.document.map(Document::from_proto), outcome) {
                         (None, _) if deleted => BatchResult::Deleted,
+                        (Some(d), _) if created => BatchResult::Created(d),
                         (None, _) => {
                             return Err(Error::invalid(
                                 "the server answered a batch operation other than a delete without its document",
