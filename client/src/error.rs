@@ -598,6 +598,38 @@ impl Error {
         }
     }
 
+    /// Whether the request may have been applied although this error came back, so that
+    /// sending a write again could apply it twice: the client's deadline passed
+    /// ([`Error::Timeout`]), the connection broke during the request or an unavailable status
+    /// came from something other than the server ([`Error::Unavailable`] with
+    /// [`Reason::OutcomeUnknown`] or without a reason), or the call ended as cancelled,
+    /// unknown or internal. Every other error is the server's (or this client's) word that
+    /// nothing was applied. The counterpart of [`Error::is_retryable`]: no error is both.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// # let c = db.create_collection("c", "/k").await?;
+    /// c.create(&serde_json::json!({"id": "a", "k": 1})).await?;
+    /// let again = c.create(&serde_json::json!({"id": "a", "k": 1})).await.unwrap_err();
+    /// assert!(!again.may_have_applied()); // the server says: it exists, nothing written
+    /// # Ok(()) }
+    /// ```
+    pub fn may_have_applied(&self) -> bool {
+        match self {
+            Error::Timeout(_) => true,
+            Error::Unavailable(d) => d.reason.is_none() || d.reason == Some(Reason::OutcomeUnknown),
+            Error::Other(d) => matches!(
+                d.code,
+                StatusCode::Cancelled | StatusCode::Unknown | StatusCode::Internal
+            ),
+            _ => false,
+        }
+    }
+
     /// An error found by this client before sending, with the reason the server would give.
     pub(crate) fn invalid(message: impl Into<String>, reason: Option<Reason>) -> Self {
         Error::InvalidArgument(ErrorDetails::new(Code::InvalidArgument, message, reason))
@@ -779,6 +811,55 @@ mod tests {
         let details = e.details().expect("from the server");
         assert_eq!(details.code(), StatusCode::AlreadyExists);
         assert_eq!(details.code().as_i32(), 6);
+    }
+
+    #[test]
+    fn an_error_may_have_applied_only_where_the_server_did_not_say_it_did_not() {
+        let unknown = Error::from_status(
+            Status::with_error_details(
+                Code::Unavailable,
+                "broke",
+                tonic_types::ErrorDetails::with_error_info("OUTCOME_UNKNOWN", "mayfly.v1", []),
+            ),
+            "here",
+        );
+        let refusing = Error::from_status(
+            Status::with_error_details(
+                Code::Unavailable,
+                "disk full",
+                tonic_types::ErrorDetails::with_error_info("STORAGE_UNAVAILABLE", "mayfly.v1", []),
+            ),
+            "here",
+        );
+        let cases = [
+            (Error::timeout(Duration::from_secs(1)), true),
+            (unknown, true),
+            (
+                Error::from_status(Status::unavailable("proxy"), "here"),
+                true,
+            ),
+            (Error::from_status(Status::internal("oops"), "here"), true),
+            (Error::from_status(Status::cancelled("gone"), "here"), true),
+            (refusing, false),
+            (
+                Error::from_status(Status::already_exists("there"), "here"),
+                false,
+            ),
+            (Error::from_status(Status::not_found("none"), "here"), false),
+            (
+                Error::from_status(Status::failed_precondition("etag"), "here"),
+                false,
+            ),
+            (
+                Error::from_status(Status::resource_exhausted("slow"), "here"),
+                false,
+            ),
+            (Error::invalid("bad", None), false),
+        ];
+        for (error, may) in cases {
+            assert_eq!(error.may_have_applied(), may, "{error:?}");
+            assert!(!(may && error.is_retryable()), "never both: {error:?}");
+        }
     }
 
     #[test]
