@@ -12,14 +12,14 @@ use mayfly_proto::{
     json::JsonObject,
     v1::{
         BatchCreate, BatchOperation, BatchPatch, BatchRead, CreateDocumentRequest,
-        ExecuteBatchRequest, PatchDocumentRequest, PatchIncrement, PatchOperation, PatchValue,
-        ReadFeedRequest,
+        ExecuteBatchRequest, PatchDocumentRequest, PatchOperation, PatchValue, ReadFeedRequest,
         client::DocumentsClient,
-        oneofs::{BatchOp, PatchIncrementBy, PatchOp},
+        oneofs::{BatchOp, PatchOp},
     },
 };
 use serde_json::{Map, Value, json};
 use support::clients::{channel, clients, database_and_collection, string_pk};
+use support::patch_ops::incr;
 use tonic::{Code, Status, transport::Channel};
 use tonic_types::StatusExt;
 
@@ -29,15 +29,6 @@ fn object(value: Value) -> JsonObject {
     match value {
         Value::Object(map) => JsonObject::new(map),
         other => panic!("object expected, got {other}"),
-    }
-}
-
-fn incr(path: &str, by: i64) -> PatchOperation {
-    PatchOperation {
-        op: Some(PatchOp::Incr(PatchIncrement {
-            path: path.into(),
-            by: Some(PatchIncrementBy::Integer(by)),
-        })),
     }
 }
 

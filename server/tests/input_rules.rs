@@ -11,11 +11,12 @@ use mayfly_proto::{
     v1::{
         BatchCreate, BatchOperation, BatchPatch, CreateCollectionRequest, CreateDatabaseRequest,
         CreateDocumentRequest, ExecuteBatchRequest, PartitionKey, PatchDocumentRequest,
-        PatchIncrement, PatchOperation, PatchValue, QueryRequest, ReadDocumentRequest,
-        oneofs::{BatchOp, PartitionKeyKind, PatchIncrementBy, PatchOp},
+        PatchOperation, QueryRequest, ReadDocumentRequest,
+        oneofs::{BatchOp, PartitionKeyKind},
     },
 };
 use serde_json::{Map, Value, json};
+use support::patch_ops::{incr, set};
 use support::{
     Mayfly,
     clients::{self, Clients, database_and_collection, string_pk},
@@ -96,24 +97,6 @@ fn patch(id: &str, operations: Vec<PatchOperation>) -> PatchDocumentRequest {
         partition_key: Some(string_pk("p")),
         operations,
         ..Default::default()
-    }
-}
-
-fn incr(path: &str, by: i64) -> PatchOperation {
-    PatchOperation {
-        op: Some(PatchOp::Incr(PatchIncrement {
-            path: path.into(),
-            by: Some(PatchIncrementBy::Integer(by)),
-        })),
-    }
-}
-
-fn set(path: &str, value: Value) -> PatchOperation {
-    PatchOperation {
-        op: Some(PatchOp::Set(PatchValue {
-            path: path.into(),
-            value: Some(JsonValue::new(value)),
-        })),
     }
 }
 

@@ -7,17 +7,16 @@ mod support;
 use std::time::Duration;
 
 use mayfly_proto::{
-    json::{JsonObject, JsonValue},
+    json::JsonObject,
     v1::{
         BatchOperation, BatchPatch, CreateCollectionRequest, CreateDocumentRequest,
-        ExecuteBatchRequest, PatchDocumentRequest, PatchIncrement, PatchOperation, PatchValue,
-        ReadDocumentRequest,
-        client::DocumentsClient,
-        oneofs::{BatchOp, PatchIncrementBy, PatchOp},
+        ExecuteBatchRequest, PatchDocumentRequest, PatchOperation, ReadDocumentRequest,
+        client::DocumentsClient, oneofs::BatchOp,
     },
 };
 use serde_json::{Map, Value, json};
 use support::clients::{connect, database_and_collection, string_pk};
+use support::patch_ops::{incr, set};
 use tonic::{Code, Response, Status, transport::Channel};
 use tonic_types::StatusExt;
 
@@ -25,24 +24,6 @@ fn object(value: Value) -> JsonObject {
     match value {
         Value::Object(map) => JsonObject::new(map),
         other => panic!("object expected, got {other}"),
-    }
-}
-
-fn incr(path: &str, by: i64) -> PatchOperation {
-    PatchOperation {
-        op: Some(PatchOp::Incr(PatchIncrement {
-            path: path.into(),
-            by: Some(PatchIncrementBy::Integer(by)),
-        })),
-    }
-}
-
-fn set(path: &str, value: Value) -> PatchOperation {
-    PatchOperation {
-        op: Some(PatchOp::Set(PatchValue {
-            path: path.into(),
-            value: Some(JsonValue::new(value)),
-        })),
     }
 }
 
