@@ -96,6 +96,7 @@ impl Bench {
                                 body: Some(JsonObject::new(body)),
                                 partition_key: None,
                                 ttl: None,
+                                ..Default::default()
                             })
                             .await?;
                     }
@@ -207,6 +208,7 @@ impl Bench {
                 condition: String::new(),
                 create_if_missing: None,
                 create_parents: false,
+                ..Default::default()
             })
             .await
             .map(drop)
@@ -233,6 +235,7 @@ impl Bench {
                     body: Some(JsonObject::new(body)),
                     ttl: None,
                     if_match: doc.etag,
+                    ..Default::default()
                 })
                 .await;
             match replaced {

@@ -381,6 +381,7 @@ impl Bench {
             body: Some(JsonObject::new(body)),
             partition_key: None,
             ttl: Some(ttl),
+            ..Default::default()
         }
     }
 

@@ -139,6 +139,7 @@ pub struct Batch<'a> {
     ops: Vec<BatchOperation>,
     /// The first mistake made building it, reported when it is sent.
     error: Option<Error>,
+    idempotency_key: Option<String>,
 }
 
 impl<'a> Batch<'a> {
@@ -148,7 +149,18 @@ impl<'a> Batch<'a> {
             partition_key,
             ops: Vec::new(),
             error: None,
+            idempotency_key: None,
         }
+    }
+
+    /// Sends the batch with an idempotency key (a batch of reads only is not remembered: reads are safe to repeat): the server applies it at most once while it
+    /// remembers the key (10 minutes by default), so the client's retry policy sends it again
+    /// after any failure, a timeout or a broken connection included, and a second copy gets
+    /// the first answer. Use a new key per logical write ([`new_idempotency_key`](crate::new_idempotency_key)); see the
+    /// crate's "Idempotency keys".
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
     }
 
     fn push(mut self, op: BatchOp) -> Self {
@@ -506,6 +518,7 @@ impl<'a> IntoFuture for Batch<'a> {
                 partition_key,
                 ops,
                 error,
+                idempotency_key,
             } = self;
             if let Some(e) = error {
                 return Err(e);
@@ -524,7 +537,8 @@ impl<'a> IntoFuture for Batch<'a> {
                 Call::Idempotent
             } else {
                 Call::Once
-            };
+            }
+            .keyed(&idempotency_key);
             // Which results may come without a document.
             let kinds: Vec<bool> = ops
                 .iter()
@@ -535,6 +549,7 @@ impl<'a> IntoFuture for Batch<'a> {
                 collection: collection.id.clone(),
                 partition_key: Some(partition_key.into_proto()),
                 operations: ops,
+                idempotency_key: idempotency_key.clone().unwrap_or_default(),
             };
             let client = &collection.client;
             let response = client

@@ -496,6 +496,19 @@ pub(crate) enum Call {
     /// could apply it twice (a patch `incr`, a batch) or report its own first try as a
     /// conflict (any write with `if_match`, which `update` would then apply again).
     Once,
+    /// A write with an idempotency key: the server applies it at most once, so it is sent
+    /// again after any failure a retry could mend, a timeout included.
+    Keyed,
+}
+
+impl Call {
+    /// [`Call::Keyed`] if the write has an idempotency key, else this.
+    pub(crate) fn keyed(self, key: &Option<String>) -> Call {
+        match key {
+            Some(_) => Call::Keyed,
+            None => self,
+        }
+    }
 }
 
 impl Client {

@@ -589,9 +589,11 @@ impl Collection {
             self,
             item.id(),
             item.partition_key(),
-            mayfly_proto::json::JsonObject::new(body),
-            item.ttl().to_wire(),
-            Some(item.etag().to_owned()),
+            (
+                mayfly_proto::json::JsonObject::new(body),
+                item.ttl().to_wire(),
+            ),
+            (Some(item.etag().to_owned()), None),
         )
         .await
     }

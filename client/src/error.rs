@@ -432,6 +432,16 @@ reasons! {
     /// Other writes changed a batch's documents during each of its attempts on the server;
     /// nothing was applied and it may be sent again (status `ABORTED`).
     Contended = "CONTENDED",
+    /// The idempotency key was used for a different request while the server remembers it;
+    /// nothing was applied (status `INVALID_ARGUMENT`). Use a new key for a new request.
+    IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED",
+    /// The request with this idempotency key was applied before and its first answer is no
+    /// longer kept (the server restarted since, or many answers came after it); nothing was
+    /// applied now (status `ALREADY_EXISTS`, so [`Error::Conflict`]).
+    RequestAlreadyApplied = "REQUEST_ALREADY_APPLIED",
+    /// The server remembers as many idempotency keys as it may; nothing was applied, and the
+    /// request may be sent again later (status `RESOURCE_EXHAUSTED`).
+    IdempotencyKeysFull = "IDEMPOTENCY_KEYS_FULL",
     /// The server needs a key or token and none was sent.
     MissingCredentials = "MISSING_CREDENTIALS",
     /// The key or token is not valid.

@@ -46,6 +46,37 @@
 //! worth sending again is [`Error::is_retryable`], and which requests the client sends again
 //! by itself is [`RetryPolicy`].
 //!
+//! # Idempotency keys
+//!
+//! A write whose answer was lost (a timeout, a broken connection: [`Error::may_have_applied`])
+//! may or may not have been applied. Send it with an idempotency key and sending it again is
+//! safe: every write, patch and batch takes `.idempotency_key(key)`, the server applies a
+//! request at most once while it remembers its key (10 minutes by default, per collection and
+//! partition, kept across restarts), and a copy of an applied request gets the first answer
+//! again. The client's [`RetryPolicy`] then retries keyed writes after timeouts and broken
+//! connections too. After a server restart (or once many newer answers took its place) the
+//! answer itself is gone and a copy fails with [`Error::Conflict`], reason
+//! [`Reason::RequestAlreadyApplied`]: applied once, nothing applied now. The same key with a
+//! different request is [`Reason::IdempotencyKeyReused`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+//! # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+//! # let db = client.create_database("app").await?;
+//! # let carts = db.create_collection("carts", "/user").await?;
+//! use mayfly_client::{PatchOps, new_idempotency_key};
+//! carts.create(&serde_json::json!({"id": "c1", "user": "ann", "apples": 0})).await?;
+//! let key = new_idempotency_key(); // one per logical write, reused by each of its tries
+//! for _ in 0..3 {
+//!     carts.patch("c1", "ann").ops(PatchOps::new().incr("/apples", 1)).idempotency_key(&key).await?;
+//! }
+//! let cart = carts.read("c1", "ann").await?.expect("there");
+//! assert_eq!(cart.body()["apples"], 1); // applied once
+//! # Ok(()) }
+//! ```
+//!
 //! # Connections
 //!
 //! [`Client::builder`] sets a connect timeout (5 s), a per-request timeout (30 s, failing
@@ -117,7 +148,7 @@ pub use query::{Query, QueryMetrics, QueryPage, QueryResults};
 pub use requests::{
     CreateDocument, DeleteDocument, ReplaceDocument, TouchDocument, UpsertDocument,
 };
-pub use retry::RetryPolicy;
+pub use retry::{RetryPolicy, new_idempotency_key};
 pub use tls::Tls;
 /// The streams of feeds and queries, and their combinators (`next`, `map`, `collect`, ...),
 /// re-exported from `tokio-stream` so that consuming them needs no dependency of its own.

@@ -302,6 +302,7 @@ pub struct Patch<'a> {
     condition: Option<String>,
     create_if_missing: Option<Result<Map<String, Value>, Error>>,
     create_parents: bool,
+    idempotency_key: Option<String>,
 }
 
 impl<'a> Patch<'a> {
@@ -315,7 +316,18 @@ impl<'a> Patch<'a> {
             condition: None,
             create_if_missing: None,
             create_parents: false,
+            idempotency_key: None,
         }
+    }
+
+    /// Sends the write with an idempotency key: the server applies it at most once while it
+    /// remembers the key (10 minutes by default), so the client's retry policy sends it again
+    /// after any failure, a timeout or a broken connection included, and a second copy gets
+    /// the first answer. Use a new key per logical write ([`new_idempotency_key`](crate::new_idempotency_key)); see the
+    /// crate's "Idempotency keys".
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
     }
 
     /// Adds the operations of `ops` after those already added.
@@ -602,6 +614,7 @@ impl<'a> IntoFuture for Patch<'a> {
                 condition,
                 create_if_missing,
                 create_parents,
+                idempotency_key,
             } = self;
             let request = PatchDocumentRequest {
                 database: collection.database.clone(),
@@ -613,10 +626,11 @@ impl<'a> IntoFuture for Patch<'a> {
                 condition: condition.unwrap_or_default(),
                 create_if_missing: create_if_missing.transpose()?.map(json::JsonObject::new),
                 create_parents,
+                idempotency_key: idempotency_key.clone().unwrap_or_default(),
             };
             let client = &collection.client;
             let answer = client
-                .call_response(Call::Once, || {
+                .call_response(Call::Once.keyed(&idempotency_key), || {
                     let mut documents = client.documents.clone();
                     let request = request.clone();
                     async move { documents.patch_document(request).await }

@@ -84,6 +84,7 @@ pub struct CreateDocument<'a> {
     body: Result<Map<String, Value>, Error>,
     ttl: Option<DocumentTtl>,
     partition_key: Option<PartitionKey>,
+    idempotency_key: Option<String>,
 }
 
 impl<'a> CreateDocument<'a> {
@@ -93,6 +94,7 @@ impl<'a> CreateDocument<'a> {
             body,
             ttl: None,
             partition_key: None,
+            idempotency_key: None,
         }
     }
 
@@ -133,6 +135,16 @@ impl<'a> CreateDocument<'a> {
         self.partition_key = Some(partition_key.into());
         self
     }
+
+    /// Sends the write with an idempotency key: the server applies it at most once while it
+    /// remembers the key (10 minutes by default), so the client's retry policy sends it again
+    /// after any failure, a timeout or a broken connection included, and a second copy gets
+    /// the first answer. Use a new key per logical write ([`new_idempotency_key`](crate::new_idempotency_key)); see the
+    /// crate's "Idempotency keys".
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
 }
 
 impl<'a> IntoFuture for CreateDocument<'a> {
@@ -146,6 +158,7 @@ impl<'a> IntoFuture for CreateDocument<'a> {
                 body,
                 ttl,
                 partition_key,
+                idempotency_key,
             } = self;
             let (body, ttl) = body_and_ttl(body, ttl)?;
             let request = CreateDocumentRequest {
@@ -154,10 +167,11 @@ impl<'a> IntoFuture for CreateDocument<'a> {
                 body: Some(body),
                 partition_key: partition_key.map(PartitionKey::into_proto),
                 ttl,
+                idempotency_key: idempotency_key.clone().unwrap_or_default(),
             };
             let client = &collection.client;
             let document = client
-                .call(Call::Write, || {
+                .call(Call::Write.keyed(&idempotency_key), || {
                     let mut documents = client.documents.clone();
                     let request = request.clone();
                     async move { documents.create_document(request).await }
@@ -177,6 +191,7 @@ pub struct UpsertDocument<'a> {
     ttl: Option<DocumentTtl>,
     partition_key: Option<PartitionKey>,
     if_match: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 impl<'a> UpsertDocument<'a> {
@@ -187,6 +202,7 @@ impl<'a> UpsertDocument<'a> {
             ttl: None,
             partition_key: None,
             if_match: None,
+            idempotency_key: None,
         }
     }
 
@@ -248,6 +264,16 @@ impl<'a> UpsertDocument<'a> {
         self.if_match = Some(etag.to_owned());
         self
     }
+
+    /// Sends the write with an idempotency key: the server applies it at most once while it
+    /// remembers the key (10 minutes by default), so the client's retry policy sends it again
+    /// after any failure, a timeout or a broken connection included, and a second copy gets
+    /// the first answer. Use a new key per logical write ([`new_idempotency_key`](crate::new_idempotency_key)); see the
+    /// crate's "Idempotency keys".
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
 }
 
 impl<'a> IntoFuture for UpsertDocument<'a> {
@@ -262,6 +288,7 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
                 ttl,
                 partition_key,
                 if_match,
+                idempotency_key,
             } = self;
             let (body, ttl) = body_and_ttl(body, ttl)?;
             let request = UpsertDocumentRequest {
@@ -271,10 +298,11 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
                 partition_key: partition_key.map(PartitionKey::into_proto),
                 ttl,
                 if_match: if_match.unwrap_or_default(),
+                idempotency_key: idempotency_key.clone().unwrap_or_default(),
             };
             let client = &collection.client;
             let v1::UpsertDocumentResponse { document, outcome } = client
-                .call(Call::Write, || {
+                .call(Call::Write.keyed(&idempotency_key), || {
                     let mut documents = client.documents.clone();
                     let request = request.clone();
                     async move { documents.upsert_document(request).await }
@@ -305,6 +333,7 @@ pub struct ReplaceDocument<'a> {
     body: Result<Map<String, Value>, Error>,
     ttl: Option<DocumentTtl>,
     if_match: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 impl<'a> ReplaceDocument<'a> {
@@ -321,6 +350,7 @@ impl<'a> ReplaceDocument<'a> {
             body,
             ttl: None,
             if_match: None,
+            idempotency_key: None,
         }
     }
 
@@ -366,6 +396,16 @@ impl<'a> ReplaceDocument<'a> {
         self.if_match = Some(etag.to_owned());
         self
     }
+
+    /// Sends the write with an idempotency key: the server applies it at most once while it
+    /// remembers the key (10 minutes by default), so the client's retry policy sends it again
+    /// after any failure, a timeout or a broken connection included, and a second copy gets
+    /// the first answer. Use a new key per logical write ([`new_idempotency_key`](crate::new_idempotency_key)); see the
+    /// crate's "Idempotency keys".
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
 }
 
 impl<'a> IntoFuture for ReplaceDocument<'a> {
@@ -381,10 +421,12 @@ impl<'a> IntoFuture for ReplaceDocument<'a> {
                 body,
                 ttl,
                 if_match,
+                idempotency_key,
             } = self;
             if ttl != Some(DocumentTtl::Keep) {
                 let (body, ttl) = body_and_ttl(body, ttl)?;
-                return send_replace(collection, &id, &partition_key, body, ttl, if_match).await;
+                let send = (if_match, idempotency_key);
+                return send_replace(collection, &id, &partition_key, (body, ttl), send).await;
             }
             // Keep: the TTL of the version overwritten, made sure of by writing with if_match
             // on the version read.
@@ -398,8 +440,8 @@ impl<'a> IntoFuture for ReplaceDocument<'a> {
                     return Err(stale(&id));
                 }
                 let (body, ttl) = body_and_ttl(Ok(body.clone()), Some(current.ttl()))?;
-                let etag = Some(current.etag().to_owned());
-                match send_replace(collection, &id, &partition_key, body, ttl, etag).await {
+                let send = (Some(current.etag().to_owned()), idempotency_key.clone());
+                match send_replace(collection, &id, &partition_key, (body, ttl), send).await {
                     Err(e)
                         if if_match.is_none()
                             && e.reason() == Some(&Reason::EtagMismatch)
@@ -428,9 +470,8 @@ pub(crate) async fn send_replace(
     collection: &Collection,
     id: &str,
     partition_key: &PartitionKey,
-    body: JsonObject,
-    ttl: Option<i64>,
-    if_match: Option<String>,
+    (body, ttl): (JsonObject, Option<i64>),
+    (if_match, idempotency_key): (Option<String>, Option<String>),
 ) -> Result<ReplaceOutcome, Error> {
     let request = ReplaceDocumentRequest {
         database: collection.database.clone(),
@@ -440,6 +481,7 @@ pub(crate) async fn send_replace(
         body: Some(body),
         ttl,
         if_match: if_match.unwrap_or_default(),
+        idempotency_key: idempotency_key.clone().unwrap_or_default(),
     };
     // With if_match (every replace of `update` and `Keep`), a second try after a first that
     // landed would fail on its own etag, and `update` would apply its change again.
@@ -448,6 +490,7 @@ pub(crate) async fn send_replace(
     } else {
         Call::Once
     };
+    let call = call.keyed(&idempotency_key);
     let client = &collection.client;
     let written = client
         .call(call, || {
@@ -470,6 +513,7 @@ pub struct TouchDocument<'a> {
     id: String,
     partition_key: PartitionKey,
     if_match: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 impl<'a> TouchDocument<'a> {
@@ -479,6 +523,7 @@ impl<'a> TouchDocument<'a> {
             id: id.to_owned(),
             partition_key,
             if_match: None,
+            idempotency_key: None,
         }
     }
 
@@ -500,6 +545,16 @@ impl<'a> TouchDocument<'a> {
         self.if_match = Some(etag.to_owned());
         self
     }
+
+    /// Sends the write with an idempotency key: the server applies it at most once while it
+    /// remembers the key (10 minutes by default), so the client's retry policy sends it again
+    /// after any failure, a timeout or a broken connection included, and a second copy gets
+    /// the first answer. Use a new key per logical write ([`new_idempotency_key`](crate::new_idempotency_key)); see the
+    /// crate's "Idempotency keys".
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
 }
 
 impl<'a> IntoFuture for TouchDocument<'a> {
@@ -513,14 +568,16 @@ impl<'a> IntoFuture for TouchDocument<'a> {
                 id,
                 partition_key,
                 if_match,
+                idempotency_key,
             } = self;
-            let call = call_for(&if_match);
+            let call = call_for(&if_match).keyed(&idempotency_key);
             let request = TouchDocumentRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
                 id,
                 partition_key: Some(partition_key.into_proto()),
                 if_match: if_match.unwrap_or_default(),
+                idempotency_key: idempotency_key.clone().unwrap_or_default(),
             };
             let client = &collection.client;
             let touched = client
@@ -546,6 +603,7 @@ pub struct DeleteDocument<'a> {
     id: String,
     partition_key: PartitionKey,
     if_match: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 impl<'a> DeleteDocument<'a> {
@@ -555,6 +613,7 @@ impl<'a> DeleteDocument<'a> {
             id: id.to_owned(),
             partition_key,
             if_match: None,
+            idempotency_key: None,
         }
     }
 
@@ -575,6 +634,16 @@ impl<'a> DeleteDocument<'a> {
         self.if_match = Some(etag.to_owned());
         self
     }
+
+    /// Sends the write with an idempotency key: the server applies it at most once while it
+    /// remembers the key (10 minutes by default), so the client's retry policy sends it again
+    /// after any failure, a timeout or a broken connection included, and a second copy gets
+    /// the first answer. Use a new key per logical write ([`new_idempotency_key`](crate::new_idempotency_key)); see the
+    /// crate's "Idempotency keys".
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
 }
 
 impl<'a> IntoFuture for DeleteDocument<'a> {
@@ -588,14 +657,16 @@ impl<'a> IntoFuture for DeleteDocument<'a> {
                 id,
                 partition_key,
                 if_match,
+                idempotency_key,
             } = self;
-            let call = call_for(&if_match);
+            let call = call_for(&if_match).keyed(&idempotency_key);
             let request = DeleteDocumentRequest {
                 database: collection.database.clone(),
                 collection: collection.id.clone(),
                 id,
                 partition_key: Some(partition_key.into_proto()),
                 if_match: if_match.unwrap_or_default(),
+                idempotency_key: idempotency_key.clone().unwrap_or_default(),
             };
             let client = &collection.client;
             let deleted = client

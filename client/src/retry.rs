@@ -20,6 +20,10 @@ use crate::{client::Call, error::Error};
 /// | it may have been applied (the connection broke, `OUTCOME_UNKNOWN`) | yes | only with [`RetryPolicy::retry_writes`] | never: an `incr` would count twice, an `if_match` write report its own first try as a conflict |
 /// | [`Error::Timeout`] | no | no | no |
 ///
+/// A write sent with an idempotency key (`.idempotency_key(..)` on any write, patch or batch)
+/// is sent again after every failure of the first two rows and after [`Error::Timeout`]: the
+/// server applies it at most once, and answers a copy of an applied request as the first time.
+///
 /// The next page of a feed or query is not sent again: a broken stream is resumed from its
 /// continuation by the caller.
 ///
@@ -121,9 +125,10 @@ impl RetryPolicy {
         let maybe_applied = matches!(error, Error::Unavailable(_));
         attempt < self.max_attempts
             && (error.is_retryable()
+                || call == Call::Keyed && error.may_have_applied()
                 || maybe_applied
                     && match call {
-                        Call::Idempotent => true,
+                        Call::Idempotent | Call::Keyed => true,
                         Call::Write => self.retry_writes,
                         Call::Once => false,
                     })
@@ -137,6 +142,22 @@ impl RetryPolicy {
         let ceiling = doubled.min(self.max_delay);
         ceiling / 2 + jitter(ceiling / 2)
     }
+}
+
+/// A new idempotency key: 32 hex digits, random (from std's per-hasher random keys, seeded by
+/// the operating system), so that two writes never share one by chance. Make one per logical
+/// write and send every try of that write with it.
+///
+/// ```
+/// let key = mayfly_client::new_idempotency_key();
+/// assert_eq!(key.len(), 32);
+/// assert_ne!(key, mayfly_client::new_idempotency_key());
+/// ```
+pub fn new_idempotency_key() -> String {
+    let now = std::time::SystemTime::now();
+    let high = RandomState::new().hash_one(now);
+    let low = RandomState::new().hash_one((now, high));
+    format!("{high:016x}{low:016x}")
 }
 
 /// A random duration from zero to `max`: spreads the retries of clients that failed together.

@@ -452,6 +452,7 @@ async fn requests_the_typed_client_cannot_make() {
             body: None,
             partition_key: None,
             ttl: None,
+            ..Default::default()
         })
         .await
         .expect_err("no body");
@@ -464,6 +465,7 @@ async fn requests_the_typed_client_cannot_make() {
             body: Some(body.as_object().expect("object").clone().into()),
             partition_key: None,
             ttl: Some(6),
+            ..Default::default()
         })
         .await
         .expect_err("two different ttls");

@@ -284,6 +284,7 @@ pub fn document(data: &[u8]) {
                 .as_ref()
                 .map(crate::grpc::convert::partition_key_proto),
             ttl: ttl_field,
+            idempotency_key: String::new(),
         };
         edge_create(request, Some(expected));
     }
@@ -1041,6 +1042,7 @@ fn delete(f: &Fixture, collection: &str, doc: v1::Document) {
         id: doc.id,
         partition_key: doc.partition_key,
         if_match: String::new(),
+        idempotency_key: String::new(),
     };
     f.block_on(f.documents.delete_document(Request::new(request)))
         .expect("a created document deletes");

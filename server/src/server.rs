@@ -11,7 +11,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use crate::{
     auth::{Authenticator, KeyRing, SecretsDir, random_secret, secret_bytes},
     current_engine::CurrentEngine,
-    engine::{self, Engine, EngineConfig, EngineMetrics, SystemClock, TokenKey},
+    engine::{self, Engine, EngineConfig, EngineMetrics, IdempotencyConfig, SystemClock, TokenKey},
     grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
     net::{
@@ -168,7 +168,7 @@ impl RunningServer {
             None => None,
         };
         let engine =
-            open_engine_blocking(&config.storage, config.limits.page_bytes, Arc::default()).await?;
+            open_engine_blocking(&config.storage, (&config.limits).into(), Arc::default()).await?;
         // After the storage: the data directory is created and locked by then.
         let auth = authenticator(&config.auth, &config.storage)?;
         let engine = CurrentEngine::new(engine);
@@ -271,11 +271,11 @@ fn authenticator(auth: &AuthConfig, storage: &StorageConfig) -> Result<Authentic
 /// [`open_engine`] on a blocking thread.
 async fn open_engine_blocking(
     storage: &StorageConfig,
-    page_bytes: usize,
+    settings: EngineSettings,
     metrics: Arc<EngineMetrics>,
 ) -> Result<Engine, ServeError> {
     let storage = storage.clone();
-    tokio::task::spawn_blocking(move || open_engine(&storage, page_bytes, metrics))
+    tokio::task::spawn_blocking(move || open_engine(&storage, settings, metrics))
         .await
         .map_err(|e| ServeError::Io(io::Error::other(e)))?
 }
@@ -284,7 +284,7 @@ async fn open_engine_blocking(
 /// own: the engine serves correctly while it runs.
 fn open_engine(
     storage: &StorageConfig,
-    page_bytes: usize,
+    settings: EngineSettings,
     metrics: Arc<EngineMetrics>,
 ) -> Result<Engine, ServeError> {
     let (storage, shards): (Arc<dyn Storage>, usize) = match storage {
@@ -295,15 +295,37 @@ fn open_engine(
         StorageConfig::Disk(options) => {
             let disk = DiskStorage::open(options).map_err(ServeError::Storage)?;
             let shards = disk.shard_count();
-            let mut config = EngineConfig::new(shards);
+            let mut config = settings.config(shards);
             config.token_key = continuation_key(&options.path)?;
-            config.page_bytes = page_bytes;
             return load_engine(Arc::new(disk), config, metrics);
         }
     };
-    let mut config = EngineConfig::new(shards);
-    config.page_bytes = page_bytes;
-    load_engine(storage, config, metrics)
+    load_engine(storage, settings.config(shards), metrics)
+}
+
+/// What the server's limits set in its engine.
+#[derive(Debug, Clone, Copy)]
+struct EngineSettings {
+    page_bytes: usize,
+    idempotency: IdempotencyConfig,
+}
+
+impl From<&Limits> for EngineSettings {
+    fn from(limits: &Limits) -> Self {
+        EngineSettings {
+            page_bytes: limits.page_bytes,
+            idempotency: limits.idempotency,
+        }
+    }
+}
+
+impl EngineSettings {
+    fn config(self, shards: usize) -> EngineConfig {
+        let mut config = EngineConfig::new(shards);
+        config.page_bytes = self.page_bytes;
+        config.idempotency = self.idempotency;
+        config
+    }
 }
 
 /// The data directory's secret for continuation tokens (made on first start), so that a
@@ -401,7 +423,7 @@ pub async fn serve(
     let storage_watch = tokio::spawn(keep_storage_writable(
         current.clone(),
         storage,
-        limits.page_bytes,
+        (&limits).into(),
         health.clone(),
     ));
 
@@ -532,7 +554,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 async fn keep_storage_writable(
     current: CurrentEngine,
     storage: StorageConfig,
-    page_bytes: usize,
+    settings: EngineSettings,
     health: HealthReporter,
 ) {
     let Ok(mut engine) = current.get() else {
@@ -571,7 +593,7 @@ async fn keep_storage_writable(
         // locks) for a moment: opening is retried until they are done.
         let mut backoff = Backoff::new();
         engine = loop {
-            match open_engine_blocking(&storage, page_bytes, current.metrics().clone()).await {
+            match open_engine_blocking(&storage, settings, current.metrics().clone()).await {
                 Ok(engine) => break engine,
                 Err(e) => backoff.note(&e.to_string()),
             }
@@ -661,7 +683,7 @@ mod tests {
         let watch = tokio::spawn(keep_storage_writable(
             current.clone(),
             StorageConfig::Disk(options),
-            engine::MAX_PAGE_BYTES,
+            (&Limits::default()).into(),
             health,
         ));
         let database = |id: &str| ResourceId::parse(IdKind::Database, id).expect("valid");

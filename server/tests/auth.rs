@@ -212,6 +212,7 @@ async fn call(
                     body: body("x", pk.unwrap_or("p1")),
                     partition_key: partition,
                     ttl: None,
+                    ..Default::default()
                 },
             ))
             .await
@@ -268,6 +269,7 @@ async fn call(
                     id: "absent".into(),
                     partition_key: doc_pk(),
                     if_match: String::new(),
+                    ..Default::default()
                 },
             ))
             .await
@@ -282,6 +284,7 @@ async fn call(
                     id: "absent".into(),
                     partition_key: doc_pk(),
                     if_match: String::new(),
+                    ..Default::default()
                 },
             ))
             .await
@@ -318,6 +321,7 @@ async fn call(
                             ttl: None,
                         })),
                     }],
+                    ..Default::default()
                 },
             ))
             .await

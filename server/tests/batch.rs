@@ -75,6 +75,7 @@ fn batch(pk: &str, operations: Vec<BatchOperation>) -> ExecuteBatchRequest {
         collection: "c".into(),
         partition_key: Some(string_pk(pk)),
         operations,
+        ..Default::default()
     }
 }
 

@@ -159,6 +159,7 @@ async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: 
                     id: id.clone(),
                     partition_key: pk(&id),
                     if_match: String::new(),
+                    ..Default::default()
                 })
                 .await;
             let mut ledger = ledger.lock().expect("ledger");
@@ -215,6 +216,7 @@ async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: 
                 partition_key: None,
                 ttl,
                 if_match: String::new(),
+                ..Default::default()
             })
             .await;
         match result {

@@ -122,6 +122,7 @@ fn batch(operations: Vec<BatchOperation>) -> ExecuteBatchRequest {
         collection: "c".into(),
         partition_key: Some(string_pk("p")),
         operations,
+        ..Default::default()
     }
 }
 

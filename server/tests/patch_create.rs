@@ -325,6 +325,7 @@ async fn a_checkout_batch_may_create_with_its_patch() {
                 ..Default::default()
             })),
         }],
+        ..Default::default()
     };
     for (expected_count, expected_created) in [(1, true), (2, false)] {
         let results = docs

@@ -141,6 +141,7 @@ impl Clients {
                 body: Some(JsonObject::new(object(body.clone()))),
                 partition_key: None,
                 ttl,
+                ..Default::default()
             })
             .await
             .unwrap_or_else(|e| panic!("create {body} in {database}/{collection}: {e:?}"))
@@ -173,6 +174,7 @@ impl Clients {
                 id: id.into(),
                 partition_key: Some(string_pk(pk)),
                 if_match: String::new(),
+                ..Default::default()
             })
             .await
             .unwrap_or_else(|e| panic!("touch {id}: {e:?}"))
@@ -187,6 +189,7 @@ impl Clients {
                 id: id.into(),
                 partition_key: Some(string_pk(pk)),
                 if_match: String::new(),
+                ..Default::default()
             })
             .await
             .unwrap_or_else(|e| panic!("delete {id}: {e:?}"));
@@ -921,6 +924,7 @@ async fn etags_are_not_reused_after_a_restart_when_their_collection_was_deleted(
                     id: "a".into(),
                     partition_key: Some(string_pk("p")),
                     if_match: old_a.etag.clone(),
+                    ..Default::default()
                 })
                 .await;
             assert_eq!(

@@ -145,6 +145,7 @@ impl Clients {
                 body: Some(JsonObject::new(body)),
                 partition_key: None,
                 ttl: None,
+                ..Default::default()
             })
             .await
             .map(drop)

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use crate::storage::DocKey;
 
 use super::{
-    CollectionPath, DocumentBody, DocumentId, DocumentView, Engine, Error, InvalidInput, Outcome,
-    PartitionKeyValue, PatchOp, PatchOptions, UpsertOutcome, condition::PatchCondition,
+    CollectionInfo, CollectionPath, DocumentBody, DocumentId, DocumentView, Engine, Error,
+    InvalidInput, Outcome, PartitionKeyValue, PatchOp, PatchOptions, UpsertOutcome,
+    condition::PatchCondition,
 };
 
 /// Most operations one batch may carry (Cosmos DB's limit).
@@ -122,21 +123,21 @@ impl Engine {
         partition_key: PartitionKeyValue,
         ops: &[BatchOp],
     ) -> Outcome<Vec<BatchOutput>> {
-        if ops.is_empty() || ops.len() > MAX_BATCH_OPERATIONS {
-            return Outcome::failed(InvalidInput::BatchSize {
-                count: ops.len(),
-                max: MAX_BATCH_OPERATIONS,
-            });
-        }
-        let info = match self.get_collection(path) {
-            Ok(info) => info,
-            Err(e) => return Outcome::failed(e),
-        };
-        // Bodies name their partition themselves: each must be the batch's.
+        self.keyed(None)
+            .execute_batch(path, partition_key, ops)
+            .map(|a| a.value)
+    }
+
+    /// Bodies name their partition themselves: each must be the batch's.
+    pub(super) fn check_batch(
+        info: &CollectionInfo,
+        partition_key: &PartitionKeyValue,
+        ops: &[BatchOp],
+    ) -> Result<(), Error> {
         for (index, op) in ops.iter().enumerate() {
             let checked = match op {
                 BatchOp::Create { body } | BatchOp::Upsert { body, .. } => {
-                    Self::key_for(&info, body, Some(partition_key.clone())).map(drop)
+                    Self::key_for(info, body, Some(partition_key.clone())).map(drop)
                 }
                 BatchOp::Replace { id, body, .. } if body.id() != id => {
                     Err(InvalidInput::IdMismatch {
@@ -145,7 +146,7 @@ impl Engine {
                     })
                 }
                 BatchOp::Replace { body, .. } => {
-                    Self::key_for(&info, body, Some(partition_key.clone())).map(drop)
+                    Self::key_for(info, body, Some(partition_key.clone())).map(drop)
                 }
                 BatchOp::Patch {
                     id,
@@ -161,19 +162,14 @@ impl Engine {
                         partition_key: partition_key.clone(),
                         id: id.clone(),
                     };
-                    Self::check_initial_body(&info, &key, initial, if_match.as_deref())
+                    Self::check_initial_body(info, &key, initial, if_match.as_deref())
                 }
                 _ => Ok(()),
             };
             if let Err(e) = checked {
-                return Outcome::failed(op.failed(index, e));
+                return Err(op.failed(index, e));
             }
         }
-        self.shard_for(info.uid, &partition_key).batch(
-            &info,
-            &partition_key,
-            ops,
-            &*self.inner.clock,
-        )
+        Ok(())
     }
 }

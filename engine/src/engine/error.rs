@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use super::clock::Millis;
 use crate::model::{Echo, InvalidInput, PartitionKeyValue};
 use crate::storage::{StorageError, StorageErrorKind};
 
@@ -74,6 +75,15 @@ pub enum Error {
     /// A continuation made under another plan (the collection's indexing policy changed
     /// since it was issued): resuming it would skip or repeat results.
     ContinuationStale { reason: &'static str },
+    /// An idempotency key remembered for another request (see [`super::idempotency`]);
+    /// nothing was changed.
+    KeyReused { key: String, applied_at: Millis },
+    /// The request with this idempotency key was applied before, and its answer is no longer
+    /// kept; nothing was changed now.
+    RequestApplied { key: String, applied_at: Millis },
+    /// The shard remembers as many idempotency keys as it may; nothing was changed, and the
+    /// request may be retried after `retry_after_ms`, when the oldest key is forgotten.
+    KeysFull { max: usize, retry_after_ms: Millis },
 }
 
 impl fmt::Display for Error {
@@ -154,6 +164,22 @@ impl fmt::Display for Error {
                 f,
                 "the continuation no longer applies: {reason}; start the query again without it"
             ),
+            Error::KeyReused { key, applied_at } => write!(
+                f,
+                "idempotency key '{}' was used at {} for a different request (another operation, document or body); a key names one request: use a new key for a new request",
+                Echo(key),
+                Rfc3339(*applied_at)
+            ),
+            Error::RequestApplied { key, applied_at } => write!(
+                f,
+                "the request with idempotency key '{}' was applied at {}, and its answer is no longer kept (the server restarted since, or newer answers took its place); nothing was changed now: read the documents for their current state",
+                Echo(key),
+                Rfc3339(*applied_at)
+            ),
+            Error::KeysFull { max, retry_after_ms } => write!(
+                f,
+                "the server remembers {max} idempotency keys for this partition's shard, its most; retry in {retry_after_ms} ms, when the oldest is forgotten, or send the write without a key"
+            ),
             Error::NotDurable(e) => write!(
                 f,
                 "the outcome is unknown: storage could not confirm it durable, so a write this request made or read may or may not survive a restart: {e}"
@@ -185,6 +211,21 @@ impl From<StorageError> for Error {
         match e.kind() {
             StorageErrorKind::OutcomeUnknown => Error::NotDurable(e),
             StorageErrorKind::Failed | StorageErrorKind::Unavailable => Error::Storage(e),
+        }
+    }
+}
+
+/// An instant (Unix epoch ms) written as RFC 3339 UTC, to the millisecond.
+struct Rfc3339(Millis);
+
+impl fmt::Display for Rfc3339 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = i64::try_from(self.0)
+            .ok()
+            .and_then(chrono::DateTime::from_timestamp_millis);
+        match at {
+            Some(at) => f.write_str(&at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            None => write!(f, "{} ms after the Unix epoch", self.0),
         }
     }
 }

@@ -15,8 +15,10 @@ mod document;
 mod error;
 mod expiry;
 mod feed;
+mod idempotency;
 mod index;
 mod indexer;
+mod keyed_writes;
 mod metrics;
 mod outcome;
 mod patch;
@@ -51,7 +53,12 @@ pub use cursor::QueryCursor;
 pub use document::{DocumentView, Etag, UpsertOutcome};
 pub use error::Error;
 pub use feed::{DEFAULT_PAGE_SIZE, FeedPage, FeedScope, MAX_PAGE_BYTES, MAX_PAGE_SIZE, page_size};
+pub use idempotency::{
+    Answered, DEFAULT_ANSWER_BYTES, DEFAULT_MAX_KEYS, DEFAULT_WINDOW_MS, IdempotencyConfig,
+    RequestKey,
+};
 pub use indexer::IndexerGuard;
+pub use keyed_writes::KeyedWrites;
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp, PatchOptions};
@@ -73,7 +80,7 @@ pub use crate::model::{
 // Submodules reach the shared modules by their old names.
 use crate::model::{partition_key, ttl};
 
-use self::{block_on::block_on, catalog::Catalog, document::WriteMode, feed::Cursor, shard::Shard};
+use self::{block_on::block_on, catalog::Catalog, feed::Cursor, shard::Shard};
 use crate::storage::{CatalogChange, DocKey, Lsn, Storage};
 
 /// Documents a collection deletion frees per hold of a shard lock.
@@ -98,6 +105,8 @@ pub struct EngineConfig {
     /// Where a feed or query page ends in bytes (it always holds at least one result): what
     /// a reader that stops reading can hold in memory per stream.
     pub page_bytes: usize,
+    /// How long idempotency keys are remembered, and how many (see [`IdempotencyConfig`]).
+    pub idempotency: IdempotencyConfig,
 }
 
 impl EngineConfig {
@@ -107,6 +116,7 @@ impl EngineConfig {
             shards,
             token_key: TokenKey::random(),
             page_bytes: MAX_PAGE_BYTES,
+            idempotency: IdempotencyConfig::default(),
         }
     }
 }
@@ -152,6 +162,7 @@ impl Engine {
         let versions = Arc::new(AtomicU64::new(1));
         let now = clock.now();
         let indexer_wake = Arc::new(tokio::sync::Notify::new());
+        let idempotency = config.idempotency.per_shard(config.shards);
         let shards = (0..config.shards.max(1))
             .map(|i| {
                 Arc::new(Shard::new(
@@ -159,7 +170,7 @@ impl Engine {
                     metrics.clone(),
                     versions.clone(),
                     indexer_wake.clone(),
-                    now,
+                    (now, idempotency),
                 ))
             })
             .collect();
@@ -568,16 +579,8 @@ impl Engine {
         body: DocumentBody,
         partition_key: Option<PartitionKeyValue>,
     ) -> Outcome<DocumentView> {
-        let info = match self.get_collection(path) {
-            Ok(info) => info,
-            Err(e) => return Outcome::failed(e),
-        };
-        match Self::key_for(&info, &body, partition_key) {
-            Ok(key) => self
-                .put(&info, key, body, WriteMode::Create, None)
-                .map(|(view, _)| view),
-            Err(e) => Outcome::failed(e),
-        }
+        let created = self.keyed(None).create_document(path, body, partition_key);
+        created.map(|a| a.value)
     }
 
     /// Creates or replaces a document.
@@ -588,23 +591,9 @@ impl Engine {
         partition_key: Option<PartitionKeyValue>,
         if_match: Option<&str>,
     ) -> Outcome<(UpsertOutcome, DocumentView)> {
-        let info = match self.get_collection(path) {
-            Ok(info) => info,
-            Err(e) => return Outcome::failed(e),
-        };
-        let key = match Self::key_for(&info, &body, partition_key) {
-            Ok(key) => key,
-            Err(e) => return Outcome::failed(e),
-        };
-        self.put(&info, key, body, WriteMode::Upsert, if_match)
-            .map(|(view, created)| {
-                let outcome = if created {
-                    UpsertOutcome::Created
-                } else {
-                    UpsertOutcome::Replaced
-                };
-                (outcome, view)
-            })
+        self.keyed(None)
+            .upsert_document(path, body, partition_key, if_match)
+            .map(|a| a.value)
     }
 
     /// Replaces a live document; its id and partition key must match the body's.
@@ -615,58 +604,9 @@ impl Engine {
         body: DocumentBody,
         if_match: Option<&str>,
     ) -> Outcome<DocumentView> {
-        let info = match self.get_collection(path) {
-            Ok(info) => info,
-            Err(e) => return Outcome::failed(e),
-        };
-        if body.id() != &key.id {
-            return Outcome::failed(InvalidInput::IdMismatch {
-                request: key.id.to_string(),
-                body: body.id().to_string(),
-            });
-        }
-        match Self::key_for(&info, &body, Some(key.partition_key)) {
-            Ok(body_key) => self
-                .put(&info, body_key, body, WriteMode::Replace, if_match)
-                .map(|(view, _)| view),
-            Err(e) => Outcome::failed(e),
-        }
-    }
-
-    fn put(
-        &self,
-        info: &CollectionInfo,
-        key: DocKey,
-        body: DocumentBody,
-        mode: WriteMode,
-        if_match: Option<&str>,
-    ) -> Outcome<(DocumentView, bool)> {
-        // Terms are computed here, outside the shard lock; the shard recomputes them only if
-        // the policy changed in between.
-        // The bound on terms is checked for `lazy` writes too, whose entries the background
-        // indexer writes later; their terms are not kept.
-        let policy = info.indexed_paths_arc();
-        let terms = match &policy {
-            Some(p) => match index::terms::bounded_document_terms(body.map(), p) {
-                Ok(terms) => terms,
-                Err(e) => return Outcome::failed(e),
-            },
-            None => Vec::new(),
-        };
-        let terms = (info.settings.indexing_mode() != IndexingMode::Lazy).then_some(terms);
-        let map = body.map().clone();
-        let (stored, ttl) = body.into_stored();
-        let shard = self.shard_for(info.uid, &key.partition_key);
-        shard.put(
-            info,
-            key,
-            (stored, &map, ttl),
-            (policy, terms),
-            mode,
-            if_match,
-            self.next_version(),
-            &*self.inner.clock,
-        )
+        self.keyed(None)
+            .replace_document(path, key, body, if_match)
+            .map(|a| a.value)
     }
 
     /// Applies `ops` to a live document as one write (new `_ts` and etag; `/ttl` may be set or
@@ -702,26 +642,13 @@ impl Engine {
         &self,
         path: &CollectionPath,
         key: &DocKey,
-        (ops, condition): (&[PatchOp], Option<&PatchCondition>),
+        patch: (&[PatchOp], Option<&PatchCondition>),
         if_match: Option<&str>,
         options: &PatchOptions,
     ) -> Outcome<(DocumentView, bool)> {
-        let info = match self.get_collection(path) {
-            Ok(info) => info,
-            Err(e) => return Outcome::failed(e),
-        };
-        if let Some(initial) = &options.create_if_missing
-            && let Err(e) = Self::check_initial_body(&info, key, initial, if_match)
-        {
-            return Outcome::failed(e);
-        }
-        self.shard_for(info.uid, &key.partition_key).patch(
-            &info,
-            key,
-            (ops, condition, options),
-            if_match,
-            &*self.inner.clock,
-        )
+        self.keyed(None)
+            .patch_document_with(path, key, patch, if_match, options)
+            .map(|a| a.value)
     }
 
     /// A patch's `create_if_missing` body is the document at `key`'s, and comes without an
@@ -764,15 +691,9 @@ impl Engine {
         key: &DocKey,
         if_match: Option<&str>,
     ) -> Outcome<()> {
-        match self.get_collection(path) {
-            Ok(info) => self.shard_for(info.uid, &key.partition_key).delete(
-                &info,
-                key,
-                if_match,
-                &*self.inner.clock,
-            ),
-            Err(e) => Outcome::failed(e),
-        }
+        self.keyed(None)
+            .delete_document(path, key, if_match)
+            .map(|a| a.value)
     }
 
     /// Restarts a live document's TTL clock: a write with its current body (new `_ts`, new etag).
@@ -782,16 +703,9 @@ impl Engine {
         key: &DocKey,
         if_match: Option<&str>,
     ) -> Outcome<DocumentView> {
-        match self.get_collection(path) {
-            Ok(info) => self.shard_for(info.uid, &key.partition_key).touch(
-                &info,
-                key,
-                if_match,
-                self.next_version(),
-                &*self.inner.clock,
-            ),
-            Err(e) => Outcome::failed(e),
-        }
+        self.keyed(None)
+            .touch_document(path, key, if_match)
+            .map(|a| a.value)
     }
 
     /// One page of a read feed, within `reads` (see [`QueryReads`]: an inline run that needs

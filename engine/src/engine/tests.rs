@@ -2438,6 +2438,7 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
 }
 
 mod batch;
+mod idempotency;
 
 /// A continuation holds a position in one plan's index entries: resumed under another plan
 /// (the indexing policy changed between pages) it would skip or repeat rows, so it is refused

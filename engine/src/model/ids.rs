@@ -16,6 +16,8 @@ pub enum IdKind {
     Collection,
     /// A document id.
     Document,
+    /// A write request's idempotency key (it follows the rules of a document id).
+    IdempotencyKey,
 }
 
 impl fmt::Display for IdKind {
@@ -24,6 +26,7 @@ impl fmt::Display for IdKind {
             IdKind::Database => "database",
             IdKind::Collection => "collection",
             IdKind::Document => "document",
+            IdKind::IdempotencyKey => "idempotency key",
         })
     }
 }

@@ -105,7 +105,10 @@ impl fmt::Display for InvalidInput {
                 f.write_str("Indexing mode value cannot be 'none' when 'defaultTtl' is specified in the collection")
             }
             InvalidInput::Id { kind, value, problem } => {
-                write!(f, "invalid {kind} id {:?}: ", Echo(value))?;
+                match kind {
+                    IdKind::IdempotencyKey => write!(f, "invalid {kind} {:?}: ", Echo(value))?,
+                    _ => write!(f, "invalid {kind} id {:?}: ", Echo(value))?,
+                }
                 match problem {
                     IdProblem::Separator(c) => write!(f, "it contains {c:?}; ids cannot contain '/', '\\', '?' or '#'"),
                     IdProblem::Control(c) => write!(

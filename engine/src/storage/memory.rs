@@ -160,6 +160,9 @@ impl ShardStore for MemoryShard {
                         c.remove_entries(&terms.iter().collect::<Vec<_>>(), key);
                     }
                 }
+                // Nothing here outlives the process: the engine's table is the only copy
+                // a memory server needs.
+                DocumentWrite::Remember { .. } | DocumentWrite::Forget { .. } => {}
             }
         }
         Ok(Lsn::ZERO)

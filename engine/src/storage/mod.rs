@@ -61,6 +61,30 @@ pub enum DocumentWrite<'a> {
         key: &'a DocKey,
         terms: &'a [Term],
     },
+    /// Remember a request by its idempotency key: `key.id` is the key, in the partition the
+    /// request wrote to (see the engine's `idempotency` module). Written in the batch of the
+    /// write it applied.
+    Remember {
+        collection: CollectionUid,
+        key: &'a DocKey,
+        record: RequestRecord,
+    },
+    /// Forget a remembered request (absent is not an error).
+    Forget {
+        collection: CollectionUid,
+        key: &'a DocKey,
+    },
+}
+
+/// What storage keeps of a request remembered by its idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// A digest of the request without its key.
+    pub fingerprint: [u8; 16],
+    /// When the write it applied was made (Unix epoch ms).
+    pub applied_at: Millis,
+    /// When the key is forgotten (Unix epoch ms).
+    pub forget_at: Millis,
 }
 
 /// The terms recorded for a document: what its index entries are.
@@ -370,6 +394,16 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
         &self,
         each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
     ) -> Result<(), StorageError>;
+
+    /// Calls `each` with every remembered request of this shard. A backend that keeps nothing
+    /// across restarts has none.
+    fn load_requests(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, RequestRecord),
+    ) -> Result<(), StorageError> {
+        let _ = each;
+        Ok(())
+    }
 
     /// A document's terms record, if it has one.
     fn get_terms(

@@ -6,6 +6,7 @@ use clap::{Parser, ValueEnum};
 use mayfly_server::{
     AuthConfig, Config, RunningServer, StorageConfig,
     auth::MIN_GIVEN_KEY_CHARS,
+    engine::IdempotencyConfig,
     net::{Limits, TlsFiles},
     storage::{DiskOptions, Durability},
 };
@@ -128,6 +129,18 @@ struct Args {
     /// MiB of --request-budget-mb that the clients at one address (IPv6: one /64) may hold.
     #[arg(long, default_value_t = Limits::default().request_budget_per_ip_bytes / (1024 * 1024))]
     request_budget_per_ip_mb: usize,
+    /// Seconds an applied write's idempotency key is remembered: a retry with the same key
+    /// within it applies nothing again.
+    #[arg(long, default_value_t = Limits::default().idempotency.window / 1000)]
+    idempotency_window_secs: u64,
+    /// Idempotency keys remembered at once (each ~200 bytes, plus kept answers); a keyed write
+    /// beyond it is refused with RESOURCE_EXHAUSTED until the oldest key is forgotten.
+    #[arg(long, default_value_t = Limits::default().idempotency.max_keys)]
+    idempotency_max_keys: usize,
+    /// MiB of first answers kept to replay to retries; beyond it the oldest go, and their
+    /// retries are answered REQUEST_ALREADY_APPLIED instead.
+    #[arg(long, default_value_t = Limits::default().idempotency.answer_bytes / (1024 * 1024))]
+    idempotency_answers_mb: usize,
 }
 
 impl Args {
@@ -150,6 +163,11 @@ impl Args {
             send_timeout: Duration::from_secs(self.send_timeout_secs),
             request_budget_bytes: self.request_budget_mb.saturating_mul(1024 * 1024),
             request_budget_per_ip_bytes: self.request_budget_per_ip_mb.saturating_mul(1024 * 1024),
+            idempotency: IdempotencyConfig {
+                window: self.idempotency_window_secs.saturating_mul(1000),
+                max_keys: self.idempotency_max_keys,
+                answer_bytes: self.idempotency_answers_mb.saturating_mul(1024 * 1024),
+            },
         }
     }
 

@@ -7,9 +7,13 @@ use mayfly_proto::v1::{
     BatchTouch, BatchUpsert, ExecuteBatchRequest, ExecuteBatchResponse, UpsertOutcome,
     oneofs::BatchOp as ProtoOp,
 };
-use tonic::Status;
+use std::mem;
 
-use super::{DocumentsService, convert, documents::settle_blocking, patch, status::to_status};
+use tonic::{Response, Status};
+
+use super::{
+    DocumentsService, convert, documents::settle_blocking, idempotency, patch, status::to_status,
+};
 use crate::auth::{Action, Principal, Target};
 use crate::engine::{
     self, BatchOp, BatchOutput, Error, IdKind, InvalidInput, MAX_BATCH_OPERATIONS, ResourceId,
@@ -20,13 +24,16 @@ impl DocumentsService {
     pub(super) async fn run_batch(
         &self,
         caller: &Principal,
-        request: ExecuteBatchRequest,
-    ) -> Result<ExecuteBatchResponse, Status> {
+        mut request: ExecuteBatchRequest,
+    ) -> Result<Response<ExecuteBatchResponse>, Status> {
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("ExecuteBatch", key, &request)?;
         let ExecuteBatchRequest {
             database,
             collection,
             partition_key,
             operations,
+            idempotency_key: _,
         } = request;
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let partition_key =
@@ -51,14 +58,24 @@ impl DocumentsService {
             .map(|(index, op)| operation(index, op))
             .collect::<Result<Vec<_>, Error>>()
             .map_err(to_status)?;
-        if ops.iter().any(BatchOp::writes) {
+        let writes = ops.iter().any(BatchOp::writes);
+        if writes {
             caller.allow(Action::Write, target, &engine)?;
         }
-        let outputs =
-            settle_blocking(engine, move |e| e.execute_batch(&path, partition_key, &ops)).await?;
-        Ok(ExecuteBatchResponse {
-            results: outputs.into_iter().map(result).collect(),
+        // Reads are safe to repeat: a batch of reads only is not remembered (and a caller
+        // allowed to read only cannot fill the server's table of keys).
+        let request_key = request_key.filter(|_| writes);
+        let keyed = request_key.is_some();
+        let answer = settle_blocking(engine, move |e| {
+            e.keyed(request_key.as_ref())
+                .execute_batch(&path, partition_key, &ops)
         })
+        .await?;
+        Ok(idempotency::response(keyed, answer, |outputs| {
+            ExecuteBatchResponse {
+                results: outputs.into_iter().map(result).collect(),
+            }
+        }))
     }
 }
 

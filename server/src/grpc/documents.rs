@@ -8,8 +8,10 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
+use std::mem;
+
 use super::{
-    DocumentsService, caller, convert, patch,
+    DocumentsService, caller, convert, idempotency, patch,
     status::to_status,
     stream::{Grant, PageSource, PageStream},
 };
@@ -56,13 +58,17 @@ impl server::Documents for DocumentsService {
         request: Request<CreateDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
         let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("CreateDocument", key, &request)?;
         let CreateDocumentRequest {
             database,
             collection,
             body,
             partition_key,
             ttl,
-        } = request.into_inner();
+            idempotency_key: _,
+        } = request;
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
         let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
@@ -72,8 +78,13 @@ impl server::Documents for DocumentsService {
             Target::documents(&database, &collection, partition_key.as_ref()),
             &engine,
         )?;
-        let view = settle(&engine, |e| e.create_document(&path, body, partition_key)).await?;
-        Ok(Response::new(convert::document(view)))
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .create_document(&path, body, partition_key)
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, convert::document))
     }
 
     async fn upsert_document(
@@ -81,6 +92,9 @@ impl server::Documents for DocumentsService {
         request: Request<UpsertDocumentRequest>,
     ) -> Result<Response<UpsertDocumentResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("UpsertDocument", key, &request)?;
         let UpsertDocumentRequest {
             database,
             collection,
@@ -88,7 +102,8 @@ impl server::Documents for DocumentsService {
             partition_key,
             ttl,
             if_match: etag,
-        } = request.into_inner();
+            idempotency_key: _,
+        } = request;
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
         let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
@@ -98,17 +113,25 @@ impl server::Documents for DocumentsService {
             Target::documents(&database, &collection, partition_key.as_ref()),
             &engine,
         )?;
-        let (outcome, view) = settle(&engine, |e| {
-            e.upsert_document(&path, body, partition_key, if_match(&etag))
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref()).upsert_document(
+                &path,
+                body,
+                partition_key,
+                if_match(&etag),
+            )
         })
         .await?;
-        let outcome = match outcome {
-            engine::UpsertOutcome::Created => UpsertOutcome::Created,
-            engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
-        };
-        Ok(Response::new(UpsertDocumentResponse {
-            document: Some(convert::document(view)),
-            outcome: outcome as i32,
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, |(outcome, view)| {
+            let outcome = match outcome {
+                engine::UpsertOutcome::Created => UpsertOutcome::Created,
+                engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
+            };
+            UpsertDocumentResponse {
+                document: Some(convert::document(view)),
+                outcome: outcome as i32,
+            }
         }))
     }
 
@@ -117,6 +140,9 @@ impl server::Documents for DocumentsService {
         request: Request<ReplaceDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
         let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("ReplaceDocument", key, &request)?;
         let ReplaceDocumentRequest {
             database,
             collection,
@@ -125,7 +151,8 @@ impl server::Documents for DocumentsService {
             body,
             ttl,
             if_match: etag,
-        } = request.into_inner();
+            idempotency_key: _,
+        } = request;
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         let engine = self.engine()?;
@@ -135,11 +162,13 @@ impl server::Documents for DocumentsService {
             &engine,
         )?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
-        let view = settle(&engine, |e| {
-            e.replace_document(&path, key, body, if_match(&etag))
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .replace_document(&path, key, body, if_match(&etag))
         })
         .await?;
-        Ok(Response::new(convert::document(view)))
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, convert::document))
     }
 
     async fn read_document(
@@ -170,13 +199,17 @@ impl server::Documents for DocumentsService {
         request: Request<DeleteDocumentRequest>,
     ) -> Result<Response<DeleteDocumentResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("DeleteDocument", key, &request)?;
         let DeleteDocumentRequest {
             database,
             collection,
             id,
             partition_key,
             if_match: etag,
-        } = request.into_inner();
+            idempotency_key: _,
+        } = request;
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         let engine = self.engine()?;
@@ -185,8 +218,15 @@ impl server::Documents for DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        settle(&engine, |e| e.delete_document(&path, &key, if_match(&etag))).await?;
-        Ok(Response::new(DeleteDocumentResponse {}))
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .delete_document(&path, &key, if_match(&etag))
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, |()| {
+            DeleteDocumentResponse {}
+        }))
     }
 
     async fn touch_document(
@@ -194,13 +234,17 @@ impl server::Documents for DocumentsService {
         request: Request<TouchDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
         let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("TouchDocument", key, &request)?;
         let TouchDocumentRequest {
             database,
             collection,
             id,
             partition_key,
             if_match: etag,
-        } = request.into_inner();
+            idempotency_key: _,
+        } = request;
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         let engine = self.engine()?;
@@ -209,8 +253,13 @@ impl server::Documents for DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        let view = settle(&engine, |e| e.touch_document(&path, &key, if_match(&etag))).await?;
-        Ok(Response::new(convert::document(view)))
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .touch_document(&path, &key, if_match(&etag))
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, convert::document))
     }
 
     async fn patch_document(
@@ -218,6 +267,9 @@ impl server::Documents for DocumentsService {
         request: Request<PatchDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
         let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("PatchDocument", key, &request)?;
         let PatchDocumentRequest {
             database,
             collection,
@@ -228,7 +280,8 @@ impl server::Documents for DocumentsService {
             condition,
             create_if_missing,
             create_parents,
-        } = request.into_inner();
+            idempotency_key: _,
+        } = request;
         let path = convert::collection_path(&database, &collection).map_err(to_status)?;
         let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
         let engine = self.engine()?;
@@ -242,12 +295,21 @@ impl server::Documents for DocumentsService {
         let options = patch::options(create_if_missing, create_parents).map_err(to_status)?;
         // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
         // to 9 attempts under contention, the last holding its shard's lock.
-        let (view, created) = settle_blocking(engine, move |e| {
+        let keyed = request_key.is_some();
+        let answer = settle_blocking(engine, move |e| {
             let patch = (ops.as_slice(), condition.as_deref());
-            e.patch_document_with(&path, &key, patch, if_match(&etag), &options)
+            e.keyed(request_key.as_ref()).patch_document_with(
+                &path,
+                &key,
+                patch,
+                if_match(&etag),
+                &options,
+            )
         })
         .await?;
-        let mut response = Response::new(convert::document(view));
+        let created = answer.value.1;
+        let mut response =
+            idempotency::response(keyed, answer, |(view, _)| convert::document(view));
         response
             .metadata_mut()
             .insert(patch::CREATED_HEADER, patch::created_value(created));
@@ -259,8 +321,7 @@ impl server::Documents for DocumentsService {
         request: Request<ExecuteBatchRequest>,
     ) -> Result<Response<ExecuteBatchResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let response = self.run_batch(&caller, request.into_inner()).await?;
-        Ok(Response::new(response))
+        self.run_batch(&caller, request.into_inner()).await
     }
 
     type ReadFeedStream = PageStream<ReadFeedPage>;

@@ -7,6 +7,7 @@ mod collections;
 pub(crate) mod convert;
 mod databases;
 mod documents;
+mod idempotency;
 mod patch;
 mod query;
 mod status;

@@ -42,6 +42,9 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::ShuttingDown => (Code::Unavailable, "SHUTTING_DOWN"),
         Error::NoMemory => (Code::ResourceExhausted, "RESPONSE_BUDGET_EXHAUSTED"),
         Error::ContinuationStale { .. } => (Code::FailedPrecondition, "CONTINUATION_STALE"),
+        Error::KeyReused { .. } => (Code::InvalidArgument, "IDEMPOTENCY_KEY_REUSED"),
+        Error::RequestApplied { .. } => (Code::AlreadyExists, "REQUEST_ALREADY_APPLIED"),
+        Error::KeysFull { .. } => (Code::ResourceExhausted, "IDEMPOTENCY_KEYS_FULL"),
         Error::Query(e) => (
             Code::InvalidArgument,
             match e.kind {
@@ -131,7 +134,10 @@ pub(crate) fn to_status(error: impl Into<Error>) -> Status {
         // Clients find the failing operation without parsing the message.
         metadata.insert(BATCH_OPERATION_INDEX.to_owned(), index.to_string());
     }
-    let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    if let Error::KeysFull { retry_after_ms, .. } = &error {
+        details.set_retry_info(Some(std::time::Duration::from_millis(*retry_after_ms)));
+    }
     Status::with_error_details(code, bounded(error.to_string()), details)
 }
 
@@ -272,6 +278,30 @@ mod tests {
                 Error::NotDurable(StorageError::unavailable("fsync failed")),
                 Code::Unavailable,
                 "OUTCOME_UNKNOWN",
+            ),
+            (
+                Error::KeyReused {
+                    key: "k".into(),
+                    applied_at: 0,
+                },
+                Code::InvalidArgument,
+                "IDEMPOTENCY_KEY_REUSED",
+            ),
+            (
+                Error::RequestApplied {
+                    key: "k".into(),
+                    applied_at: 0,
+                },
+                Code::AlreadyExists,
+                "REQUEST_ALREADY_APPLIED",
+            ),
+            (
+                Error::KeysFull {
+                    max: 1,
+                    retry_after_ms: 5,
+                },
+                Code::ResourceExhausted,
+                "IDEMPOTENCY_KEYS_FULL",
             ),
         ];
         for (error, code, reason) in cases {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::engine::MAX_PAGE_BYTES;
+use crate::engine::{IdempotencyConfig, MAX_PAGE_BYTES};
 
 /// Largest request or response message: a 2 MiB JSON document can take several times that
 /// as a protobuf Struct (every array element carries tags), and must reach the size check.
@@ -51,6 +51,9 @@ pub struct Limits {
     /// network) may hold together, so that one client's stalled uploads leave the rest to
     /// the others.
     pub request_budget_per_ip_bytes: usize,
+    /// How long idempotency keys are remembered, and how many (see the README's "Idempotency
+    /// keys").
+    pub idempotency: IdempotencyConfig,
 }
 
 impl Default for Limits {
@@ -70,6 +73,7 @@ impl Default for Limits {
             send_timeout: Duration::from_secs(60),
             request_budget_bytes: 256 * 1024 * 1024,
             request_budget_per_ip_bytes: 64 * 1024 * 1024,
+            idempotency: IdempotencyConfig::default(),
         }
     }
 }
@@ -91,6 +95,11 @@ impl Limits {
             || self.send_timeout.is_zero()
         {
             return Err("timeouts must be longer than zero".into());
+        }
+        if self.idempotency.window == 0 || self.idempotency.max_keys == 0 {
+            return Err(
+                "--idempotency-window-secs and --idempotency-max-keys must be at least 1".into(),
+            );
         }
         if self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
             return Err("--max-connections is beyond what can be counted".into());

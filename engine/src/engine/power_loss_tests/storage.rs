@@ -488,26 +488,31 @@ impl ShardStore for PowerLossShard {
         let writes = batch
             .writes
             .iter()
-            .map(|write| match *write {
-                DocumentWrite::Put { doc, index } => LoggedWrite::Put(
-                    doc.clone(),
-                    index.map(|update| LoggedIndex::new(doc.version, update)),
-                ),
-                DocumentWrite::Index {
-                    collection,
-                    key,
-                    version,
-                    update,
-                } => LoggedWrite::Index {
-                    collection,
-                    key: key.clone(),
-                    change: LoggedIndex::new(version, update),
-                },
-                DocumentWrite::Delete {
-                    collection,
-                    key,
-                    terms,
-                } => LoggedWrite::Delete(collection, key.clone(), terms.to_vec()),
+            .filter_map(|write| {
+                Some(match *write {
+                    DocumentWrite::Put { doc, index } => LoggedWrite::Put(
+                        doc.clone(),
+                        index.map(|update| LoggedIndex::new(doc.version, update)),
+                    ),
+                    DocumentWrite::Index {
+                        collection,
+                        key,
+                        version,
+                        update,
+                    } => LoggedWrite::Index {
+                        collection,
+                        key: key.clone(),
+                        change: LoggedIndex::new(version, update),
+                    },
+                    DocumentWrite::Delete {
+                        collection,
+                        key,
+                        terms,
+                    } => LoggedWrite::Delete(collection, key.clone(), terms.to_vec()),
+                    // The model checks documents and their index; remembered requests ride in
+                    // the same batches and are tested against the disk backend.
+                    DocumentWrite::Remember { .. } | DocumentWrite::Forget { .. } => return None,
+                })
             })
             .collect();
         let lsn = self.shared.append(Entry::Documents {

@@ -7,12 +7,13 @@
 //! single write, it never works under the lock, where its work (a hundred bodies,
 //! conditions, terms) would stall the shard.
 
-use super::optimistic::{Fallback, Look, Optimistic, Ready, Stop};
+use super::optimistic::{Fallback, Keyed, Look, Optimistic, Ready, Stop};
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
 use crate::engine::{
     DocumentBody, DocumentId, Engine, InvalidInput, PartitionKeyValue, UpsertOutcome,
     batch::{BatchOp, BatchOutput, MAX_BATCH_BYTES},
+    idempotency::Answered,
     index::terms::bounded_document_terms,
     patch,
 };
@@ -117,7 +118,8 @@ impl Shard {
         partition_key: &PartitionKeyValue,
         ops: &[BatchOp],
         clock: &dyn Clock,
-    ) -> Outcome<Vec<BatchOutput>> {
+        keyed: Option<Keyed<'_>>,
+    ) -> Outcome<Answered<Vec<BatchOutput>>> {
         let mut ids: Vec<&DocumentId> = Vec::new();
         for op in ops {
             if !ids.contains(&op.id()) {
@@ -130,7 +132,7 @@ impl Shard {
             ops,
             ids,
         };
-        self.commit_optimistic(batch, Fallback::Contended, clock)
+        self.commit_optimistic(batch, Fallback::Contended, clock, keyed)
     }
 
     /// Evaluates every operation in order over the staged documents, fetching stored bodies
@@ -358,8 +360,8 @@ impl Shard {
         info: &CollectionInfo,
         keys: &[KeyPlan],
         evaluated: Evaluated,
-        at: Millis,
-        seen_at: Lsn,
+        (at, seen_at): (Millis, Lsn),
+        remember: Option<Change>,
     ) -> Outcome<Vec<BatchOutput>> {
         let st = &mut *state;
         let cs = &st.collections[&info.uid];
@@ -406,6 +408,9 @@ impl Shard {
                 (Current::Fetch, _) => unreachable!("a changed document was fetched or replaced"),
             }
         }
+        // A keyed batch is remembered even if it changed nothing (only reads): the same key
+        // with another request is then refused, as for any other.
+        changes.extend(remember);
         let (deadline, settle_at) = if changes.is_empty() {
             (None, seen_at)
         } else {
@@ -525,7 +530,15 @@ impl Optimistic for Batch<'_> {
     fn commit(self, shard: &Shard, ready: Ready<'_, Self>) -> Outcome<Vec<BatchOutput>> {
         let (keys, evaluated) = ready.read;
         let seen_at = ready.seen.seen_at;
-        shard.commit_batch(ready.state, self.info, &keys, evaluated, ready.now, seen_at)
+        let when = (ready.now, seen_at);
+        shard.commit_batch(
+            ready.state,
+            self.info,
+            &keys,
+            evaluated,
+            when,
+            ready.remember,
+        )
     }
 }
 

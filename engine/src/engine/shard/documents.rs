@@ -2,11 +2,11 @@
 //! one optimistic commit (see [`super::optimistic`]): what they read is read outside the shard
 //! lock, and they check and write under it.
 
-use super::optimistic::{Fallback, Look, OPTIMISTIC_ATTEMPTS, Optimistic, Ready, Stop};
+use super::optimistic::{Fallback, Keyed, Look, OPTIMISTIC_ATTEMPTS, Optimistic, Ready, Stop};
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
 use crate::engine::{
-    DocumentBody, Engine, PatchOp, PatchOptions, condition::PatchCondition,
+    DocumentBody, Engine, PatchOp, PatchOptions, condition::PatchCondition, idempotency::Answered,
     index::terms::bounded_document_terms, patch,
 };
 use serde_json::{Map, Value};
@@ -28,9 +28,9 @@ impl Shard {
         (policy, terms): (Option<Arc<IndexPaths>>, Option<Vec<Term>>),
         mode: WriteMode,
         if_match: Option<&str>,
-        version: u64,
+        (version, keyed): (u64, Option<Keyed<'_>>),
         clock: &dyn Clock,
-    ) -> Outcome<(DocumentView, bool)> {
+    ) -> Outcome<Answered<(DocumentView, bool)>> {
         let put = Put {
             info,
             key,
@@ -43,7 +43,7 @@ impl Shard {
             if_match,
             version,
         };
-        self.commit_optimistic(put, Fallback::UnderLock, clock)
+        self.commit_optimistic(put, Fallback::UnderLock, clock, keyed)
     }
 
     /// Stores a new version of a document through the commit path, then views it as of its
@@ -52,22 +52,23 @@ impl Shard {
         &self,
         mut state: MutexGuard<'_, ShardState>,
         slot: Option<u32>,
-        record: StoredDocument,
-        index: IndexChange,
+        (record, index): (StoredDocument, IndexChange),
+        remember: Option<Change>,
     ) -> Outcome<DocumentView> {
         let owed = matches!(index, IndexChange::Owed);
         let st = &mut *state;
         let record = Arc::new(record);
-        let change = Change::Put {
+        let mut changes = vec![Change::Put {
             slot,
             record: record.clone(),
             index,
+        }];
+        changes.extend(remember);
+        let (deadline, lsn) = match st.commit(&*self.store, &changes, &self.metrics, &self.versions)
+        {
+            Ok(done) => done,
+            Err(e) => return Outcome::failed(e),
         };
-        let (deadline, lsn) =
-            match st.commit(&*self.store, &[change], &self.metrics, &self.versions) {
-                Ok(done) => done,
-                Err(e) => return Outcome::failed(e),
-            };
         st.client_lsn = lsn;
         let cs = &st.collections[&record.collection];
         let view = view(&record, cs.rules.default_ttl, record.last_write);
@@ -87,14 +88,14 @@ impl Shard {
         info: &CollectionInfo,
         key: &DocKey,
         if_match: Option<&str>,
-        version: u64,
+        (version, keyed): (u64, Option<Keyed<'_>>),
         clock: &dyn Clock,
-    ) -> Outcome<DocumentView> {
+    ) -> Outcome<Answered<DocumentView>> {
         let touch = Touch {
             at: Target::new(info, key, if_match),
             version,
         };
-        self.commit_optimistic(touch, Fallback::UnderLock, clock)
+        self.commit_optimistic(touch, Fallback::UnderLock, clock, keyed)
     }
 
     /// Applies `ops` to a live document as one write. The body is read and patched outside
@@ -110,14 +111,15 @@ impl Shard {
         (ops, condition, options): (&[PatchOp], Option<&PatchCondition>, &PatchOptions),
         if_match: Option<&str>,
         clock: &dyn Clock,
-    ) -> Outcome<(DocumentView, bool)> {
+        keyed: Option<Keyed<'_>>,
+    ) -> Outcome<Answered<(DocumentView, bool)>> {
         let patch = Patch {
             at: Target::new(info, key, if_match),
             ops,
             condition,
             options,
         };
-        self.commit_optimistic(patch, Fallback::UnderLock, clock)
+        self.commit_optimistic(patch, Fallback::UnderLock, clock, keyed)
     }
 
     /// Deletes a live document, with its index entries (their terms read outside the lock
@@ -128,9 +130,10 @@ impl Shard {
         key: &DocKey,
         if_match: Option<&str>,
         clock: &dyn Clock,
-    ) -> Outcome<()> {
+        keyed: Option<Keyed<'_>>,
+    ) -> Outcome<Answered<()>> {
         let at = Target::new(info, key, if_match);
-        self.commit_optimistic(Delete { at }, Fallback::UnderLock, clock)
+        self.commit_optimistic(Delete { at }, Fallback::UnderLock, clock, keyed)
     }
 
     /// The stored version `version` of a document; stale if storage holds another, or none.
@@ -262,6 +265,7 @@ impl Optimistic for Put<'_> {
             seen,
             read: old,
             now,
+            remember,
         } = ready;
         let cs = &state.collections[&self.info.uid];
         let index = match entries_change(cs, self.map, (&self.policy, self.terms), old) {
@@ -277,7 +281,7 @@ impl Optimistic for Put<'_> {
             ttl: self.ttl,
         };
         shard
-            .write_version(state, seen.slot, record, index)
+            .write_version(state, seen.slot, (record, index), remember)
             .map(|view| (view, seen.created))
     }
 }
@@ -346,7 +350,8 @@ impl Optimistic for Touch<'_> {
         };
         // The same body: its index entries stay as they are.
         let slot = Some(ready.seen.slot);
-        shard.write_version(ready.state, slot, record, IndexChange::Unchanged)
+        let write = (record, IndexChange::Unchanged);
+        shard.write_version(ready.state, slot, write, ready.remember)
     }
 }
 
@@ -490,6 +495,7 @@ impl Optimistic for Patch<'_> {
             seen,
             read: patched,
             now,
+            remember,
         } = ready;
         let cs = &state.collections[&self.at.info.uid];
         let terms = (&patched.policy, Some(patched.terms));
@@ -507,7 +513,7 @@ impl Optimistic for Patch<'_> {
         };
         let created = seen.version.is_none();
         shard
-            .write_version(state, seen.slot, record, index)
+            .write_version(state, seen.slot, (record, index), remember)
             .map(|view| (view, created))
     }
 }
@@ -538,12 +544,13 @@ impl Optimistic for Delete<'_> {
 
     fn commit(self, shard: &Shard, mut ready: Ready<'_, Self>) -> Outcome<()> {
         let st = &mut *ready.state;
-        let change = Change::Remove {
+        let mut changes = vec![Change::Remove {
             slot: ready.seen,
             cause: RemoveCause::Deleted,
             terms: ready.read,
-        };
-        match st.commit(&*shard.store, &[change], &shard.metrics, &shard.versions) {
+        }];
+        changes.extend(ready.remember.take());
+        match st.commit(&*shard.store, &changes, &shard.metrics, &shard.versions) {
             Ok((_, lsn)) => {
                 st.client_lsn = lsn;
                 Outcome::new(

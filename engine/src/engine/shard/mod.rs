@@ -40,13 +40,14 @@ use super::{
         queue_heads::QueueHeads,
         wheel::{MAX_PAYLOAD, TimerHandle, TimerWheel},
     },
+    idempotency::{IdempotencyConfig, RequestTable},
     index::path_stats::{BitChange, OrderSupport, PathBits, PathStats},
     metrics::{EngineMetrics, ExpiryStats},
     ttl::{self, DefaultTtl, DocumentTtl, Rules},
 };
 use crate::storage::{
-    DocKey, DocumentWrite, IndexUpdate, Lsn, ShardStore, StorageError, StoredDocument, Term,
-    WriteBatch,
+    DocKey, DocumentWrite, IndexUpdate, Lsn, RequestRecord, ShardStore, StorageError,
+    StoredDocument, Term, WriteBatch,
 };
 
 #[cfg(test)]
@@ -59,6 +60,7 @@ pub(super) use self::state::Census;
 pub(super) use self::{
     documents::{collection_gone, observed, view},
     feed_scan::Reading,
+    optimistic::Keyed,
     slab::{DocMeta, DocSlab, TermsRef, Tracking},
     state::{Change, CollectionShard, IndexChange, IndexSettings, RemoveCause, ShardState},
     tracking::{attach, detach, time_own_ttl},
@@ -91,10 +93,10 @@ impl Shard {
         metrics: Arc<EngineMetrics>,
         versions: Arc<AtomicU64>,
         indexer_wake: Arc<Notify>,
-        now: Millis,
+        (now, idempotency): (Millis, IdempotencyConfig),
     ) -> Self {
         Shard {
-            state: Mutex::new(ShardState::new(now)),
+            state: Mutex::new(ShardState::new(now, idempotency)),
             store,
             metrics,
             purge_wake: Notify::new(),

@@ -35,6 +35,10 @@
 
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
+use crate::engine::{
+    PartitionKeyValue,
+    idempotency::{Answer, Answered, Found, RequestKey},
+};
 
 /// Reads a write makes outside the shard lock before it is contended (see the module's rule).
 /// Point reads follow the same rule ([`Shard::read`]).
@@ -116,24 +120,86 @@ pub(super) struct Ready<'s, W: Optimistic> {
     pub(super) read: W::Read,
     /// The shard's reading at that look.
     pub(super) now: Millis,
+    /// For a keyed request: the change that remembers it, for the commit to make with its own.
+    pub(super) remember: Option<Change>,
 }
+
+/// A write request's idempotency key, and the collection and partition it writes to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Keyed<'a> {
+    pub(crate) collection: CollectionUid,
+    pub(crate) partition_key: &'a PartitionKeyValue,
+    pub(crate) request: &'a RequestKey,
+}
+
+/// How long a copy of a request waits for the answer of its twin that has just committed
+/// (microseconds away, normally) before it is told the request was applied instead.
+const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Shard {
     /// Runs `write` by the module's rule, `fallback` its parameter: look, read, look again and
     /// commit, until a look finds the reads current or the write is contended.
+    ///
+    /// With `keyed`, every look first asks the shard's request table (see
+    /// [`crate::engine::idempotency`]), in the same hold of the lock as the commit: a request
+    /// remembered there is answered from it, and a new one is remembered by its commit.
     pub(super) fn commit_optimistic<W: Optimistic>(
         &self,
         write: W,
         fallback: Fallback,
         clock: &dyn Clock,
-    ) -> Outcome<W::Output> {
+        keyed: Option<Keyed<'_>>,
+    ) -> Outcome<Answered<W::Output>>
+    where
+        W::Output: Answer,
+    {
+        let scope = keyed.map(|k| DocKey {
+            partition_key: k.partition_key.clone(),
+            id: k.request.key.clone(),
+        });
         let mut made: Option<(W::Basis, W::Read)> = None;
         let mut reads = 0;
-        let (state, seen, read, now) = loop {
+        let mut waiting: Option<std::time::Instant> = None;
+        let (state, seen, read, now, remember) = loop {
             let mut state = self.lock();
             let now = state.now(clock);
+            let remember = match (keyed, &scope) {
+                (Some(k), Some(scope)) => {
+                    match state
+                        .requests
+                        .look::<W::Output>(k.collection, scope, k.request, now)
+                    {
+                        Ok(Found::New(record)) => Some(Change::Remember {
+                            collection: k.collection,
+                            scope: scope.clone(),
+                            record,
+                        }),
+                        Ok(Found::Replay(value, lsn)) => {
+                            let replayed = Answered {
+                                value,
+                                replayed: true,
+                            };
+                            return Outcome::new(Ok(replayed), lsn);
+                        }
+                        Ok(Found::Pending) => {
+                            drop(state);
+                            let since = *waiting.get_or_insert_with(std::time::Instant::now);
+                            if since.elapsed() > PENDING_WAIT {
+                                return Outcome::failed(Error::RequestApplied {
+                                    key: k.request.key.to_string(),
+                                    applied_at: now,
+                                });
+                            }
+                            std::thread::yield_now();
+                            continue;
+                        }
+                        Err(e) => return Outcome::failed(e),
+                    }
+                }
+                _ => None,
+            };
             let (seen, basis) = match write.look(&state, now) {
-                Ok(Look::Commit(seen, read)) => break (state, seen, read, now),
+                Ok(Look::Commit(seen, read)) => break (state, seen, read, now, remember),
                 Ok(Look::Read(seen, basis)) => (seen, basis),
                 Err((e, at)) => return Outcome::new(Err(e), at),
             };
@@ -161,17 +227,26 @@ impl Shard {
                     Err(Stop::Failed(e)) => return Outcome::new(Err(e), W::reflects(&seen)),
                 },
             };
-            break (state, seen, read, now);
+            break (state, seen, read, now, remember);
         };
-        write.commit(
+        let outcome = write.commit(
             self,
             Ready {
                 state,
                 seen,
                 read,
                 now,
+                remember,
             },
-        )
+        );
+        // A keyed write that committed remembered its key, its answer pending: keep it.
+        if let (Some(k), Some(scope), Ok(value)) = (keyed, &scope, &outcome.result) {
+            self.lock().requests.answer(k.collection, scope, value);
+        }
+        outcome.map(|value| Answered {
+            value,
+            replayed: false,
+        })
     }
 
     /// A document's stored index terms (none if it has no terms record).

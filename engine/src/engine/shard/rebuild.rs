@@ -79,6 +79,17 @@ impl Shard {
                 meta.path_bits = cs.paths.update(&[], &stored.terms).apply(0);
             }
         })?;
+        // Remembered requests, in the order they are forgotten.
+        let mut requests = Vec::new();
+        self.store.load_requests(&mut |collection, key, record| {
+            if st.collections.contains_key(&collection) {
+                requests.push((collection, key, record));
+            }
+        })?;
+        requests.sort_by_key(|(_, _, record)| record.forget_at);
+        for (collection, key, record) in requests {
+            st.requests.recover(collection, key, record);
+        }
         for slot in 0..st.docs.slot_count() as u32 {
             let Some(meta) = st.docs.try_get_mut(slot) else {
                 continue;

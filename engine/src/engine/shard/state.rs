@@ -23,6 +23,8 @@ pub(crate) struct ShardState {
     pub(super) client_lsn: Lsn,
     /// The latest clock reading this shard acted on; see [`ShardState::now`].
     last_now: Millis,
+    /// Requests remembered by idempotency key (see [`crate::engine::idempotency`]).
+    pub(in crate::engine) requests: RequestTable,
 }
 
 /// A collection's part of one shard.
@@ -126,6 +128,12 @@ pub(in crate::engine) enum Change {
     /// them): storage keeps the version floor, so that none is handed out again after a
     /// restart.
     KeepFloor,
+    /// Remember the request that made the other changes, by its idempotency key (`scope.id`).
+    Remember {
+        collection: CollectionUid,
+        scope: DocKey,
+        record: RequestRecord,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,8 +145,9 @@ pub(in crate::engine) enum RemoveCause {
 }
 
 impl ShardState {
-    pub(super) fn new(now: Millis) -> Self {
+    pub(super) fn new(now: Millis, idempotency: IdempotencyConfig) -> Self {
         ShardState {
+            requests: RequestTable::new(idempotency),
             collections: HashMap::new(),
             unindexed: VecDeque::new(),
             docs: DocSlab::default(),
@@ -223,7 +232,15 @@ impl ShardState {
             return Ok((None, Lsn::ZERO));
         }
         let keep_floor = changes.iter().any(|c| matches!(c, Change::KeepFloor));
-        let writes: Vec<DocumentWrite<'_>> = changes
+        // A remembering commit also forgets a few keys past their window, in the same batch.
+        let forgotten = match changes.iter().find_map(|c| match c {
+            Change::Remember { record, .. } => Some(record.applied_at),
+            _ => None,
+        }) {
+            Some(now) => self.requests.due(now),
+            None => Vec::new(),
+        };
+        let mut writes: Vec<DocumentWrite<'_>> = changes
             .iter()
             .filter_map(|change| {
                 Some(match change {
@@ -251,16 +268,34 @@ impl ShardState {
                             terms,
                         }
                     }
+                    Change::Remember {
+                        collection,
+                        scope,
+                        record,
+                    } => DocumentWrite::Remember {
+                        collection: *collection,
+                        key: scope,
+                        record: *record,
+                    },
                     Change::KeepFloor => return None,
                 })
             })
             .collect();
+        writes.extend(
+            forgotten
+                .iter()
+                .map(|(collection, key)| DocumentWrite::Forget {
+                    collection: *collection,
+                    key,
+                }),
+        );
         let lsn = store.write(WriteBatch {
             writes: &writes,
             versions_below: versions.load(Ordering::SeqCst),
             keep_floor,
         })?;
         drop(writes);
+        self.requests.forget(&forgotten);
 
         let mut earliest: Option<Millis> = None;
         for change in changes {
@@ -352,6 +387,13 @@ impl ShardState {
                     unstale(&mut self.docs, cs, *slot);
                 }
                 Change::KeepFloor => {}
+                Change::Remember {
+                    collection,
+                    scope,
+                    record,
+                } => self
+                    .requests
+                    .remember(*collection, scope.clone(), *record, lsn),
                 Change::Remove { slot, cause, terms } => {
                     let collection = self.docs.get(*slot).collection;
                     // Documents of a collection being deleted belong to its cleanup, which

@@ -54,6 +54,8 @@ impl ShardStore for RecordingShard {
                 DocumentWrite::Put { doc, .. } => format!("put {}", doc.key.id),
                 DocumentWrite::Index { key, .. } => format!("index {}", key.id),
                 DocumentWrite::Delete { key, .. } => format!("delete {}", key.id),
+                DocumentWrite::Remember { key, .. } => format!("remember {}", key.id),
+                DocumentWrite::Forget { key, .. } => format!("forget {}", key.id),
             })
             .collect();
         self.batches.lock().expect("not poisoned").push(writes);

@@ -10,7 +10,7 @@
 use crate::model::{
     CollectionUid, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue, TtlSeconds,
 };
-use crate::storage::{DocKey, StorageError};
+use crate::storage::{DocKey, RequestRecord, StorageError};
 
 /// Longest key fjall accepts (it asserts this, so a longer one would panic the writer).
 pub(super) const MAX_KEY_BYTES: usize = u16::MAX as usize;
@@ -47,6 +47,28 @@ pub(super) fn document_key(shard: u16, uid: CollectionUid, key: &DocKey) -> Vec<
     let mut out = partition_prefix(shard, uid, &key.partition_key);
     out.extend_from_slice(key.id.as_str().as_bytes());
     out
+}
+
+/// A remembered request's value: its fingerprint, then when it applied and when it is
+/// forgotten (big-endian ms).
+pub(super) fn encode_request(record: &RequestRecord) -> [u8; 32] {
+    let mut out = [0; 32];
+    out[..16].copy_from_slice(&record.fingerprint);
+    out[16..24].copy_from_slice(&record.applied_at.to_be_bytes());
+    out[24..].copy_from_slice(&record.forget_at.to_be_bytes());
+    out
+}
+
+pub(super) fn decode_request(value: &[u8]) -> Result<RequestRecord, StorageError> {
+    let value: &[u8; 32] = value
+        .try_into()
+        .map_err(|_| corrupt("remembered request"))?;
+    let ms = |at: usize| u64::from_be_bytes(value[at..at + 8].try_into().expect("8 bytes"));
+    Ok(RequestRecord {
+        fingerprint: value[..16].try_into().expect("16 bytes"),
+        applied_at: ms(16),
+        forget_at: ms(24),
+    })
 }
 
 fn corrupt(what: &str) -> StorageError {

@@ -1,9 +1,10 @@
 //! The embedded disk backend, on fjall (a log-structured merge tree in pure Rust).
 //!
-//! Five keyspaces share one journal, so a batch across them is atomic: `documents` (key →
+//! Six keyspaces share one journal, so a batch across them is atomic: `documents` (key →
 //! header and body), `meta` (key → header only: what recovery reads, a few dozen bytes per
 //! document whatever the body size), `terms` (key → the document's index terms), `index`
-//! (one entry per term and document, see [`super::index_keys`]) and `catalog`. Every write goes to the journal; the group
+//! (one entry per term and document, see [`super::index_keys`]), `requests` (requests
+//! remembered by idempotency key, written with the writes they applied) and `catalog`. Every write goes to the journal; the group
 //! commit (see [`group_commit`]) makes it durable with an fsync shared by concurrent writers,
 //! or, with `Durability::Buffered`, each write reaches the OS at once and survives a crash of
 //! the process, with an fsync every 100 ms for the machine.
@@ -32,8 +33,8 @@ pub use group_commit::{BUFFERED_SYNC_INTERVAL, Durability};
 use self::{codec::Header, data_dir::DataDir, group_commit::GroupCommit};
 use super::{
     CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, Lsn,
-    ScanRange, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta,
-    StoredTerms, Term, WriteBatch, index_keys,
+    RequestRecord, ScanRange, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument,
+    StoredMeta, StoredTerms, Term, WriteBatch, index_keys,
 };
 use crate::model::{CollectionUid, DatabaseId, DatabaseUid};
 
@@ -197,6 +198,7 @@ impl DiskStorage {
         let terms = keyspace("terms").map_err(engine)?;
         let index = keyspace("index").map_err(engine)?;
         let catalog = keyspace("catalog").map_err(engine)?;
+        let requests = keyspace("requests").map_err(engine)?;
 
         let stored = catalog.get(catalog::SHARDS).map_err(engine)?;
         let shard_count = match stored {
@@ -256,6 +258,7 @@ impl DiskStorage {
                     meta: meta.clone(),
                     terms: terms.clone(),
                     entries: index.clone(),
+                    requests: requests.clone(),
                     catalog: catalog.clone(),
                     group: group.clone(),
                 })
@@ -407,6 +410,7 @@ struct DiskShard {
     meta: Keyspace,
     terms: Keyspace,
     entries: Keyspace,
+    requests: Keyspace,
     catalog: Keyspace,
     group: Arc<GroupCommit>,
 }
@@ -579,6 +583,20 @@ impl ShardStore for DiskShard {
                     out.remove(&self.docs, key);
                     deletes = true;
                 }
+                DocumentWrite::Remember {
+                    collection,
+                    key,
+                    record,
+                } => {
+                    let key = codec::document_key(self.index, collection, key);
+                    out.insert(&self.requests, key, codec::encode_request(&record));
+                }
+                DocumentWrite::Forget { collection, key } => {
+                    out.remove(
+                        &self.requests,
+                        codec::document_key(self.index, collection, key),
+                    );
+                }
             }
         }
         if deletes || batch.keep_floor {
@@ -623,6 +641,18 @@ impl ShardStore for DiskShard {
             let (key, value) = item.into_inner().map_err(storage_error)?;
             let (collection, key) = codec::decode_document_key(&key)?;
             each(collection, key, index_keys::decode_terms(&value)?);
+        }
+        Ok(())
+    }
+
+    fn load_requests(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, RequestRecord),
+    ) -> Result<(), StorageError> {
+        for item in self.requests.prefix(codec::shard_prefix(self.index)) {
+            let (key, value) = item.into_inner().map_err(storage_error)?;
+            let (collection, key) = codec::decode_document_key(&key)?;
+            each(collection, key, codec::decode_request(&value)?);
         }
         Ok(())
     }
@@ -710,6 +740,7 @@ impl ShardStore for DiskShard {
 
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         let prefix = codec::collection_prefix(self.index, collection);
+        self.drop_prefix(&self.requests, &prefix)?;
         self.drop_prefix(&self.entries, &prefix)?;
         self.drop_prefix(&self.terms, &prefix)?;
         loop {
