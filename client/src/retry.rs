@@ -222,4 +222,34 @@ mod tests {
         assert!(writes.may_retry(Call::Once, &refused, 1), "never sent");
         assert!(!RetryPolicy::none().may_retry(Call::Idempotent, &refused, 1));
     }
+
+    #[test]
+    fn keyed_writes_are_retried_whenever_they_may_have_applied() {
+        let unavailable = Error::from_status(tonic::Status::unavailable("draining"), "here");
+        let timeout = Error::timeout(Duration::from_secs(1));
+        let conflict = Error::from_status(tonic::Status::already_exists("exists"), "here");
+        let policy = RetryPolicy::default();
+        assert_eq!(Call::Once.keyed(&Some("k".into())), Call::Keyed);
+        assert_eq!(Call::Once.keyed(&None), Call::Once);
+        for error in [&unavailable, &timeout] {
+            assert!(policy.may_retry(Call::Keyed, error, 1), "{error}");
+            assert!(!policy.may_retry(Call::Once, error, 1), "{error}");
+            assert!(!policy.may_retry(Call::Keyed, error, 3), "3 attempts");
+        }
+        assert!(
+            !policy.may_retry(Call::Keyed, &conflict, 1),
+            "the server's answer"
+        );
+    }
+
+    #[test]
+    fn new_idempotency_keys_are_valid_and_distinct() {
+        let keys: std::collections::HashSet<String> =
+            (0..1000).map(|_| new_idempotency_key()).collect();
+        assert_eq!(keys.len(), 1000);
+        assert!(
+            keys.iter()
+                .all(|k| k.len() == 32 && k.bytes().all(|b| b.is_ascii_hexdigit()))
+        );
+    }
 }

@@ -531,3 +531,71 @@ fn the_client_crate_is_ready_to_publish() {
         );
     }
 }
+
+/// Idempotency keys through the SDK: a keyed write sent again is answered as the first time
+/// (a create is no conflict, an `incr` counts once, a delete is no "missing"), the same key
+/// with another request is refused by reason, and a bad key is named.
+#[tokio::test]
+async fn keyed_writes_sent_again_apply_once() {
+    let (_server, client) = start().await;
+    let carts = collection(&client, "/user").await;
+    let doc = json!({"id": "c1", "user": "ann", "n": 0});
+    let key = mayfly_client::new_idempotency_key();
+    let first = carts
+        .create(&doc)
+        .idempotency_key(&key)
+        .await
+        .expect("created");
+    let again = carts
+        .create(&doc)
+        .idempotency_key(&key)
+        .await
+        .expect("the first answer");
+    assert_eq!(again.etag(), first.etag());
+    let plain = carts.create(&doc).await.expect_err("unkeyed: a conflict");
+    assert_eq!(plain.reason(), Some(&Reason::DocumentExists));
+
+    let incr = mayfly_client::new_idempotency_key();
+    for _ in 0..3 {
+        carts
+            .patch("c1", "ann")
+            .incr("/n", 5)
+            .idempotency_key(&incr)
+            .await
+            .expect("patched");
+    }
+    let read = carts.read("c1", "ann").await.expect("read").expect("there");
+    assert_eq!(read.body()["n"], 5, "counted once");
+
+    let reused = carts
+        .patch("c1", "ann")
+        .incr("/n", 6)
+        .idempotency_key(&incr)
+        .await
+        .expect_err("another request under the key");
+    assert_eq!(reused.reason(), Some(&Reason::IdempotencyKeyReused));
+    assert!(!reused.may_have_applied());
+
+    let batch_key = mayfly_client::new_idempotency_key();
+    for _ in 0..2 {
+        let results = carts
+            .batch("ann")
+            .create(&json!({"id": "o1", "user": "ann"}))
+            .delete("c1")
+            .idempotency_key(&batch_key)
+            .await
+            .expect("the batch, or its first answer");
+        assert_eq!(results.len(), 2);
+    }
+    let bad = carts
+        .delete_document("o1", "ann")
+        .idempotency_key("a/b")
+        .await
+        .expect_err("a key with a slash");
+    assert_eq!(bad.reason(), Some(&Reason::InvalidId));
+    assert!(
+        bad.message().contains("idempotency key"),
+        "{}",
+        bad.message()
+    );
+}

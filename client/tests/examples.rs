@@ -52,3 +52,8 @@ fn event_log_runs() {
 fn idempotency_keys_and_rate_limiter_run() {
     run("idempotency", &[]);
 }
+
+#[test]
+fn shopping_cart_runs() {
+    run("shopping_cart", &["--idle-secs", "1"]);
+}
