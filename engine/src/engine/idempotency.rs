@@ -346,5 +346,18 @@ impl RequestTable {
                 self.answer_bytes -= bytes;
             }
         }
+        // Keys are forgotten oldest first, as answers are kept: the queue of kept answers
+        // sheds the forgotten ones from its front, so it holds no more than the table.
+        while self.answers.front().is_some_and(
+            |key| !matches!(self.keys.get(key), Some(r) if matches!(r.kept, Kept::Answer(..))),
+        ) {
+            self.answers.pop_front();
+        }
+    }
+
+    /// Kept answers queued (at least the answers kept; forgotten ones leave from the front).
+    #[cfg(test)]
+    pub(crate) fn queued_answers(&self) -> usize {
+        self.answers.len()
     }
 }

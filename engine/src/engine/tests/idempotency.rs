@@ -233,6 +233,29 @@ fn a_full_table_refuses_new_keys_until_the_oldest_is_forgotten() {
 }
 
 #[test]
+fn forgotten_keys_leave_no_bookkeeping_behind() {
+    let f = bounded(IdempotencyConfig {
+        window: SEC,
+        max_keys: 1000,
+        answer_bytes: 1 << 20,
+    });
+    for round in 0..50 {
+        let key = request(&format!("k{round}"), 1);
+        f.engine
+            .keyed(Some(&key))
+            .create_document(&f.path, doc(&format!("d{round}"), None), None)
+            .result
+            .expect("created");
+        f.clock.advance(SEC);
+    }
+    let queued = f.engine.inner.shards[0].lock().requests.queued_answers();
+    assert!(
+        queued <= 2,
+        "answers of forgotten keys are dropped: {queued} queued"
+    );
+}
+
+#[test]
 fn an_answer_past_the_budget_is_not_kept_and_its_copy_is_told_it_applied() {
     let f = bounded(IdempotencyConfig {
         window: 10 * SEC,
