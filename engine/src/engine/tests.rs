@@ -88,8 +88,12 @@ impl Fixture {
     }
 
     fn with_storage(default: Option<i64>, storage: Arc<dyn Storage>) -> Self {
+        Self::with_config(default, storage, EngineConfig::new(4))
+    }
+
+    fn with_config(default: Option<i64>, storage: Arc<dyn Storage>, config: EngineConfig) -> Self {
         let clock = Arc::new(ManualClock::new(T0));
-        let engine = Engine::new(EngineConfig::new(4), storage, clock.clone());
+        let engine = Engine::new(config, storage, clock.clone());
         let db = id("db");
         engine.create_database(db.clone()).expect("database");
         let settings = CollectionSettings::new(default_ttl(default), IndexingMode::Consistent)

@@ -37,6 +37,14 @@ fn keyed_incr(
         .result
 }
 
+/// Document "a" of partition "p", with a counter `/n` at 0.
+fn counter_doc(f: &Fixture) {
+    f.engine
+        .create_document(&f.path, body(json!({"id": "a", "pk": "p", "n": 0})), None)
+        .result
+        .expect("create");
+}
+
 fn counter(f: &Fixture, id: &str) -> i64 {
     let view = f.read(id).expect("live");
     view.body_map()["n"].as_i64().expect("a number")
@@ -45,10 +53,7 @@ fn counter(f: &Fixture, id: &str) -> i64 {
 #[test]
 fn a_copy_of_an_applied_write_gets_the_first_answer_and_applies_nothing() {
     let f = Fixture::new(None);
-    f.engine
-        .create_document(&f.path, body(json!({"id": "a", "pk": "p", "n": 0})), None)
-        .result
-        .expect("create");
+    counter_doc(&f);
     let key = request("k1", 1);
     let first = keyed_incr(&f, "a", Some(&key)).expect("applied");
     assert!(!first.replayed);
@@ -94,10 +99,7 @@ fn a_keyed_create_retried_is_not_a_conflict() {
 #[test]
 fn the_same_key_with_another_request_is_refused_and_changes_nothing() {
     let f = Fixture::new(None);
-    f.engine
-        .create_document(&f.path, body(json!({"id": "a", "pk": "p", "n": 0})), None)
-        .result
-        .expect("create");
+    counter_doc(&f);
     keyed_incr(&f, "a", Some(&request("k", 1))).expect("applied");
     let reused = keyed_incr(&f, "a", Some(&request("k", 2)));
     assert!(
@@ -138,10 +140,7 @@ fn a_failed_request_is_not_remembered() {
         matches!(missing, Err(Error::DocumentNotFound { .. })),
         "{missing:?}"
     );
-    f.engine
-        .create_document(&f.path, body(json!({"id": "a", "pk": "p", "n": 0})), None)
-        .result
-        .expect("create");
+    counter_doc(&f);
     let applied = keyed_incr(&f, "a", Some(&key)).expect("applied now");
     assert!(!applied.replayed);
     assert_eq!(counter(&f, "a"), 1);
@@ -150,10 +149,7 @@ fn a_failed_request_is_not_remembered() {
 #[test]
 fn a_key_is_forgotten_after_the_window() {
     let f = Fixture::new(None);
-    f.engine
-        .create_document(&f.path, body(json!({"id": "a", "pk": "p", "n": 0})), None)
-        .result
-        .expect("create");
+    counter_doc(&f);
     let key = request("k", 1);
     keyed_incr(&f, "a", Some(&key)).expect("applied");
     f.clock.advance(DEFAULT_WINDOW_MS - 1);
@@ -166,32 +162,11 @@ fn a_key_is_forgotten_after_the_window() {
     assert_eq!(counter(&f, "a"), 2);
 }
 
-/// A fixture with one shard and these idempotency bounds.
+/// A fixture (TTL off) with one shard and these idempotency bounds.
 fn bounded(idempotency: IdempotencyConfig) -> Fixture {
-    let clock = Arc::new(ManualClock::new(T0));
     let mut config = EngineConfig::new(1);
     config.idempotency = idempotency;
-    let engine = Engine::new(config, Arc::new(MemoryStorage::new()), clock.clone());
-    let db = id("db");
-    engine.create_database(db.clone()).expect("database");
-    let settings = CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent).expect("ok");
-    engine
-        .create_collection(
-            &db,
-            id("c"),
-            PartitionKeyPath::parse("/pk").expect("path"),
-            settings,
-            Default::default(),
-        )
-        .expect("collection");
-    Fixture {
-        engine,
-        clock,
-        path: CollectionPath {
-            database: db,
-            collection: id("c"),
-        },
-    }
+    Fixture::with_config(None, Arc::new(MemoryStorage::new()), config)
 }
 
 #[test]
@@ -262,10 +237,7 @@ fn an_answer_past_the_budget_is_not_kept_and_its_copy_is_told_it_applied() {
         max_keys: 100,
         answer_bytes: 0,
     });
-    f.engine
-        .create_document(&f.path, body(json!({"id": "a", "pk": "p", "n": 0})), None)
-        .result
-        .expect("create");
+    counter_doc(&f);
     let key = request("k", 1);
     keyed_incr(&f, "a", Some(&key)).expect("applied");
     let again = keyed_incr(&f, "a", Some(&key));
@@ -279,10 +251,7 @@ fn an_answer_past_the_budget_is_not_kept_and_its_copy_is_told_it_applied() {
 #[test]
 fn concurrent_copies_of_one_request_apply_once() {
     let f = Arc::new(Fixture::new(None));
-    f.engine
-        .create_document(&f.path, body(json!({"id": "a", "pk": "p", "n": 0})), None)
-        .result
-        .expect("create");
+    counter_doc(&f);
     let key = Arc::new(request("k", 1));
     let threads: Vec<_> = (0..8)
         .map(|_| {
