@@ -1384,6 +1384,22 @@ fn disk_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> (Engine, Colle
     (engine, path)
 }
 
+/// Database "db" and its collection "c" (partition key `/pk`, default TTL `default`,
+/// consistent indexing of everything) on a new engine.
+fn create_db_and_c(engine: &Engine, default: DefaultTtl) {
+    engine.create_database(id("db")).expect("database");
+    let settings = CollectionSettings::new(default, IndexingMode::Consistent).expect("valid");
+    engine
+        .create_collection(
+            &id("db"),
+            id("c"),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            settings,
+            Default::default(),
+        )
+        .expect("collection");
+}
+
 /// Regression: a settings change marked the documents the old default had expired dead in
 /// memory only, so a crash before the purge deleted them brought them back (lower the default
 /// so a backlog expires, switch TTL off, kill). The decision is now part of the durable
@@ -1394,18 +1410,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
     let clock = Arc::new(ManualClock::new(T0));
     {
         let (engine, path) = disk_engine(dir.path(), clock.clone());
-        engine.create_database(id("db")).expect("database");
-        let settings = CollectionSettings::new(default_ttl(Some(3600)), IndexingMode::Consistent)
-            .expect("valid");
-        engine
-            .create_collection(
-                &id("db"),
-                id("c"),
-                PartitionKeyPath::parse("/pk").expect("path"),
-                settings,
-                Default::default(),
-            )
-            .expect("collection");
+        create_db_and_c(&engine, default_ttl(Some(3600)));
         for (name, ttl) in [("inherits", None), ("own", Some(60)), ("never", Some(-1))] {
             engine
                 .create_document(&path, doc(name, ttl), None)
@@ -1764,18 +1769,7 @@ async fn an_index_survives_a_restart_with_exactly_the_current_entries() {
     let clock = Arc::new(ManualClock::new(T0));
     {
         let (engine, path) = disk_engine(dir.path(), clock.clone());
-        engine.create_database(id("db")).expect("database");
-        let settings = CollectionSettings::new(default_ttl(Some(-1)), IndexingMode::Consistent)
-            .expect("valid");
-        engine
-            .create_collection(
-                &id("db"),
-                id("c"),
-                PartitionKeyPath::parse("/pk").expect("path"),
-                settings,
-                Default::default(),
-            )
-            .expect("collection");
+        create_db_and_c(&engine, default_ttl(Some(-1)));
         for i in 0..20 {
             let status = if i % 2 == 0 { "open" } else { "closed" };
             engine

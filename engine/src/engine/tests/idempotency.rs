@@ -307,18 +307,7 @@ async fn remembered_keys_survive_a_restart_with_their_writes() {
     let key = request("k", 1);
     {
         let (engine, path) = disk_engine(dir.path(), clock.clone());
-        engine.create_database(id("db")).expect("database");
-        let settings =
-            CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent).expect("valid");
-        engine
-            .create_collection(
-                &id("db"),
-                id("c"),
-                PartitionKeyPath::parse("/pk").expect("path"),
-                settings,
-                Default::default(),
-            )
-            .expect("collection");
+        create_db_and_c(&engine, DefaultTtl::Off);
         let written = engine
             .keyed(Some(&key))
             .create_document(&path, doc("a", None), None);
