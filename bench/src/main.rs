@@ -287,6 +287,7 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
             default_ttl,
             indexing_mode: indexing_mode as i32,
             indexing_paths: None,
+            must_live: None,
         })
         .await?;
     Ok(collection)

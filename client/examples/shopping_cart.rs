@@ -13,8 +13,8 @@
 use std::time::Duration;
 
 use mayfly_client::{
-    Client, Collection, DefaultTtl, DocumentTtl, Error, PatchOps, PatchOutcome, json_pointer,
-    new_idempotency_key,
+    Client, Collection, DefaultTtl, DocumentTtl, Error, MustLiveRule, PatchOps, PatchOutcome,
+    Reason, json_pointer, new_idempotency_key,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -38,10 +38,12 @@ impl Shop {
             .await?
             .into_inner();
         // Every write restarts a document's TTL clock: a cart lives `cart_idle` past its last
-        // change. Orders say `ttl: Never` (see checkout).
+        // change. Orders say `ttl: Never` (see checkout), and the must-live rule makes the
+        // server refuse an order written without it rather than let it expire.
         let docs = db
             .create_collection_if_not_exists("docs", "/user")
             .default_ttl(DefaultTtl::After(cart_idle))
+            .must_live(MustLiveRule::new("/type", ["order"]))
             .await?
             .into_inner();
         Ok(Shop { docs })
@@ -168,6 +170,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None,
         "the cart is gone"
     );
+
+    // An order written without `ttl: Never` is refused, not left to expire with the carts.
+    let forgot = json!({"id": "order-2", "user": &user, "type": "order"});
+    let refused = shop.docs.create(&forgot).await.expect_err("must live");
+    assert_eq!(refused.reason(), Some(&Reason::MustLive));
 
     let orders = shop.orders(&user).await?;
     assert_eq!((orders.len(), orders[0].total_items), (1, 3));

@@ -14,7 +14,7 @@ use tonic::{
 };
 
 use crate::{
-    collection::{Collection, CollectionInfo, IndexingMode, IndexingPaths},
+    collection::{Collection, CollectionInfo, IndexingMode, IndexingPaths, MustLiveRule},
     error::{Error, ErrorDetails, Reason},
     retry::RetryPolicy,
     tls::Tls,
@@ -816,6 +816,7 @@ impl Database {
             default_ttl: DefaultTtl::Off,
             indexing_mode: IndexingMode::Consistent,
             indexing_paths: None,
+            must_live: Vec::new(),
         }
     }
 
@@ -913,9 +914,41 @@ pub struct CreateCollection<'a> {
     default_ttl: DefaultTtl,
     indexing_mode: IndexingMode,
     indexing_paths: Option<IndexingPaths>,
+    must_live: Vec<MustLiveRule>,
 }
 
 impl CreateCollection<'_> {
+    /// Documents that must never expire: a write storing one without `"ttl": -1`
+    /// ([`DocumentTtl::Never`](crate::DocumentTtl::Never)) is refused with
+    /// [`Reason::MustLive`](crate::Reason::MustLive). Call it once per rule. For a collection
+    /// where short-lived documents sit beside ones that must stay, such as carts beside orders:
+    /// forgetting `.ttl(DocumentTtl::Never)` on an order is then an error, not a lost order.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("shop").await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::{DefaultTtl, DocumentTtl, MustLiveRule, Reason};
+    /// use serde_json::json;
+    /// let shop = db
+    ///     .create_collection("shop", "/customer")
+    ///     .default_ttl(DefaultTtl::After(Duration::from_secs(3600)))
+    ///     .must_live(MustLiveRule::new("/type", ["order"]))
+    ///     .await?;
+    /// let order = json!({"id": "o1", "customer": "ann", "type": "order"});
+    /// let err = shop.create(&order).await.unwrap_err();
+    /// assert_eq!(err.reason(), Some(&Reason::MustLive));
+    /// shop.create(&order).ttl(DocumentTtl::Never).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn must_live(mut self, rule: MustLiveRule) -> Self {
+        self.must_live.push(rule);
+        self
+    }
+
     /// The paths to index (everything but `_etag` if not called).
     ///
     /// ```
@@ -993,6 +1026,7 @@ impl<'a> IntoFuture for CreateCollection<'a> {
                 default_ttl,
                 indexing_mode,
                 indexing_paths,
+                must_live,
             } = self;
             let request = CreateCollectionProto {
                 database: database.id.clone(),
@@ -1001,6 +1035,7 @@ impl<'a> IntoFuture for CreateCollection<'a> {
                 default_ttl: default_ttl.to_wire(),
                 indexing_mode: indexing_mode.to_wire(),
                 indexing_paths: indexing_paths.as_ref().map(IndexingPaths::to_wire),
+                must_live: MustLiveRule::to_wire(&must_live),
             };
             database
                 .client
@@ -1142,6 +1177,24 @@ impl EnsureCollection<'_> {
     /// ```
     pub fn indexing_paths(self, paths: IndexingPaths) -> Self {
         EnsureCollection(self.0.indexing_paths(paths))
+    }
+
+    /// A must-live rule if it is created ([`CreateCollection::must_live`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::MustLiveRule;
+    /// db.create_collection_if_not_exists("shop", "/customer")
+    ///     .must_live(MustLiveRule::new("/type", ["order", "invoice"]))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn must_live(self, rule: MustLiveRule) -> Self {
+        EnsureCollection(self.0.must_live(rule))
     }
 }
 

@@ -1,5 +1,6 @@
 //! Collection handles: settings and the entry points for document requests.
 
+use mayfly_proto::json::JsonValue;
 use mayfly_proto::v1::{
     self, DeleteCollectionRequest, GetCollectionRequest, ReadDocumentRequest,
     ReplaceCollectionRequest, oneofs::DefaultTtlState,
@@ -90,6 +91,68 @@ impl IndexingPaths {
     }
 }
 
+/// A kind of document that must never expire, named by the value at a path: documents whose
+/// value at `path` is one of `values` must carry `"ttl": -1`
+/// ([`DocumentTtl::Never`](crate::DocumentTtl::Never)), or the server refuses the write with
+/// [`Reason::MustLive`] and changes nothing. Inheriting a default of off or -1 is not enough,
+/// so that a later default TTL cannot make those documents expire either. Documents stored
+/// before a rule is set are not checked until they are written again.
+///
+/// ```
+/// use mayfly_client::MustLiveRule;
+/// let rule = MustLiveRule::new("/type", ["order", "invoice"]);
+/// assert_eq!(rule.values, [serde_json::json!("order"), serde_json::json!("invoice")]);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MustLiveRule {
+    /// Where the kind is read, written like a partition key path: `/type`, `/meta/kind`.
+    pub path: String,
+    /// 1 to 64 strings, numbers, bools or nulls; numbers compare as numbers.
+    pub values: Vec<Value>,
+}
+
+impl MustLiveRule {
+    /// A rule: documents whose value at `path` is one of `values` must live.
+    pub fn new<V>(path: impl Into<String>, values: impl IntoIterator<Item = V>) -> Self
+    where
+        V: Into<Value>,
+    {
+        MustLiveRule {
+            path: path.into(),
+            values: values.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// Rules as a request carries them (`None` for none, which a create takes as none).
+    pub(crate) fn to_wire(rules: &[MustLiveRule]) -> Option<v1::MustLive> {
+        (!rules.is_empty()).then(|| Self::to_wire_set(rules))
+    }
+
+    /// Rules as a replace carries them: present even when empty (which removes them all).
+    pub(crate) fn to_wire_set(rules: &[MustLiveRule]) -> v1::MustLive {
+        v1::MustLive {
+            rules: rules
+                .iter()
+                .map(|rule| v1::MustLiveRule {
+                    path: rule.path.clone(),
+                    values: rule.values.iter().cloned().map(JsonValue::new).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    fn from_wire(rule: v1::MustLiveRule) -> Self {
+        MustLiveRule {
+            path: rule.path,
+            values: rule
+                .values
+                .into_iter()
+                .filter_map(|v| v.into_checked().ok())
+                .collect(),
+        }
+    }
+}
+
 /// A collection's description.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CollectionInfo {
@@ -108,6 +171,8 @@ pub struct CollectionInfo {
     /// False while documents may lack entries the paths call for (after the paths changed, or
     /// indexing was turned on): queries then read documents instead of the index.
     pub index_complete: bool,
+    /// Kinds of documents that must never expire ([`MustLiveRule`]); empty if none.
+    pub must_live: Vec<MustLiveRule>,
 }
 
 impl CollectionInfo {
@@ -120,6 +185,7 @@ impl CollectionInfo {
             indexing_mode,
             indexing_paths,
             index_complete,
+            must_live,
         } = c;
         let paths = indexing_paths.unwrap_or_default();
         CollectionInfo {
@@ -128,6 +194,9 @@ impl CollectionInfo {
                 excluded: paths.excluded_paths,
             },
             index_complete,
+            must_live: must_live
+                .map(|m| m.rules.into_iter().map(MustLiveRule::from_wire).collect())
+                .unwrap_or_default(),
             database,
             id,
             partition_key_path,
@@ -149,6 +218,7 @@ pub struct CollectionSettings {
     default_ttl: DefaultTtl,
     indexing_mode: Option<IndexingMode>,
     indexing_paths: Option<IndexingPaths>,
+    must_live: Option<Vec<MustLiveRule>>,
 }
 
 impl CollectionSettings {
@@ -163,7 +233,21 @@ impl CollectionSettings {
             default_ttl,
             indexing_mode: None,
             indexing_paths: None,
+            must_live: None,
         }
+    }
+
+    /// Also replaces the must-live rules with these ([`MustLiveRule`]); an empty list removes
+    /// them all. Not called: the current rules stay.
+    ///
+    /// ```
+    /// use mayfly_client::{CollectionSettings, DefaultTtl, MustLiveRule};
+    /// let settings = CollectionSettings::new(DefaultTtl::NoDefault)
+    ///     .must_live([MustLiveRule::new("/type", ["order"])]);
+    /// ```
+    pub fn must_live(mut self, rules: impl IntoIterator<Item = MustLiveRule>) -> Self {
+        self.must_live = Some(rules.into_iter().collect());
+        self
     }
 
     /// Also changes the indexed paths. Documents indexed under the old paths lack entries the
@@ -313,6 +397,7 @@ impl Collection {
             default_ttl,
             indexing_mode,
             indexing_paths,
+            must_live,
         } = settings;
         let state = match default_ttl {
             DefaultTtl::Off => DefaultTtlState::Off(()),
@@ -326,6 +411,7 @@ impl Collection {
             indexing_mode: indexing_mode
                 .map_or(v1::IndexingMode::Unspecified as i32, IndexingMode::to_wire),
             indexing_paths: indexing_paths.as_ref().map(IndexingPaths::to_wire),
+            must_live: must_live.as_deref().map(MustLiveRule::to_wire_set),
         };
         let collection = self
             .client

@@ -403,6 +403,11 @@ reasons! {
     InvalidPatch = "INVALID_PATCH",
     /// A patch condition that is not a valid `FROM c WHERE ...` predicate.
     InvalidPatchCondition = "INVALID_PATCH_CONDITION",
+    /// A document that a collection's must-live rule keeps forever, written without
+    /// `"ttl": -1` ([`DocumentTtl::Never`](crate::DocumentTtl::Never)); nothing was written.
+    MustLive = "MUST_LIVE",
+    /// A must-live rule that cannot be used (its path, its values, too many rules).
+    InvalidMustLiveRule = "INVALID_MUST_LIVE_RULE",
     /// A required request field left out.
     MissingField = "MISSING_FIELD",
     /// An enum value the server does not know.

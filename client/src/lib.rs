@@ -77,6 +77,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Mixed lifetimes
+//!
+//! A collection whose carts expire beside orders that must not relies on every order being
+//! written with [`DocumentTtl::Never`]. A [`MustLiveRule`] makes the server hold writers to it:
+//! `.must_live(MustLiveRule::new("/type", ["order"]))` on
+//! [`create_collection`](Database::create_collection) (or
+//! [`CollectionSettings::must_live`]), and an order written without `ttl: -1` fails with
+//! [`Reason::MustLive`] instead of expiring an hour later. See [`CreateCollection::must_live`].
+//!
 //! # Connections
 //!
 //! [`Client::builder`] sets a connect timeout (5 s), a per-request timeout (30 s, failing
@@ -136,7 +145,9 @@ mod ttl;
 
 pub use batch::{Batch, BatchResult, MAX_BATCH_OPERATIONS};
 pub use client::{Client, ClientBuilder, CreateCollection, Database, EnsureCollection, Ensured};
-pub use collection::{Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths};
+pub use collection::{
+    Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths, MustLiveRule,
+};
 pub use document::{
     DeleteOutcome, Document, Item, Lifetime, PartitionKey, ReplaceOutcome, TouchOutcome,
     UpdateOutcome, UpsertOutcome,

@@ -10,8 +10,8 @@ use std::{process::Command, time::Duration};
 // The point: no `tokio_stream` import.
 use mayfly_client::StreamExt as _;
 use mayfly_client::{
-    BatchResult, Client, Collection, DefaultTtl, DocumentTtl, Error, Item, PatchOutcome, Reason,
-    StatusCode, UpdateOutcome, json_pointer,
+    BatchResult, Client, Collection, CollectionSettings, DefaultTtl, DocumentTtl, Error, Item,
+    MustLiveRule, PatchOps, PatchOutcome, Reason, StatusCode, UpdateOutcome, json_pointer,
 };
 use mayfly_server::RunningServer;
 use serde::{Deserialize, Serialize};
@@ -598,4 +598,83 @@ async fn keyed_writes_sent_again_apply_once() {
         "{}",
         bad.message()
     );
+}
+
+#[tokio::test]
+async fn must_live_rules_refuse_an_order_that_could_expire() {
+    let (_server, client) = start().await;
+    let shop = client
+        .create_database("shop")
+        .await
+        .expect("db")
+        .create_collection("shop", "/user")
+        .default_ttl(DefaultTtl::After(Duration::from_secs(3600)))
+        .must_live(MustLiveRule::new("/type", ["order"]))
+        .await
+        .expect("collection");
+    let info = shop.info().await.expect("info");
+    assert_eq!(info.must_live, [MustLiveRule::new("/type", ["order"])]);
+
+    // The forgotten `.ttl(DocumentTtl::Never)`: refused, naming the rule; nothing written.
+    let order = json!({"id": "o1", "user": "ann", "type": "order"});
+    let err = shop.create(&order).await.expect_err("refused");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert_eq!(err.reason(), Some(&Reason::MustLive));
+    assert!(
+        err.message().contains("/type is \"order\""),
+        "{}",
+        err.message()
+    );
+    assert!(err.message().contains("\"ttl\": -1"), "{}", err.message());
+    assert!(shop.read("o1", "ann").await.expect("read").is_none());
+    shop.create(&order)
+        .ttl(DocumentTtl::Never)
+        .await
+        .expect("says it lives");
+
+    // Checkout as a batch turning the cart into an order, without the ttl: refused whole.
+    shop.create(&json!({"id": "c1", "user": "ann", "type": "cart"}))
+        .await
+        .expect("a cart may expire");
+    let checkout = shop
+        .batch("ann")
+        .create(&json!({"id": "receipt", "user": "ann", "type": "receipt"}))
+        .patch("c1", PatchOps::new().set("/type", "order"))
+        .await
+        .expect_err("refused");
+    assert_eq!(checkout.reason(), Some(&Reason::MustLive));
+    assert!(shop.read("receipt", "ann").await.expect("read").is_none());
+    shop.batch("ann")
+        .patch(
+            "c1",
+            PatchOps::new()
+                .set("/type", "order")
+                .ttl(DocumentTtl::Never),
+        )
+        .await
+        .expect("with the ttl");
+    // An order's ttl cannot be patched away either.
+    let err = shop
+        .patch("c1", "ann")
+        .ttl(DocumentTtl::After(Duration::from_secs(5)))
+        .await
+        .expect_err("refused");
+    assert_eq!(err.reason(), Some(&Reason::MustLive));
+
+    // Bad rules are named; replacing settings with an empty list removes the rules.
+    let bad = client
+        .database("shop")
+        .create_collection("bad", "/user")
+        .must_live(MustLiveRule::new("type", ["order"]))
+        .await
+        .expect_err("no leading slash");
+    assert_eq!(bad.reason(), Some(&Reason::InvalidMustLiveRule));
+    let info = shop
+        .replace_settings(CollectionSettings::new(DefaultTtl::NoDefault).must_live([]))
+        .await
+        .expect("replaced");
+    assert!(info.must_live.is_empty());
+    shop.upsert(&json!({"id": "o2", "user": "ann", "type": "order"}))
+        .await
+        .expect("no rules now");
 }

@@ -483,6 +483,7 @@ async fn requests_the_typed_client_cannot_make() {
             default_ttl: None,
             indexing_mode: 0,
             indexing_paths: None,
+            must_live: None,
         })
         .await
         .expect_err("a replace must state the TTL");
@@ -500,6 +501,7 @@ async fn requests_the_typed_client_cannot_make() {
             default_ttl: None,
             indexing_mode: 42,
             indexing_paths: None,
+            must_live: None,
         })
         .await
         .expect_err("unknown enum value");

@@ -34,9 +34,10 @@ pub mod v1 {
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
         DeleteDocumentResponse, Document, GetCollectionRequest, GetDatabaseRequest, IndexingMode,
         IndexingPaths, ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
-        ListDatabasesResponse, PartitionKey, QueryMetrics, QueryRequest, ReadDocumentRequest,
-        ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest, ReplaceDocumentRequest,
-        TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
+        ListDatabasesResponse, MustLive, MustLiveRule, PartitionKey, QueryMetrics, QueryRequest,
+        ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest,
+        ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest,
+        UpsertDocumentResponse, UpsertOutcome,
     };
     pub use crate::generated::{
         CreateResourceTokenRequest, KeyKind, RegenerateKeyRequest, RegenerateKeyResponse,

@@ -69,6 +69,7 @@ impl Clients {
                 default_ttl,
                 indexing_mode: indexing_mode.into(),
                 indexing_paths: None,
+                must_live: None,
             })
             .await
             .unwrap_or_else(|e| panic!("create collection {database}/{id}: {e:?}"))
@@ -88,6 +89,7 @@ impl Clients {
                 default_ttl: Some(mayfly_proto::v1::DefaultTtl { state: Some(state) }),
                 indexing_mode: 0,
                 indexing_paths: None,
+                must_live: None,
             })
             .await
             .unwrap_or_else(|e| panic!("replace collection {database}/{id}: {e:?}"))
@@ -564,6 +566,7 @@ fn turn_ttl_off_before_any_purge(
                     default_ttl: DefaultTtl::Off,
                     indexing_mode: None,
                     index_paths: None,
+                    must_live: None,
                 },
             )
             .expect("turn TTL off");

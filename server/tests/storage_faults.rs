@@ -116,6 +116,7 @@ impl Clients {
                 default_ttl: None,
                 indexing_mode: 0,
                 indexing_paths: None,
+                must_live: None,
             })
             .await
             .expect("create collection");

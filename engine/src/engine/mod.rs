@@ -74,8 +74,9 @@ pub use walk::{MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QueryMe
 pub use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
     DefaultTtl, DocumentId, DocumentTtl, ExpiredThrough, IdKind, IndexPath, IndexPaths,
-    IndexingMode, InvalidInput, MAX_ID_CHARS, MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS,
-    PartitionKeyPath, PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
+    IndexingMode, InvalidInput, MAX_ID_CHARS, MAX_MUST_LIVE_RULES, MAX_MUST_LIVE_VALUES,
+    MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, MustLive, MustLiveRule, PartitionKeyPath,
+    PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
 };
 // Submodules reach the shared modules by their old names.
 use crate::model::{partition_key, ttl};
@@ -363,7 +364,7 @@ impl Engine {
 
     // ---- collections ----
 
-    /// Creates a collection.
+    /// Creates a collection without must-live rules.
     pub fn create_collection(
         &self,
         database: &DatabaseId,
@@ -371,6 +372,28 @@ impl Engine {
         partition_key_path: PartitionKeyPath,
         settings: CollectionSettings,
         index_paths: Arc<IndexPaths>,
+    ) -> Result<Arc<CollectionInfo>, Error> {
+        let rules = Arc::default();
+        self.create_collection_with(
+            database,
+            id,
+            partition_key_path,
+            settings,
+            index_paths,
+            rules,
+        )
+    }
+
+    /// Creates a collection whose `must_live` rules refuse matching documents that could
+    /// expire.
+    pub fn create_collection_with(
+        &self,
+        database: &DatabaseId,
+        id: CollectionId,
+        partition_key_path: PartitionKeyPath,
+        settings: CollectionSettings,
+        index_paths: Arc<IndexPaths>,
+        must_live: Arc<MustLive>,
     ) -> Result<Arc<CollectionInfo>, Error> {
         let _ddl = self.inner.ddl.lock();
         let uid = {
@@ -396,6 +419,7 @@ impl Engine {
             expired: ExpiredThrough::default(),
             index_paths,
             index_complete: true,
+            must_live,
         });
         let lsn = self
             .inner
@@ -448,6 +472,9 @@ impl Engine {
         let index_paths = change
             .index_paths
             .unwrap_or_else(|| current.index_paths.clone());
+        let must_live = change
+            .must_live
+            .unwrap_or_else(|| current.must_live.clone());
         // Documents written under another policy need their entries made again (a rebuild by
         // the background indexer); so do all in a `lazy` collection whose TTL is switched on
         // or off, as in Cosmos DB. Until it is done, or while a `lazy` collection's owed
@@ -484,6 +511,7 @@ impl Engine {
                     expired,
                     index_paths,
                     index_complete,
+                    must_live,
                     ..(*current).clone()
                 });
                 let lsn = self
@@ -550,7 +578,22 @@ impl Engine {
 
     // ---- documents ----
 
+    /// The key a body to be stored has, checked: its partition key `requested`'s (if given),
+    /// and the collection's must-live rules kept. Every write storing a body goes through here
+    /// with the body it stores.
     fn key_for(
+        info: &CollectionInfo,
+        body: &DocumentBody,
+        requested: Option<PartitionKeyValue>,
+    ) -> Result<DocKey, InvalidInput> {
+        info.must_live
+            .check(info.id.as_str(), body.map(), body.ttl())?;
+        Self::key_of(info, body, requested)
+    }
+
+    /// [`Engine::key_for`] without the must-live rules: for a patch's initial body, which is
+    /// not what is stored (the patch applies to it, and what it yields is checked).
+    fn key_of(
         info: &CollectionInfo,
         body: &DocumentBody,
         requested: Option<PartitionKeyValue>,
@@ -669,7 +712,7 @@ impl Engine {
                 body: initial.id().to_string(),
             }));
         }
-        Self::key_for(info, initial, Some(key.partition_key.clone())).map_err(named)?;
+        Self::key_of(info, initial, Some(key.partition_key.clone())).map_err(named)?;
         Ok(())
     }
 

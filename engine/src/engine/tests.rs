@@ -150,6 +150,7 @@ impl Fixture {
                     default_ttl: default_ttl(raw),
                     indexing_mode: None,
                     index_paths: None,
+                    must_live: None,
                 },
             )
             .expect("replace settings");
@@ -530,6 +531,7 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
                 default_ttl: default_ttl(Some(60)),
                 indexing_mode: None,
                 index_paths: None,
+                must_live: None,
             },
         )
         .expect_err("rejected");
@@ -544,6 +546,7 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
                 default_ttl: default_ttl(Some(60)),
                 indexing_mode: Some(IndexingMode::None),
                 index_paths: None,
+                must_live: None,
             },
         )
         .expect_err("rejected");
@@ -1433,6 +1436,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
                         default_ttl: default_ttl(ttl),
                         indexing_mode: None,
                         index_paths: None,
+                        must_live: None,
                     },
                 )
                 .expect("settings");
@@ -1461,6 +1465,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
                 default_ttl: default_ttl(Some(-1)),
                 indexing_mode: None,
                 index_paths: None,
+                must_live: None,
             },
         )
         .expect("settings");
@@ -1856,6 +1861,7 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
                 default_ttl: DefaultTtl::Off,
                 indexing_mode: Some(IndexingMode::Consistent),
                 index_paths: None,
+                must_live: None,
             },
         )
         .expect("settings");
@@ -2032,6 +2038,7 @@ fn lazy_writes_are_indexed_in_the_background() {
                 default_ttl: default_ttl(Some(-1)),
                 indexing_mode: None,
                 index_paths: None,
+                must_live: None,
             },
         )
         .expect("settings");
@@ -2095,6 +2102,7 @@ fn a_path_change_rebuilds_the_index() {
                 default_ttl: DefaultTtl::Off,
                 indexing_mode: None,
                 index_paths: Some(Arc::new(only_n)),
+                must_live: None,
             },
         )
         .expect("settings");
@@ -2189,6 +2197,7 @@ async fn an_interrupted_catch_up_or_rebuild_resumes_after_a_restart() {
                     default_ttl: DefaultTtl::Off,
                     indexing_mode: Some(IndexingMode::Consistent),
                     index_paths: None,
+                    must_live: None,
                 },
             )
             .expect("settings");
@@ -2437,6 +2446,7 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
 
 mod batch;
 mod idempotency;
+mod must_live;
 
 /// A continuation holds a position in one plan's index entries: resumed under another plan
 /// (the indexing policy changed between pages) it would skip or repeat rows, so it is refused
@@ -2505,6 +2515,7 @@ fn a_query_continuation_resumes_only_under_the_plan_that_made_it() {
                     default_ttl: DefaultTtl::Off,
                     indexing_mode: None,
                     index_paths: Some(Arc::new(paths)),
+                    must_live: None,
                 },
             )
             .expect("settings");

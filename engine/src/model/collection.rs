@@ -6,6 +6,7 @@ use super::{
     ids::{CollectionId, DatabaseId},
     index_paths::IndexPaths,
     invalid::InvalidInput,
+    must_live::MustLive,
     partition_key::PartitionKeyPath,
     ttl::{DefaultTtl, ExpiredThrough, Rules},
 };
@@ -84,6 +85,8 @@ pub struct CollectionInfo {
     /// that adds paths (or turns indexing on) clears it: queries then read documents instead
     /// of the index until a rebuild sets it again.
     pub index_complete: bool,
+    /// Kinds of documents that must say `"ttl": -1` (none by default).
+    pub must_live: Arc<MustLive>,
 }
 
 impl CollectionInfo {
@@ -122,6 +125,8 @@ pub struct SettingsChange {
     pub indexing_mode: Option<IndexingMode>,
     /// The new indexed paths; `None` keeps the current ones.
     pub index_paths: Option<Arc<IndexPaths>>,
+    /// The new must-live rules; `None` keeps the current ones.
+    pub must_live: Option<Arc<MustLive>>,
 }
 
 #[cfg(test)]

@@ -92,6 +92,17 @@ pub enum InvalidInput {
     CreateIfMissing(Box<InvalidInput>),
     /// A patch with both an `if_match` and a `create_if_missing` body.
     IfMatchWithCreate,
+    /// A must-live rule that cannot be used.
+    MustLiveRule { path: String, reason: String },
+    /// More must-live rules than a collection may have.
+    MustLiveRules { count: usize, max: usize },
+    /// A document a must-live rule matches, written without `"ttl": -1`.
+    MustLive {
+        collection: String,
+        path: String,
+        value: String,
+        ttl: Option<String>,
+    },
 }
 
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
@@ -206,6 +217,25 @@ impl fmt::Display for InvalidInput {
             InvalidInput::IfMatchWithCreate => f.write_str(
                 "if_match cannot be combined with create_if_missing: an etag names a version of a live document, and a patch that may create has none to name; send one or the other"
             ),
+            InvalidInput::MustLiveRule { path, reason } => {
+                write!(f, "invalid must-live rule for path {:?}: {reason}", Echo(path))
+            }
+            InvalidInput::MustLiveRules { count, max } => {
+                write!(f, "a collection has at most {max} must-live rules; this request gives {count}")
+            }
+            InvalidInput::MustLive { collection, path, value, ttl } => {
+                write!(
+                    f,
+                    "collection '{}' keeps documents whose {} is {value} forever (a must-live rule), and this one ",
+                    Echo(collection),
+                    Echo(path)
+                )?;
+                match ttl {
+                    None => f.write_str("has no \"ttl\": -1, so it would inherit the collection's default TTL")?,
+                    Some(ttl) => write!(f, "has \"ttl\": {ttl}, so it would expire")?,
+                }
+                f.write_str("; give it \"ttl\": -1 (DocumentTtl::Never in the Rust client), or change the rule with ReplaceCollection")
+            }
             InvalidInput::IndexTermsTooLarge { limit } => write!(
                 f,
                 "the document's index terms (each indexed path with its value) would exceed {limit} bytes: many properties under long nested paths; exclude those paths from the collection's indexing policy or flatten the document"

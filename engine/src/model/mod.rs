@@ -8,6 +8,7 @@ mod echo;
 mod ids;
 mod index_paths;
 mod invalid;
+mod must_live;
 pub(crate) mod partition_key;
 pub(crate) mod ttl;
 
@@ -19,6 +20,7 @@ pub use echo::{ECHO_CHARS, Echo};
 pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, IdProblem, MAX_ID_CHARS, ResourceId};
 pub use index_paths::{IndexPath, IndexPaths, MAX_INDEX_PATH_BYTES, MAX_INDEX_PATHS};
 pub use invalid::InvalidInput;
+pub use must_live::{MAX_MUST_LIVE_RULES, MAX_MUST_LIVE_VALUES, MustLive, MustLiveRule};
 pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
 pub use ttl::{DefaultTtl, DocumentTtl, ExpiredThrough, MAX_TTL_SECONDS, Rules, TtlSeconds};
 

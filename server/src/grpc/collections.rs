@@ -42,6 +42,7 @@ impl server::Collections for CollectionsService {
             default_ttl,
             indexing_mode,
             indexing_paths,
+            must_live,
         } = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
         caller.allow(Action::Manage, Target::Database(&database), &engine)?;
@@ -57,8 +58,13 @@ impl server::Collections for CollectionsService {
         let paths = convert::index_paths(indexing_paths)
             .map_err(to_status)?
             .unwrap_or_default();
-        let info = blocking(move || engine.create_collection(&database, id, path, settings, paths))
-            .await?;
+        let must_live = convert::must_live(must_live)
+            .map_err(to_status)?
+            .unwrap_or_default();
+        let info = blocking(move || {
+            engine.create_collection_with(&database, id, path, settings, paths, must_live)
+        })
+        .await?;
         Ok(Response::new(convert::collection(&info)))
     }
 
@@ -103,6 +109,7 @@ impl server::Collections for CollectionsService {
             default_ttl,
             indexing_mode,
             indexing_paths,
+            must_live,
         } = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
         caller.allow(Action::Manage, Target::collection(&database, &id), &engine)?;
@@ -111,6 +118,7 @@ impl server::Collections for CollectionsService {
             default_ttl: convert::default_ttl_change(default_ttl).map_err(to_status)?,
             indexing_mode: convert::indexing_mode(indexing_mode).map_err(to_status)?,
             index_paths: convert::index_paths(indexing_paths).map_err(to_status)?,
+            must_live: convert::must_live(must_live).map_err(to_status)?,
         };
         let info = blocking(move || engine.replace_collection(&path, change)).await?;
         Ok(Response::new(convert::collection(&info)))

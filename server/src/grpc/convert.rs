@@ -12,7 +12,7 @@ use serde_json::{Map, Number, Value};
 use crate::engine::{
     CollectionId, CollectionInfo, CollectionPath, DatabaseId, DefaultTtl, DocumentBody,
     DocumentView, FeedScope, IdKind, IndexPaths, IndexingMode, InvalidInput, MAX_DEPTH,
-    MAX_DOCUMENT_BYTES, Millis, PartitionKeyValue, ResourceId,
+    MAX_DOCUMENT_BYTES, Millis, MustLive, MustLiveRule, PartitionKeyValue, ResourceId,
 };
 use crate::storage::DocKey;
 
@@ -252,6 +252,7 @@ pub(crate) fn collection(info: &CollectionInfo) -> v1::Collection {
         expired: _,
         index_paths,
         index_complete,
+        must_live,
     } = info;
     v1::Collection {
         database: database.to_string(),
@@ -268,7 +269,45 @@ pub(crate) fn collection(info: &CollectionInfo) -> v1::Collection {
             excluded_paths: index_paths.excluded(),
         }),
         index_complete: *index_complete,
+        // Absent when there are none, as a collection without rules was shown before.
+        must_live: (!must_live.is_empty()).then(|| v1::MustLive {
+            rules: must_live
+                .rules()
+                .iter()
+                .map(|rule| v1::MustLiveRule {
+                    path: rule.path().to_owned(),
+                    values: rule.values().into_iter().map(JsonValue::new).collect(),
+                })
+                .collect(),
+        }),
     }
+}
+
+/// A request's must-live rules (`None` if absent).
+pub(crate) fn must_live(
+    rules: Option<v1::MustLive>,
+) -> Result<Option<Arc<MustLive>>, InvalidInput> {
+    let Some(v1::MustLive { rules }) = rules else {
+        return Ok(None);
+    };
+    let rules = rules
+        .into_iter()
+        .map(|v1::MustLiveRule { path, values }| {
+            let values = values
+                .into_iter()
+                .map(|value| {
+                    value.into_checked().map_err(|defect| {
+                        value_defect(
+                            format!("a value of the must-live rule for {path:?}"),
+                            defect,
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            MustLiveRule::new(&path, &values)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    MustLive::new(rules).map(|rules| Some(Arc::new(rules)))
 }
 
 /// The paths of a request's indexing policy (`None` if absent).

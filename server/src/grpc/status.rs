@@ -96,6 +96,10 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         // The body's own reason (ID_MISMATCH, INVALID_TTL, ...), its message naming the body.
         InvalidInput::CreateIfMissing(inner) => invalid_reason(inner),
         InvalidInput::IfMatchWithCreate => "INVALID_PATCH",
+        InvalidInput::MustLiveRule { .. } | InvalidInput::MustLiveRules { .. } => {
+            "INVALID_MUST_LIVE_RULE"
+        }
+        InvalidInput::MustLive { .. } => "MUST_LIVE",
     }
 }
 

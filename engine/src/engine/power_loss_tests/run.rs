@@ -328,6 +328,7 @@ impl Run {
                             default_ttl,
                             indexing_mode: None,
                             index_paths: Some(Arc::new(paths)),
+                            must_live: None,
                         },
                     )
                     .map_err(|e| fail(format!("replace the indexing policy: {e}")))?;
@@ -356,6 +357,7 @@ impl Run {
                             default_ttl,
                             indexing_mode: None,
                             index_paths: None,
+                            must_live: None,
                         },
                     )
                     .map_err(|e| fail(format!("replace settings: {e}")))?;

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
-    DefaultTtl, ExpiredThrough, IdKind, IndexPaths, IndexingMode, PartitionKeyPath,
+    DefaultTtl, ExpiredThrough, IdKind, IndexPaths, IndexingMode, MustLive, MustLiveRule,
+    PartitionKeyPath,
 };
 use crate::storage::{StorageError, TERMS_LAYOUT};
 
@@ -94,6 +95,10 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
             "complete": info.index_complete,
             "termsLayout": TERMS_LAYOUT,
         },
+        "mustLive": info.must_live.rules().iter().map(|rule| json!({
+            "path": rule.path(),
+            "values": rule.values(),
+        })).collect::<Vec<_>>(),
     });
     record.to_string().into_bytes()
 }
@@ -155,6 +160,22 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
             complete && (current || indexing_mode == IndexingMode::None),
         )
     };
+    // Absent in records written before must-live rules existed: none.
+    let must_live = match &record["mustLive"] {
+        Value::Null => MustLive::default(),
+        Value::Array(rules) => MustLive::new(
+            rules
+                .iter()
+                .map(|rule| {
+                    let path = rule["path"].as_str().ok_or_else(|| bad("mustLive"))?;
+                    let values = rule["values"].as_array().ok_or_else(|| bad("mustLive"))?;
+                    MustLiveRule::new(path, values).map_err(|_| bad("mustLive"))
+                })
+                .collect::<Result<_, _>>()?,
+        )
+        .map_err(|_| bad("mustLive"))?,
+        _ => return Err(bad("mustLive")),
+    };
     Ok(CollectionInfo {
         database,
         id,
@@ -164,6 +185,7 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
         expired,
         index_paths: Arc::new(index_paths),
         index_complete,
+        must_live: Arc::new(must_live),
     })
 }
 
@@ -228,6 +250,13 @@ mod tests {
                     IndexPaths::new(&["/*".to_owned()], &["/a/b/?".to_owned()]).expect("valid"),
                 ),
                 index_complete: mode != IndexingMode::Lazy,
+                must_live: Arc::new(
+                    MustLive::new(vec![
+                        MustLiveRule::new("/type", &[json!("order"), json!(7), json!(null)])
+                            .expect("valid"),
+                    ])
+                    .expect("valid"),
+                ),
             };
             assert_eq!(
                 decode_collection(&encode_collection(&info)).expect("decodes"),

@@ -957,6 +957,7 @@ mod tests {
                 expired: Default::default(),
                 index_paths: Default::default(),
                 index_complete: true,
+                must_live: Default::default(),
             };
             assert!(
                 storage
@@ -985,6 +986,7 @@ mod tests {
                 expired: Default::default(),
                 index_paths: Default::default(),
                 index_complete: true,
+                must_live: Default::default(),
             };
             for change in [
                 CatalogChange::PutDatabase(&id("old")),

@@ -1,0 +1,311 @@
+//! Must-live rules: in a collection mixing lifetimes, a document of a kind that must never
+//! expire is refused by every write that would store it without `"ttl": -1`, and the refusal
+//! changes nothing.
+
+use super::*;
+
+/// Collection "shop" in the fixture's database: default TTL one hour, documents with
+/// `/type` "order" or "invoice" must live.
+fn shop(f: &Fixture) -> CollectionPath {
+    let settings =
+        CollectionSettings::new(default_ttl(Some(3600)), IndexingMode::Consistent).expect("valid");
+    let rules = MustLive::new(vec![
+        MustLiveRule::new("/type", &[json!("order"), json!("invoice")]).expect("valid"),
+    ])
+    .expect("valid");
+    let info = f
+        .engine
+        .create_collection_with(
+            &f.path.database,
+            id("shop"),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            settings,
+            Default::default(),
+            Arc::new(rules),
+        )
+        .expect("collection");
+    CollectionPath {
+        database: f.path.database.clone(),
+        collection: info.id.clone(),
+    }
+}
+
+fn must_live_refusal(err: &Error) -> bool {
+    match err {
+        Error::Invalid(InvalidInput::MustLive { .. }) => true,
+        Error::BatchOperation { source, .. } => must_live_refusal(source),
+        _ => false,
+    }
+}
+
+fn refused<T: std::fmt::Debug>(outcome: Outcome<T>) -> Error {
+    let err = outcome.result.expect_err("refused");
+    assert!(must_live_refusal(&err), "{err:?}");
+    err
+}
+
+fn read(f: &Fixture, shop: &CollectionPath, doc: &str) -> Option<DocumentView> {
+    match f.engine.read_document(shop, &key("p", doc)).result {
+        Ok(view) => Some(view),
+        Err(Error::DocumentNotFound { .. }) => None,
+        Err(e) => panic!("unexpected {e}"),
+    }
+}
+
+#[test]
+fn creates_upserts_and_replaces_of_an_order_must_say_ttl_minus_one() {
+    let f = Fixture::new(None);
+    let shop = shop(&f);
+    let order = json!({"id": "o1", "pk": "p", "type": "order"});
+    let err = refused(f.engine.create_document(&shop, body(order.clone()), None));
+    assert_eq!(
+        err.to_string(),
+        "collection 'shop' keeps documents whose /type is \"order\" forever (a must-live rule), and this one has no \"ttl\": -1, so it would inherit the collection's default TTL; give it \"ttl\": -1 (DocumentTtl::Never in the Rust client), or change the rule with ReplaceCollection"
+    );
+    let with_ttl = json!({"id": "o1", "pk": "p", "type": "invoice", "ttl": 60});
+    refused(
+        f.engine
+            .create_document(&shop, body(with_ttl.clone()), None),
+    );
+    refused(
+        f.engine
+            .upsert_document(&shop, body(order.clone()), None, None),
+    );
+    assert!(read(&f, &shop, "o1").is_none(), "nothing was written");
+
+    let mut kept = order.clone();
+    kept["ttl"] = json!(-1);
+    f.engine
+        .create_document(&shop, body(kept.clone()), None)
+        .result
+        .expect("says it lives");
+    // Replacing it with a body that forgets the ttl is refused; the stored one stays.
+    refused(
+        f.engine
+            .replace_document(&shop, key("p", "o1"), body(order.clone()), None),
+    );
+    refused(f.engine.upsert_document(&shop, body(with_ttl), None, None));
+    let stored = read(&f, &shop, "o1").expect("kept");
+    assert_eq!(stored.body_map()["ttl"], json!(-1));
+
+    // Other kinds follow the collection's default and expire.
+    f.engine
+        .create_document(
+            &shop,
+            body(json!({"id": "c1", "pk": "p", "type": "cart"})),
+            None,
+        )
+        .result
+        .expect("a cart may expire");
+    f.advance(3600 * SEC);
+    assert!(read(&f, &shop, "c1").is_none(), "the cart expired");
+    assert!(read(&f, &shop, "o1").is_some(), "the order lives");
+}
+
+#[test]
+fn a_patch_is_judged_by_the_document_it_leaves() {
+    let f = Fixture::new(None);
+    let shop = shop(&f);
+    let stored = |id: &str, v: Value| {
+        f.engine
+            .create_document(&shop, body(v), None)
+            .result
+            .unwrap_or_else(|e| panic!("{id}: {e}"))
+    };
+    let cart = stored("c1", json!({"id": "c1", "pk": "p", "type": "cart"}));
+    let order = stored(
+        "o1",
+        json!({"id": "o1", "pk": "p", "type": "order", "ttl": -1}),
+    );
+    let patch = |doc: &str, ops: &[PatchOp], options: &PatchOptions| {
+        f.engine
+            .patch_document_with(&shop, &key("p", doc), (ops, None), None, options)
+    };
+    let set = |path: &str, value: Value| PatchOp::Set {
+        path: path.into(),
+        value,
+    };
+    let plain = PatchOptions::default();
+    // A cart turned into an order without a ttl, an order given one: both refused.
+    refused(patch("c1", &[set("/type", json!("order"))], &plain));
+    refused(patch("o1", &[set("/ttl", json!(30))], &plain));
+    refused(patch(
+        "o1",
+        &[PatchOp::Remove {
+            path: "/ttl".into(),
+        }],
+        &plain,
+    ));
+    assert_eq!(
+        read(&f, &shop, "c1").expect("live").etag,
+        cart.etag,
+        "unchanged"
+    );
+    assert_eq!(
+        read(&f, &shop, "o1").expect("live").etag,
+        order.etag,
+        "unchanged"
+    );
+    // Turned into an order that says it lives: accepted.
+    patch(
+        "c1",
+        &[set("/type", json!("order")), set("/ttl", json!(-1))],
+        &plain,
+    )
+    .result
+    .expect("says it lives");
+
+    // A patch that creates: what it stores is judged, not the initial body alone.
+    let creating = |initial: Value| PatchOptions {
+        create_if_missing: Some(body(initial)),
+        create_parents: false,
+    };
+    let initial = json!({"id": "o2", "pk": "p", "type": "order"});
+    refused(patch(
+        "o2",
+        &[set("/n", json!(1))],
+        &creating(initial.clone()),
+    ));
+    assert!(read(&f, &shop, "o2").is_none());
+    let (view, created) = patch("o2", &[set("/ttl", json!(-1))], &creating(initial))
+        .result
+        .expect("the operations make it live");
+    assert!(created);
+    assert_eq!(view.ttl, Some(DocumentTtl::Never));
+}
+
+#[test]
+fn a_batch_with_one_refused_write_changes_nothing() {
+    let f = Fixture::new(None);
+    let shop = shop(&f);
+    f.engine
+        .create_document(
+            &shop,
+            body(json!({"id": "c1", "pk": "p", "type": "cart"})),
+            None,
+        )
+        .result
+        .expect("cart");
+    let cart_item = || BatchOp::Upsert {
+        body: body(json!({"id": "i1", "pk": "p", "type": "item"})),
+        if_match: None,
+    };
+    for bad in [
+        BatchOp::Create {
+            body: body(json!({"id": "o1", "pk": "p", "type": "order"})),
+        },
+        // Checkout turning the cart into an order, forgetting the ttl.
+        BatchOp::Patch {
+            id: id("c1"),
+            ops: vec![PatchOp::Set {
+                path: "/type".into(),
+                value: json!("order"),
+            }],
+            condition: None,
+            if_match: None,
+            options: Default::default(),
+        },
+    ] {
+        let err = refused(f.engine.execute_batch(&shop, pk("p"), &[cart_item(), bad]));
+        assert!(
+            matches!(err, Error::BatchOperation { index: 1, .. }),
+            "{err:?}"
+        );
+        assert!(read(&f, &shop, "i1").is_none(), "the batch changed nothing");
+    }
+    assert_eq!(
+        read(&f, &shop, "c1").expect("live").body_map()["type"],
+        json!("cart")
+    );
+}
+
+#[test]
+fn replacing_settings_keeps_changes_or_removes_the_rules() {
+    let f = Fixture::new(None);
+    let shop = shop(&f);
+    let order = || body(json!({"id": "o1", "pk": "p", "type": "order"}));
+    let change = |must_live: Option<Arc<MustLive>>| SettingsChange {
+        default_ttl: default_ttl(Some(60)),
+        indexing_mode: None,
+        index_paths: None,
+        must_live,
+    };
+    // Absent: kept.
+    let info = f
+        .engine
+        .replace_collection(&shop, change(None))
+        .expect("replaced");
+    assert_eq!(info.must_live.rules().len(), 1);
+    refused(f.engine.create_document(&shop, order(), None));
+    // Another rule: the old one no longer applies.
+    let invoices = MustLive::new(vec![
+        MustLiveRule::new("/type", &[json!("invoice")]).expect("valid"),
+    ])
+    .expect("valid");
+    f.engine
+        .replace_collection(&shop, change(Some(Arc::new(invoices))))
+        .expect("replaced");
+    f.engine
+        .create_document(&shop, order(), None)
+        .result
+        .expect("orders may expire now");
+    refused(f.engine.create_document(
+        &shop,
+        body(json!({"id": "v1", "pk": "p", "type": "invoice"})),
+        None,
+    ));
+    // Empty: none.
+    let info = f
+        .engine
+        .replace_collection(&shop, change(Some(Arc::default())))
+        .expect("replaced");
+    assert!(info.must_live.is_empty());
+    f.engine
+        .create_document(
+            &shop,
+            body(json!({"id": "v1", "pk": "p", "type": "invoice"})),
+            None,
+        )
+        .result
+        .expect("no rules");
+}
+
+#[test]
+fn rules_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let (engine, _) = disk_engine(dir.path(), clock.clone());
+        create_db_and_c(&engine, DefaultTtl::NoDefault);
+        let rules = MustLive::new(vec![
+            MustLiveRule::new("/kind", &[json!("order"), json!(7)]).expect("valid"),
+        ])
+        .expect("valid");
+        engine
+            .replace_collection(
+                &CollectionPath {
+                    database: id("db"),
+                    collection: id("c"),
+                },
+                SettingsChange {
+                    default_ttl: DefaultTtl::NoDefault,
+                    indexing_mode: None,
+                    index_paths: None,
+                    must_live: Some(Arc::new(rules)),
+                },
+            )
+            .expect("replaced");
+    }
+    let (engine, path) = disk_engine(dir.path(), clock);
+    let info = engine.get_collection(&path).expect("collection");
+    assert_eq!(info.must_live.rules()[0].path(), "/kind");
+    assert_eq!(
+        info.must_live.rules()[0].values(),
+        [json!("order"), json!(7.0)]
+    );
+    let err = engine
+        .create_document(&path, body(json!({"id": "a", "pk": "p", "kind": 7})), None)
+        .result
+        .expect_err("refused after the restart");
+    assert!(must_live_refusal(&err), "{err:?}");
+}
