@@ -124,6 +124,7 @@ impl Bench {
         let conflicts = Arc::new(AtomicU64::new(0));
         let errors = Arc::new(AtomicU64::new(0));
         let deadline = Instant::now() + Duration::from_secs(self.args.duration);
+        let cpu = self.cpu().start().await;
         let started = Instant::now();
         let tasks: Vec<_> = (0..self.args.concurrency)
             .map(|worker| {
@@ -169,6 +170,7 @@ impl Bench {
         }
         let elapsed = started.elapsed().as_secs_f64();
         report(name, &latencies, elapsed);
+        cpu.report("increment", latencies.len()).await;
         let after = self.sum_counters(first, count).await?;
         let increments = latencies.len();
         println!(

@@ -42,7 +42,13 @@ use tonic::{
     transport::{Channel, Endpoint},
 };
 
-use crate::{Args, Workload, now_ms, payload::Payloads, report, split};
+use crate::{
+    Args, Workload,
+    cpu::{self, Server},
+    now_ms,
+    payload::Payloads,
+    report, split,
+};
 
 /// Each request fails after this long, so no loop can hang on a stalled etcd.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -172,6 +178,7 @@ impl Etcd {
     async fn timed(self: &Arc<Self>, leased: bool) -> Result<(), Box<dyn Error>> {
         let stop = Arc::new(AtomicBool::new(false));
         let next = Arc::new(AtomicU64::new(0));
+        let cpu = cpu::Source::of(&self.args, Server::Etcd).start().await;
         let deadline = Instant::now() + Duration::from_secs(self.args.duration);
         let started = Instant::now();
         let tasks: Vec<_> = (0..self.args.concurrency)
@@ -228,6 +235,8 @@ impl Etcd {
         } else {
             report("etcd put", &stats.ops, elapsed);
         }
+        let what = if leased { "leased put" } else { "put" };
+        cpu.report(what, stats.ops.len()).await;
         println!("errors: {}", stats.errors);
         if let Some(status) = stats.first_error {
             println!("first error: {status}");
@@ -307,6 +316,8 @@ impl Etcd {
             + Duration::from_secs(120);
         let (mut remaining, mut worst_ms, mut polls) = (k, 0, 0);
         let (mut first_gone, mut all_gone) = (None, None);
+        // The expiry's CPU, with the polls' (one small range read every 25 ms).
+        let cpu = cpu::Source::of(&self.args, Server::Etcd).start().await;
         while Instant::now() < give_up {
             // A key in the reply was visible at some instant after the request left: measuring
             // from the send time gives a lower bound of its overdue time.
@@ -356,6 +367,7 @@ impl Etcd {
             )
             .into());
         };
+        cpu.report("expired key", k).await;
         let busy_secs = all_gone.saturating_sub(first_deadline).max(1) as f64 / 1_000.0;
         println!(
             "expiry: {k} keys gone {busy_secs:.2} s after the first deadline = {:.0} expirations/s; \

@@ -7,17 +7,20 @@
 //! what lag. Every run prints the command that reproduces it.
 //!
 //! The `etcd-*` workloads run the same shapes against etcd (`--etcd-addr`) for comparison; see
-//! the `etcd` module.
+//! the `etcd` module; the `redis-*` ones against Redis (`--redis-addr`), see `redis`. Every
+//! timed phase also prints the server's CPU per operation (see the `cpu` module).
 //!
 //! It drives the generated gRPC client with prebuilt bodies (not the higher-level `mayfly-client`
 //! wrapper) so that, sharing a machine with the server, it spends as little CPU as it can.
 
 mod counter;
+mod cpu;
 mod etcd;
 mod metrics;
 mod payload;
 mod query;
 mod recovery;
+mod redis;
 mod soak;
 
 use std::{
@@ -43,6 +46,7 @@ use mayfly_proto::{
 use payload::Payloads;
 use serde_json::{Map, Value, json};
 use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Workload {
@@ -50,6 +54,9 @@ enum Workload {
     Write,
     /// Point-read preloaded documents.
     Read,
+    /// `grpc.health.v1.Health/Check` on the same server: the transport's own cost per call,
+    /// what a point read is compared with.
+    Health,
     /// Reads and writes-with-ttl mixed by --read-percent.
     Mixed,
     /// Load --documents expiring within --window-secs, then measure the purge.
@@ -76,6 +83,10 @@ enum Workload {
     EtcdLeasePut,
     /// etcd: --documents leased keys whose leases run out within --window-secs; measure expiry.
     EtcdExpiry,
+    /// Redis: SET of --doc-bytes values under fresh keys, each with EX --ttl.
+    RedisSet,
+    /// Redis: GET of --preload keys set first.
+    RedisGet,
 }
 
 /// Load generator for Mayfly.
@@ -91,9 +102,17 @@ struct Args {
     /// etcd client address (the etcd-* workloads).
     #[arg(long, default_value = "127.0.0.1:2379")]
     etcd_addr: SocketAddr,
-    /// Server metrics address (needed by `expiry`).
+    /// Redis address (the redis-* workloads).
+    #[arg(long, default_value = "127.0.0.1:6379")]
+    redis_addr: SocketAddr,
+    /// Server metrics address (needed by `expiry`; elsewhere the source of the server's CPU
+    /// time, `mayfly_process_cpu_seconds_total`).
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// PID of the local server process (Mayfly, etcd or Redis): its CPU time is read from
+    /// /proc/PID/stat, in place of what the server reports.
+    #[arg(long)]
+    server_pid: Option<u32>,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -196,6 +215,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ) {
         return etcd::run(args).await;
     }
+    if matches!(args.workload, Workload::RedisSet | Workload::RedisGet) {
+        return redis::run(args).await;
+    }
     if args.workload == Workload::Recovery {
         return recovery::run(args).await;
     }
@@ -209,6 +231,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Workload::Read => {
             bench.preload().await?;
+            bench.timed(100).await?;
+        }
+        Workload::Health => {
             bench.timed(100).await?;
         }
         Workload::Mixed => {
@@ -228,9 +253,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Workload::EtcdPut
         | Workload::EtcdLeasePut
         | Workload::EtcdExpiry
+        | Workload::RedisSet
+        | Workload::RedisGet
         | Workload::Recovery
         | Workload::Soak => {
-            unreachable!("etcd, recovery and soak workloads return before connecting")
+            unreachable!("etcd, redis, recovery and soak workloads return before connecting")
         }
     }
     // Leave the server as it was.
@@ -351,6 +378,11 @@ impl Bench {
         })
     }
 
+    /// Where the server's CPU time is read ([`cpu::Source::of`]).
+    fn cpu(&self) -> cpu::Source {
+        cpu::Source::of(&self.args, cpu::Server::Mayfly)
+    }
+
     fn documents(&self, worker: usize) -> DocumentsClient<Authorized> {
         DocumentsClient::with_interceptor(
             self.channels[worker % self.channels.len()].clone(),
@@ -443,6 +475,7 @@ impl Bench {
         let stop = Arc::new(AtomicBool::new(false));
         let next_write = Arc::new(AtomicU64::new(self.args.preload));
         let errors = Arc::new(AtomicU64::new(0));
+        let cpu = self.cpu().start().await;
         let deadline = Instant::now() + Duration::from_secs(self.args.duration);
         let started = Instant::now();
         let tasks: Vec<_> = (0..self.args.concurrency)
@@ -455,6 +488,9 @@ impl Bench {
                 );
                 tokio::spawn(async move {
                     let mut client = bench.documents(worker);
+                    let mut health = (bench.args.workload == Workload::Health).then(|| {
+                        HealthClient::new(bench.channels[worker % bench.channels.len()].clone())
+                    });
                     let mut reads = Histogram::<u64>::new(3).expect("valid histogram");
                     let mut writes = Histogram::<u64>::new(3).expect("valid histogram");
                     let mut rng = WorkerRng::new(worker as u64 + 1);
@@ -462,7 +498,9 @@ impl Bench {
                         let r = rng.next();
                         let read = (r % 100) < u64::from(read_percent);
                         let started = Instant::now();
-                        let ok = if read {
+                        let ok = if let Some(health) = &mut health {
+                            health.check(HealthCheckRequest::default()).await.is_ok()
+                        } else if read {
                             client
                                 .read_document(bench.read_request(r % bench.args.preload.max(1)))
                                 .await
@@ -499,8 +537,13 @@ impl Bench {
             writes.add(w)?;
         }
         let elapsed = started.elapsed().as_secs_f64();
-        report("read", &reads, elapsed);
+        let read_name = match self.args.workload {
+            Workload::Health => "health-check",
+            _ => "read",
+        };
+        report(read_name, &reads, elapsed);
         report("write-with-ttl", &writes, elapsed);
+        cpu.report("operation", reads.len() + writes.len()).await;
         println!("errors: {}", errors.load(Ordering::Relaxed));
         Ok(reads.len() as f64 / elapsed)
     }
@@ -517,6 +560,7 @@ impl Bench {
         let before_load = metrics::scrape(metrics_addr).await?;
         let first_expiry = now_ms() + self.args.lead_secs * 1_000;
         let started = Instant::now();
+        let load_cpu = self.cpu().start().await;
         // Document n targets second (n mod window) of the window. A ttl is whole seconds, so
         // expiry = write instant + ttl lands in [target, target + 1 s) at a sub-second offset set
         // by when the write happened: over many documents, an even spread across the window.
@@ -534,6 +578,7 @@ impl Bench {
             "# loaded {k} documents in {load_secs:.1} s ({:.0} writes/s)",
             k as f64 / load_secs
         );
+        load_cpu.report("write-with-ttl (loading)", k).await;
         if now_ms() >= first_expiry {
             return Err(format!(
                 "loading took longer than --lead-secs {}: expiries overlapped the load; rerun with a larger lead",
@@ -558,6 +603,7 @@ impl Bench {
         // Follow the purge from the first expiry until all k are gone.
         let baseline = metrics::scrape(metrics_addr).await?;
         tokio::time::sleep(Duration::from_millis(first_expiry.saturating_sub(now_ms()))).await;
+        let purge_cpu = self.cpu().start().await;
         let give_up = Instant::now() + Duration::from_millis(window_ms) + Duration::from_secs(120);
         let mut last = baseline.clone();
         let mut done_at = None;
@@ -579,6 +625,9 @@ impl Bench {
                 format!("only {purged} of {k} documents purged within the window + 120 s").into(),
             );
         };
+        // From the first expiry until the last is purged: the purge's CPU (and the idle
+        // server's, which is all but nothing).
+        purge_cpu.report("purged document", purged as u64).await;
         let busy_secs = (done_at - first_expiry) as f64 / 1_000.0;
         println!(
             "expiry rate offered: {:.0} documents/s ({k} expiring over {window_secs} s)",

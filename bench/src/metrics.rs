@@ -39,7 +39,12 @@ pub(crate) async fn scrape(addr: SocketAddr) -> Result<Scrape, Box<dyn std::erro
 
 impl Scrape {
     pub(crate) fn value(&self, name: &str) -> f64 {
-        self.0.get(name).copied().unwrap_or(0.0)
+        self.get(name).unwrap_or(0.0)
+    }
+
+    /// A series' value, if the scrape has it.
+    pub(crate) fn get(&self, name: &str) -> Option<f64> {
+        self.0.get(name).copied()
     }
 
     /// Cumulative bucket counts `(le, count)` of `histogram` in `self` minus `baseline`.

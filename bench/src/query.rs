@@ -192,6 +192,7 @@ impl Bench {
     ) -> Result<f64, Box<dyn std::error::Error>> {
         let stop = Arc::new(AtomicBool::new(false));
         let errors = Arc::new(AtomicU64::new(0));
+        let cpu = self.cpu().start().await;
         let deadline = Instant::now() + Duration::from_secs(self.args.duration);
         let started = Instant::now();
         let tasks: Vec<_> = (0..concurrency)
@@ -265,6 +266,7 @@ impl Bench {
             total.documents as f64 / elapsed,
             errors.load(Ordering::Relaxed)
         );
+        cpu.report("query", latency.len()).await;
         Ok(latency.len() as f64 / elapsed)
     }
 

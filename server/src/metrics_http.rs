@@ -6,7 +6,7 @@ use axum::{Router, http::header, routing::get};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
-    metrics::gauge::ConstGauge,
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
 use tokio::net::TcpListener;
@@ -20,6 +20,7 @@ pub(crate) fn registry(current: &CurrentEngine) -> Registry {
     let current = current.clone();
     register_metrics(&metrics, move || current.get().ok(), &mut registry);
     registry.register_collector(Box::new(ResidentMemory));
+    registry.register_collector(Box::new(ProcessCpu));
     registry
 }
 
@@ -78,4 +79,53 @@ fn resident_bytes() -> Option<u64> {
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // 4 KiB pages: the page size of the Linux targets Mayfly runs on.
     Some(pages * 4096)
+}
+
+/// `mayfly_process_cpu_seconds_total`, user plus system CPU time of the whole process from
+/// /proc/self/stat (Linux; absent elsewhere): what load generators divide by operations to
+/// report server CPU per operation.
+#[derive(Debug)]
+struct ProcessCpu;
+
+impl Collector for ProcessCpu {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(seconds) = cpu_seconds() else {
+            return Ok(());
+        };
+        let counter = ConstCounter::new(seconds);
+        let metric = encoder.encode_descriptor(
+            "mayfly_process_cpu_seconds",
+            "User and system CPU time of the server process",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
+    }
+}
+
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let mut fields = rest.split_whitespace().skip(11); // field 14, utime
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // /proc counts in USER_HZ ticks, 100 per second on every Linux target.
+    Some((utime + stime) as f64 / 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn cpu_time_grows_with_work() {
+        let before = super::cpu_seconds().expect("Linux has /proc/self/stat");
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < std::time::Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let after = super::cpu_seconds().expect("readable");
+        assert!(after - before >= 0.1, "{before} -> {after}");
+    }
 }

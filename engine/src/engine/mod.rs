@@ -519,7 +519,8 @@ impl Engine {
                     .storage
                     .write_catalog(CatalogChange::PutCollection(&info))?;
                 let rules = info.rules();
-                Ok::<_, Error>(((info, lsn), rules, index, lsn))
+                let must_live = info.must_live.clone();
+                Ok::<_, Error>(((info, lsn), rules, index, must_live, lsn))
             })?;
         self.inner.catalog.write().put_collection(info.clone());
         self.inner.indexer_wake.notify_one();
@@ -578,22 +579,7 @@ impl Engine {
 
     // ---- documents ----
 
-    /// The key a body to be stored has, checked: its partition key `requested`'s (if given),
-    /// and the collection's must-live rules kept. Every write storing a body goes through here
-    /// with the body it stores.
     fn key_for(
-        info: &CollectionInfo,
-        body: &DocumentBody,
-        requested: Option<PartitionKeyValue>,
-    ) -> Result<DocKey, InvalidInput> {
-        info.must_live
-            .check(info.id.as_str(), body.map(), body.ttl())?;
-        Self::key_of(info, body, requested)
-    }
-
-    /// [`Engine::key_for`] without the must-live rules: for a patch's initial body, which is
-    /// not what is stored (the patch applies to it, and what it yields is checked).
-    fn key_of(
         info: &CollectionInfo,
         body: &DocumentBody,
         requested: Option<PartitionKeyValue>,
@@ -712,7 +698,7 @@ impl Engine {
                 body: initial.id().to_string(),
             }));
         }
-        Self::key_of(info, initial, Some(key.partition_key.clone())).map_err(named)?;
+        Self::key_for(info, initial, Some(key.partition_key.clone())).map_err(named)?;
         Ok(())
     }
 

@@ -94,8 +94,8 @@ pub enum InvalidInput {
     IfMatchWithCreate,
     /// A must-live rule that cannot be used.
     MustLiveRule { path: String, reason: String },
-    /// More must-live rules than a collection may have.
-    MustLiveRules { count: usize, max: usize },
+    /// More must-live rules, or more bytes of them, than a collection may have.
+    MustLiveRules { reason: String },
     /// A document a must-live rule matches, written without `"ttl": -1`.
     MustLive {
         collection: String,
@@ -220,9 +220,7 @@ impl fmt::Display for InvalidInput {
             InvalidInput::MustLiveRule { path, reason } => {
                 write!(f, "invalid must-live rule for path {:?}: {reason}", Echo(path))
             }
-            InvalidInput::MustLiveRules { count, max } => {
-                write!(f, "a collection has at most {max} must-live rules; this request gives {count}")
-            }
+            InvalidInput::MustLiveRules { reason } => f.write_str(reason),
             InvalidInput::MustLive { collection, path, value, ttl } => {
                 write!(
                     f,

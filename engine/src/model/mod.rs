@@ -20,7 +20,9 @@ pub use echo::{ECHO_CHARS, Echo};
 pub use ids::{CollectionId, DatabaseId, DocumentId, IdKind, IdProblem, MAX_ID_CHARS, ResourceId};
 pub use index_paths::{IndexPath, IndexPaths, MAX_INDEX_PATH_BYTES, MAX_INDEX_PATHS};
 pub use invalid::InvalidInput;
-pub use must_live::{MAX_MUST_LIVE_RULES, MAX_MUST_LIVE_VALUES, MustLive, MustLiveRule};
+pub use must_live::{
+    MAX_MUST_LIVE_BYTES, MAX_MUST_LIVE_RULES, MAX_MUST_LIVE_VALUES, MustLive, MustLiveRule,
+};
 pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
 pub use ttl::{DefaultTtl, DocumentTtl, ExpiredThrough, MAX_TTL_SECONDS, Rules, TtlSeconds};
 

@@ -19,6 +19,9 @@ use super::{
 pub const MAX_MUST_LIVE_RULES: usize = 16;
 /// Most values one rule may list.
 pub const MAX_MUST_LIVE_VALUES: usize = 64;
+/// Most bytes a collection's rules may take, paths and values as JSON: they travel with every
+/// description of the collection (unpaged in `ListCollections`).
+pub const MAX_MUST_LIVE_BYTES: usize = 16 * 1024;
 
 /// One rule: documents whose value at `path` is one of `values` must never expire.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +57,9 @@ impl MustLiveRule {
                             "a value is {found}; values must be strings, numbers, bools or null"
                         )
                     }
+                    InvalidInput::PartitionKeyTooLong { bytes, limit } => format!(
+                        "a value is {bytes} bytes of UTF-8; values are at most {limit} bytes"
+                    ),
                     other => format!("a value is unusable: {other}"),
                 })
             })?;
@@ -92,12 +98,31 @@ pub struct MustLive {
 }
 
 impl MustLive {
-    /// At most [`MAX_MUST_LIVE_RULES`] rules.
+    /// At most [`MAX_MUST_LIVE_RULES`] rules, of at most [`MAX_MUST_LIVE_BYTES`] in all.
     pub fn new(rules: Vec<MustLiveRule>) -> Result<Self, InvalidInput> {
         if rules.len() > MAX_MUST_LIVE_RULES {
             return Err(InvalidInput::MustLiveRules {
-                count: rules.len(),
-                max: MAX_MUST_LIVE_RULES,
+                reason: format!(
+                    "a collection has at most {MAX_MUST_LIVE_RULES} must-live rules; this request gives {}",
+                    rules.len()
+                ),
+            });
+        }
+        let bytes: usize = rules
+            .iter()
+            .map(|r| {
+                r.path().len()
+                    + r.values()
+                        .iter()
+                        .map(|v| v.to_string().len())
+                        .sum::<usize>()
+            })
+            .sum();
+        if bytes > MAX_MUST_LIVE_BYTES {
+            return Err(InvalidInput::MustLiveRules {
+                reason: format!(
+                    "a collection's must-live rules take at most {MAX_MUST_LIVE_BYTES} bytes (paths and values as JSON); these take {bytes}"
+                ),
             });
         }
         Ok(MustLive { rules })
@@ -240,5 +265,13 @@ mod tests {
         assert_eq!(rule.values(), vec![json!(1.0)]);
         let too_many = vec![rule; MAX_MUST_LIVE_RULES + 1];
         assert!(MustLive::new(too_many).is_err());
+        let long = MustLiveRule::new("/n", &[json!("x".repeat(3000))]).expect_err("too long");
+        assert!(long.to_string().contains("a value is 3000 bytes"), "{long}");
+        let values: Vec<Value> = (0..9)
+            .map(|i| json!(format!("{i}{}", "x".repeat(2000))))
+            .collect();
+        let big = MustLiveRule::new("/n", &values).expect("each fits");
+        let err = MustLive::new(vec![big]).expect_err("over 16 KiB in all");
+        assert!(err.to_string().contains("at most 16384 bytes"), "{err}");
     }
 }

@@ -298,7 +298,10 @@ pub(crate) fn must_live(
                 .map(|value| {
                     value.into_checked().map_err(|defect| {
                         value_defect(
-                            format!("a value of the must-live rule for {path:?}"),
+                            format!(
+                                "a value of the must-live rule for {:?}",
+                                crate::model::Echo(&path)
+                            ),
                             defect,
                         )
                     })

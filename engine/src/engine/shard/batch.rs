@@ -104,6 +104,9 @@ struct Looked {
     policy: Option<Arc<IndexPaths>>,
     lazy: bool,
     default_ttl: DefaultTtl,
+    /// The must-live rules the bodies are judged by: part of the basis, so that the commit
+    /// is made under the rules that judged them.
+    must_live: Arc<MustLive>,
     now: Millis,
     /// Where what it saw settles.
     seen_at: Lsn,
@@ -142,7 +145,12 @@ impl Shard {
         info: &CollectionInfo,
         ops: &[BatchOp],
         keys: &mut [KeyPlan],
-        (policy, lazy, default_ttl): (&Option<Arc<IndexPaths>>, bool, DefaultTtl),
+        (policy, lazy, default_ttl, must_live): (
+            &Option<Arc<IndexPaths>>,
+            bool,
+            DefaultTtl,
+            &MustLive,
+        ),
         now: Millis,
     ) -> Result<Evaluated, Stop> {
         let mut fetched = 0;
@@ -212,24 +220,28 @@ impl Shard {
                 }));
             }
             let next = || self.versions.fetch_add(1, Ordering::Relaxed);
+            // A new body, kept by the must-live rules.
             let written = |body: &DocumentBody| {
+                must_live
+                    .check(info.id.as_str(), body.map(), body.ttl())
+                    .map_err(|e| failed(e.into()))?;
                 let (stored, ttl) = body.clone().into_stored();
-                Arc::new(Staged {
+                Ok::<_, Stop>(Arc::new(Staged {
                     body: stored,
                     ttl,
                     version: next(),
                     written: None,
-                })
+                }))
             };
             let result = match op {
                 BatchOp::Create { body } | BatchOp::Replace { body, .. } => {
-                    let staged = written(body);
+                    let staged = written(body)?;
                     plan.new_body = Some((index, body.map().clone()));
                     plan.current = Current::Live(staged.clone());
                     Pending::Document(k, staged)
                 }
                 BatchOp::Upsert { body, .. } => {
-                    let staged = written(body);
+                    let staged = written(body)?;
                     plan.new_body = Some((index, body.map().clone()));
                     plan.current = Current::Live(staged.clone());
                     let outcome = if live {
@@ -268,7 +280,7 @@ impl Shard {
                         DocumentBody::parse(Arc::new(map), None).map_err(|e| failed(e.into()))?;
                     Engine::key_for(info, &body, Some(plan.key.partition_key.clone()))
                         .map_err(|e| failed(e.into()))?;
-                    let staged = written(&body);
+                    let staged = written(&body)?;
                     plan.new_body = Some((index, body.map().clone()));
                     plan.current = Current::Live(staged.clone());
                     match created {
@@ -454,7 +466,7 @@ impl Shard {
 impl Optimistic for Batch<'_> {
     type Seen = Looked;
     /// The policy, the mode, and each document as the batch saw it.
-    type Basis = (Option<Arc<IndexPaths>>, bool, Vec<Seen>);
+    type Basis = (Option<Arc<IndexPaths>>, bool, Arc<MustLive>, Vec<Seen>);
     /// The documents as the operations left them, and what the commit writes.
     type Read = (Vec<KeyPlan>, Evaluated);
     type Output = Vec<BatchOutput>;
@@ -503,6 +515,7 @@ impl Optimistic for Batch<'_> {
         let basis = (
             cs.policy.clone(),
             cs.lazy,
+            cs.must_live.clone(),
             keys.iter().map(|k| k.seen).collect(),
         );
         let looked = Looked {
@@ -510,6 +523,7 @@ impl Optimistic for Batch<'_> {
             policy: cs.policy.clone(),
             lazy: cs.lazy,
             default_ttl: cs.rules.default_ttl,
+            must_live: cs.must_live.clone(),
             now,
             seen_at,
         };
@@ -518,7 +532,7 @@ impl Optimistic for Batch<'_> {
 
     fn read(&self, shard: &Shard, seen: &Looked) -> Result<Self::Read, Stop> {
         let mut keys = seen.keys.clone();
-        let rules = (&seen.policy, seen.lazy, seen.default_ttl);
+        let rules = (&seen.policy, seen.lazy, seen.default_ttl, &*seen.must_live);
         let evaluated = shard.evaluate(self.info, self.ops, &mut keys, rules, seen.now)?;
         Ok((keys, evaluated))
     }

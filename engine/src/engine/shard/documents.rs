@@ -243,6 +243,7 @@ impl Optimistic for Put<'_> {
             _ => {}
         }
         check_if_match(self.if_match, live.map(|s| st.docs.get(s)), key).map_err(|e| (e, seen))?;
+        must_live(cs, self.info, self.map, self.ttl).map_err(|e| (e, seen))?;
         let found = PutSeen {
             slot,
             created: live.is_none(),
@@ -498,6 +499,10 @@ impl Optimistic for Patch<'_> {
             remember,
         } = ready;
         let cs = &state.collections[&self.at.info.uid];
+        // What the patch left, judged by the rules in force now.
+        if let Err(e) = must_live(cs, self.at.info, &patched.map, patched.ttl) {
+            return Outcome::new(Err(e), seen.settle_at.max(cs.settings_lsn));
+        }
         let terms = (&patched.policy, Some(patched.terms));
         let index = match entries_change(cs, &patched.map, terms, patched.old) {
             Ok(index) => index,
@@ -587,6 +592,19 @@ fn entries_change(
         (_, None) => Vec::new(),
     };
     Ok(IndexChange::Replace(old, new))
+}
+
+/// Refuses a body that a must-live rule in force on this shard keeps, without `"ttl": -1`.
+/// Called under the lock, in the hold that commits the body (see [`CollectionShard::must_live`]).
+pub(super) fn must_live(
+    cs: &CollectionShard,
+    info: &CollectionInfo,
+    map: &Map<String, Value>,
+    ttl: Option<DocumentTtl>,
+) -> Result<(), Error> {
+    cs.must_live
+        .check(info.id.as_str(), map, ttl)
+        .map_err(Error::from)
 }
 
 /// Whether terms computed under `used` are the terms under `current`.

@@ -31,7 +31,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use super::{
-    CollectionInfo, CollectionUid, IndexPaths, IndexingMode, Outcome,
+    CollectionInfo, CollectionUid, IndexPaths, IndexingMode, MustLive, Outcome,
     clock::{Clock, Millis},
     document::{DocumentView, Etag, WriteMode},
     error::Error,
@@ -147,7 +147,7 @@ impl Shard {
         shards: &[Arc<Shard>],
         clock: &dyn Clock,
         uid: CollectionUid,
-        change: impl FnOnce(Millis) -> Result<(T, Rules, IndexSettings, Lsn), E>,
+        change: impl FnOnce(Millis) -> Result<(T, Rules, IndexSettings, Arc<MustLive>, Lsn), E>,
     ) -> Result<(T, Vec<bool>), E> {
         let mut states: Vec<_> = shards.iter().map(|s| s.lock()).collect();
         let at = states
@@ -155,10 +155,10 @@ impl Shard {
             .map(|st| st.now(clock))
             .max()
             .unwrap_or_default();
-        let (decided, rules, index, lsn) = change(at)?;
+        let (decided, rules, index, must_live, lsn) = change(at)?;
         let turned_on = states
             .iter_mut()
-            .map(|st| st.set_rules(uid, rules, &index, at, lsn))
+            .map(|st| st.set_rules(uid, rules, &index, &must_live, at, lsn))
             .collect();
         Ok((decided, turned_on))
     }
@@ -182,6 +182,7 @@ impl Shard {
                 rules: info.rules(),
                 policy: info.indexed_paths_arc(),
                 lazy: info.settings.indexing_mode() == IndexingMode::Lazy,
+                must_live: info.must_live.clone(),
                 paths: PathStats::default(),
                 indexed_docs: 0,
                 stale_docs: 0,

@@ -49,6 +49,10 @@ pub(crate) struct CollectionShard {
     pub(super) paths: PathStats,
     /// Writes leave index entries to the background indexer (`lazy` mode).
     pub(super) lazy: bool,
+    /// Kinds of documents that must say `"ttl": -1`. Writes are judged by this copy under the
+    /// lock, in the hold that commits them, so that none stores what rules set before its
+    /// commit refuse; replaced with the rules, at the same instant.
+    pub(super) must_live: Arc<MustLive>,
     /// Documents with index entries.
     pub(super) indexed_docs: u64,
     /// Documents marked [`DocMeta::stale`].
@@ -193,6 +197,7 @@ impl ShardState {
         uid: CollectionUid,
         rules: Rules,
         index: &IndexSettings,
+        must_live: &Arc<MustLive>,
         at: Millis,
         lsn: Lsn,
     ) -> bool {
@@ -204,6 +209,7 @@ impl ShardState {
         cs.rules = rules;
         cs.policy = index.paths.clone();
         cs.lazy = index.lazy;
+        cs.must_live = must_live.clone();
         if index.rebuild {
             cs.rebuild_from = Some(0);
         }

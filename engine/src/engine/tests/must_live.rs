@@ -3,6 +3,7 @@
 //! changes nothing.
 
 use super::*;
+use crate::engine::{idempotency::RequestKey, shard::after_each_read};
 
 /// Collection "shop" in the fixture's database: default TTL one hour, documents with
 /// `/type` "order" or "invoice" must live.
@@ -308,4 +309,119 @@ fn rules_survive_a_restart() {
         .result
         .expect_err("refused after the restart");
     assert!(must_live_refusal(&err), "{err:?}");
+}
+
+/// Rules set while a write is between its reads and its commit judge it: the commit checks
+/// the body under the lock against the rules in force then.
+#[test]
+fn rules_set_while_a_write_is_in_flight_judge_it() {
+    let f = Fixture::new(None);
+    let shop = shop(&f);
+    f.engine
+        .create_document(
+            &shop,
+            body(json!({"id": "c1", "pk": "p", "type": "cart"})),
+            None,
+        )
+        .result
+        .expect("cart");
+    let with_quotes = || {
+        Arc::new(
+            MustLive::new(vec![
+                MustLiveRule::new("/type", &[json!("quote")]).expect("valid"),
+            ])
+            .expect("valid"),
+        )
+    };
+    // After the write read what it needs, quotes become must-live.
+    let hook_on = |engine: Engine, shop: CollectionPath| {
+        after_each_read(move || {
+            engine
+                .replace_collection(
+                    &shop,
+                    SettingsChange {
+                        default_ttl: default_ttl(Some(3600)),
+                        indexing_mode: None,
+                        index_paths: None,
+                        must_live: Some(with_quotes()),
+                    },
+                )
+                .expect("replaced");
+        })
+    };
+    let to_quote = || PatchOp::Set {
+        path: "/type".into(),
+        value: json!("quote"),
+    };
+    let hook = hook_on(f.engine.clone(), shop.clone());
+    refused(
+        f.engine
+            .patch_document(&shop, &key("p", "c1"), &[to_quote()], None, None),
+    );
+    drop(hook);
+    assert_eq!(
+        read(&f, &shop, "c1").expect("live").body_map()["type"],
+        json!("cart")
+    );
+
+    let hook = hook_on(f.engine.clone(), shop.clone());
+    let batch = [
+        BatchOp::Create {
+            body: body(json!({"id": "q2", "pk": "p", "type": "quote"})),
+        },
+        BatchOp::Patch {
+            id: id("c1"),
+            ops: vec![to_quote()],
+            condition: None,
+            if_match: None,
+            options: Default::default(),
+        },
+    ];
+    refused(f.engine.execute_batch(&shop, pk("p"), &batch));
+    drop(hook);
+    assert!(read(&f, &shop, "q2").is_none(), "the batch changed nothing");
+}
+
+/// A keyed write applied before a rule was set gets its first answer when sent again, not
+/// a refusal saying nothing was written.
+#[test]
+fn a_keyed_write_applied_before_a_rule_replays() {
+    let f = Fixture::new(None);
+    let shop = shop(&f);
+    let request = RequestKey {
+        key: ResourceId::parse(IdKind::IdempotencyKey, "k1").expect("valid"),
+        fingerprint: [7; 16],
+    };
+    let quote = || body(json!({"id": "q1", "pk": "p", "type": "quote"}));
+    let first = f
+        .engine
+        .keyed(Some(&request))
+        .create_document(&shop, quote(), None)
+        .result
+        .expect("no rule for quotes yet");
+    let quotes = MustLive::new(vec![
+        MustLiveRule::new("/type", &[json!("quote")]).expect("valid"),
+    ])
+    .expect("valid");
+    f.engine
+        .replace_collection(
+            &shop,
+            SettingsChange {
+                default_ttl: default_ttl(Some(3600)),
+                indexing_mode: None,
+                index_paths: None,
+                must_live: Some(Arc::new(quotes)),
+            },
+        )
+        .expect("replaced");
+    let again = f
+        .engine
+        .keyed(Some(&request))
+        .create_document(&shop, quote(), None)
+        .result
+        .expect("the first answer");
+    assert!(again.replayed);
+    assert_eq!(again.value.etag, first.value.etag);
+    // Unkeyed, the same write is judged by the rule.
+    refused(f.engine.upsert_document(&shop, quote(), None, None));
 }
