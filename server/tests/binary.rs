@@ -339,6 +339,13 @@ async fn metrics_report_the_purge() {
     assert_eq!(metric(&before, "mayfly_expiry_tracked_documents"), 3.0);
     assert!(metric(&before, "mayfly_expiry_bookkeeping_bytes") > 0.0);
     assert!(metric(&before, "mayfly_process_resident_memory_bytes") > 0.0);
+    // The process's CPU time so far (this test's too: the server runs in it), a counter.
+    let cpu = metric(&before, "mayfly_process_cpu_seconds_total");
+    assert!(cpu >= 0.0, "{cpu}");
+    assert!(
+        before.contains("# TYPE mayfly_process_cpu_seconds counter"),
+        "{before}"
+    );
     // The purge runs in the background; wait (bounded) for it to free all three.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let after = loop {
