@@ -13,8 +13,8 @@
 use std::time::Duration;
 
 use mayfly_client::{
-    Client, Collection, DefaultTtl, DocumentTtl, Error, MustLiveRule, PatchOps, PatchOutcome,
-    Reason, json_pointer, new_idempotency_key,
+    Client, Collection, CollectionSettings, DefaultTtl, DocumentTtl, Ensured, Error, MustLiveRule,
+    PatchOps, PatchOutcome, Reason, json_pointer, new_idempotency_key,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -40,13 +40,22 @@ impl Shop {
         // Every write restarts a document's TTL clock: a cart lives `cart_idle` past its last
         // change. Orders say `ttl: Never` (see checkout), and the must-live rule makes the
         // server refuse an order written without it rather than let it expire.
-        let docs = db
+        let orders_live = MustLiveRule::new("/type", ["order"]);
+        let ensured = db
             .create_collection_if_not_exists("docs", "/user")
             .default_ttl(DefaultTtl::After(cart_idle))
-            .must_live(MustLiveRule::new("/type", ["order"]))
-            .await?
-            .into_inner();
-        Ok(Shop { docs })
+            .must_live(orders_live.clone())
+            .await?;
+        // Made by an older version of this program: give it the rule it lacks.
+        if let Ensured::Existing(docs, info) = &ensured
+            && !info.must_live.contains(&orders_live)
+        {
+            let settings = CollectionSettings::new(info.default_ttl).must_live([orders_live]);
+            docs.replace_settings(settings).await?;
+        }
+        Ok(Shop {
+            docs: ensured.into_inner(),
+        })
     }
 
     /// Adds `qty` of `sku` to the user's cart, creating the cart if there is none: one call.
