@@ -384,8 +384,8 @@ impl Engine {
         )
     }
 
-    /// Creates a collection whose `must_live` rules refuse matching documents that could
-    /// expire.
+    /// Creates a collection with `must_live` rules: a write storing a document one of them
+    /// matches, without `"ttl": -1`, is refused (see [`MustLive`]).
     pub fn create_collection_with(
         &self,
         database: &DatabaseId,
