@@ -394,7 +394,7 @@ fn load_engine(
 
 /// Serves the engine in `current` on `listener` until `shutdown` completes, then drains
 /// in-flight requests. Should its storage fail, the server reopens `storage` once the cause is
-/// gone (see [`keep_storage_writable`]).
+/// gone (see `keep_storage_writable` in this module).
 pub async fn serve(
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,

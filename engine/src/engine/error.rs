@@ -75,7 +75,7 @@ pub enum Error {
     /// A continuation made under another plan (the collection's indexing policy changed
     /// since it was issued): resuming it would skip or repeat results.
     ContinuationStale { reason: &'static str },
-    /// An idempotency key remembered for another request (see [`super::idempotency`]);
+    /// An idempotency key remembered for another request (see the `idempotency` module);
     /// nothing was changed.
     KeyReused { key: String, applied_at: Millis },
     /// The request with this idempotency key was applied before, and its answer is no longer

@@ -120,7 +120,7 @@ impl QueryReads {
         }
     }
 
-    /// A run on an async worker: at most [`INLINE_READS`] reads within [`INLINE_TIME`],
+    /// A run on an async worker: at most [`INLINE_READS`] reads within `INLINE_TIME` (2 ms),
     /// else [`Error::ReadBudgetSpent`].
     pub fn inline() -> Self {
         QueryReads::inline_within(INLINE_READS, INLINE_TIME)
