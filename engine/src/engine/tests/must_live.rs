@@ -10,10 +10,7 @@ use crate::engine::{idempotency::RequestKey, shard::after_each_read};
 fn shop(f: &Fixture) -> CollectionPath {
     let settings =
         CollectionSettings::new(default_ttl(Some(3600)), IndexingMode::Consistent).expect("valid");
-    let rules = MustLive::new(vec![
-        MustLiveRule::new("/type", &[json!("order"), json!("invoice")]).expect("valid"),
-    ])
-    .expect("valid");
+    let rules = types(&[json!("order"), json!("invoice")]);
     let info = f
         .engine
         .create_collection_with(
@@ -22,13 +19,45 @@ fn shop(f: &Fixture) -> CollectionPath {
             PartitionKeyPath::parse("/pk").expect("path"),
             settings,
             Default::default(),
-            Arc::new(rules),
+            rules,
         )
         .expect("collection");
     CollectionPath {
         database: f.path.database.clone(),
         collection: info.id.clone(),
     }
+}
+
+/// Rules keeping documents whose `/type` is one of `values`.
+fn types(values: &[Value]) -> Arc<MustLive> {
+    Arc::new(
+        MustLive::new(vec![MustLiveRule::new("/type", values).expect("valid")]).expect("valid"),
+    )
+}
+
+/// Replaces the settings of `path`: default TTL `default`, and `must_live` (`None` keeps them).
+fn set_rules(
+    engine: &Engine,
+    path: &CollectionPath,
+    default: DefaultTtl,
+    must_live: Option<Arc<MustLive>>,
+) -> Arc<CollectionInfo> {
+    let change = SettingsChange {
+        default_ttl: default,
+        indexing_mode: None,
+        index_paths: None,
+        must_live,
+    };
+    engine.replace_collection(path, change).expect("replaced")
+}
+
+/// A cart, "c1" in partition "p", which may expire.
+fn cart(f: &Fixture, shop: &CollectionPath) -> DocumentView {
+    let cart = body(json!({"id": "c1", "pk": "p", "type": "cart"}));
+    f.engine
+        .create_document(shop, cart, None)
+        .result
+        .expect("a cart may expire")
 }
 
 fn must_live_refusal(err: &Error) -> bool {
@@ -90,14 +119,7 @@ fn creates_upserts_and_replaces_of_an_order_must_say_ttl_minus_one() {
     assert_eq!(stored.body_map()["ttl"], json!(-1));
 
     // Other kinds follow the collection's default and expire.
-    f.engine
-        .create_document(
-            &shop,
-            body(json!({"id": "c1", "pk": "p", "type": "cart"})),
-            None,
-        )
-        .result
-        .expect("a cart may expire");
+    cart(&f, &shop);
     f.advance(3600 * SEC);
     assert!(read(&f, &shop, "c1").is_none(), "the cart expired");
     assert!(read(&f, &shop, "o1").is_some(), "the order lives");
@@ -107,17 +129,13 @@ fn creates_upserts_and_replaces_of_an_order_must_say_ttl_minus_one() {
 fn a_patch_is_judged_by_the_document_it_leaves() {
     let f = Fixture::new(None);
     let shop = shop(&f);
-    let stored = |id: &str, v: Value| {
-        f.engine
-            .create_document(&shop, body(v), None)
-            .result
-            .unwrap_or_else(|e| panic!("{id}: {e}"))
-    };
-    let cart = stored("c1", json!({"id": "c1", "pk": "p", "type": "cart"}));
-    let order = stored(
-        "o1",
-        json!({"id": "o1", "pk": "p", "type": "order", "ttl": -1}),
-    );
+    let cart = cart(&f, &shop);
+    let order = json!({"id": "o1", "pk": "p", "type": "order", "ttl": -1});
+    let order = f
+        .engine
+        .create_document(&shop, body(order), None)
+        .result
+        .expect("says it lives");
     let patch = |doc: &str, ops: &[PatchOp], options: &PatchOptions| {
         f.engine
             .patch_document_with(&shop, &key("p", doc), (ops, None), None, options)
@@ -179,14 +197,7 @@ fn a_patch_is_judged_by_the_document_it_leaves() {
 fn a_batch_with_one_refused_write_changes_nothing() {
     let f = Fixture::new(None);
     let shop = shop(&f);
-    f.engine
-        .create_document(
-            &shop,
-            body(json!({"id": "c1", "pk": "p", "type": "cart"})),
-            None,
-        )
-        .result
-        .expect("cart");
+    cart(&f, &shop);
     let cart_item = || BatchOp::Upsert {
         body: body(json!({"id": "i1", "pk": "p", "type": "item"})),
         if_match: None,
@@ -225,27 +236,13 @@ fn replacing_settings_keeps_changes_or_removes_the_rules() {
     let f = Fixture::new(None);
     let shop = shop(&f);
     let order = || body(json!({"id": "o1", "pk": "p", "type": "order"}));
-    let change = |must_live: Option<Arc<MustLive>>| SettingsChange {
-        default_ttl: default_ttl(Some(60)),
-        indexing_mode: None,
-        index_paths: None,
-        must_live,
-    };
+    let minute = default_ttl(Some(60));
     // Absent: kept.
-    let info = f
-        .engine
-        .replace_collection(&shop, change(None))
-        .expect("replaced");
+    let info = set_rules(&f.engine, &shop, minute, None);
     assert_eq!(info.must_live.rules().len(), 1);
     refused(f.engine.create_document(&shop, order(), None));
     // Another rule: the old one no longer applies.
-    let invoices = MustLive::new(vec![
-        MustLiveRule::new("/type", &[json!("invoice")]).expect("valid"),
-    ])
-    .expect("valid");
-    f.engine
-        .replace_collection(&shop, change(Some(Arc::new(invoices))))
-        .expect("replaced");
+    set_rules(&f.engine, &shop, minute, Some(types(&[json!("invoice")])));
     f.engine
         .create_document(&shop, order(), None)
         .result
@@ -256,10 +253,7 @@ fn replacing_settings_keeps_changes_or_removes_the_rules() {
         None,
     ));
     // Empty: none.
-    let info = f
-        .engine
-        .replace_collection(&shop, change(Some(Arc::default())))
-        .expect("replaced");
+    let info = set_rules(&f.engine, &shop, minute, Some(Arc::default()));
     assert!(info.must_live.is_empty());
     f.engine
         .create_document(
@@ -282,20 +276,11 @@ fn rules_survive_a_restart() {
             MustLiveRule::new("/kind", &[json!("order"), json!(7)]).expect("valid"),
         ])
         .expect("valid");
-        engine
-            .replace_collection(
-                &CollectionPath {
-                    database: id("db"),
-                    collection: id("c"),
-                },
-                SettingsChange {
-                    default_ttl: DefaultTtl::NoDefault,
-                    indexing_mode: None,
-                    index_paths: None,
-                    must_live: Some(Arc::new(rules)),
-                },
-            )
-            .expect("replaced");
+        let c = CollectionPath {
+            database: id("db"),
+            collection: id("c"),
+        };
+        set_rules(&engine, &c, DefaultTtl::NoDefault, Some(Arc::new(rules)));
     }
     let (engine, path) = disk_engine(dir.path(), clock);
     let info = engine.get_collection(&path).expect("collection");
@@ -317,36 +302,12 @@ fn rules_survive_a_restart() {
 fn rules_set_while_a_write_is_in_flight_judge_it() {
     let f = Fixture::new(None);
     let shop = shop(&f);
-    f.engine
-        .create_document(
-            &shop,
-            body(json!({"id": "c1", "pk": "p", "type": "cart"})),
-            None,
-        )
-        .result
-        .expect("cart");
-    let with_quotes = || {
-        Arc::new(
-            MustLive::new(vec![
-                MustLiveRule::new("/type", &[json!("quote")]).expect("valid"),
-            ])
-            .expect("valid"),
-        )
-    };
+    cart(&f, &shop);
     // After the write read what it needs, quotes become must-live.
     let hook_on = |engine: Engine, shop: CollectionPath| {
         after_each_read(move || {
-            engine
-                .replace_collection(
-                    &shop,
-                    SettingsChange {
-                        default_ttl: default_ttl(Some(3600)),
-                        indexing_mode: None,
-                        index_paths: None,
-                        must_live: Some(with_quotes()),
-                    },
-                )
-                .expect("replaced");
+            let hour = default_ttl(Some(3600));
+            set_rules(&engine, &shop, hour, Some(types(&[json!("quote")])));
         })
     };
     let to_quote = || PatchOp::Set {
@@ -399,21 +360,8 @@ fn a_keyed_write_applied_before_a_rule_replays() {
         .create_document(&shop, quote(), None)
         .result
         .expect("no rule for quotes yet");
-    let quotes = MustLive::new(vec![
-        MustLiveRule::new("/type", &[json!("quote")]).expect("valid"),
-    ])
-    .expect("valid");
-    f.engine
-        .replace_collection(
-            &shop,
-            SettingsChange {
-                default_ttl: default_ttl(Some(3600)),
-                indexing_mode: None,
-                index_paths: None,
-                must_live: Some(Arc::new(quotes)),
-            },
-        )
-        .expect("replaced");
+    let hour = default_ttl(Some(3600));
+    set_rules(&f.engine, &shop, hour, Some(types(&[json!("quote")])));
     let again = f
         .engine
         .keyed(Some(&request))
