@@ -514,6 +514,21 @@ impl DiskShard {
         }
     }
 
+    /// Every record of this shard in a keyspace keyed by document, decoded.
+    fn each_record<T>(
+        &self,
+        keyspace: &Keyspace,
+        decode: impl Fn(&[u8]) -> Result<T, StorageError>,
+        each: &mut dyn FnMut(CollectionUid, DocKey, T),
+    ) -> Result<(), StorageError> {
+        for item in keyspace.prefix(codec::shard_prefix(self.index)) {
+            let (key, value) = item.into_inner().map_err(storage_error)?;
+            let (collection, key) = codec::decode_document_key(&key)?;
+            each(collection, key, decode(&value)?);
+        }
+        Ok(())
+    }
+
     /// Deletes every key of `keyspace` under `prefix`, in batches.
     fn drop_prefix(&self, keyspace: &Keyspace, prefix: &[u8]) -> Result<(), StorageError> {
         loop {
@@ -637,24 +652,14 @@ impl ShardStore for DiskShard {
         &self,
         each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
     ) -> Result<(), StorageError> {
-        for item in self.terms.prefix(codec::shard_prefix(self.index)) {
-            let (key, value) = item.into_inner().map_err(storage_error)?;
-            let (collection, key) = codec::decode_document_key(&key)?;
-            each(collection, key, index_keys::decode_terms(&value)?);
-        }
-        Ok(())
+        self.each_record(&self.terms, index_keys::decode_terms, each)
     }
 
     fn load_requests(
         &self,
         each: &mut dyn FnMut(CollectionUid, DocKey, RequestRecord),
     ) -> Result<(), StorageError> {
-        for item in self.requests.prefix(codec::shard_prefix(self.index)) {
-            let (key, value) = item.into_inner().map_err(storage_error)?;
-            let (collection, key) = codec::decode_document_key(&key)?;
-            each(collection, key, codec::decode_request(&value)?);
-        }
-        Ok(())
+        self.each_record(&self.requests, codec::decode_request, each)
     }
 
     fn get_terms(
