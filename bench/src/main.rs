@@ -131,6 +131,11 @@ struct Args {
     /// Documents preloaded for read and mixed.
     #[arg(long, default_value_t = 100_000)]
     preload: u64,
+    /// `ratios`: run each query shape once for --duration seconds before it is measured, so
+    /// that what it reads is in the server's caches (as the point reads' documents are, read
+    /// while the preload settles), as in a service that has run a while.
+    #[arg(long)]
+    warm_up: bool,
     /// Percentage of reads in mixed.
     #[arg(long, default_value_t = 80)]
     read_percent: u8,

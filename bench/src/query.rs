@@ -161,6 +161,10 @@ impl Bench {
         let mut reads = vec![self.timed(100).await?];
         let mut measured = Vec::new();
         for (shape, target) in RATIO_SHAPES {
+            if self.args.warm_up {
+                let warm = self.run_shape(shape, concurrency).await?;
+                println!("warm-up {} (not counted): {warm:.0}/s", shape.name);
+            }
             measured.push((shape, *target, self.run_shape(shape, concurrency).await?));
             reads.push(self.timed(100).await?);
         }

@@ -952,6 +952,7 @@ async fn partition_keys_longer_than_2_kib_are_rejected_on_disk_too() {
             durability: mayfly_server::storage::Durability::Fsync,
             shards: Some(2),
             cache_bytes: 1 << 20,
+            read_cache_bytes: 1 << 20,
             open_files: None,
         }),
         ..Default::default()

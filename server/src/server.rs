@@ -655,6 +655,7 @@ mod tests {
             durability: Durability::Fsync,
             shards: Some(1),
             cache_bytes: 1 << 20,
+            read_cache_bytes: 1 << 20,
             open_files: None,
         };
         let storage = Arc::new(DiskStorage::open(&options).expect("opens"));

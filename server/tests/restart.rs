@@ -542,6 +542,7 @@ fn turn_ttl_off_before_any_purge(
             durability: Durability::Fsync,
             shards: None,
             cache_bytes: 1 << 20,
+            read_cache_bytes: 1 << 20,
             open_files: None,
         })
         .expect("opens the data directory"),

@@ -139,6 +139,7 @@ mod tests {
             durability: Durability::Fsync,
             shards: Some(1),
             cache_bytes: 1 << 20,
+            read_cache_bytes: 1 << 20,
             open_files: None,
         })
         .expect("opens");

@@ -1375,6 +1375,7 @@ fn disk_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> (Engine, Colle
         durability: crate::storage::Durability::Fsync,
         shards: Some(2),
         cache_bytes: 1 << 20,
+        read_cache_bytes: 1 << 20,
         open_files: None,
     })
     .expect("opens");

@@ -9,7 +9,8 @@ mod memory;
 use std::{fmt, future::Future, pin::Pin, sync::Arc};
 
 pub use disk::{
-    BUFFERED_SYNC_INTERVAL, DiskOptions, DiskStorage, Durability, FORMAT_VERSION, OpenError,
+    BUFFERED_SYNC_INTERVAL, DEFAULT_READ_CACHE_BYTES, DiskOptions, DiskStorage, Durability,
+    FORMAT_VERSION, OpenError,
 };
 pub use index_keys::{TERMS_LAYOUT, prefix_end};
 pub use memory::MemoryStorage;

@@ -8,7 +8,7 @@ use mayfly_server::{
     auth::MIN_GIVEN_KEY_CHARS,
     engine::IdempotencyConfig,
     net::{Limits, TlsFiles},
-    storage::{DiskOptions, Durability},
+    storage::{DEFAULT_READ_CACHE_BYTES, DiskOptions, Durability},
 };
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -43,6 +43,11 @@ struct Args {
     /// Storage engine block cache, in MiB.
     #[arg(long, default_value_t = 256)]
     cache_mb: u64,
+    /// Documents and index entries kept decoded after a read, in MiB (0: none): a point read
+    /// or an indexed query that finds them there skips the storage engine. Size it to what is
+    /// read often.
+    #[arg(long, default_value_t = DEFAULT_READ_CACHE_BYTES / (1024 * 1024))]
+    read_cache_mb: u64,
     /// Engine shards (default: one per core; a data directory keeps the count it was created
     /// with).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -281,6 +286,7 @@ async fn main() -> ExitCode {
             },
             shards,
             cache_bytes: args.cache_mb.saturating_mul(1024 * 1024),
+            read_cache_bytes: args.read_cache_mb.saturating_mul(1024 * 1024),
             open_files: descriptors.storage_files,
         }),
     };

@@ -13,6 +13,7 @@ mod catalog;
 mod codec;
 mod data_dir;
 mod group_commit;
+mod read_cache;
 
 use std::{
     fmt, io,
@@ -30,7 +31,12 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 pub use data_dir::FORMAT_VERSION;
 pub use group_commit::{BUFFERED_SYNC_INTERVAL, Durability};
 
-use self::{codec::Header, data_dir::DataDir, group_commit::GroupCommit};
+use self::{
+    codec::Header,
+    data_dir::DataDir,
+    group_commit::GroupCommit,
+    read_cache::{Changed, MAX_CACHED_ENTRIES, ReadCache, ShardCache, Written},
+};
 use super::{
     CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, Lsn,
     RequestRecord, ScanRange, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument,
@@ -52,6 +58,9 @@ pub struct DiskOptions {
     pub shards: Option<usize>,
     /// Block cache size in bytes.
     pub cache_bytes: u64,
+    /// Documents and index entries kept decoded after a read, in bytes (0: none); see
+    /// [`DEFAULT_READ_CACHE_BYTES`].
+    pub read_cache_bytes: u64,
     /// Files kept open at most (`None`: the storage engine's default, 900): each is a
     /// descriptor that connections cannot have.
     pub open_files: Option<usize>,
@@ -170,6 +179,10 @@ impl fmt::Debug for DiskStorage {
     }
 }
 
+/// The read cache's size unless one is asked for: enough for the hot documents of a small
+/// service, a quarter of the default block cache.
+pub const DEFAULT_READ_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
 impl DiskStorage {
     /// Opens (or creates) a data directory, holding it until dropped.
     pub fn open(options: &DiskOptions) -> Result<Self, OpenError> {
@@ -249,9 +262,11 @@ impl DiskStorage {
                 },
             )?,
         );
+        let cache = ReadCache::new(options.read_cache_bytes);
         let shards = (0..shard_count)
             .map(|i| {
                 Arc::new(DiskShard {
+                    cache: cache.clone().map(ShardCache::new),
                     index: i as u16,
                     db: db.clone(),
                     docs: docs.clone(),
@@ -413,6 +428,8 @@ struct DiskShard {
     requests: Keyspace,
     catalog: Keyspace,
     group: Arc<GroupCommit>,
+    /// Recently read documents and index entries (`None`: no cache).
+    cache: Option<ShardCache>,
 }
 
 impl fmt::Debug for DiskShard {
@@ -471,23 +488,30 @@ impl DiskShard {
     }
 
     /// Replaces a document's index entries (`update.old` → `update.new`) and its terms record.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one index update's inputs, each distinct"
+    )]
     fn write_index(
         &self,
         batch: &mut fjall::OwnedWriteBatch,
+        changed: &mut Changed<'_>,
         collection: CollectionUid,
         key: &DocKey,
         version: u64,
         update: IndexUpdate<'_>,
     ) {
         let (removed, added) = index_keys::changed_terms(update.old, update.new);
-        self.remove_entries(batch, collection, &removed, key);
+        self.remove_entries(batch, changed, collection, &removed, key);
         let prefix = codec::collection_prefix(self.index, collection);
         for term in added {
-            batch.insert(
-                &self.entries,
-                index_keys::entry_key(&prefix, term, key),
-                index_keys::entry_value(term),
-            );
+            let entry = index_keys::entry_key(&prefix, term, key);
+            if self.cache.is_some() {
+                changed
+                    .terms
+                    .push(entry[..prefix.len() + term.len()].to_vec());
+            }
+            batch.insert(&self.entries, entry, index_keys::entry_value(term));
         }
         let record = codec::document_key(self.index, collection, key);
         if update.new.is_empty() {
@@ -504,13 +528,20 @@ impl DiskShard {
     fn remove_entries(
         &self,
         batch: &mut fjall::OwnedWriteBatch,
+        changed: &mut Changed<'_>,
         collection: CollectionUid,
         terms: &[&Term],
         key: &DocKey,
     ) {
         let prefix = codec::collection_prefix(self.index, collection);
         for term in terms {
-            batch.remove(&self.entries, index_keys::entry_key(&prefix, term, key));
+            let entry = index_keys::entry_key(&prefix, term, key);
+            if self.cache.is_some() {
+                changed
+                    .terms
+                    .push(entry[..prefix.len() + term.len()].to_vec());
+            }
+            batch.remove(&self.entries, entry);
         }
     }
 
@@ -555,6 +586,8 @@ impl ShardStore for DiskShard {
         self.group.check()?;
         let mut out = self.applied_batch();
         let mut deletes = false;
+        // What the batch changes, for the cache once fjall has it.
+        let mut changed = Changed::default();
         for write in batch.writes {
             match *write {
                 DocumentWrite::Put { doc, index } => {
@@ -574,9 +607,19 @@ impl ShardStore for DiskShard {
                         ttl: doc.ttl,
                     };
                     if let Some(update) = index {
-                        self.write_index(&mut out, doc.collection, &doc.key, doc.version, update);
+                        self.write_index(
+                            &mut out,
+                            &mut changed,
+                            doc.collection,
+                            &doc.key,
+                            doc.version,
+                            update,
+                        );
                     }
                     out.insert(&self.meta, key.clone(), header.encode(&[]));
+                    if self.cache.is_some() {
+                        changed.documents.push((key.clone(), Written::Put(doc)));
+                    }
                     out.insert(&self.docs, key, header.encode(&doc.body));
                 }
                 DocumentWrite::Index {
@@ -584,7 +627,7 @@ impl ShardStore for DiskShard {
                     key,
                     version,
                     update,
-                } => self.write_index(&mut out, collection, key, version, update),
+                } => self.write_index(&mut out, &mut changed, collection, key, version, update),
                 DocumentWrite::Delete {
                     collection,
                     key: doc_key,
@@ -592,9 +635,12 @@ impl ShardStore for DiskShard {
                 } => {
                     let key = codec::document_key(self.index, collection, doc_key);
                     let terms: Vec<&Term> = terms.iter().collect();
-                    self.remove_entries(&mut out, collection, &terms, doc_key);
+                    self.remove_entries(&mut out, &mut changed, collection, &terms, doc_key);
                     out.remove(&self.terms, key.clone());
                     out.remove(&self.meta, key.clone());
+                    if self.cache.is_some() {
+                        changed.documents.push((key.clone(), Written::Deleted));
+                    }
                     out.remove(&self.docs, key);
                     deletes = true;
                 }
@@ -625,6 +671,9 @@ impl ShardStore for DiskShard {
         }
         out.commit()
             .map_err(|e| self.group.write_failed("a document write", &e))?;
+        if let Some(cache) = &self.cache {
+            cache.wrote(&changed);
+        }
         Ok(self.group.applied())
     }
 
@@ -686,16 +735,57 @@ impl ShardStore for DiskShard {
         if index_keys::is_empty(&bounds) || limit == 0 {
             return Ok(Vec::new());
         }
+        // One whole term's entries (an equality's read) may come from the cache.
+        let one_term = self.cache.as_ref().filter(|_| {
+            range.after.is_none()
+                && range
+                    .high
+                    .is_some_and(|h| index_keys::prefix_end(range.low).as_deref() == Some(h))
+        });
+        let term_key = || [&prefix[..], range.low].concat();
+        let mark = match one_term {
+            Some(cache) => match cache.entries(&term_key()) {
+                Some(all) => {
+                    return Ok(if range.descending {
+                        all.iter().rev().take(limit).cloned().collect()
+                    } else {
+                        all.iter().take(limit).cloned().collect()
+                    });
+                }
+                None => Some(cache.mark()),
+            },
+            None => None,
+        };
         let decode = |item: fjall::Guard| {
             let (key, value) = item.into_inner().map_err(storage_error)?;
             index_keys::decode_entry(prefix.len(), &key, &value)
         };
         let entries = self.entries.range(bounds);
-        if range.descending {
-            entries.rev().take(limit).map(decode).collect()
+        let read: Vec<IndexEntry> = if range.descending {
+            entries
+                .rev()
+                .take(limit)
+                .map(decode)
+                .collect::<Result<_, _>>()?
         } else {
-            entries.take(limit).map(decode).collect()
+            entries.take(limit).map(decode).collect::<Result<_, _>>()?
+        };
+        // Kept only when complete and of the one term `low` (a bound that is a term's prefix
+        // rather than a whole term would span several, which a write to one of them could not
+        // find to drop).
+        if let (Some(cache), Some(mark)) = (one_term, mark)
+            && !read.is_empty()
+            && read.len() < limit
+            && read.len() <= MAX_CACHED_ENTRIES
+            && read.iter().all(|e| e.term == range.low)
+        {
+            let mut all = read.clone();
+            if range.descending {
+                all.reverse();
+            }
+            cache.fill_entries(mark, term_key(), all.into());
         }
+        Ok(read)
     }
 
     fn get(
@@ -704,14 +794,21 @@ impl ShardStore for DiskShard {
         key: &DocKey,
     ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
         let raw = codec::document_key(self.index, collection, key);
+        let mark = match &self.cache {
+            Some(cache) => match cache.document(&raw) {
+                Some(doc) => return Ok(Some(doc)),
+                None => Some(cache.mark()),
+            },
+            None => None,
+        };
         let Some(value) = self.docs.get(&raw).map_err(storage_error)? else {
             return Ok(None);
         };
-        Ok(Some(Arc::new(Self::record(
-            collection,
-            key.clone(),
-            &value,
-        )?)))
+        let doc = Arc::new(Self::record(collection, key.clone(), &value)?);
+        if let (Some(cache), Some(mark)) = (&self.cache, mark) {
+            cache.fill_document(mark, raw, doc.clone());
+        }
+        Ok(Some(doc))
     }
 
     fn scan(
@@ -757,6 +854,9 @@ impl ShardStore for DiskShard {
                 .map(|item| item.key().map_err(storage_error))
                 .collect::<Result<_, _>>()?;
             if keys.is_empty() {
+                if let Some(cache) = &self.cache {
+                    cache.dropped(&prefix);
+                }
                 return Ok(());
             }
             let mut batch = self.applied_batch();
@@ -782,6 +882,7 @@ mod tests {
             durability: Durability::Fsync,
             shards: Some(2),
             cache_bytes: 1 << 20,
+            read_cache_bytes: 1 << 20,
             open_files: None,
         }
     }
@@ -1084,5 +1185,136 @@ mod tests {
             group_commit::active_journal(&db_path).expect("lists"),
             Some(n)
         );
+    }
+
+    fn write(shard: &dyn ShardStore, writes: &[DocumentWrite<'_>]) {
+        shard
+            .write(WriteBatch {
+                writes,
+                versions_below: 100,
+                keep_floor: false,
+            })
+            .expect("writes");
+    }
+
+    fn with_body(id: &str, version: u64, body: &'static [u8]) -> Arc<StoredDocument> {
+        let mut d = Arc::unwrap_or_clone(doc(id, version));
+        d.body = Bytes::from_static(body);
+        Arc::new(d)
+    }
+
+    fn one_term(shard: &dyn ShardStore, term: &[u8]) -> Vec<(Vec<u8>, String)> {
+        let high = index_keys::prefix_end(term).expect("a term has an end");
+        shard
+            .scan_index(
+                CollectionUid(1),
+                IndexRange {
+                    low: term,
+                    high: Some(&high),
+                    descending: false,
+                    after: None,
+                },
+                256,
+            )
+            .expect("scans")
+            .into_iter()
+            .map(|e| (e.term, e.key.id.as_str().to_owned()))
+            .collect()
+    }
+
+    /// What a read caches is replaced or dropped by every later write of it: a read after
+    /// an overwrite, a delete, an index change or a dropped collection sees what fjall holds,
+    /// with the cache on, as with it off.
+    #[tokio::test]
+    async fn cached_reads_follow_every_write() {
+        for read_cache_bytes in [1 << 20, 0] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let storage = DiskStorage::open(&DiskOptions {
+                read_cache_bytes,
+                ..options(dir.path())
+            })
+            .expect("opens");
+            let shard = &*storage.shard(0);
+            let get = |d: &Arc<StoredDocument>| {
+                shard
+                    .get(CollectionUid(1), &d.key)
+                    .expect("reads")
+                    .map(|d| (d.version, d.body.clone()))
+            };
+            let (t1, t2): (Term, Term) = (b"t1\0".to_vec(), b"t2\0".to_vec());
+            let a1 = with_body("a", 1, b"one");
+            let terms1 = [t1.clone()];
+            write(
+                shard,
+                &[DocumentWrite::Put {
+                    doc: &a1,
+                    index: Some(IndexUpdate {
+                        old: &[],
+                        new: &terms1,
+                    }),
+                }],
+            );
+            // Read twice: the second from the cache, when there is one.
+            for _ in 0..2 {
+                assert_eq!(get(&a1), Some((1, Bytes::from_static(b"one"))));
+                assert_eq!(one_term(shard, &t1), vec![(t1.clone(), "a".to_owned())]);
+            }
+            // Another document joins the term; a's body and term change.
+            let b1 = with_body("b", 2, b"bee");
+            let a3 = with_body("a", 3, b"three");
+            let terms2 = [t2.clone()];
+            write(
+                shard,
+                &[
+                    DocumentWrite::Put {
+                        doc: &b1,
+                        index: Some(IndexUpdate {
+                            old: &[],
+                            new: &terms1,
+                        }),
+                    },
+                    DocumentWrite::Put {
+                        doc: &a3,
+                        index: Some(IndexUpdate {
+                            old: &terms1,
+                            new: &terms2,
+                        }),
+                    },
+                ],
+            );
+            for _ in 0..2 {
+                assert_eq!(get(&a1), Some((3, Bytes::from_static(b"three"))));
+                assert_eq!(one_term(shard, &t1), vec![(t1.clone(), "b".to_owned())]);
+                assert_eq!(one_term(shard, &t2), vec![(t2.clone(), "a".to_owned())]);
+            }
+            write(
+                shard,
+                &[DocumentWrite::Delete {
+                    collection: CollectionUid(1),
+                    key: &b1.key,
+                    terms: &terms1,
+                }],
+            );
+            assert_eq!(get(&b1), None);
+            assert_eq!(one_term(shard, &t1), vec![]);
+            // The background indexer's write moves a's entry back.
+            write(
+                shard,
+                &[DocumentWrite::Index {
+                    collection: CollectionUid(1),
+                    key: &a3.key,
+                    version: 3,
+                    update: IndexUpdate {
+                        old: &terms2,
+                        new: &terms1,
+                    },
+                }],
+            );
+            assert_eq!(one_term(shard, &t1), vec![(t1.clone(), "a".to_owned())]);
+            assert_eq!(one_term(shard, &t2), vec![]);
+            shard.drop_collection(CollectionUid(1)).expect("drops");
+            assert_eq!(get(&a1), None);
+            assert_eq!(one_term(shard, &t1), vec![]);
+        }
     }
 }
