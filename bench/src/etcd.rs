@@ -43,15 +43,12 @@ use tonic::{
 };
 
 use crate::{
-    Args, Workload,
+    Args, REQUEST_TIMEOUT, Workload,
     cpu::{self, Server},
     now_ms,
     payload::Payloads,
     report, split,
 };
-
-/// Each request fails after this long, so no loop can hang on a stalled etcd.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How often `etcd-expiry` looks for keys still visible after their deadline.
 const POLL_INTERVAL: Duration = Duration::from_millis(25);

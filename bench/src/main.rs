@@ -201,6 +201,10 @@ impl tonic::service::Interceptor for KeyHeader {
 /// A channel sending the `--key`.
 type Authorized = tonic::service::interceptor::InterceptedService<Channel, KeyHeader>;
 
+/// Each request to a peer (etcd, Redis) fails after this long, so no loop can hang on a
+/// stalled server.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 const DATABASE: &str = "bench";
 
 #[tokio::main]

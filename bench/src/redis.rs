@@ -25,15 +25,12 @@ use tokio::{
 };
 
 use crate::{
-    Args, Workload,
+    Args, REQUEST_TIMEOUT, Workload,
     cpu::{self, Server},
     now_ms,
     payload::Payloads,
     report, split,
 };
-
-/// Each request fails after this long, so no loop can hang on a stalled server.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     println!(
