@@ -13,6 +13,7 @@ mod catalog;
 mod codec;
 mod data_dir;
 mod group_commit;
+mod key_ordered_batch;
 mod read_cache;
 
 use std::{
@@ -35,6 +36,7 @@ use self::{
     codec::Header,
     data_dir::DataDir,
     group_commit::GroupCommit,
+    key_ordered_batch::KeyOrderedBatch,
     read_cache::{Changed, MAX_CACHED_ENTRIES, ReadCache, ShardCache, Written},
 };
 use super::{
@@ -492,9 +494,9 @@ impl DiskShard {
         clippy::too_many_arguments,
         reason = "one index update's inputs, each distinct"
     )]
-    fn write_index(
-        &self,
-        batch: &mut fjall::OwnedWriteBatch,
+    fn write_index<'a>(
+        &'a self,
+        batch: &mut KeyOrderedBatch<'a>,
         changed: &mut Changed<'_>,
         collection: CollectionUid,
         key: &DocKey,
@@ -511,7 +513,7 @@ impl DiskShard {
                     .terms
                     .push(entry[..prefix.len() + term.len()].to_vec());
             }
-            batch.insert(&self.entries, entry, index_keys::entry_value(term));
+            batch.insert(&self.entries, entry, index_keys::entry_value(term).to_vec());
         }
         let record = codec::document_key(self.index, collection, key);
         if update.new.is_empty() {
@@ -525,9 +527,9 @@ impl DiskShard {
         }
     }
 
-    fn remove_entries(
-        &self,
-        batch: &mut fjall::OwnedWriteBatch,
+    fn remove_entries<'a>(
+        &'a self,
+        batch: &mut KeyOrderedBatch<'a>,
         changed: &mut Changed<'_>,
         collection: CollectionUid,
         terms: &[&Term],
@@ -584,7 +586,7 @@ impl DiskShard {
 impl ShardStore for DiskShard {
     fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
         self.group.check()?;
-        let mut out = self.applied_batch();
+        let mut out = KeyOrderedBatch::new();
         let mut deletes = false;
         // What the batch changes, for the cache once fjall has it.
         let mut changed = Changed::default();
@@ -650,7 +652,7 @@ impl ShardStore for DiskShard {
                     record,
                 } => {
                     let key = codec::document_key(self.index, collection, key);
-                    out.insert(&self.requests, key, codec::encode_request(&record));
+                    out.insert(&self.requests, key, codec::encode_request(&record).to_vec());
                 }
                 DocumentWrite::Forget { collection, key } => {
                     out.remove(
@@ -666,10 +668,13 @@ impl ShardStore for DiskShard {
             out.insert(
                 &self.catalog,
                 catalog::versions_key(self.index),
-                batch.versions_below.to_be_bytes(),
+                batch.versions_below.to_be_bytes().to_vec(),
             );
         }
-        out.commit()
+        let mut fjall_batch = self.applied_batch();
+        out.apply_to(&mut fjall_batch);
+        fjall_batch
+            .commit()
             .map_err(|e| self.group.write_failed("a document write", &e))?;
         if let Some(cache) = &self.cache {
             cache.wrote(&changed);
@@ -1220,6 +1225,51 @@ mod tests {
             .into_iter()
             .map(|e| (e.term, e.key.id.as_str().to_owned()))
             .collect()
+    }
+
+    /// A batch reaches fjall sorted by key (see `key_ordered_batch`), yet two changes of one
+    /// key in one batch still apply in the order they were made: the later one stands.
+    #[tokio::test]
+    async fn changes_of_one_key_in_a_batch_keep_their_order() {
+        for read_cache_bytes in [1 << 20, 0] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let storage = DiskStorage::open(&DiskOptions {
+                read_cache_bytes,
+                ..options(dir.path())
+            })
+            .expect("opens");
+            let shard = &*storage.shard(0);
+            let (a, b) = (with_body("a", 1, b"one"), with_body("b", 2, b"two"));
+            let t: Term = b"t\0".to_vec();
+            let terms = [t.clone()];
+            let put = |doc| DocumentWrite::Put {
+                doc,
+                index: Some(IndexUpdate {
+                    old: &[],
+                    new: &terms,
+                }),
+            };
+            let delete = |key| DocumentWrite::Delete {
+                collection: CollectionUid(1),
+                key,
+                terms: &terms,
+            };
+            // Written then deleted; deleted (while absent) then written.
+            write(shard, &[put(&a), delete(&a.key), delete(&b.key), put(&b)]);
+            let get = |d: &Arc<StoredDocument>| {
+                shard
+                    .get(CollectionUid(1), &d.key)
+                    .expect("reads")
+                    .map(|d| d.body.clone())
+            };
+            assert_eq!(get(&a), None);
+            assert_eq!(get(&b), Some(Bytes::from_static(b"two")));
+            assert_eq!(one_term(shard, &t), vec![(t.clone(), "b".to_owned())]);
+            assert_eq!(
+                shard.get_terms(CollectionUid(1), &a.key).expect("reads"),
+                None
+            );
+        }
     }
 
     /// What a read caches is replaced or dropped by every later write of it: a read after
