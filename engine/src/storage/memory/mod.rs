@@ -1,5 +1,7 @@
 //! The in-memory backend: nothing survives a restart. For caches and tests.
 
+mod entry_key;
+
 use std::{
     collections::{BTreeMap, HashMap},
     ops::Bound,
@@ -8,6 +10,7 @@ use std::{
 
 use parking_lot::Mutex;
 
+use self::entry_key::EntryKey;
 use super::{
     CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, Lsn,
     ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms,
@@ -85,7 +88,7 @@ impl Storage for MemoryStorage {
 struct Collection {
     docs: BTreeMap<DocKey, Arc<StoredDocument>>,
     terms: HashMap<DocKey, StoredTerms>,
-    entries: BTreeMap<Vec<u8>, [u8; 2]>,
+    entries: BTreeMap<EntryKey, [u8; 2]>,
 }
 
 impl Collection {
@@ -95,7 +98,7 @@ impl Collection {
         self.remove_entries(&removed, key);
         for term in added {
             self.entries.insert(
-                index_keys::entry_key(&[], term, key),
+                EntryKey::new(&index_keys::entry_key(&[], term, key)),
                 index_keys::entry_value(term),
             );
         }
@@ -114,7 +117,8 @@ impl Collection {
 
     fn remove_entries(&mut self, terms: &[&Term], key: &DocKey) {
         for term in terms {
-            self.entries.remove(&index_keys::entry_key(&[], term, key));
+            self.entries
+                .remove(&EntryKey::new(&index_keys::entry_key(&[], term, key)));
         }
     }
 }
@@ -236,8 +240,9 @@ impl ShardStore for MemoryShard {
         if index_keys::is_empty(&bounds) {
             return Ok(Vec::new());
         }
-        let decode = |(k, v): (&Vec<u8>, &[u8; 2])| index_keys::decode_entry(0, k, v);
-        let entries = c.entries.range::<Vec<u8>, _>(bounds);
+        let bound = |b: Bound<Vec<u8>>| b.map(|b| EntryKey::new(&b));
+        let decode = |(k, v): (&EntryKey, &[u8; 2])| index_keys::decode_entry(0, &k.to_bytes(), v);
+        let entries = c.entries.range((bound(bounds.0), bound(bounds.1)));
         if range.descending {
             entries.rev().take(limit).map(decode).collect()
         } else {
