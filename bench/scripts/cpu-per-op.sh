@@ -31,7 +31,7 @@ echo "=== mayfly memory, point read, then the health check"; start --storage mem
 echo "=== mayfly memory, purge of 200,000 documents due within 1 s"; start --storage memory
 C=256 mb expiry --documents 200000 --window-secs 1 --lead-secs 45; stop
 echo "=== mayfly disk, purge of 200,000 documents due within 1 s"; start --data-dir "$W/d4"
-C=256 mb expiry --documents 200000 --window-secs 1 --lead-secs 75; stop
+C=256 mb expiry --documents 200000 --window-secs 1 --lead-secs 110; stop
 rm -rf "$W"/d*
 if command -v etcd >/dev/null; then
   etcd --data-dir "$W/etcd" --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \

@@ -40,16 +40,14 @@ impl EntryKey {
         }
     }
 
-    /// The key's bytes.
-    pub(super) fn to_bytes(&self) -> Vec<u8> {
-        let n = usize::from(self.short_len);
-        let mut out = Vec::with_capacity(n + self.rest.len());
+    /// Writes the key's bytes over `out` (a scan reuses one buffer for all its entries).
+    pub(super) fn write_to(&self, out: &mut Vec<u8>) {
+        out.clear();
         for word in self.head {
             out.extend_from_slice(&word.to_be_bytes());
         }
-        out.truncate(n);
+        out.truncate(usize::from(self.short_len));
         out.extend_from_slice(&self.rest);
-        out
     }
 }
 
@@ -91,7 +89,9 @@ mod tests {
         }
         for a in &keys {
             let ka = EntryKey::new(a);
-            assert_eq!(&ka.to_bytes(), a);
+            let mut bytes = vec![7; 3];
+            ka.write_to(&mut bytes);
+            assert_eq!(&bytes, a);
             for b in &keys {
                 assert_eq!(ka.cmp(&EntryKey::new(b)), a.cmp(b), "{a:?} against {b:?}");
             }

@@ -241,12 +241,16 @@ impl ShardStore for MemoryShard {
             return Ok(Vec::new());
         }
         let bound = |b: Bound<Vec<u8>>| b.map(|b| EntryKey::new(&b));
-        let decode = |(k, v): (&EntryKey, &[u8; 2])| index_keys::decode_entry(0, &k.to_bytes(), v);
+        let mut buf = Vec::new();
+        let mut decode = |(k, v): (&EntryKey, &[u8; 2])| {
+            k.write_to(&mut buf);
+            index_keys::decode_entry(0, &buf, v)
+        };
         let entries = c.entries.range((bound(bounds.0), bound(bounds.1)));
         if range.descending {
-            entries.rev().take(limit).map(decode).collect()
+            entries.rev().take(limit).map(&mut decode).collect()
         } else {
-            entries.take(limit).map(decode).collect()
+            entries.take(limit).map(&mut decode).collect()
         }
     }
 
