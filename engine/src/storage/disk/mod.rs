@@ -1236,17 +1236,23 @@ mod tests {
             .collect()
     }
 
+    /// A new data directory opened with a read cache of `read_cache_bytes` (0: none).
+    fn open_with_read_cache(read_cache_bytes: u64) -> (tempfile::TempDir, DiskStorage) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let storage = DiskStorage::open(&DiskOptions {
+            read_cache_bytes,
+            ..options(dir.path())
+        })
+        .expect("opens");
+        (dir, storage)
+    }
+
     /// A batch reaches fjall sorted by key (see `key_ordered_batch`), yet two changes of one
     /// key in one batch still apply in the order they were made: the later one stands.
     #[tokio::test]
     async fn changes_of_one_key_in_a_batch_keep_their_order() {
         for read_cache_bytes in [1 << 20, 0] {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let storage = DiskStorage::open(&DiskOptions {
-                read_cache_bytes,
-                ..options(dir.path())
-            })
-            .expect("opens");
+            let (_dir, storage) = open_with_read_cache(read_cache_bytes);
             let shard = &*storage.shard(0);
             let (a, b) = (with_body("a", 1, b"one"), with_body("b", 2, b"two"));
             let t: Term = b"t\0".to_vec();
@@ -1287,12 +1293,7 @@ mod tests {
     #[tokio::test]
     async fn cached_reads_follow_every_write() {
         for read_cache_bytes in [1 << 20, 0] {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let storage = DiskStorage::open(&DiskOptions {
-                read_cache_bytes,
-                ..options(dir.path())
-            })
-            .expect("opens");
+            let (_dir, storage) = open_with_read_cache(read_cache_bytes);
             let shard = &*storage.shard(0);
             let get = |d: &Arc<StoredDocument>| {
                 shard
