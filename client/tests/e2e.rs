@@ -744,6 +744,25 @@ impl ShardStore for PurgeHeldShard {
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         self.inner.drop_collection(collection)
     }
+    fn read_log(
+        &self,
+        collection: CollectionUid,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, tonic::codegen::Bytes)>, StorageError> {
+        self.inner.read_log(collection, from, limit)
+    }
+    fn last_log_seq(&self) -> Result<u64, StorageError> {
+        self.inner.last_log_seq()
+    }
+    fn trim_log(
+        &self,
+        collection: CollectionUid,
+        below: u64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        self.inner.trim_log(collection, below, limit)
+    }
 }
 
 #[tokio::test]

@@ -2,11 +2,15 @@
 //! hands every durable change to a backend through these traits: the embedded disk backend
 //! (the default), the in-memory one (caches, tests), a distributed one later.
 
+#[cfg(test)]
+mod change_log_tests;
 mod disk;
 mod index_keys;
 mod memory;
 
 use std::{fmt, future::Future, pin::Pin, sync::Arc};
+
+use bytes::Bytes;
 
 pub use disk::{
     BUFFERED_SYNC_INTERVAL, DEFAULT_READ_CACHE_BYTES, DiskOptions, DiskStorage, Durability,
@@ -74,6 +78,14 @@ pub enum DocumentWrite<'a> {
     Forget {
         collection: CollectionUid,
         key: &'a DocKey,
+    },
+    /// Append a record to a collection's change log in this shard at position `seq`, above
+    /// every position the shard has appended at (see `docs/changefeed.md`). The engine encodes
+    /// the record; storage keeps its bytes, in the batch of the change it describes.
+    Append {
+        collection: CollectionUid,
+        seq: u64,
+        record: &'a [u8],
     },
 }
 
@@ -436,7 +448,29 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
         limit: usize,
     ) -> Result<Vec<Arc<StoredDocument>>, StorageError>;
 
-    /// Removes every document, index entry and terms record of a collection (one the engine no
-    /// longer writes to).
+    /// Removes every document, index entry, terms record and log record of a collection (one
+    /// the engine no longer writes to).
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError>;
+
+    /// Up to `limit` records of a collection's change log in this shard, at positions `from`
+    /// and after, in order.
+    fn read_log(
+        &self,
+        collection: CollectionUid,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Bytes)>, StorageError>;
+
+    /// The highest position this shard has appended a log record at, in any collection, even
+    /// if the record has been trimmed since (0: none): positions are never reused.
+    fn last_log_seq(&self) -> Result<u64, StorageError>;
+
+    /// Removes up to `limit` of a collection's log records below position `below`, oldest
+    /// first, and returns how many it removed (retention: fewer than `limit` means done).
+    fn trim_log(
+        &self,
+        collection: CollectionUid,
+        below: u64,
+        limit: usize,
+    ) -> Result<usize, StorageError>;
 }

@@ -13,6 +13,7 @@ use std::{
     sync::Arc,
 };
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -60,6 +61,12 @@ enum Entry {
         shard: usize,
         collection: CollectionUid,
     },
+    /// Change log records removed by retention: exactly these positions.
+    TrimLog {
+        shard: usize,
+        collection: CollectionUid,
+        seqs: Vec<u64>,
+    },
     Catalog(LoggedChange),
 }
 
@@ -75,6 +82,8 @@ enum LoggedWrite {
     },
     /// A document removed, with the entries of these terms.
     Delete(CollectionUid, DocKey, Vec<Term>),
+    /// A change log record at a position.
+    Append(CollectionUid, u64, Bytes),
 }
 
 /// An [`IndexUpdate`], owned, with the document version its new terms were computed from.
@@ -120,6 +129,10 @@ struct ShardImage {
     /// Each collection's index entries by the bytes scans order them by: `term | document
     /// key`, the layout the engine's scan bounds are written against.
     entries: BTreeMap<CollectionUid, BTreeMap<Vec<u8>, IndexEntry>>,
+    /// Each collection's change log records by position.
+    log: BTreeMap<(CollectionUid, u64), Bytes>,
+    /// The highest position appended, trimmed or not.
+    last_log_seq: u64,
 }
 
 /// The bytes an index entry sorts by: its term, then the document key in the documents' own
@@ -215,6 +228,10 @@ impl Image {
                                 image.terms.remove(&(*collection, key.clone()));
                             }
                         }
+                        LoggedWrite::Append(collection, seq, record) => {
+                            image.log.insert((*collection, *seq), record.clone());
+                            image.last_log_seq = image.last_log_seq.max(*seq);
+                        }
                     }
                 }
             }
@@ -223,6 +240,18 @@ impl Image {
                     image.docs.retain(|(c, _), _| c != collection);
                     image.terms.retain(|(c, _), _| c != collection);
                     image.entries.remove(collection);
+                    image.log.retain(|(c, _), _| c != collection);
+                }
+            }
+            Entry::TrimLog {
+                shard,
+                collection,
+                seqs,
+            } => {
+                if let Some(image) = self.shards.get_mut(shard) {
+                    for seq in seqs {
+                        image.log.remove(&(*collection, *seq));
+                    }
                 }
             }
             Entry::Catalog(change) => match change {
@@ -509,6 +538,11 @@ impl ShardStore for PowerLossShard {
                         key,
                         terms,
                     } => LoggedWrite::Delete(collection, key.clone(), terms.to_vec()),
+                    DocumentWrite::Append {
+                        collection,
+                        seq,
+                        record,
+                    } => LoggedWrite::Append(collection, seq, Bytes::copy_from_slice(record)),
                     // The model checks documents and their index; remembered requests ride in
                     // the same batches and are tested against the disk backend.
                     DocumentWrite::Remember { .. } | DocumentWrite::Forget { .. } => return None,
@@ -653,5 +687,50 @@ impl ShardStore for PowerLossShard {
             collection,
         });
         Ok(())
+    }
+
+    fn read_log(
+        &self,
+        collection: CollectionUid,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Bytes)>, StorageError> {
+        Ok(self.applied(|image| {
+            image
+                .log
+                .range((collection, from)..=(collection, u64::MAX))
+                .take(limit)
+                .map(|(&(_, seq), record)| (seq, record.clone()))
+                .collect()
+        }))
+    }
+
+    fn last_log_seq(&self) -> Result<u64, StorageError> {
+        Ok(self.applied(|image| image.last_log_seq))
+    }
+
+    fn trim_log(
+        &self,
+        collection: CollectionUid,
+        below: u64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        let seqs: Vec<u64> = self.applied(|image| {
+            image
+                .log
+                .range((collection, 0)..(collection, below))
+                .take(limit)
+                .map(|(&(_, seq), _)| seq)
+                .collect()
+        });
+        let n = seqs.len();
+        if n > 0 {
+            self.shared.append(Entry::TrimLog {
+                shard: self.index,
+                collection,
+                seqs,
+            });
+        }
+        Ok(n)
     }
 }

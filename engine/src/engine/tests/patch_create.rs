@@ -56,6 +56,7 @@ impl ShardStore for RecordingShard {
                 DocumentWrite::Delete { key, .. } => format!("delete {}", key.id),
                 DocumentWrite::Remember { key, .. } => format!("remember {}", key.id),
                 DocumentWrite::Forget { key, .. } => format!("forget {}", key.id),
+                DocumentWrite::Append { seq, .. } => format!("append {seq}"),
             })
             .collect();
         self.batches.lock().expect("not poisoned").push(writes);
@@ -105,6 +106,25 @@ impl ShardStore for RecordingShard {
     }
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         self.inner.drop_collection(collection)
+    }
+    fn read_log(
+        &self,
+        collection: CollectionUid,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, bytes::Bytes)>, StorageError> {
+        self.inner.read_log(collection, from, limit)
+    }
+    fn last_log_seq(&self) -> Result<u64, StorageError> {
+        self.inner.last_log_seq()
+    }
+    fn trim_log(
+        &self,
+        collection: CollectionUid,
+        below: u64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        self.inner.trim_log(collection, below, limit)
     }
 }
 

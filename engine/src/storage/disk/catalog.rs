@@ -34,6 +34,13 @@ pub(super) fn collection_key(uid: CollectionUid) -> Vec<u8> {
     [COLLECTION_PREFIX, &uid.0.to_be_bytes()].concat()
 }
 
+/// Where a shard's highest change log position is kept, written with every batch that appends.
+pub(super) const LOG_SEQ_PREFIX: &[u8] = b"log-seq/";
+
+pub(super) fn log_seq_key(shard: u16) -> Vec<u8> {
+    [LOG_SEQ_PREFIX, &shard.to_be_bytes()].concat()
+}
+
 pub(super) fn versions_key(shard: u16) -> Vec<u8> {
     [VERSIONS_PREFIX, &shard.to_be_bytes()].concat()
 }

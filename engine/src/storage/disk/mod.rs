@@ -1,10 +1,11 @@
 //! The embedded disk backend, on fjall (a log-structured merge tree in pure Rust).
 //!
-//! Six keyspaces share one journal, so a batch across them is atomic: `documents` (key →
+//! Seven keyspaces share one journal, so a batch across them is atomic: `documents` (key →
 //! header and body), `meta` (key → header only: what recovery reads, a few dozen bytes per
 //! document whatever the body size), `terms` (key → the document's index terms), `index`
 //! (one entry per term and document, see [`super::index_keys`]), `requests` (requests
-//! remembered by idempotency key, written with the writes they applied) and `catalog`. Every write goes to the journal; the group
+//! remembered by idempotency key, written with the writes they applied), `log` (each
+//! collection's change log: `shard | collection uid | position` → record) and `catalog`. Every write goes to the journal; the group
 //! commit (see [`group_commit`]) makes it durable with an fsync shared by concurrent writers,
 //! or, with `Durability::Buffered`, each write reaches the OS at once and survives a crash of
 //! the process, with an fsync every 100 ms for the machine.
@@ -223,6 +224,7 @@ impl DiskStorage {
         let index = keyspace("index").map_err(engine)?;
         let catalog = keyspace("catalog").map_err(engine)?;
         let requests = keyspace("requests").map_err(engine)?;
+        let log = keyspace("log").map_err(engine)?;
 
         let stored = catalog.get(catalog::SHARDS).map_err(engine)?;
         let shard_count = match stored {
@@ -285,6 +287,7 @@ impl DiskStorage {
                     terms: terms.clone(),
                     entries: index.clone(),
                     requests: requests.clone(),
+                    log: log.clone(),
                     catalog: catalog.clone(),
                     group: group.clone(),
                 })
@@ -437,6 +440,7 @@ struct DiskShard {
     terms: Keyspace,
     entries: Keyspace,
     requests: Keyspace,
+    log: Keyspace,
     catalog: Keyspace,
     group: Arc<GroupCommit>,
     /// Recently read documents and index entries (`None`: no cache).
@@ -597,6 +601,7 @@ impl ShardStore for DiskShard {
         self.group.check()?;
         let mut out = KeyOrderedBatch::new();
         let mut deletes = false;
+        let mut last_log_seq = None;
         // What the batch changes, for the cache once fjall has it.
         let mut changed = Changed::default();
         for write in batch.writes {
@@ -669,7 +674,24 @@ impl ShardStore for DiskShard {
                         codec::document_key(self.index, collection, key),
                     );
                 }
+                DocumentWrite::Append {
+                    collection,
+                    seq,
+                    record,
+                } => {
+                    let mut key = codec::collection_prefix(self.index, collection);
+                    key.extend_from_slice(&seq.to_be_bytes());
+                    out.insert(&self.log, key, record.to_vec());
+                    last_log_seq = last_log_seq.max(Some(seq));
+                }
             }
+        }
+        if let Some(seq) = last_log_seq {
+            out.insert(
+                &self.catalog,
+                catalog::log_seq_key(self.index),
+                seq.to_be_bytes().to_vec(),
+            );
         }
         if deletes || batch.keep_floor {
             // A deleted (or never stored) document's version must not be handed out again
@@ -856,6 +878,7 @@ impl ShardStore for DiskShard {
 
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         let prefix = codec::collection_prefix(self.index, collection);
+        self.drop_prefix(&self.log, &prefix)?;
         self.drop_prefix(&self.requests, &prefix)?;
         self.drop_prefix(&self.entries, &prefix)?;
         self.drop_prefix(&self.terms, &prefix)?;
@@ -881,6 +904,67 @@ impl ShardStore for DiskShard {
             batch.commit().map_err(storage_error)?;
             self.group.applied();
         }
+    }
+
+    fn read_log(
+        &self,
+        collection: CollectionUid,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Bytes)>, StorageError> {
+        let prefix = codec::collection_prefix(self.index, collection);
+        let start = [&prefix[..], &from.to_be_bytes()].concat();
+        let end = index_keys::prefix_end(&prefix).expect("a collection prefix has an end");
+        self.log
+            .range(start..end)
+            .take(limit)
+            .map(|item| {
+                let (key, value) = item.into_inner().map_err(storage_error)?;
+                let seq = key
+                    .get(prefix.len()..)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or_else(|| StorageError::new("corrupt change log key"))?;
+                Ok((seq, Bytes::copy_from_slice(&value)))
+            })
+            .collect()
+    }
+
+    fn last_log_seq(&self) -> Result<u64, StorageError> {
+        match self
+            .catalog
+            .get(catalog::log_seq_key(self.index))
+            .map_err(storage_error)?
+        {
+            Some(value) => catalog::decode_u64(&value, "change log position"),
+            None => Ok(0),
+        }
+    }
+
+    fn trim_log(
+        &self,
+        collection: CollectionUid,
+        below: u64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        let prefix = codec::collection_prefix(self.index, collection);
+        let end = [&prefix[..], &below.to_be_bytes()].concat();
+        let keys: Vec<_> = self
+            .log
+            .range(prefix..end)
+            .take(limit)
+            .map(|item| item.key().map_err(storage_error))
+            .collect::<Result<_, _>>()?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut batch = self.applied_batch();
+        for key in &keys {
+            batch.remove(&self.log, key.clone());
+        }
+        batch.commit().map_err(storage_error)?;
+        self.group.applied();
+        Ok(keys.len())
     }
 }
 
@@ -1245,6 +1329,25 @@ mod tests {
         })
         .expect("opens");
         (dir, storage)
+    }
+
+    /// The change log as both backends keep it; on disk its records and highest position
+    /// also survive a restart.
+    #[tokio::test]
+    async fn change_log() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let storage = DiskStorage::open(&options(dir.path())).expect("opens");
+            crate::storage::change_log_tests::check_change_log(&*storage.shard(0));
+            assert_eq!(storage.shard(1).last_log_seq().expect("reads"), 0);
+        }
+        let storage = DiskStorage::open(&options(dir.path())).expect("reopens");
+        let shard = storage.shard(0);
+        assert_eq!(shard.last_log_seq().expect("reads"), 4);
+        assert_eq!(
+            shard.read_log(CollectionUid(1), 0, 10).expect("reads"),
+            vec![(4, Bytes::from_static(b"a4"))]
+        );
     }
 
     /// A batch reaches fjall sorted by key (see `key_ordered_batch`), yet two changes of one

@@ -3,10 +3,15 @@
 mod entry_key;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     ops::Bound,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
 };
+
+use bytes::Bytes;
 
 use parking_lot::Mutex;
 
@@ -89,6 +94,8 @@ struct Collection {
     docs: BTreeMap<DocKey, Arc<StoredDocument>>,
     terms: HashMap<DocKey, StoredTerms>,
     entries: BTreeMap<EntryKey, [u8; 2]>,
+    /// The change log's records, by position (appended in increasing order).
+    log: VecDeque<(u64, Bytes)>,
 }
 
 impl Collection {
@@ -128,6 +135,8 @@ impl Collection {
 #[derive(Debug, Default)]
 struct MemoryShard {
     collections: Mutex<HashMap<CollectionUid, Collection>>,
+    /// The highest log position appended.
+    last_log_seq: AtomicU64,
 }
 
 impl ShardStore for MemoryShard {
@@ -167,6 +176,19 @@ impl ShardStore for MemoryShard {
                 // Nothing here outlives the process: the engine's table is the only copy
                 // a memory server needs.
                 DocumentWrite::Remember { .. } | DocumentWrite::Forget { .. } => {}
+                DocumentWrite::Append {
+                    collection,
+                    seq,
+                    record,
+                } => {
+                    let last = self.last_log_seq.fetch_max(seq, Ordering::Relaxed);
+                    debug_assert!(seq > last, "log positions increase");
+                    collections
+                        .entry(collection)
+                        .or_default()
+                        .log
+                        .push_back((seq, Bytes::copy_from_slice(record)));
+                }
             }
         }
         Ok(Lsn::ZERO)
@@ -292,6 +314,39 @@ impl ShardStore for MemoryShard {
         drop(dropped);
         Ok(())
     }
+
+    fn read_log(
+        &self,
+        collection: CollectionUid,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Bytes)>, StorageError> {
+        let collections = self.collections.lock();
+        let Some(c) = collections.get(&collection) else {
+            return Ok(Vec::new());
+        };
+        let start = c.log.partition_point(|(seq, _)| *seq < from);
+        Ok(c.log.range(start..).take(limit).cloned().collect())
+    }
+
+    fn last_log_seq(&self) -> Result<u64, StorageError> {
+        Ok(self.last_log_seq.load(Ordering::Relaxed))
+    }
+
+    fn trim_log(
+        &self,
+        collection: CollectionUid,
+        below: u64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        let mut collections = self.collections.lock();
+        let Some(c) = collections.get_mut(&collection) else {
+            return Ok(0);
+        };
+        let n = c.log.partition_point(|(seq, _)| *seq < below).min(limit);
+        c.log.drain(..n);
+        Ok(n)
+    }
 }
 
 fn partition_start(partition_key: &PartitionKeyValue, after: Option<&DocumentId>) -> Bound<DocKey> {
@@ -304,5 +359,15 @@ fn partition_start(partition_key: &PartitionKeyValue, after: Option<&DocumentId>
             partition_key: partition_key.clone(),
             id: DocumentId::min_value(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn change_log() {
+        crate::storage::change_log_tests::check_change_log(&*MemoryStorage::new().shard(0));
     }
 }
