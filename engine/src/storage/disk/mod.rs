@@ -913,10 +913,10 @@ impl ShardStore for DiskShard {
         limit: usize,
     ) -> Result<Vec<(u64, Bytes)>, StorageError> {
         let prefix = codec::collection_prefix(self.index, collection);
-        let start = [&prefix[..], &from.to_be_bytes()].concat();
-        let end = index_keys::prefix_end(&prefix).expect("a collection prefix has an end");
+        let start = Bound::Included([&prefix[..], &from.to_be_bytes()].concat());
+        let end = index_keys::prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded);
         self.log
-            .range(start..end)
+            .range((start, end))
             .take(limit)
             .map(|item| {
                 let (key, value) = item.into_inner().map_err(storage_error)?;
