@@ -14,8 +14,8 @@ use mayfly_server::{
     CurrentEngine, RunningServer,
     engine::{CollectionUid, Engine, EngineConfig, SystemClock},
     storage::{
-        CatalogChange, DocKey, DurableFuture, Lsn, MemoryStorage, ScanRange, ShardStore, Storage,
-        StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
+        CatalogChange, ChangeLog, DocKey, DurableFuture, Lsn, MemoryStorage, ScanRange, ShardStore,
+        Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
     },
 };
 use serde_json::json;
@@ -744,24 +744,8 @@ impl ShardStore for PurgeHeldShard {
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         self.inner.drop_collection(collection)
     }
-    fn read_log(
-        &self,
-        collection: CollectionUid,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<(u64, tonic::codegen::Bytes)>, StorageError> {
-        self.inner.read_log(collection, from, limit)
-    }
-    fn last_log_seq(&self) -> Result<u64, StorageError> {
-        self.inner.last_log_seq()
-    }
-    fn trim_log(
-        &self,
-        collection: CollectionUid,
-        below: u64,
-        limit: usize,
-    ) -> Result<usize, StorageError> {
-        self.inner.trim_log(collection, below, limit)
+    fn change_log(&self) -> &dyn ChangeLog {
+        self.inner.change_log()
     }
 }
 

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use super::shard::Census;
 use super::*;
 use crate::storage::{
-    CatalogChange, DurableFuture, Lsn, MemoryStorage, ScanRange, ShardStore, StorageError,
-    StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
+    CatalogChange, ChangeLog, DurableFuture, Lsn, MemoryStorage, ScanRange, ShardStore,
+    StorageError, StoredCatalog, StoredDocument, StoredMeta, WriteBatch,
 };
 
 const T0: Millis = 1_790_000_000_000;
@@ -895,24 +895,8 @@ impl ShardStore for FlakyShard {
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         self.inner.drop_collection(collection)
     }
-    fn read_log(
-        &self,
-        collection: CollectionUid,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<(u64, bytes::Bytes)>, StorageError> {
-        self.inner.read_log(collection, from, limit)
-    }
-    fn last_log_seq(&self) -> Result<u64, StorageError> {
-        self.inner.last_log_seq()
-    }
-    fn trim_log(
-        &self,
-        collection: CollectionUid,
-        below: u64,
-        limit: usize,
-    ) -> Result<usize, StorageError> {
-        self.inner.trim_log(collection, below, limit)
+    fn change_log(&self) -> &dyn ChangeLog {
+        self.inner.change_log()
     }
 }
 

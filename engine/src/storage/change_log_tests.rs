@@ -25,6 +25,7 @@ fn append(shard: &dyn ShardStore, records: &[(CollectionUid, u64, &[u8])]) {
 
 fn seqs(shard: &dyn ShardStore, collection: CollectionUid, from: u64, limit: usize) -> Vec<u64> {
     shard
+        .change_log()
         .read_log(collection, from, limit)
         .expect("reads")
         .into_iter()
@@ -37,12 +38,12 @@ fn seqs(shard: &dyn ShardStore, collection: CollectionUid, from: u64, limit: usi
 /// removes only what is below its bound, and the highest position stays known.
 pub(super) fn check_change_log(shard: &dyn ShardStore) {
     let (a, b) = (CollectionUid(1), CollectionUid(2));
-    assert_eq!(shard.last_log_seq().expect("reads"), 0);
+    assert_eq!(shard.change_log().last_log_seq().expect("reads"), 0);
     append(shard, &[(a, 1, b"a1"), (b, 2, b"b2"), (a, 3, b"a3")]);
     append(shard, &[(a, 4, b"a4")]);
-    assert_eq!(shard.last_log_seq().expect("reads"), 4);
+    assert_eq!(shard.change_log().last_log_seq().expect("reads"), 4);
     assert_eq!(
-        shard.read_log(a, 0, 10).expect("reads"),
+        shard.change_log().read_log(a, 0, 10).expect("reads"),
         vec![
             (1, Bytes::from_static(b"a1")),
             (3, Bytes::from_static(b"a3")),
@@ -55,17 +56,17 @@ pub(super) fn check_change_log(shard: &dyn ShardStore) {
     assert_eq!(seqs(shard, b, 0, 10), [2]);
     assert_eq!(seqs(shard, CollectionUid(9), 0, 10), Vec::<u64>::new());
 
-    assert_eq!(shard.trim_log(a, 4, 1).expect("trims"), 1);
+    assert_eq!(shard.change_log().trim_log(a, 4, 1).expect("trims"), 1);
     assert_eq!(seqs(shard, a, 0, 10), [3, 4]);
-    assert_eq!(shard.trim_log(a, 4, 10).expect("trims"), 1);
-    assert_eq!(shard.trim_log(a, 4, 10).expect("trims"), 0);
+    assert_eq!(shard.change_log().trim_log(a, 4, 10).expect("trims"), 1);
+    assert_eq!(shard.change_log().trim_log(a, 4, 10).expect("trims"), 0);
     assert_eq!(seqs(shard, a, 0, 10), [4]);
     assert_eq!(seqs(shard, b, 0, 10), [2]);
 
     shard.drop_collection(b).expect("drops");
     assert_eq!(seqs(shard, b, 0, 10), Vec::<u64>::new());
     assert_eq!(
-        shard.last_log_seq().expect("reads"),
+        shard.change_log().last_log_seq().expect("reads"),
         4,
         "positions are never reused"
     );

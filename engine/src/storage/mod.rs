@@ -452,6 +452,12 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
     /// the engine no longer writes to).
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError>;
 
+    /// This shard's change log, for reads and retention (its records are appended by `write`).
+    fn change_log(&self) -> &dyn ChangeLog;
+}
+
+/// A shard's change log outside the commit path: reading it from a position, and trimming it.
+pub trait ChangeLog {
     /// Up to `limit` records of a collection's change log in this shard, at positions `from`
     /// and after, in order.
     fn read_log(

@@ -19,8 +19,9 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::storage::{
-    DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, ScanRange, ShardStore,
-    StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term, WriteBatch,
+    ChangeLog, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, ScanRange,
+    ShardStore, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term,
+    WriteBatch,
 };
 
 /// A bug planted in the storage, for a mutation check.
@@ -689,6 +690,12 @@ impl ShardStore for PowerLossShard {
         Ok(())
     }
 
+    fn change_log(&self) -> &dyn ChangeLog {
+        self
+    }
+}
+
+impl ChangeLog for PowerLossShard {
     fn read_log(
         &self,
         collection: CollectionUid,

@@ -6,7 +6,7 @@ use std::sync::Mutex as StdMutex;
 
 use super::*;
 use crate::engine::shard::after_each_read;
-use crate::storage::{DocumentWrite, IndexEntry, IndexRange, StoredTerms};
+use crate::storage::{ChangeLog, DocumentWrite, IndexEntry, IndexRange, StoredTerms};
 
 /// Memory storage that records each write batch: the ids it puts and deletes.
 #[derive(Debug, Default)]
@@ -107,24 +107,8 @@ impl ShardStore for RecordingShard {
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
         self.inner.drop_collection(collection)
     }
-    fn read_log(
-        &self,
-        collection: CollectionUid,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<(u64, bytes::Bytes)>, StorageError> {
-        self.inner.read_log(collection, from, limit)
-    }
-    fn last_log_seq(&self) -> Result<u64, StorageError> {
-        self.inner.last_log_seq()
-    }
-    fn trim_log(
-        &self,
-        collection: CollectionUid,
-        below: u64,
-        limit: usize,
-    ) -> Result<usize, StorageError> {
-        self.inner.trim_log(collection, below, limit)
+    fn change_log(&self) -> &dyn ChangeLog {
+        self.inner.change_log()
     }
 }
 

@@ -41,9 +41,9 @@ use self::{
     read_cache::{Changed, MAX_CACHED_ENTRIES, ReadCache, ShardCache, Written},
 };
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, Lsn,
-    RequestRecord, ScanRange, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument,
-    StoredMeta, StoredTerms, Term, WriteBatch, index_keys,
+    CatalogChange, ChangeLog, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange,
+    IndexUpdate, Lsn, RequestRecord, ScanRange, ShardStore, Storage, StorageError, StoredCatalog,
+    StoredDocument, StoredMeta, StoredTerms, Term, WriteBatch, index_keys,
 };
 use crate::model::{CollectionUid, DatabaseId, DatabaseUid};
 
@@ -906,6 +906,12 @@ impl ShardStore for DiskShard {
         }
     }
 
+    fn change_log(&self) -> &dyn ChangeLog {
+        self
+    }
+}
+
+impl ChangeLog for DiskShard {
     fn read_log(
         &self,
         collection: CollectionUid,
@@ -1339,13 +1345,19 @@ mod tests {
         {
             let storage = DiskStorage::open(&options(dir.path())).expect("opens");
             crate::storage::change_log_tests::check_change_log(&*storage.shard(0));
-            assert_eq!(storage.shard(1).last_log_seq().expect("reads"), 0);
+            assert_eq!(
+                storage.shard(1).change_log().last_log_seq().expect("reads"),
+                0
+            );
         }
         let storage = DiskStorage::open(&options(dir.path())).expect("reopens");
         let shard = storage.shard(0);
-        assert_eq!(shard.last_log_seq().expect("reads"), 4);
+        assert_eq!(shard.change_log().last_log_seq().expect("reads"), 4);
         assert_eq!(
-            shard.read_log(CollectionUid(1), 0, 10).expect("reads"),
+            shard
+                .change_log()
+                .read_log(CollectionUid(1), 0, 10)
+                .expect("reads"),
             vec![(4, Bytes::from_static(b"a4"))]
         );
     }

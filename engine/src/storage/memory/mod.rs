@@ -17,9 +17,9 @@ use parking_lot::Mutex;
 
 use self::entry_key::EntryKey;
 use super::{
-    CatalogChange, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, Lsn,
-    ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms,
-    Term, WriteBatch, index_keys,
+    CatalogChange, ChangeLog, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange,
+    IndexUpdate, Lsn, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta,
+    StoredTerms, Term, WriteBatch, index_keys,
 };
 use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
@@ -315,6 +315,12 @@ impl ShardStore for MemoryShard {
         Ok(())
     }
 
+    fn change_log(&self) -> &dyn ChangeLog {
+        self
+    }
+}
+
+impl ChangeLog for MemoryShard {
     fn read_log(
         &self,
         collection: CollectionUid,
