@@ -155,6 +155,10 @@ struct Args {
     /// off, since Cosmos DB refuses TTL without an index: documents' ttls are then ignored).
     #[arg(long, default_value = "consistent")]
     indexing: String,
+    /// The collection's change feed retention in seconds (0: no feed; the server's default,
+    /// a day, if not given): what the feed costs a write is this at 0 against the default.
+    #[arg(long)]
+    feed_retention: Option<i64>,
     /// Properties per document (at least 5: id, pk, payload, n, g; the rest small scalars).
     #[arg(long, default_value_t = 5)]
     properties: usize,
@@ -324,6 +328,7 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
             indexing_mode: indexing_mode as i32,
             indexing_paths: None,
             must_live: None,
+            change_feed_retention: args.feed_retention,
         })
         .await?;
     Ok(collection)

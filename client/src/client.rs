@@ -14,7 +14,9 @@ use tonic::{
 };
 
 use crate::{
-    collection::{Collection, CollectionInfo, IndexingMode, IndexingPaths, MustLiveRule},
+    collection::{
+        Collection, CollectionInfo, IndexingMode, IndexingPaths, MustLiveRule, wire_retention,
+    },
     error::{Error, ErrorDetails, Reason},
     retry::RetryPolicy,
     tls::Tls,
@@ -817,6 +819,7 @@ impl Database {
             indexing_mode: IndexingMode::Consistent,
             indexing_paths: None,
             must_live: Vec::new(),
+            change_feed_retention: None,
         }
     }
 
@@ -915,9 +918,18 @@ pub struct CreateCollection<'a> {
     indexing_mode: IndexingMode,
     indexing_paths: Option<IndexingPaths>,
     must_live: Vec<MustLiveRule>,
+    change_feed_retention: Option<Duration>,
 }
 
 impl CreateCollection<'_> {
+    /// How long the collection's change feed keeps events (whole seconds, up to 30 days; a day
+    /// if not called). `Duration::ZERO`: the collection keeps no change feed, and its writes
+    /// skip the cost of one.
+    pub fn change_feed_retention(mut self, retention: Duration) -> Self {
+        self.change_feed_retention = Some(retention);
+        self
+    }
+
     /// Documents that must never expire: a write storing one without `"ttl": -1`
     /// ([`DocumentTtl::Never`](crate::DocumentTtl::Never)) is refused with
     /// [`Reason::MustLive`](crate::Reason::MustLive). Call it once per rule. For a collection
@@ -1027,8 +1039,10 @@ impl<'a> IntoFuture for CreateCollection<'a> {
                 indexing_mode,
                 indexing_paths,
                 must_live,
+                change_feed_retention,
             } = self;
             let request = CreateCollectionProto {
+                change_feed_retention: change_feed_retention.map(wire_retention),
                 database: database.id.clone(),
                 id: id.clone(),
                 partition_key_path,

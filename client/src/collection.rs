@@ -1,5 +1,7 @@
 //! Collection handles: settings and the entry points for document requests.
 
+use std::time::Duration;
+
 use mayfly_proto::json::JsonValue;
 use mayfly_proto::v1::{
     self, DeleteCollectionRequest, GetCollectionRequest, ReadDocumentRequest,
@@ -173,6 +175,8 @@ pub struct CollectionInfo {
     pub index_complete: bool,
     /// Kinds of documents that must never expire ([`MustLiveRule`]); empty if none.
     pub must_live: Vec<MustLiveRule>,
+    /// How long the change feed keeps events (zero: the collection keeps no feed).
+    pub change_feed_retention: Duration,
 }
 
 impl CollectionInfo {
@@ -186,6 +190,7 @@ impl CollectionInfo {
             indexing_paths,
             index_complete,
             must_live,
+            change_feed_retention,
         } = c;
         let paths = indexing_paths.unwrap_or_default();
         CollectionInfo {
@@ -194,6 +199,7 @@ impl CollectionInfo {
                 excluded: paths.excluded_paths,
             },
             index_complete,
+            change_feed_retention: Duration::from_secs(change_feed_retention.max(0) as u64),
             must_live: must_live
                 .map(|m| m.rules.into_iter().map(MustLiveRule::from_wire).collect())
                 .unwrap_or_default(),
@@ -219,6 +225,7 @@ pub struct CollectionSettings {
     indexing_mode: Option<IndexingMode>,
     indexing_paths: Option<IndexingPaths>,
     must_live: Option<Vec<MustLiveRule>>,
+    change_feed_retention: Option<Duration>,
 }
 
 impl CollectionSettings {
@@ -234,7 +241,15 @@ impl CollectionSettings {
             indexing_mode: None,
             indexing_paths: None,
             must_live: None,
+            change_feed_retention: None,
         }
+    }
+
+    /// Also changes how long the change feed keeps events (whole seconds, up to 30 days);
+    /// `Duration::ZERO` turns the feed off and drops its events. Not called: it stays.
+    pub fn change_feed_retention(mut self, retention: Duration) -> Self {
+        self.change_feed_retention = Some(retention);
+        self
     }
 
     /// Also replaces the must-live rules with these ([`MustLiveRule`]); an empty list removes
@@ -398,6 +413,7 @@ impl Collection {
             indexing_mode,
             indexing_paths,
             must_live,
+            change_feed_retention,
         } = settings;
         let state = match default_ttl {
             DefaultTtl::Off => DefaultTtlState::Off(()),
@@ -412,6 +428,7 @@ impl Collection {
                 .map_or(v1::IndexingMode::Unspecified as i32, IndexingMode::to_wire),
             indexing_paths: indexing_paths.as_ref().map(IndexingPaths::to_wire),
             must_live: must_live.as_deref().map(MustLiveRule::to_wire_set),
+            change_feed_retention: change_feed_retention.map(wire_retention),
         };
         let collection = self
             .client
@@ -899,4 +916,10 @@ impl Collection {
     pub fn query<T>(&self, text: &str) -> Query<'_, T> {
         Query::new(self, text)
     }
+}
+
+/// A retention as the wire carries it: whole seconds (a fraction is dropped; the server
+/// refuses what is out of range).
+pub(crate) fn wire_retention(retention: Duration) -> i64 {
+    i64::try_from(retention.as_secs()).unwrap_or(i64::MAX)
 }

@@ -484,6 +484,7 @@ async fn requests_the_typed_client_cannot_make() {
             indexing_mode: 0,
             indexing_paths: None,
             must_live: None,
+            change_feed_retention: None,
         })
         .await
         .expect_err("a replace must state the TTL");
@@ -502,6 +503,7 @@ async fn requests_the_typed_client_cannot_make() {
             indexing_mode: 42,
             indexing_paths: None,
             must_live: None,
+            change_feed_retention: None,
         })
         .await
         .expect_err("unknown enum value");
@@ -770,7 +772,10 @@ async fn changing_the_default_applies_at_once_over_grpc() {
         listener,
         None,
         CurrentEngine::new(engine.clone()),
-        mayfly_server::StorageConfig::Memory { shards: Some(2) },
+        mayfly_server::StorageConfig::Memory {
+            shards: Some(2),
+            feed_records: None,
+        },
         mayfly_server::auth::Authenticator::open(Arc::new(SystemClock)),
         mayfly_server::Network::default(),
         async {

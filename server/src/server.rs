@@ -18,7 +18,10 @@ use crate::{
         self, Budgets, Limits, MAX_MESSAGE_BYTES, OPEN_MESSAGE_BYTES, RequestLimitsLayer,
         ServerTls, TlsError, TlsFiles,
     },
-    storage::{DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage, default_shards},
+    storage::{
+        DEFAULT_FEED_MEMORY_RECORDS, DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage,
+        default_shards,
+    },
 };
 
 /// How to run a server.
@@ -79,8 +82,13 @@ pub enum AuthConfig {
 /// Where a server keeps its documents.
 #[derive(Debug, Clone)]
 pub enum StorageConfig {
-    /// In memory only: nothing survives a restart. `shards` defaults to one per core.
-    Memory { shards: Option<usize> },
+    /// In memory only: nothing survives a restart. `shards` defaults to one per core;
+    /// `feed_records` caps each collection's change feed per shard (default
+    /// [`DEFAULT_FEED_MEMORY_RECORDS`]), the oldest events going first.
+    Memory {
+        shards: Option<usize>,
+        feed_records: Option<usize>,
+    },
     /// In a data directory (the directory's shard count applies; see [`DiskOptions`]).
     Disk(DiskOptions),
 }
@@ -91,7 +99,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            storage: StorageConfig::Memory { shards: None },
+            storage: StorageConfig::Memory {
+                shards: None,
+                feed_records: None,
+            },
             metrics_listen: None,
             auth: AuthConfig::Open,
             tls: None,
@@ -288,8 +299,14 @@ fn open_engine(
     metrics: Arc<EngineMetrics>,
 ) -> Result<Engine, ServeError> {
     let (storage, shards): (Arc<dyn Storage>, usize) = match storage {
-        StorageConfig::Memory { shards } => (
-            Arc::new(MemoryStorage::new()),
+        StorageConfig::Memory {
+            shards,
+            feed_records,
+        } => (
+            Arc::new(
+                MemoryStorage::new()
+                    .with_feed_cap(feed_records.unwrap_or(DEFAULT_FEED_MEMORY_RECORDS)),
+            ),
             shards.unwrap_or_else(default_shards),
         ),
         StorageConfig::Disk(options) => {
@@ -563,6 +580,7 @@ async fn keep_storage_writable(
     loop {
         let purge = engine.spawn_purge();
         let indexer = engine.spawn_indexer();
+        let retention = engine.spawn_feed_retention();
         let mut tick = tokio::time::interval(STORAGE_HEALTH_INTERVAL);
         let failure = loop {
             tick.tick().await;
@@ -587,6 +605,7 @@ async fn keep_storage_writable(
         tracing::warn!("the data directory takes durable writes again; reopening it");
         drop(purge);
         drop(indexer);
+        drop(retention);
         current.take();
         drop(engine);
         // Requests still running on the old engine hold its storage (and the directory's

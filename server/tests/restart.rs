@@ -70,6 +70,7 @@ impl Clients {
                 indexing_mode: indexing_mode.into(),
                 indexing_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             })
             .await
             .unwrap_or_else(|e| panic!("create collection {database}/{id}: {e:?}"))
@@ -90,6 +91,7 @@ impl Clients {
                 indexing_mode: 0,
                 indexing_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             })
             .await
             .unwrap_or_else(|e| panic!("replace collection {database}/{id}: {e:?}"))
@@ -568,6 +570,7 @@ fn turn_ttl_off_before_any_purge(
                     indexing_mode: None,
                     index_paths: None,
                     must_live: None,
+                    change_feed_retention: None,
                 },
             )
             .expect("turn TTL off");

@@ -117,6 +117,7 @@ impl Clients {
                 indexing_mode: 0,
                 indexing_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             })
             .await
             .expect("create collection");

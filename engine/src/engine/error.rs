@@ -84,6 +84,18 @@ pub enum Error {
     /// The shard remembers as many idempotency keys as it may; nothing was changed, and the
     /// request may be retried after `retry_after_ms`, when the oldest key is forgotten.
     KeysFull { max: usize, retry_after_ms: Millis },
+    /// The collection keeps no change feed (its `change_feed_retention` is 0).
+    NoChangeFeed {
+        database: String,
+        collection: String,
+    },
+    /// A change feed continuation points at events retention has removed: resuming it would
+    /// skip them. `oldest` is the oldest position still kept in that shard, written at `at`.
+    ChangesTrimmed {
+        shard: usize,
+        oldest: u64,
+        at: Option<Millis>,
+    },
 }
 
 impl fmt::Display for Error {
@@ -184,6 +196,25 @@ impl fmt::Display for Error {
                 f,
                 "the outcome is unknown: storage could not confirm it durable, so a write this request made or read may or may not survive a restart: {e}"
             ),
+            Error::NoChangeFeed {
+                database,
+                collection,
+            } => write!(
+                f,
+                "collection '{}' in database '{}' keeps no change feed: set its change_feed_retention above 0 (ReplaceCollection); changes made before that are not in any feed",
+                Echo(collection),
+                Echo(database)
+            ),
+            Error::ChangesTrimmed { shard, oldest, at } => {
+                write!(
+                    f,
+                    "the continuation points at change feed events that retention has removed; the oldest kept in shard {shard} is at position {oldest}"
+                )?;
+                if let Some(at) = at {
+                    write!(f, ", committed at {at} ms since the Unix epoch")?;
+                }
+                f.write_str(": start again from `beginning` (or a point in time) and rebuild what depends on the feed, or raise change_feed_retention")
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ mod batch;
 mod block_on;
 mod body;
 mod catalog;
+mod change_feed;
 mod clock;
 mod condition;
 mod cursor;
@@ -47,6 +48,10 @@ use parking_lot::{Mutex, RwLock};
 
 pub use batch::{BatchOp, BatchOutput, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS};
 pub use body::{DocumentBody, MAX_DEPTH, MAX_DOCUMENT_BYTES};
+pub use change_feed::{
+    ChangeEvent, ChangeFeedCursor, ChangeFeedMode, ChangeFeedScope, ChangeFeedStart, ChangeOp,
+    ChangeRecord, FeedRange, MAX_FEED_RANGES, RetentionGuard, partition_hash,
+};
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use condition::{MAX_CONDITION_BYTES, PatchCondition};
 pub use cursor::QueryCursor;
@@ -73,10 +78,10 @@ pub use walk::{MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QueryMe
 // The domain types, where the engine's callers have always found them.
 pub use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
-    DefaultTtl, DocumentId, DocumentTtl, ExpiredThrough, IdKind, IndexPath, IndexPaths,
-    IndexingMode, InvalidInput, MAX_ID_CHARS, MAX_MUST_LIVE_RULES, MAX_MUST_LIVE_VALUES,
-    MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, MustLive, MustLiveRule, PartitionKeyPath,
-    PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
+    DefaultTtl, DocumentId, DocumentTtl, ExpiredThrough, FeedRetention, IdKind, IndexPath,
+    IndexPaths, IndexingMode, InvalidInput, MAX_ID_CHARS, MAX_MUST_LIVE_RULES,
+    MAX_MUST_LIVE_VALUES, MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, MustLive, MustLiveRule,
+    PartitionKeyPath, PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
 };
 // Submodules reach the shared modules by their old names.
 use crate::model::{partition_key, ttl};
@@ -426,9 +431,7 @@ impl Engine {
             .storage
             .write_catalog(CatalogChange::PutCollection(&info))?;
         self.catalog_durable(lsn)?;
-        for shard in self.shards() {
-            shard.add_collection(&info, &*self.inner.clock);
-        }
+        self.attach_collection(&info);
         self.inner.catalog.write().put_collection(info.clone());
         Ok(info)
     }
@@ -468,7 +471,12 @@ impl Engine {
         let mode = change
             .indexing_mode
             .unwrap_or(current.settings.indexing_mode());
-        let settings = CollectionSettings::new(change.default_ttl, mode)?;
+        let settings = CollectionSettings::new(change.default_ttl, mode)?
+            .with_change_feed_retention(
+                change
+                    .change_feed_retention
+                    .unwrap_or(current.settings.change_feed_retention()),
+            );
         let index_paths = change
             .index_paths
             .unwrap_or_else(|| current.index_paths.clone());
@@ -518,9 +526,13 @@ impl Engine {
                     .inner
                     .storage
                     .write_catalog(CatalogChange::PutCollection(&info))?;
-                let rules = info.rules();
-                let must_live = info.must_live.clone();
-                Ok::<_, Error>(((info, lsn), rules, index, must_live, lsn))
+                let new = shard::ShardRules {
+                    rules: info.rules(),
+                    index,
+                    must_live: info.must_live.clone(),
+                    feed: info.settings.change_feed_retention().is_on(),
+                };
+                Ok::<_, Error>(((info, lsn), new, lsn))
             })?;
         self.inner.catalog.write().put_collection(info.clone());
         self.inner.indexer_wake.notify_one();
@@ -535,6 +547,14 @@ impl Engine {
         // change to be durable like any write they reflect.
         self.catalog_durable(lsn)?;
         Ok(info)
+    }
+
+    /// Gives every shard its part of a collection.
+    fn attach_collection(&self, info: &CollectionInfo) {
+        let feed_signal = Arc::new(tokio::sync::watch::Sender::new(()));
+        for shard in self.shards() {
+            shard.add_collection(info, &*self.inner.clock, &feed_signal);
+        }
     }
 
     /// Deletes a collection with its documents.

@@ -109,9 +109,7 @@ impl Engine {
                 if !catalog.has_database(&info.database) {
                     continue; // Cannot happen: databases are deleted with their collections.
                 }
-                for shard in engine.shards() {
-                    shard.add_collection(&info, &*engine.inner.clock);
-                }
+                engine.attach_collection(&info);
                 known.insert(info.uid);
                 catalog.put_collection(Arc::new(info));
                 recovery.collections += 1;

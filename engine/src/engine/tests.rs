@@ -151,6 +151,7 @@ impl Fixture {
                     indexing_mode: None,
                     index_paths: None,
                     must_live: None,
+                    change_feed_retention: None,
                 },
             )
             .expect("replace settings");
@@ -532,6 +533,7 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
                 indexing_mode: None,
                 index_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             },
         )
         .expect_err("rejected");
@@ -547,6 +549,7 @@ fn ttl_and_indexing_none_are_rejected_both_ways() {
                 indexing_mode: Some(IndexingMode::None),
                 index_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             },
         )
         .expect_err("rejected");
@@ -1441,6 +1444,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
                         indexing_mode: None,
                         index_paths: None,
                         must_live: None,
+                        change_feed_retention: None,
                     },
                 )
                 .expect("settings");
@@ -1470,6 +1474,7 @@ async fn expired_is_final_across_a_crash_before_the_purge() {
                 indexing_mode: None,
                 index_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             },
         )
         .expect("settings");
@@ -1866,6 +1871,7 @@ fn mode_none_needs_enable_scan_and_new_paths_read_documents_until_rebuilt() {
                 indexing_mode: Some(IndexingMode::Consistent),
                 index_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             },
         )
         .expect("settings");
@@ -2043,6 +2049,7 @@ fn lazy_writes_are_indexed_in_the_background() {
                 indexing_mode: None,
                 index_paths: None,
                 must_live: None,
+                change_feed_retention: None,
             },
         )
         .expect("settings");
@@ -2107,6 +2114,7 @@ fn a_path_change_rebuilds_the_index() {
                 indexing_mode: None,
                 index_paths: Some(Arc::new(only_n)),
                 must_live: None,
+                change_feed_retention: None,
             },
         )
         .expect("settings");
@@ -2202,6 +2210,7 @@ async fn an_interrupted_catch_up_or_rebuild_resumes_after_a_restart() {
                     indexing_mode: Some(IndexingMode::Consistent),
                     index_paths: None,
                     must_live: None,
+                    change_feed_retention: None,
                 },
             )
             .expect("settings");
@@ -2449,6 +2458,7 @@ fn a_patch_is_a_write_and_may_change_the_ttl() {
 }
 
 mod batch;
+mod change_feed;
 mod idempotency;
 mod must_live;
 
@@ -2520,6 +2530,7 @@ fn a_query_continuation_resumes_only_under_the_plan_that_made_it() {
                     indexing_mode: None,
                     index_paths: Some(Arc::new(paths)),
                     must_live: None,
+                    change_feed_retention: None,
                 },
             )
             .expect("settings");

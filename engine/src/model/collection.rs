@@ -34,11 +34,56 @@ pub enum IndexingMode {
     None,
 }
 
+/// How long a collection's change feed keeps its events; zero: the collection has no feed,
+/// and its changes are not logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FeedRetention(u32);
+
+impl FeedRetention {
+    /// A day, the default: long enough for a consumer to be down overnight.
+    pub const DEFAULT: FeedRetention = FeedRetention(86_400);
+    /// Thirty days, the longest kept.
+    pub const MAX_SECS: u32 = 30 * 86_400;
+    /// No feed.
+    pub const OFF: FeedRetention = FeedRetention(0);
+
+    /// Validates a retention in seconds: 0 (off) to [`FeedRetention::MAX_SECS`].
+    pub fn from_secs(secs: i64) -> Result<Self, InvalidInput> {
+        u32::try_from(secs)
+            .ok()
+            .filter(|&s| s <= Self::MAX_SECS)
+            .map(FeedRetention)
+            .ok_or(InvalidInput::FeedRetention { raw: secs })
+    }
+
+    /// In seconds.
+    pub fn secs(self) -> u32 {
+        self.0
+    }
+
+    /// In milliseconds.
+    pub fn millis(self) -> u64 {
+        u64::from(self.0) * 1_000
+    }
+
+    /// Whether the collection has a feed.
+    pub fn is_on(self) -> bool {
+        self.0 > 0
+    }
+}
+
+impl Default for FeedRetention {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// A collection's settings, valid together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CollectionSettings {
     default_ttl: DefaultTtl,
     indexing_mode: IndexingMode,
+    change_feed_retention: FeedRetention,
 }
 
 impl CollectionSettings {
@@ -50,7 +95,21 @@ impl CollectionSettings {
         Ok(CollectionSettings {
             default_ttl,
             indexing_mode,
+            change_feed_retention: FeedRetention::DEFAULT,
         })
+    }
+
+    /// The same settings with another change feed retention.
+    pub fn with_change_feed_retention(self, retention: FeedRetention) -> Self {
+        CollectionSettings {
+            change_feed_retention: retention,
+            ..self
+        }
+    }
+
+    /// How long the change feed keeps events.
+    pub fn change_feed_retention(&self) -> FeedRetention {
+        self.change_feed_retention
     }
 
     /// The default TTL.
@@ -127,6 +186,8 @@ pub struct SettingsChange {
     pub index_paths: Option<Arc<IndexPaths>>,
     /// The new must-live rules; `None` keeps the current ones.
     pub must_live: Option<Arc<MustLive>>,
+    /// The new change feed retention; `None` keeps the current one.
+    pub change_feed_retention: Option<FeedRetention>,
 }
 
 #[cfg(test)]

@@ -17,6 +17,12 @@ pub enum InvalidInput {
     DocumentTtl { raw: String },
     /// A default TTL on a collection that does not index (Cosmos DB's message).
     TtlWithoutIndex,
+    /// A change feed retention out of range.
+    FeedRetention { raw: i64 },
+    /// A count of feed ranges out of range.
+    FeedRangeCount { asked: usize, max: usize },
+    /// A feed range that no split of this server made.
+    FeedRange { raw: String },
     /// An id breaking the id rules.
     Id {
         kind: IdKind,
@@ -112,6 +118,20 @@ impl fmt::Display for InvalidInput {
         match self {
             InvalidInput::DefaultTtl { raw } => write!(f, "The input defaultTtl '{}' {TTL_RULE}", Echo(raw)),
             InvalidInput::DocumentTtl { raw } => write!(f, "The input ttl '{}' {TTL_RULE}", Echo(raw)),
+            InvalidInput::FeedRetention { raw } => write!(
+                f,
+                "change_feed_retention {raw} is out of range: give seconds from 0 (no change feed) to {} (30 days)",
+                super::collection::FeedRetention::MAX_SECS
+            ),
+            InvalidInput::FeedRangeCount { asked, max } => write!(
+                f,
+                "cannot split a change feed into {asked} ranges: ask for 1 to {max}"
+            ),
+            InvalidInput::FeedRange { raw } => write!(
+                f,
+                "feed range {:?} is not one GetFeedRanges returns on this server: ask GetFeedRanges again",
+                Echo(raw)
+            ),
             InvalidInput::TtlWithoutIndex => {
                 f.write_str("Indexing mode value cannot be 'none' when 'defaultTtl' is specified in the collection")
             }

@@ -13,7 +13,8 @@ pub(crate) mod partition_key;
 pub(crate) mod ttl;
 
 pub use collection::{
-    CollectionInfo, CollectionSettings, CollectionUid, DatabaseUid, IndexingMode, SettingsChange,
+    CollectionInfo, CollectionSettings, CollectionUid, DatabaseUid, FeedRetention, IndexingMode,
+    SettingsChange,
 };
 pub use document::{DocKey, StoredDocument};
 pub use echo::{ECHO_CHARS, Echo};

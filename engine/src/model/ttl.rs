@@ -118,6 +118,20 @@ impl DocumentTtl {
         }
     }
 
+    /// A document's own ttl as stored (`0`: it inherits, else [`DocumentTtl::to_raw`]);
+    /// `None` if no ttl stores as `raw`.
+    pub fn from_stored(raw: i32) -> Option<Option<Self>> {
+        match raw {
+            0 => Some(None),
+            n => Self::from_i64(i64::from(n)).ok().map(Some),
+        }
+    }
+
+    /// A document's own ttl as stored: `0` when it inherits.
+    pub fn to_stored(ttl: Option<Self>) -> i32 {
+        ttl.map_or(0, DocumentTtl::to_raw)
+    }
+
     /// The value as a JSON number, for writing it into a body.
     pub fn to_json(self) -> Value {
         Value::from(self.to_raw())
@@ -177,6 +191,9 @@ pub struct ExpiredThrough {
     /// Documents with their own ttl whose expiry instant is at or before this are expired
     /// (0: none).
     pub own_expired_by: Millis,
+    /// When the default in force took effect (0: when the collection was made): an inheritor
+    /// it expires at once expired then, not at its last write plus the new default.
+    pub default_since: Millis,
 }
 
 impl ExpiredThrough {
@@ -190,6 +207,7 @@ impl ExpiredThrough {
         if old.is_on() {
             next.own_expired_by = next.own_expired_by.max(at);
         }
+        next.default_since = at;
         next
     }
 

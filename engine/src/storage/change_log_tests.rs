@@ -56,11 +56,15 @@ pub(super) fn check_change_log(shard: &dyn ShardStore) {
     assert_eq!(seqs(shard, b, 0, 10), [2]);
     assert_eq!(seqs(shard, CollectionUid(9), 0, 10), Vec::<u64>::new());
 
+    assert_eq!(shard.change_log().log_floor(a).expect("reads"), 0);
     assert_eq!(shard.change_log().trim_log(a, 4, 1).expect("trims"), 1);
     assert_eq!(seqs(shard, a, 0, 10), [3, 4]);
+    assert_eq!(shard.change_log().log_floor(a).expect("reads"), 2);
     assert_eq!(shard.change_log().trim_log(a, 4, 10).expect("trims"), 1);
     assert_eq!(shard.change_log().trim_log(a, 4, 10).expect("trims"), 0);
     assert_eq!(seqs(shard, a, 0, 10), [4]);
+    assert_eq!(shard.change_log().log_floor(a).expect("reads"), 4);
+    assert_eq!(shard.change_log().log_floor(b).expect("reads"), 0);
     assert_eq!(seqs(shard, b, 0, 10), [2]);
 
     shard.drop_collection(b).expect("drops");

@@ -17,7 +17,7 @@ pub use disk::{
     FORMAT_VERSION, OpenError,
 };
 pub use index_keys::{TERMS_LAYOUT, prefix_end};
-pub use memory::MemoryStorage;
+pub use memory::{DEFAULT_FEED_MEMORY_RECORDS, MemoryStorage};
 
 use crate::model::{
     CollectionInfo, CollectionUid, DatabaseId, DatabaseUid, DocumentId, DocumentTtl, Millis,
@@ -48,9 +48,23 @@ pub struct IndexUpdate<'a> {
 #[derive(Debug, Clone, Copy)]
 pub enum DocumentWrite<'a> {
     /// Insert or overwrite; with `index`, replace its index entries and terms record too.
+    /// `seq`: the position of the change log record describing it (0: none), kept with the
+    /// document so that its next record can name it after a restart.
     Put {
         doc: &'a Arc<StoredDocument>,
         index: Option<IndexUpdate<'a>>,
+        seq: u64,
+    },
+    /// A stored document's expiry has its change log record, at `seq`: after a restart it is
+    /// expired (final) and its record is not logged again. Its other fields are the stored
+    /// version's, unchanged.
+    ExpiryLogged {
+        collection: CollectionUid,
+        key: &'a DocKey,
+        version: u64,
+        last_write: Millis,
+        ttl: Option<DocumentTtl>,
+        seq: u64,
     },
     /// Replace a stored document's index entries and terms record only (the background
     /// indexer's write): `version` is the document version the new terms were computed from.
@@ -167,6 +181,10 @@ pub struct StoredMeta {
     pub version: u64,
     /// The document's own TTL (`None` = inherits).
     pub ttl: Option<DocumentTtl>,
+    /// The position of its latest change log record (0: none).
+    pub seq: u64,
+    /// Its expiry has been logged (see [`DocumentWrite::ExpiryLogged`]): it is expired.
+    pub expiry_logged: bool,
 }
 
 impl StoredMeta {
@@ -178,6 +196,8 @@ impl StoredMeta {
             last_write: doc.last_write,
             version: doc.version,
             ttl: doc.ttl,
+            seq: 0,
+            expiry_logged: false,
         }
     }
 }
@@ -470,6 +490,10 @@ pub trait ChangeLog {
     /// The highest position this shard has appended a log record at, in any collection, even
     /// if the record has been trimmed since (0: none): positions are never reused.
     fn last_log_seq(&self) -> Result<u64, StorageError>;
+
+    /// One past the highest position of the collection's records [`ChangeLog::trim_log`] has
+    /// removed (0: none removed): a reader whose next position is below it missed records.
+    fn log_floor(&self, collection: CollectionUid) -> Result<u64, StorageError>;
 
     /// Removes up to `limit` of a collection's log records below position `below`, oldest
     /// first, and returns how many it removed (retention: fewer than `limit` means done).

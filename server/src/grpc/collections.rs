@@ -11,7 +11,7 @@ use super::{blocking, caller, convert, status::to_status};
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
-    engine::{CollectionSettings, DefaultTtl, PartitionKeyPath, SettingsChange},
+    engine::{CollectionSettings, DefaultTtl, FeedRetention, PartitionKeyPath, SettingsChange},
 };
 
 /// Serves collections from the engine.
@@ -43,6 +43,7 @@ impl server::Collections for CollectionsService {
             indexing_mode,
             indexing_paths,
             must_live,
+            change_feed_retention,
         } = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
         caller.allow(Action::Manage, Target::Database(&database), &engine)?;
@@ -52,9 +53,15 @@ impl server::Collections for CollectionsService {
         let mode = convert::indexing_mode(indexing_mode)
             .map_err(to_status)?
             .unwrap_or_default();
+        let retention = change_feed_retention
+            .map(FeedRetention::from_secs)
+            .transpose()
+            .map_err(to_status)?
+            .unwrap_or_default();
         let settings =
             CollectionSettings::new(DefaultTtl::from_raw(default_ttl).map_err(to_status)?, mode)
-                .map_err(to_status)?;
+                .map_err(to_status)?
+                .with_change_feed_retention(retention);
         let paths = convert::index_paths(indexing_paths)
             .map_err(to_status)?
             .unwrap_or_default();
@@ -110,6 +117,7 @@ impl server::Collections for CollectionsService {
             indexing_mode,
             indexing_paths,
             must_live,
+            change_feed_retention,
         } = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
         caller.allow(Action::Manage, Target::collection(&database, &id), &engine)?;
@@ -119,6 +127,10 @@ impl server::Collections for CollectionsService {
             indexing_mode: convert::indexing_mode(indexing_mode).map_err(to_status)?,
             index_paths: convert::index_paths(indexing_paths).map_err(to_status)?,
             must_live: convert::must_live(must_live).map_err(to_status)?,
+            change_feed_retention: change_feed_retention
+                .map(FeedRetention::from_secs)
+                .transpose()
+                .map_err(to_status)?,
         };
         let info = blocking(move || engine.replace_collection(&path, change)).await?;
         Ok(Response::new(convert::collection(&info)))

@@ -259,6 +259,7 @@ pub(crate) fn collection(info: &CollectionInfo) -> v1::Collection {
         id: id.to_string(),
         partition_key_path: partition_key_path.to_string(),
         default_ttl: settings.default_ttl().to_raw(),
+        change_feed_retention: i64::from(settings.change_feed_retention().secs()),
         indexing_mode: match settings.indexing_mode() {
             IndexingMode::Consistent => v1::IndexingMode::Consistent,
             IndexingMode::Lazy => v1::IndexingMode::Lazy,

@@ -45,6 +45,8 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::KeyReused { .. } => (Code::InvalidArgument, "IDEMPOTENCY_KEY_REUSED"),
         Error::RequestApplied { .. } => (Code::AlreadyExists, "REQUEST_ALREADY_APPLIED"),
         Error::KeysFull { .. } => (Code::ResourceExhausted, "IDEMPOTENCY_KEYS_FULL"),
+        Error::NoChangeFeed { .. } => (Code::FailedPrecondition, "CHANGE_FEED_OFF"),
+        Error::ChangesTrimmed { .. } => (Code::OutOfRange, "CHANGE_FEED_TRIMMED"),
         Error::Query(e) => (
             Code::InvalidArgument,
             match e.kind {
@@ -100,6 +102,10 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
             "INVALID_MUST_LIVE_RULE"
         }
         InvalidInput::MustLive { .. } => "MUST_LIVE",
+        InvalidInput::FeedRetention { .. } => "INVALID_CHANGE_FEED_RETENTION",
+        InvalidInput::FeedRangeCount { .. } | InvalidInput::FeedRange { .. } => {
+            "INVALID_FEED_RANGE"
+        }
     }
 }
 

@@ -329,6 +329,7 @@ impl Run {
                             indexing_mode: None,
                             index_paths: Some(Arc::new(paths)),
                             must_live: None,
+                            change_feed_retention: None,
                         },
                     )
                     .map_err(|e| fail(format!("replace the indexing policy: {e}")))?;
@@ -358,6 +359,7 @@ impl Run {
                             indexing_mode: None,
                             index_paths: None,
                             must_live: None,
+                            change_feed_retention: None,
                         },
                     )
                     .map_err(|e| fail(format!("replace settings: {e}")))?;

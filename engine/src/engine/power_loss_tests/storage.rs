@@ -73,8 +73,11 @@ enum Entry {
 
 #[derive(Debug, Clone)]
 enum LoggedWrite {
-    /// A document, with the change to its index entries if the write makes one.
-    Put(Arc<StoredDocument>, Option<LoggedIndex>),
+    /// A document, with the change to its index entries if the write makes one, and the
+    /// position of its change log record.
+    Put(Arc<StoredDocument>, Option<LoggedIndex>, u64),
+    /// A document's expiry logged at a position.
+    ExpiryLogged(CollectionUid, DocKey, u64),
     /// A document's index entries alone (the background indexer's write).
     Index {
         collection: CollectionUid,
@@ -134,6 +137,10 @@ struct ShardImage {
     log: BTreeMap<(CollectionUid, u64), Bytes>,
     /// The highest position appended, trimmed or not.
     last_log_seq: u64,
+    /// One past the highest position trimmed, per collection.
+    log_floors: BTreeMap<CollectionUid, u64>,
+    /// Each stored document's latest log position, and whether its expiry is logged.
+    positions: BTreeMap<(CollectionUid, DocKey), (u64, bool)>,
 }
 
 /// The bytes an index entry sorts by: its term, then the document key in the documents' own
@@ -202,10 +209,13 @@ impl Image {
                 let image = self.shards.entry(*shard).or_default();
                 for write in writes {
                     match write {
-                        LoggedWrite::Put(doc, change) => {
+                        LoggedWrite::Put(doc, change, seq) => {
                             image
                                 .docs
                                 .insert((doc.collection, doc.key.clone()), doc.clone());
+                            image
+                                .positions
+                                .insert((doc.collection, doc.key.clone()), (*seq, false));
                             if let Some(change) = change.as_ref().filter(|_| index) {
                                 image.write_index(doc.collection, &doc.key, change);
                             }
@@ -219,8 +229,14 @@ impl Image {
                                 image.write_index(*collection, key, change);
                             }
                         }
+                        LoggedWrite::ExpiryLogged(collection, key, seq) => {
+                            image
+                                .positions
+                                .insert((*collection, key.clone()), (*seq, true));
+                        }
                         LoggedWrite::Delete(collection, key, terms) => {
                             image.docs.remove(&(*collection, key.clone()));
+                            image.positions.remove(&(*collection, key.clone()));
                             if index {
                                 let entries = image.entries.entry(*collection).or_default();
                                 for term in terms {
@@ -242,6 +258,7 @@ impl Image {
                     image.terms.retain(|(c, _), _| c != collection);
                     image.entries.remove(collection);
                     image.log.retain(|(c, _), _| c != collection);
+                    image.positions.retain(|(c, _), _| c != collection);
                 }
             }
             Entry::TrimLog {
@@ -252,6 +269,10 @@ impl Image {
                 if let Some(image) = self.shards.get_mut(shard) {
                     for seq in seqs {
                         image.log.remove(&(*collection, *seq));
+                    }
+                    if let Some(&last) = seqs.iter().max() {
+                        let floor = image.log_floors.entry(*collection).or_default();
+                        *floor = (*floor).max(last + 1);
                     }
                 }
             }
@@ -520,10 +541,17 @@ impl ShardStore for PowerLossShard {
             .iter()
             .filter_map(|write| {
                 Some(match *write {
-                    DocumentWrite::Put { doc, index } => LoggedWrite::Put(
+                    DocumentWrite::Put { doc, index, seq } => LoggedWrite::Put(
                         doc.clone(),
                         index.map(|update| LoggedIndex::new(doc.version, update)),
+                        seq,
                     ),
+                    DocumentWrite::ExpiryLogged {
+                        collection,
+                        key,
+                        seq,
+                        ..
+                    } => LoggedWrite::ExpiryLogged(collection, key.clone(), seq),
                     DocumentWrite::Index {
                         collection,
                         key,
@@ -636,10 +664,22 @@ impl ShardStore for PowerLossShard {
     }
 
     fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
-        let docs: Vec<Arc<StoredDocument>> =
-            self.applied(|image| image.docs.values().cloned().collect());
+        let docs: Vec<StoredMeta> = self.applied(|image| {
+            image
+                .docs
+                .iter()
+                .map(|(at, doc)| {
+                    let (seq, expiry_logged) = image.positions.get(at).copied().unwrap_or_default();
+                    StoredMeta {
+                        seq,
+                        expiry_logged,
+                        ..StoredMeta::of(doc)
+                    }
+                })
+                .collect()
+        });
         for doc in docs {
-            each(StoredMeta::of(&doc));
+            each(doc);
         }
         Ok(())
     }
@@ -714,6 +754,10 @@ impl ChangeLog for PowerLossShard {
 
     fn last_log_seq(&self) -> Result<u64, StorageError> {
         Ok(self.applied(|image| image.last_log_seq))
+    }
+
+    fn log_floor(&self, collection: CollectionUid) -> Result<u64, StorageError> {
+        Ok(self.applied(|image| image.log_floors.get(&collection).copied().unwrap_or(0)))
     }
 
     fn trim_log(

@@ -402,6 +402,8 @@ impl Shard {
                             ttl: staged.ttl,
                         }),
                         index,
+                        // A batch's operations on one document commit as one version.
+                        patch: false,
                     });
                 }
                 // A stored document deleted (evaluate gives every such one its terms).

@@ -54,6 +54,7 @@ impl Shard {
         slot: Option<u32>,
         (record, index): (StoredDocument, IndexChange),
         remember: Option<Change>,
+        patch: bool,
     ) -> Outcome<DocumentView> {
         let owed = matches!(index, IndexChange::Owed);
         let st = &mut *state;
@@ -62,6 +63,7 @@ impl Shard {
             slot,
             record: record.clone(),
             index,
+            patch,
         }];
         changes.extend(remember);
         let (deadline, lsn) = match st.commit(&*self.store, &changes, &self.metrics, &self.versions)
@@ -282,7 +284,7 @@ impl Optimistic for Put<'_> {
             ttl: self.ttl,
         };
         shard
-            .write_version(state, seen.slot, (record, index), remember)
+            .write_version(state, seen.slot, (record, index), remember, false)
             .map(|view| (view, seen.created))
     }
 }
@@ -352,7 +354,7 @@ impl Optimistic for Touch<'_> {
         // The same body: its index entries stay as they are.
         let slot = Some(ready.seen.slot);
         let write = (record, IndexChange::Unchanged);
-        shard.write_version(ready.state, slot, write, ready.remember)
+        shard.write_version(ready.state, slot, write, ready.remember, false)
     }
 }
 
@@ -518,7 +520,7 @@ impl Optimistic for Patch<'_> {
         };
         let created = seen.version.is_none();
         shard
-            .write_version(state, seen.slot, (record, index), remember)
+            .write_version(state, seen.slot, (record, index), remember, true)
             .map(|view| (view, created))
     }
 }

@@ -8,8 +8,10 @@
 
 mod batch;
 mod documents;
+mod feed_log;
 mod feed_scan;
 mod index_batch;
+mod log_appends;
 mod optimistic;
 pub(super) mod purge_batch;
 mod rebuild;
@@ -62,7 +64,9 @@ pub(super) use self::{
     feed_scan::Reading,
     optimistic::Keyed,
     slab::{DocMeta, DocSlab, TermsRef, Tracking},
-    state::{Change, CollectionShard, IndexChange, IndexSettings, RemoveCause, ShardState},
+    state::{
+        Change, CollectionShard, IndexChange, IndexSettings, RemoveCause, ShardRules, ShardState,
+    },
     tracking::{attach, detach, time_own_ttl},
 };
 
@@ -85,6 +89,8 @@ pub(crate) struct Shard {
     versions: Arc<AtomicU64>,
     /// Wakes the engine's background indexer (shared by every shard).
     indexer_wake: Arc<Notify>,
+    /// Every change log position up to this one is durable (as far as a reader has seen).
+    durable_log: AtomicU64,
 }
 
 impl Shard {
@@ -104,6 +110,7 @@ impl Shard {
             backlog: AtomicU64::new(0),
             versions,
             indexer_wake,
+            durable_log: AtomicU64::new(0),
         }
     }
 
@@ -140,14 +147,14 @@ impl Shard {
     /// Switches a collection's expiry rules in every shard at one instant, under all the shard
     /// locks at once (taken in index order; only catalog changes, which the engine serialises,
     /// hold more than one), so that no shard judges by the old rules after another switched.
-    /// `change` is given that instant and returns what it decided, the new rules, and the
-    /// position of their durable record; the hold is a few assignments per shard and
+    /// `change` is given that instant and returns what it decided, what the shards install,
+    /// and the position of its durable record; the hold is a few assignments per shard and
     /// whatever `change` does. Returns its decision and, per shard, whether TTL was turned on.
     pub(crate) fn switch_rules<T, E>(
         shards: &[Arc<Shard>],
         clock: &dyn Clock,
         uid: CollectionUid,
-        change: impl FnOnce(Millis) -> Result<(T, Rules, IndexSettings, Arc<MustLive>, Lsn), E>,
+        change: impl FnOnce(Millis) -> Result<(T, ShardRules, Lsn), E>,
     ) -> Result<(T, Vec<bool>), E> {
         let mut states: Vec<_> = shards.iter().map(|s| s.lock()).collect();
         let at = states
@@ -155,10 +162,10 @@ impl Shard {
             .map(|st| st.now(clock))
             .max()
             .unwrap_or_default();
-        let (decided, rules, index, must_live, lsn) = change(at)?;
+        let (decided, new, lsn) = change(at)?;
         let turned_on = states
             .iter_mut()
-            .map(|st| st.set_rules(uid, rules, &index, &must_live, at, lsn))
+            .map(|st| st.set_rules(uid, &new, at, lsn))
             .collect();
         Ok((decided, turned_on))
     }
@@ -171,7 +178,12 @@ impl Shard {
         }
     }
 
-    pub(crate) fn add_collection(&self, info: &CollectionInfo, clock: &dyn Clock) {
+    pub(crate) fn add_collection(
+        &self,
+        info: &CollectionInfo,
+        clock: &dyn Clock,
+        feed_signal: &Arc<tokio::sync::watch::Sender<()>>,
+    ) {
         let mut state = self.lock();
         let now = state.now(clock);
         let uid = info.uid;
@@ -194,6 +206,8 @@ impl Shard {
                 index: HashMap::new(),
                 inherit: InheritQueue::default(),
                 head_due: None,
+                feed: info.settings.change_feed_retention().is_on(),
+                feed_signal: feed_signal.clone(),
             },
         );
     }

@@ -57,6 +57,26 @@ impl Shard {
     ) -> (PurgeReport, Option<Undurable>) {
         let mut state = self.lock();
         let (now, mut candidates) = gather(&mut state, clock, budget);
+        // Expiries are logged as soon as they are found, before the slower delete below (which
+        // releases the lock to read terms): a write committed meanwhile comes after them.
+        let unlogged: Vec<Change> = candidates
+            .iter()
+            .filter(|&&(slot, _)| {
+                let meta = state.docs.get(slot);
+                !meta.expiry_logged
+                    && state
+                        .collections
+                        .get(&meta.collection)
+                        .is_some_and(|c| c.feed)
+            })
+            .map(|&(slot, at)| Change::Expire { slot, at })
+            .collect();
+        if !unlogged.is_empty() {
+            let st = &mut *state;
+            if let Err(e) = st.commit(&*self.store, &unlogged, &self.metrics, &self.versions) {
+                tracing::warn!(error = %e, "could not log expiries; the purge's delete will");
+            }
+        }
         // Documents with index entries lose them in the same batch; their terms are read
         // outside the lock (the documents are dead meanwhile, invisible to every read), and
         // each is removed only if it is still the version whose terms were read.
@@ -128,9 +148,9 @@ impl Shard {
         let changes: Vec<Change> = candidates
             .iter()
             .zip(terms)
-            .map(|(&(slot, _), terms)| Change::Remove {
+            .map(|(&(slot, at), terms)| Change::Remove {
                 slot,
-                cause: RemoveCause::Expired,
+                cause: RemoveCause::Expired { at },
                 terms,
             })
             .collect();
@@ -418,9 +438,23 @@ fn gather(st: &mut ShardState, clock: &dyn Clock, budget: usize) -> (Millis, Vec
         }
     }
 
+    mark_due(st, now, budget - work, &mut candidates);
+    (now, candidates)
+}
+
+/// Marks documents due by `now` dead, examining at most `budget` entries: due timers, then due
+/// inherit-queue heads. Adds each to `out` with its expiry instant; returns the work done.
+pub(super) fn mark_due(
+    st: &mut ShardState,
+    now: Millis,
+    budget: usize,
+    out: &mut Vec<(u32, Millis)>,
+) -> usize {
+    let candidates = out;
+    let mut work = 0;
     let mut fired = Vec::new();
     let docs = &st.docs;
-    st.wheel.poll(now, budget - work, &mut fired, |slot| {
+    st.wheel.poll(now, budget, &mut fired, |slot| {
         docs.get(slot).timer_deadline()
     });
     work += fired.len();
@@ -458,5 +492,5 @@ fn gather(st: &mut ShardState, clock: &dyn Clock, budget: usize) -> (Millis, Vec
         }
         cs.refresh_head(&mut st.heads);
     }
-    (now, candidates)
+    work
 }

@@ -48,12 +48,15 @@ impl Shard {
                 lsn: Lsn::ZERO,
                 ttl: doc.ttl,
                 tracking: Tracking::Unscheduled,
-                dead: false,
+                // Its expiry is in the change log: expired, and final.
+                dead: doc.expiry_logged,
                 indexed: false,
                 purged: false,
                 stale: false,
                 index_epoch: 0,
                 path_bits: 0,
+                seq: doc.seq,
+                expiry_logged: doc.expiry_logged,
             });
             cs.index.insert(doc.key, r.slot);
             // In a `lazy` collection a document is owed its entries unless its terms record
@@ -102,6 +105,7 @@ impl Shard {
                 mark_stale(&mut st.docs, &mut st.unindexed, cs, slot);
             }
         }
+        st.log_seq = self.store.change_log().last_log_seq()?;
         // Shard time never runs behind a stored write, even if the wall clock stepped back
         // across the restart: nothing stored can come back to life.
         st.advance_to(latest);
@@ -132,6 +136,13 @@ impl Shard {
                     let Some(cs) = st.collections.get(&meta.collection) else {
                         continue;
                     };
+                    if meta.dead {
+                        meta.tracking = Tracking::None;
+                        st.pending.push_back((r, now));
+                        report.past_due += 1;
+                        earliest = Some(now);
+                        continue;
+                    }
                     match meta.ttl {
                         // Queued at the end, all at once and in write order.
                         None => {

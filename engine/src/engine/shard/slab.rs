@@ -46,6 +46,10 @@ pub(in crate::engine) struct DocMeta {
     /// The paths with bits (see [`PathStats`]) it has index entries at: the documents an
     /// `ORDER BY` finds undefined are those without its path's bit.
     pub(in crate::engine) path_bits: PathBits,
+    /// The position of its latest change log record (0: none).
+    pub(in crate::engine) seq: u64,
+    /// Its expiry has its change log record: it is dead, and nothing logs it again.
+    pub(in crate::engine) expiry_logged: bool,
 }
 
 impl DocMeta {

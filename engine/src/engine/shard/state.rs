@@ -3,7 +3,8 @@
 
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
-use crate::engine::feed::FeedScope;
+use super::{log_appends::LogAppends, purge_batch::mark_due};
+use crate::engine::{change_feed::ChangeOp, feed::FeedScope};
 
 #[derive(Debug)]
 pub(crate) struct ShardState {
@@ -25,6 +26,10 @@ pub(crate) struct ShardState {
     last_now: Millis,
     /// Requests remembered by idempotency key (see [`crate::engine::idempotency`]).
     pub(in crate::engine) requests: RequestTable,
+    /// The last change log position this shard appended at (see [`LogAppends`]).
+    pub(super) log_seq: u64,
+    /// Where the latest commit that appended to the change log is in storage.
+    pub(super) log_lsn: Lsn,
 }
 
 /// A collection's part of one shard.
@@ -64,6 +69,10 @@ pub(crate) struct CollectionShard {
     pub(super) purged_docs: u64,
     /// This collection's entry in [`ShardState::heads`].
     pub(super) head_due: Option<Millis>,
+    /// Its changes are logged for its change feed. Replaced with the rules, at the same instant.
+    pub(super) feed: bool,
+    /// Tells the collection's feed readers (in every shard) that records were appended.
+    pub(super) feed_signal: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 impl CollectionShard {
@@ -79,7 +88,9 @@ impl CollectionShard {
             return Some(self.rules_changed_at);
         }
         match self.rules.default_ttl {
-            DefaultTtl::After(n) => Some(written + n.millis()),
+            DefaultTtl::After(n) => {
+                Some((written + n.millis()).max(self.rules.expired.default_since))
+            }
             DefaultTtl::Off | DefaultTtl::NoDefault => None,
         }
     }
@@ -110,11 +121,16 @@ pub(in crate::engine) enum IndexChange {
 #[derive(Debug)]
 pub(in crate::engine) enum Change {
     /// Store this version; `slot` is the slot of the previous version, live or expired.
+    /// `patch`: a patch made it (its change log record says so).
     Put {
         slot: Option<u32>,
         record: Arc<StoredDocument>,
         index: IndexChange,
+        patch: bool,
     },
+    /// Log the expiry, at instant `at`, of the document in `slot` (dead already): the purge's
+    /// record of what it found due, appended before the slower delete.
+    Expire { slot: u32, at: Millis },
     /// Replace the index entries of the document in `slot` (its current version) from the
     /// first terms to the second: the background indexer's write.
     Index {
@@ -144,8 +160,21 @@ pub(in crate::engine) enum Change {
 pub(in crate::engine) enum RemoveCause {
     /// A client deleted it.
     Deleted,
-    /// The purge removed it after it expired.
-    Expired,
+    /// The purge removed it after it expired, at instant `at`.
+    Expired { at: Millis },
+}
+
+/// Expiries a commit logs before its own changes, at most (see [`ShardState::drain_due`]).
+const DRAIN_BUDGET: usize = 1024;
+
+/// What a settings change installs in each shard, at one instant.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardRules {
+    pub(crate) rules: Rules,
+    pub(crate) index: IndexSettings,
+    pub(crate) must_live: Arc<MustLive>,
+    /// The collection has a change feed.
+    pub(crate) feed: bool,
 }
 
 impl ShardState {
@@ -160,6 +189,8 @@ impl ShardState {
             heads: QueueHeads::default(),
             client_lsn: Lsn::ZERO,
             last_now: now,
+            log_seq: 0,
+            log_lsn: Lsn::ZERO,
         }
     }
 
@@ -195,9 +226,7 @@ impl ShardState {
     pub(in crate::engine) fn set_rules(
         &mut self,
         uid: CollectionUid,
-        rules: Rules,
-        index: &IndexSettings,
-        must_live: &Arc<MustLive>,
+        new: &ShardRules,
         at: Millis,
         lsn: Lsn,
     ) -> bool {
@@ -205,11 +234,18 @@ impl ShardState {
         let Some(cs) = self.collections.get_mut(&uid) else {
             return false;
         };
+        let ShardRules {
+            rules,
+            index,
+            must_live,
+            feed,
+        } = new;
         let turned_on = !cs.rules.default_ttl.is_on() && rules.default_ttl.is_on();
-        cs.rules = rules;
+        cs.rules = *rules;
         cs.policy = index.paths.clone();
         cs.lazy = index.lazy;
         cs.must_live = must_live.clone();
+        cs.feed = *feed;
         if index.rebuild {
             cs.rebuild_from = Some(0);
         }
@@ -220,9 +256,9 @@ impl ShardState {
     }
 
     /// The one path every document change takes, client writes and purge alike: storage first
-    /// (one batch), then the index and expiry bookkeeping, so a storage failure changes nothing.
-    /// Change events and request charges belong here when they arrive. Returns the earliest new
-    /// expiry deadline, for waking the purge.
+    /// (one batch, with the change log records of the changes), then the index and expiry
+    /// bookkeeping, so a storage failure changes nothing. Request charges belong here when they
+    /// arrive. Returns the earliest new expiry deadline, for waking the purge.
     ///
     /// Client writes are acknowledged once their position is durable, by their caller.
     /// Documents the purge removes stay in the index, dead, until [`ShardState::forget_purged`]
@@ -234,7 +270,8 @@ impl ShardState {
         metrics: &EngineMetrics,
         versions: &AtomicU64,
     ) -> Result<(Option<Millis>, Lsn), StorageError> {
-        if changes.is_empty() {
+        let drained = self.drain_due();
+        if changes.is_empty() && drained.is_empty() {
             return Ok((None, Lsn::ZERO));
         }
         let keep_floor = changes.iter().any(|c| matches!(c, Change::KeepFloor));
@@ -246,9 +283,26 @@ impl ShardState {
             Some(now) => self.requests.due(now),
             None => Vec::new(),
         };
+        let mut log = LogAppends::after(self.log_seq);
+        for &(slot, at) in &drained {
+            let meta = self.docs.get(slot);
+            if self
+                .collections
+                .get(&meta.collection)
+                .is_some_and(|c| c.feed)
+            {
+                log.expire(slot, meta, at);
+            }
+        }
+        // Each change's record position (0: none).
+        let seqs: Vec<u64> = changes
+            .iter()
+            .map(|c| self.log_change(c, &mut log))
+            .collect();
         let mut writes: Vec<DocumentWrite<'_>> = changes
             .iter()
-            .filter_map(|change| {
+            .zip(&seqs)
+            .filter_map(|(change, &seq)| {
                 Some(match change {
                     Change::Put { record, index, .. } => DocumentWrite::Put {
                         doc: record,
@@ -256,6 +310,7 @@ impl ShardState {
                             IndexChange::Replace(old, new) => Some(IndexUpdate { old, new }),
                             IndexChange::Unchanged | IndexChange::Owed => None,
                         },
+                        seq,
                     },
                     Change::Index { slot, old, new } => {
                         let meta = self.docs.get(*slot);
@@ -283,10 +338,30 @@ impl ShardState {
                         key: scope,
                         record: *record,
                     },
-                    Change::KeepFloor => return None,
+                    Change::KeepFloor | Change::Expire { .. } => return None,
                 })
             })
             .collect();
+        writes.extend(log.writes());
+        // A logged expiry is kept with the document, unless this commit rewrites or removes it.
+        for &(slot, seq) in log.expired() {
+            let replaced = changes.iter().any(|c| match c {
+                Change::Put { slot: s, .. } => *s == Some(slot),
+                Change::Remove { slot: s, .. } => *s == slot,
+                _ => false,
+            });
+            if !replaced {
+                let meta = self.docs.get(slot);
+                writes.push(DocumentWrite::ExpiryLogged {
+                    collection: meta.collection,
+                    key: &meta.key,
+                    version: meta.version,
+                    last_write: meta.last_write,
+                    ttl: meta.ttl,
+                    seq,
+                });
+            }
+        }
         writes.extend(
             forgotten
                 .iter()
@@ -302,14 +377,30 @@ impl ShardState {
         })?;
         drop(writes);
         self.requests.forget(&forgotten);
+        if log.last() != self.log_seq {
+            self.log_seq = log.last();
+            self.log_lsn = lsn;
+            for uid in log.collections() {
+                if let Some(cs) = self.collections.get(&uid) {
+                    cs.feed_signal.send_replace(());
+                }
+            }
+        }
+        for &(slot, seq) in log.expired() {
+            let meta = self.docs.get_mut(slot);
+            meta.expiry_logged = true;
+            meta.seq = seq;
+        }
 
-        let mut earliest: Option<Millis> = None;
-        for change in changes {
+        // Documents the drain made dead wait for the purge.
+        let mut earliest: Option<Millis> = (!drained.is_empty()).then_some(self.last_now);
+        for (change, &seq) in changes.iter().zip(&seqs) {
             match change {
                 Change::Put {
                     slot,
                     record,
                     index,
+                    ..
                 } => {
                     let cs = self
                         .collections
@@ -334,6 +425,8 @@ impl ShardState {
                             meta.lsn = lsn;
                             meta.ttl = record.ttl;
                             meta.dead = false;
+                            meta.seq = seq;
+                            meta.expiry_logged = false;
                             meta.path_bits = bits.apply(meta.path_bits);
                             if mem::take(&mut meta.purged) {
                                 cs.purged_docs -= 1;
@@ -360,6 +453,8 @@ impl ShardState {
                                 stale: false,
                                 index_epoch: 0,
                                 path_bits: bits.apply(0),
+                                seq,
+                                expiry_logged: false,
                             });
                             cs.indexed_docs += u64::from(self.docs.get(r.slot).indexed);
                             cs.index.insert(record.key.clone(), r.slot);
@@ -392,7 +487,7 @@ impl ShardState {
                     cs.indexed_docs = cs.indexed_docs + u64::from(meta.indexed) - u64::from(was);
                     unstale(&mut self.docs, cs, *slot);
                 }
-                Change::KeepFloor => {}
+                Change::KeepFloor | Change::Expire { .. } => {}
                 Change::Remember {
                     collection,
                     scope,
@@ -416,7 +511,9 @@ impl ShardState {
                     if mem::take(&mut meta.indexed) {
                         cs.indexed_docs -= 1;
                     }
-                    if *cause == RemoveCause::Expired && !mem::replace(&mut meta.purged, true) {
+                    if matches!(cause, RemoveCause::Expired { .. })
+                        && !mem::replace(&mut meta.purged, true)
+                    {
                         cs.purged_docs += 1;
                     }
                     if *cause == RemoveCause::Deleted {
@@ -430,6 +527,91 @@ impl ShardState {
             }
         }
         Ok((earliest, lsn))
+    }
+
+    /// Marks the documents due by shard time dead, at most [`DRAIN_BUDGET`] of them, and hands
+    /// them to the purge: a commit logs their expiries before its own changes, so that in a
+    /// feed an expiry comes before every write committed after its instant. Only shards with a
+    /// collection that has a feed drain; under an expiry storm beyond the budget, the purge
+    /// logs the rest as it reaches them (a document's own writes still come after its expiry:
+    /// see [`ShardState::log_change`]).
+    fn drain_due(&mut self) -> Vec<(u32, Millis)> {
+        let now = self.last_now;
+        let due = self.wheel.next_due().is_some_and(|d| d <= now)
+            || self.heads.first().is_some_and(|(d, _)| d <= now);
+        if !due || !self.collections.values().any(|c| c.feed) {
+            return Vec::new();
+        }
+        let mut drained = Vec::new();
+        mark_due(self, now, DRAIN_BUDGET, &mut drained);
+        for &(slot, at) in &drained {
+            let r = self.docs.current_ref(slot);
+            self.pending.push_back((r, at));
+        }
+        drained
+    }
+
+    /// Adds the change log record of `change` to `log`, if its collection has a feed; returns
+    /// its position (0: none). A write over a version that expired without a record logs that
+    /// expiry first, so a document's expiry always precedes the write that re-creates it.
+    fn log_change(&self, change: &Change, log: &mut LogAppends) -> u64 {
+        let feed = |uid: &CollectionUid| self.collections.get(uid).filter(|c| c.feed);
+        match change {
+            Change::Put {
+                slot,
+                record,
+                patch,
+                ..
+            } => {
+                let Some(cs) = feed(&record.collection) else {
+                    return 0;
+                };
+                let (op, previous) = match *slot {
+                    None => (ChangeOp::Create, 0),
+                    Some(slot) => {
+                        let old = self.docs.get(slot);
+                        if old.is_visible(&cs.rules, record.last_write) {
+                            let op = if *patch {
+                                ChangeOp::Patch
+                            } else {
+                                ChangeOp::Replace
+                            };
+                            (op, old.seq)
+                        } else if old.expiry_logged {
+                            (ChangeOp::Create, old.seq)
+                        } else {
+                            let at = expiry_instant(old, cs, record.last_write);
+                            (ChangeOp::Create, log.expire(slot, old, at))
+                        }
+                    }
+                };
+                log.write(record, op, previous)
+            }
+            Change::Remove {
+                slot,
+                cause: RemoveCause::Deleted,
+                ..
+            } => {
+                let meta = self.docs.get(*slot);
+                match feed(&meta.collection) {
+                    Some(_) => log.delete(meta, self.last_now),
+                    None => 0,
+                }
+            }
+            Change::Remove {
+                slot,
+                cause: RemoveCause::Expired { at },
+                ..
+            }
+            | Change::Expire { slot, at } => {
+                let meta = self.docs.get(*slot);
+                match feed(&meta.collection) {
+                    Some(_) if !meta.expiry_logged => log.expire(*slot, meta, *at),
+                    _ => 0,
+                }
+            }
+            Change::Index { .. } | Change::KeepFloor | Change::Remember { .. } => 0,
+        }
     }
 
     /// Forgets documents the purge deleted, now that the delete is durable, unless their slot
@@ -625,6 +807,17 @@ pub(in crate::engine) fn mark_stale(
         cs.stale_docs += 1;
         unindexed.push_back(slot);
     }
+}
+
+/// When a document found expired by a write at `written` expired: its deadline, or when the
+/// rules made it final, and never after the write.
+fn expiry_instant(meta: &DocMeta, cs: &CollectionShard, written: Millis) -> Millis {
+    let due = match meta.ttl {
+        Some(DocumentTtl::After(_)) => meta.own_ttl_due(&cs.rules),
+        None => cs.inheritor_due(meta.last_write),
+        Some(DocumentTtl::Never) => None,
+    };
+    due.unwrap_or(cs.rules_changed_at).min(written)
 }
 
 /// A document's entries are its current version's now (or it is gone).

@@ -47,6 +47,7 @@ fn set_rules(
         indexing_mode: None,
         index_paths: None,
         must_live,
+        change_feed_retention: None,
     };
     engine.replace_collection(path, change).expect("replaced")
 }

@@ -57,6 +57,7 @@ impl ShardStore for RecordingShard {
                 DocumentWrite::Remember { key, .. } => format!("remember {}", key.id),
                 DocumentWrite::Forget { key, .. } => format!("forget {}", key.id),
                 DocumentWrite::Append { seq, .. } => format!("append {seq}"),
+                DocumentWrite::ExpiryLogged { key, .. } => format!("expiry logged {}", key.id),
             })
             .collect();
         self.batches.lock().expect("not poisoned").push(writes);
@@ -174,8 +175,9 @@ fn an_absent_document_is_created_from_the_initial_body_with_the_operations_appli
         Value::Object(view.body_map()),
         json!({"id": "cart", "pk": "p", "items": {"sku1": 2}, "status": "open", "touched": true})
     );
-    // One write: one batch, one document put (never a create, then a patch).
-    assert_eq!(taken(&batches), [["put cart"]]);
+    // One write: one batch, one document put (never a create, then a patch), with its change
+    // log record.
+    assert_eq!(taken(&batches), [["put cart", "append 1"]]);
     let read = f.read("cart").expect("stored");
     assert_eq!(read.etag, view.etag, "one version");
     assert_eq!(read.body_map(), view.body_map());
@@ -190,7 +192,7 @@ fn an_absent_document_is_created_from_the_initial_body_with_the_operations_appli
     assert_eq!(again.body_map()["touched"], json!(true));
     assert_ne!(again.etag, view.etag);
     assert_eq!(again.last_write, T0 + SEC, "a write restarts the clock");
-    assert_eq!(taken(&batches), [["put cart"]]);
+    assert_eq!(taken(&batches), [["put cart", "append 2"]]);
 }
 
 #[test]
@@ -299,8 +301,8 @@ fn an_expired_or_deleted_document_is_created_again_from_the_initial_body() {
     assert_eq!(view.expires_at, Some(T0 + 20 * SEC), "a new TTL clock");
     assert_eq!(
         taken(&batches),
-        [["put s"]],
-        "one write over the expired version"
+        [["put s", "append 2", "append 3"]],
+        "one write over the expired version: its expiry logged first, then the create"
     );
     // Its index entries are the new body's only.
     assert_eq!(

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
-    DefaultTtl, ExpiredThrough, IdKind, IndexPaths, IndexingMode, MustLive, MustLiveRule,
-    PartitionKeyPath,
+    DefaultTtl, ExpiredThrough, FeedRetention, IdKind, IndexPaths, IndexingMode, MustLive,
+    MustLiveRule, PartitionKeyPath,
 };
 use crate::storage::{StorageError, TERMS_LAYOUT};
 
@@ -39,6 +39,13 @@ pub(super) const LOG_SEQ_PREFIX: &[u8] = b"log-seq/";
 
 pub(super) fn log_seq_key(shard: u16) -> Vec<u8> {
     [LOG_SEQ_PREFIX, &shard.to_be_bytes()].concat()
+}
+
+pub(super) const LOG_FLOOR_PREFIX: &[u8] = b"log-floor/";
+
+/// Where a collection's change log floor in a shard is kept (see `ChangeLog::log_floor`).
+pub(super) fn log_floor_key(shard: u16, uid: CollectionUid) -> Vec<u8> {
+    [LOG_FLOOR_PREFIX, &shard.to_be_bytes(), &uid.0.to_be_bytes()].concat()
 }
 
 pub(super) fn versions_key(shard: u16) -> Vec<u8> {
@@ -95,6 +102,7 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
         "expiredThrough": {
             "inheritedWrittenBy": info.expired.inherited_written_by,
             "ownExpiredBy": info.expired.own_expired_by,
+            "defaultSince": info.expired.default_since,
         },
         "indexingPolicy": {
             "includedPaths": info.index_paths.included(),
@@ -102,6 +110,7 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
             "complete": info.index_complete,
             "termsLayout": TERMS_LAYOUT,
         },
+        "changeFeedRetention": info.settings.change_feed_retention().secs(),
         "mustLive": info.must_live.rules().iter().map(|rule| json!({
             "path": rule.path(),
             "values": rule.values(),
@@ -128,8 +137,17 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
         "none" => IndexingMode::None,
         _ => return Err(bad("indexingMode")),
     };
-    let settings =
-        CollectionSettings::new(default_ttl, indexing_mode).map_err(|_| bad("settings"))?;
+    // Absent in records written before the change feed existed: the default.
+    let retention = match &record["changeFeedRetention"] {
+        Value::Null => FeedRetention::DEFAULT,
+        v => v
+            .as_i64()
+            .and_then(|secs| FeedRetention::from_secs(secs).ok())
+            .ok_or_else(|| bad("changeFeedRetention"))?,
+    };
+    let settings = CollectionSettings::new(default_ttl, indexing_mode)
+        .map_err(|_| bad("settings"))?
+        .with_change_feed_retention(retention);
     // Absent in records written before expired marks existed: nothing was marked then.
     let marks = &record["expiredThrough"];
     let mark = |field: &str| match &marks[field] {
@@ -139,6 +157,9 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
     let expired = ExpiredThrough {
         inherited_written_by: mark("inheritedWrittenBy")?,
         own_expired_by: mark("ownExpiredBy")?,
+        // Absent in records written before the change feed: expiry instants then are only
+        // reported, never relied on, so "since creation" is safe.
+        default_since: mark("defaultSince")?,
     };
     // Absent in records written before indexes existed: those collections have documents
     // without index entries, so their index is incomplete until rebuilt.
@@ -248,10 +269,13 @@ mod tests {
                 id: CollectionId::parse(IdKind::Collection, "sessions").expect("valid"),
                 uid: CollectionUid(42),
                 partition_key_path: PartitionKeyPath::parse("/user/id").expect("valid"),
-                settings: CollectionSettings::new(ttl, mode).expect("valid"),
+                settings: CollectionSettings::new(ttl, mode)
+                    .expect("valid")
+                    .with_change_feed_retention(FeedRetention::from_secs(3600).expect("valid")),
                 expired: ExpiredThrough {
                     inherited_written_by: 1_790_000_000_000,
                     own_expired_by: 1_790_000_360_000,
+                    default_since: 1_790_000_720_000,
                 },
                 index_paths: Arc::new(
                     IndexPaths::new(&["/*".to_owned()], &["/a/b/?".to_owned()]).expect("valid"),

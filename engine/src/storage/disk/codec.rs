@@ -7,9 +7,7 @@
 //! the documents keyspace appends the body. The expiry instant is a function of absolute values
 //! only (last write + ttl, or + the collection default): a restart never extends a life.
 
-use crate::model::{
-    CollectionUid, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue, TtlSeconds,
-};
+use crate::model::{CollectionUid, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue};
 use crate::storage::{DocKey, RequestRecord, StorageError};
 
 /// Longest key fjall accepts (it asserts this, so a longer one would panic the writer).
@@ -103,7 +101,7 @@ impl Header {
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(&self.version.to_be_bytes());
         out.extend_from_slice(&self.last_write.to_be_bytes());
-        out.extend_from_slice(&self.ttl.map_or(0, DocumentTtl::to_raw).to_be_bytes());
+        out.extend_from_slice(&DocumentTtl::to_stored(self.ttl).to_be_bytes());
         out.extend_from_slice(body);
         out
     }
@@ -115,13 +113,7 @@ impl Header {
         let version = u64::from_be_bytes(field(0..8)?.try_into().map_err(|_| bad())?);
         let last_write = u64::from_be_bytes(field(8..16)?.try_into().map_err(|_| bad())?);
         let raw_ttl = i32::from_be_bytes(field(16..20)?.try_into().map_err(|_| bad())?);
-        let ttl = match raw_ttl {
-            0 => None,
-            -1 => Some(DocumentTtl::Never),
-            n => Some(DocumentTtl::After(
-                TtlSeconds::new(i64::from(n)).ok_or_else(bad)?,
-            )),
-        };
+        let ttl = DocumentTtl::from_stored(raw_ttl).ok_or_else(bad)?;
         Ok((
             Header {
                 version,
@@ -133,9 +125,35 @@ impl Header {
     }
 }
 
+/// A headers-keyspace value: the header, then the position of the document's latest change
+/// log record (u64) and a flags byte (bit 0: its expiry is logged). Values written before the
+/// change feed existed hold the header alone.
+pub(super) fn encode_meta(header: &Header, seq: u64, expiry_logged: bool) -> Vec<u8> {
+    let mut out = header.encode(&[]);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.push(u8::from(expiry_logged));
+    out
+}
+
+/// Parses a headers-keyspace value: the header, the document's latest log position and
+/// whether its expiry is logged.
+pub(super) fn decode_meta(value: &[u8]) -> Result<(Header, u64, bool), StorageError> {
+    let (header, rest) = Header::decode(value)?;
+    match rest {
+        [] => Ok((header, 0, false)),
+        [seq @ .., flags] if seq.len() == 8 && *flags <= 1 => Ok((
+            header,
+            u64::from_be_bytes(seq.try_into().expect("8 bytes")),
+            *flags == 1,
+        )),
+        _ => Err(corrupt("document header")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::TtlSeconds;
 
     fn key(pk: PartitionKeyValue, id: &str) -> DocKey {
         DocKey {
@@ -220,5 +238,27 @@ mod tests {
             assert_eq!(body, b"body");
         }
         assert!(Header::decode(&[0; 19]).is_err());
+    }
+
+    #[test]
+    fn meta_values_round_trip_and_read_the_old_layout() {
+        let header = Header {
+            version: 9,
+            last_write: 1_700_000_000_000,
+            ttl: None,
+        };
+        for (seq, logged) in [(0, false), (77, false), (u64::MAX, true)] {
+            let value = encode_meta(&header, seq, logged);
+            assert_eq!(decode_meta(&value).expect("decodes"), (header, seq, logged));
+        }
+        // Written before the change feed: the header alone.
+        assert_eq!(
+            decode_meta(&header.encode(&[])).expect("decodes"),
+            (header, 0, false)
+        );
+        let mut bad = encode_meta(&header, 1, true);
+        *bad.last_mut().expect("flags") = 2;
+        assert!(decode_meta(&bad).is_err());
+        assert!(decode_meta(&encode_meta(&header, 1, true)[..HEADER_BYTES + 4]).is_err());
     }
 }

@@ -606,7 +606,7 @@ impl ShardStore for DiskShard {
         let mut changed = Changed::default();
         for write in batch.writes {
             match *write {
-                DocumentWrite::Put { doc, index } => {
+                DocumentWrite::Put { doc, index, seq } => {
                     let key = codec::document_key(self.index, doc.collection, &doc.key);
                     if key.len() > codec::MAX_KEY_BYTES {
                         // The edge bounds ids and partition keys far below this; a key that
@@ -632,7 +632,11 @@ impl ShardStore for DiskShard {
                             update,
                         );
                     }
-                    out.insert(&self.meta, key.clone(), header.encode(&[]));
+                    out.insert(
+                        &self.meta,
+                        key.clone(),
+                        codec::encode_meta(&header, seq, false),
+                    );
                     if self.cache.is_some() {
                         changed.documents.push((key.clone(), Written::Put(doc)));
                     }
@@ -659,6 +663,25 @@ impl ShardStore for DiskShard {
                     }
                     out.remove(&self.docs, key);
                     deletes = true;
+                }
+                DocumentWrite::ExpiryLogged {
+                    collection,
+                    key,
+                    version,
+                    last_write,
+                    ttl,
+                    seq,
+                } => {
+                    let header = Header {
+                        version,
+                        last_write,
+                        ttl,
+                    };
+                    out.insert(
+                        &self.meta,
+                        codec::document_key(self.index, collection, key),
+                        codec::encode_meta(&header, seq, true),
+                    );
                 }
                 DocumentWrite::Remember {
                     collection,
@@ -721,13 +744,15 @@ impl ShardStore for DiskShard {
         for item in self.meta.prefix(codec::shard_prefix(self.index)) {
             let (key, value) = item.into_inner().map_err(storage_error)?;
             let (collection, key) = codec::decode_document_key(&key)?;
-            let (header, _) = Header::decode(&value)?;
+            let (header, seq, expiry_logged) = codec::decode_meta(&value)?;
             each(StoredMeta {
                 collection,
                 key,
                 last_write: header.last_write,
                 version: header.version,
                 ttl: header.ttl,
+                seq,
+                expiry_logged,
             });
         }
         Ok(())
@@ -957,20 +982,44 @@ impl ChangeLog for DiskShard {
         let end = [&prefix[..], &below.to_be_bytes()].concat();
         let keys: Vec<_> = self
             .log
-            .range(prefix..end)
+            .range(prefix.clone()..end)
             .take(limit)
             .map(|item| item.key().map_err(storage_error))
             .collect::<Result<_, _>>()?;
         if keys.is_empty() {
             return Ok(0);
         }
+        let last = keys
+            .last()
+            .and_then(|k| k.get(prefix.len()..))
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| StorageError::new("corrupt change log key"))?;
         let mut batch = self.applied_batch();
         for key in &keys {
             batch.remove(&self.log, key.clone());
         }
+        // Kept with the removal, so that a reader behind it learns what it missed after a
+        // restart too.
+        batch.insert(
+            &self.catalog,
+            catalog::log_floor_key(self.index, collection),
+            (last + 1).to_be_bytes().to_vec(),
+        );
         batch.commit().map_err(storage_error)?;
         self.group.applied();
         Ok(keys.len())
+    }
+
+    fn log_floor(&self, collection: CollectionUid) -> Result<u64, StorageError> {
+        match self
+            .catalog
+            .get(catalog::log_floor_key(self.index, collection))
+            .map_err(storage_error)?
+        {
+            Some(value) => catalog::decode_u64(&value, "change log floor"),
+            None => Ok(0),
+        }
     }
 }
 
@@ -1022,10 +1071,12 @@ mod tests {
                 .write(WriteBatch {
                     writes: &[
                         DocumentWrite::Put {
+                            seq: 0,
                             doc: &a,
                             index: None,
                         },
                         DocumentWrite::Put {
+                            seq: 0,
                             doc: &b,
                             index: None,
                         },
@@ -1097,6 +1148,7 @@ mod tests {
             let first = shard
                 .write(WriteBatch {
                     writes: &[DocumentWrite::Put {
+                        seq: 0,
                         doc: &doc("a", 1),
                         index: None,
                     }],
@@ -1111,6 +1163,7 @@ mod tests {
             let second = shard
                 .write(WriteBatch {
                     writes: &[DocumentWrite::Put {
+                        seq: 0,
                         doc: &doc("b", 2),
                         index: None,
                     }],
@@ -1150,6 +1203,7 @@ mod tests {
             let refused = shard
                 .write(WriteBatch {
                     writes: &[DocumentWrite::Put {
+                        seq: 0,
                         doc: &doc("c", 3),
                         index: None,
                     }],
@@ -1269,6 +1323,7 @@ mod tests {
             .shard(0)
             .write(WriteBatch {
                 writes: &[DocumentWrite::Put {
+                    seq: 0,
                     doc: &a,
                     index: None,
                 }],
@@ -1373,6 +1428,7 @@ mod tests {
             let t: Term = b"t\0".to_vec();
             let terms = [t.clone()];
             let put = |doc| DocumentWrite::Put {
+                seq: 0,
                 doc,
                 index: Some(IndexUpdate {
                     old: &[],
@@ -1422,6 +1478,7 @@ mod tests {
             write(
                 shard,
                 &[DocumentWrite::Put {
+                    seq: 0,
                     doc: &a1,
                     index: Some(IndexUpdate {
                         old: &[],
@@ -1442,6 +1499,7 @@ mod tests {
                 shard,
                 &[
                     DocumentWrite::Put {
+                        seq: 0,
                         doc: &b1,
                         index: Some(IndexUpdate {
                             old: &[],
@@ -1449,6 +1507,7 @@ mod tests {
                         }),
                     },
                     DocumentWrite::Put {
+                        seq: 0,
                         doc: &a3,
                         index: Some(IndexUpdate {
                             old: &terms1,

@@ -23,10 +23,16 @@ use super::{
 };
 use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
+/// Change log records a memory shard keeps per collection when no other cap is given.
+pub const DEFAULT_FEED_MEMORY_RECORDS: usize = 1_000_000;
+
 /// Keeps every document in ordered maps, one set per engine shard.
 #[derive(Debug)]
 pub struct MemoryStorage {
     shards: Mutex<HashMap<usize, Arc<MemoryShard>>>,
+    /// Change log records kept per collection and shard: the oldest go first (see
+    /// [`MemoryStorage::with_feed_cap`]).
+    feed_cap: usize,
     /// Where uids start (see [`StoredCatalog::last_uid`]): a random point, so that a server
     /// on memory storage, restarted, does not hand out the uids of its earlier run again,
     /// which resource tokens minted then are bound to.
@@ -39,6 +45,7 @@ impl Default for MemoryStorage {
         getrandom::fill(&mut seed).expect("the OS random source works");
         MemoryStorage {
             shards: Mutex::default(),
+            feed_cap: DEFAULT_FEED_MEMORY_RECORDS,
             // Below 2^62: room for more uids than any run hands out.
             uids_after: u64::from_le_bytes(seed) >> 2,
         }
@@ -50,11 +57,30 @@ impl MemoryStorage {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// The same store keeping at most `records` change log records per collection in each
+    /// shard (at least 1): past that, the oldest are removed as retention would remove them,
+    /// and a reader behind them is told so.
+    pub fn with_feed_cap(self, records: usize) -> Self {
+        MemoryStorage {
+            feed_cap: records.max(1),
+            ..self
+        }
+    }
 }
 
 impl Storage for MemoryStorage {
     fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
-        self.shards.lock().entry(index).or_default().clone()
+        self.shards
+            .lock()
+            .entry(index)
+            .or_insert_with(|| {
+                Arc::new(MemoryShard {
+                    feed_cap: self.feed_cap,
+                    ..MemoryShard::default()
+                })
+            })
+            .clone()
     }
 
     fn write_catalog(&self, _change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
@@ -96,6 +122,18 @@ struct Collection {
     entries: BTreeMap<EntryKey, [u8; 2]>,
     /// The change log's records, by position (appended in increasing order).
     log: VecDeque<(u64, Bytes)>,
+    /// One past the highest position removed from `log`.
+    log_floor: u64,
+}
+
+impl Collection {
+    /// Removes the `n` oldest log records.
+    fn drop_log_front(&mut self, n: usize) {
+        if let Some(&(seq, _)) = n.checked_sub(1).and_then(|last| self.log.get(last)) {
+            self.log_floor = self.log_floor.max(seq + 1);
+        }
+        self.log.drain(..n);
+    }
 }
 
 impl Collection {
@@ -137,6 +175,8 @@ struct MemoryShard {
     collections: Mutex<HashMap<CollectionUid, Collection>>,
     /// The highest log position appended.
     last_log_seq: AtomicU64,
+    /// Log records kept per collection (see [`MemoryStorage::with_feed_cap`]).
+    feed_cap: usize,
 }
 
 impl ShardStore for MemoryShard {
@@ -144,7 +184,7 @@ impl ShardStore for MemoryShard {
         let mut collections = self.collections.lock();
         for write in batch.writes {
             match *write {
-                DocumentWrite::Put { doc, index } => {
+                DocumentWrite::Put { doc, index, .. } => {
                     let c = collections.entry(doc.collection).or_default();
                     c.docs.insert(doc.key.clone(), doc.clone());
                     if let Some(update) = index {
@@ -173,9 +213,11 @@ impl ShardStore for MemoryShard {
                         c.remove_entries(&terms.iter().collect::<Vec<_>>(), key);
                     }
                 }
-                // Nothing here outlives the process: the engine's table is the only copy
-                // a memory server needs.
-                DocumentWrite::Remember { .. } | DocumentWrite::Forget { .. } => {}
+                // Nothing here outlives the process: the engine's tables are the only copy
+                // a memory server needs (of remembered requests, and of log positions).
+                DocumentWrite::Remember { .. }
+                | DocumentWrite::Forget { .. }
+                | DocumentWrite::ExpiryLogged { .. } => {}
                 DocumentWrite::Append {
                     collection,
                     seq,
@@ -183,11 +225,11 @@ impl ShardStore for MemoryShard {
                 } => {
                     let last = self.last_log_seq.fetch_max(seq, Ordering::Relaxed);
                     debug_assert!(seq > last, "log positions increase");
-                    collections
-                        .entry(collection)
-                        .or_default()
-                        .log
-                        .push_back((seq, Bytes::copy_from_slice(record)));
+                    let c = collections.entry(collection).or_default();
+                    c.log.push_back((seq, Bytes::copy_from_slice(record)));
+                    if let Some(over) = c.log.len().checked_sub(self.feed_cap.max(1)) {
+                        c.drop_log_front(over);
+                    }
                 }
             }
         }
@@ -350,8 +392,16 @@ impl ChangeLog for MemoryShard {
             return Ok(0);
         };
         let n = c.log.partition_point(|(seq, _)| *seq < below).min(limit);
-        c.log.drain(..n);
+        c.drop_log_front(n);
         Ok(n)
+    }
+
+    fn log_floor(&self, collection: CollectionUid) -> Result<u64, StorageError> {
+        Ok(self
+            .collections
+            .lock()
+            .get(&collection)
+            .map_or(0, |c| c.log_floor))
     }
 }
 

@@ -1,0 +1,332 @@
+//! The change feed: every change of a collection, in commit order per shard, the expiry of a
+//! document at its expiry instant (see `docs/changefeed.md`). Commits append the records (the
+//! shard's commit path); this module says what a record is and how the feed is read: from a
+//! start or a continuation, durable records only, page by page, waiting when caught up.
+
+mod range;
+mod record;
+mod retention;
+mod token;
+
+use std::time::Duration;
+
+pub use range::{FeedRange, MAX_FEED_RANGES, partition_hash};
+pub use record::{ChangeOp, ChangeRecord};
+pub use retention::RetentionGuard;
+
+use super::{CollectionInfo, CollectionPath, CollectionUid, Engine, Error, Millis};
+use crate::model::PartitionKeyValue;
+
+/// Records read from storage per request to it.
+const READ_CHUNK: usize = 256;
+
+/// Which events a feed shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChangeFeedMode {
+    /// Creates, replaces and patches: the new versions of changed documents.
+    #[default]
+    LatestVersion,
+    /// Every change: writes, deletes and expiries.
+    AllVersionsAndDeletes,
+}
+
+/// Which part of a collection's feed is read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeFeedScope {
+    /// All of it.
+    Collection,
+    /// One partition key value's events.
+    Partition(PartitionKeyValue),
+    /// A range from [`Engine::feed_ranges`].
+    Range(FeedRange),
+}
+
+/// Where a feed starts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeFeedStart {
+    /// After every change committed so far.
+    Now,
+    /// At the oldest event retention keeps.
+    Beginning,
+    /// At the first event committed at or after this instant (Unix ms), as far as a search of
+    /// each shard's log by position finds it (expiry events carry their instant, which may
+    /// precede their position's commit by the purge's lag).
+    Time(Millis),
+    /// Where a continuation token left off.
+    Continuation(String),
+}
+
+/// One event of a feed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangeEvent {
+    /// The shard whose log holds it.
+    pub shard: usize,
+    /// Its position in that log: later events of a partition have larger positions.
+    pub lsn: u64,
+    pub record: ChangeRecord,
+}
+
+/// Where a feed reader stands: the next position to read in each shard of its scope. Sealed
+/// into a continuation token after every page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangeFeedCursor {
+    uid: CollectionUid,
+    mode: ChangeFeedMode,
+    scope: ChangeFeedScope,
+    next: Vec<(usize, u64)>,
+    /// Which shard a page starts at, turning, so that a busy shard does not starve the others.
+    turn: usize,
+}
+
+impl ChangeFeedCursor {
+    /// The events it shows.
+    pub fn mode(&self) -> ChangeFeedMode {
+        self.mode
+    }
+
+    /// What part of the feed it reads.
+    pub fn scope(&self) -> &ChangeFeedScope {
+        &self.scope
+    }
+
+    /// Whether the feed shows `record` of shard `shard`.
+    fn shows(&self, shard: usize, record: &ChangeRecord) -> bool {
+        let in_scope = match &self.scope {
+            ChangeFeedScope::Collection => true,
+            ChangeFeedScope::Partition(pk) => record.key.partition_key == *pk,
+            ChangeFeedScope::Range(range) => range.holds(shard, &record.key.partition_key),
+        };
+        in_scope && (self.mode == ChangeFeedMode::AllVersionsAndDeletes || record.op.is_write())
+    }
+}
+
+impl Engine {
+    /// `n` feed ranges of a collection: each partition key value's events are in exactly one.
+    pub fn feed_ranges(&self, path: &CollectionPath, n: usize) -> Result<Vec<FeedRange>, Error> {
+        let info = self.get_collection(path)?;
+        feed_on(&info, path)?;
+        Ok(FeedRange::split(self.shard_count(), n)?)
+    }
+
+    /// Parses a feed range a client sent back.
+    pub fn parse_feed_range(&self, text: &str) -> Result<FeedRange, Error> {
+        Ok(FeedRange::parse(text, self.shard_count())?)
+    }
+
+    /// Where a feed of a collection starts. With a continuation, `scope` and `mode` may be
+    /// left out (the token's are used) or must be the token's.
+    pub fn open_change_feed(
+        &self,
+        path: &CollectionPath,
+        scope: Option<ChangeFeedScope>,
+        mode: Option<ChangeFeedMode>,
+        start: ChangeFeedStart,
+    ) -> Result<ChangeFeedCursor, Error> {
+        let info = self.get_collection(path)?;
+        feed_on(&info, path)?;
+        if let ChangeFeedStart::Continuation(token) = &start {
+            let bytes = self.inner.token_key.open(token)?;
+            let cursor = token::decode(&bytes, info.uid, self.shard_count())?;
+            if scope.as_ref().is_some_and(|s| *s != cursor.scope)
+                || mode.is_some_and(|m| m != cursor.mode)
+            {
+                return Err(crate::model::InvalidInput::Continuation {
+                    reason: "it was issued for another partition, feed range or mode; leave those out to resume it, or send the ones it was issued for",
+                }
+                .into());
+            }
+            self.check_retained(&cursor)?;
+            return Ok(cursor);
+        }
+        let scope = scope.unwrap_or(ChangeFeedScope::Collection);
+        let shards: Vec<usize> = match &scope {
+            ChangeFeedScope::Collection => (0..self.shard_count()).collect(),
+            ChangeFeedScope::Partition(pk) => vec![self.shard_index(info.uid, pk)],
+            ChangeFeedScope::Range(range) => range.shards().collect(),
+        };
+        let mut next = Vec::with_capacity(shards.len());
+        for shard in shards {
+            let from = match start {
+                ChangeFeedStart::Now => self.inner.shards[shard].log_tip().seq + 1,
+                ChangeFeedStart::Beginning => self.inner.shards[shard].log_floor(info.uid)?.max(1),
+                ChangeFeedStart::Time(at) => self.first_at_or_after(info.uid, shard, at)?,
+                ChangeFeedStart::Continuation(_) => unreachable!("opened above"),
+            };
+            next.push((shard, from));
+        }
+        Ok(ChangeFeedCursor {
+            uid: info.uid,
+            mode: mode.unwrap_or_default(),
+            scope,
+            next,
+            turn: 0,
+        })
+    }
+
+    /// The continuation token that resumes `cursor`.
+    pub fn change_feed_token(&self, cursor: &ChangeFeedCursor) -> String {
+        self.inner
+            .token_key
+            .seal(&token::encode(cursor, self.shard_count()))
+    }
+
+    /// The first position in a shard's log whose record of `uid` was committed at or after
+    /// `at`: a binary search over positions, a record read per step.
+    fn first_at_or_after(
+        &self,
+        uid: CollectionUid,
+        shard: usize,
+        at: Millis,
+    ) -> Result<u64, Error> {
+        let s = &self.inner.shards[shard];
+        let (mut low, mut high) = (1, s.log_tip().seq + 1);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            match s.read_log(uid, mid, 1)?.first() {
+                Some((seq, bytes)) if ChangeRecord::decode(bytes)?.crts < at => low = seq + 1,
+                _ => high = mid,
+            }
+        }
+        Ok(low)
+    }
+
+    /// Refuses a cursor that points below what retention kept: resuming it would skip events.
+    fn check_retained(&self, cursor: &ChangeFeedCursor) -> Result<(), Error> {
+        for &(shard, next) in &cursor.next {
+            self.check_shard_retained(cursor.uid, shard, next)?;
+        }
+        Ok(())
+    }
+
+    fn check_shard_retained(
+        &self,
+        uid: CollectionUid,
+        shard: usize,
+        next: u64,
+    ) -> Result<(), Error> {
+        let s = &self.inner.shards[shard];
+        let floor = s.log_floor(uid)?;
+        if next >= floor {
+            return Ok(());
+        }
+        let oldest = s.read_log(uid, floor, 1)?.into_iter().next();
+        let at = match &oldest {
+            Some((_, bytes)) => Some(ChangeRecord::decode(bytes)?.crts),
+            None => None,
+        };
+        Err(Error::ChangesTrimmed {
+            shard,
+            oldest: oldest.map_or(floor, |(seq, _)| seq),
+            at,
+        })
+    }
+
+    /// Waits, at most `wait`, until the feed may have durable events past `cursor`: records
+    /// appended in a shard it reads, now durable. Returns at once if there are; `false` if the
+    /// wait ran out. Fails if the collection is gone.
+    pub async fn wait_for_changes(
+        &self,
+        cursor: &ChangeFeedCursor,
+        wait: Duration,
+    ) -> Result<bool, Error> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let first = cursor.next.first().map_or(0, |&(s, _)| s);
+        // Subscribed before looking, so that no append between the look and the wait is missed.
+        let Some(mut signal) = self.inner.shards[first].feed_signal(cursor.uid) else {
+            return Err(Error::Cancelled);
+        };
+        loop {
+            let mut ready = false;
+            for &(shard, next) in &cursor.next {
+                let s = &self.inner.shards[shard];
+                let tip = s.log_tip();
+                if tip.seq >= next {
+                    if tip.seq > s.durable_log_seq() {
+                        s.make_log_durable(tip).await.map_err(Error::NotDurable)?;
+                    }
+                    ready = true;
+                }
+            }
+            if ready {
+                return Ok(true);
+            }
+            match tokio::time::timeout_at(deadline, signal.changed()).await {
+                Ok(Ok(())) => {}
+                // The collection's shards let go of the signal: it was deleted.
+                Ok(Err(_)) => return Err(Error::Cancelled),
+                Err(_) => return Ok(false),
+            }
+        }
+    }
+
+    /// The durable events past `cursor`, at most `max_events` and about `max_bytes` of bodies
+    /// (one at least), moving `cursor` past them. Empty when none of the durable records is
+    /// the feed's (other partitions', or deletes in `latest_version` mode): the cursor still
+    /// moves. Blocks on storage.
+    pub fn read_changes(
+        &self,
+        cursor: &mut ChangeFeedCursor,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<ChangeEvent>, Error> {
+        let mut events = Vec::new();
+        let mut bytes = 0;
+        let shards = cursor.next.len();
+        for k in 0..shards {
+            let i = (cursor.turn + k) % shards;
+            let (shard, mut next) = cursor.next[i];
+            let s = &self.inner.shards[shard];
+            let durable = s.durable_log_seq();
+            'shard: while next <= durable {
+                let want = READ_CHUNK.min(max_events - events.len());
+                let records = s.read_log(cursor.uid, next, want)?;
+                let exhausted = records.len() < want;
+                for (seq, raw) in records {
+                    if seq > durable {
+                        // The rest is not durable yet: this shard is read up to its end.
+                        next = durable + 1;
+                        continue 'shard;
+                    }
+                    let record = ChangeRecord::decode(&raw)?;
+                    next = seq + 1;
+                    if cursor.shows(shard, &record) {
+                        bytes += record.body.as_ref().map_or(0, |b| b.len());
+                        events.push(ChangeEvent {
+                            shard,
+                            lsn: seq,
+                            record,
+                        });
+                        if events.len() >= max_events || bytes >= max_bytes {
+                            break 'shard;
+                        }
+                    }
+                }
+                if exhausted {
+                    // Nothing more of this collection up to the durable end.
+                    next = next.max(durable + 1);
+                }
+            }
+            // Retention may have removed records while they were read: checked after, so that
+            // no page hides a gap.
+            self.check_shard_retained(cursor.uid, shard, cursor.next[i].1)?;
+            cursor.next[i].1 = next;
+            if events.len() >= max_events || bytes >= max_bytes {
+                cursor.turn = (i + 1) % shards;
+                break;
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// Refuses a collection that keeps no feed.
+fn feed_on(info: &CollectionInfo, path: &CollectionPath) -> Result<(), Error> {
+    if info.settings.change_feed_retention().is_on() {
+        Ok(())
+    } else {
+        Err(Error::NoChangeFeed {
+            database: path.database.as_str().to_owned(),
+            collection: path.collection.as_str().to_owned(),
+        })
+    }
+}

@@ -1,0 +1,131 @@
+//! The change log records one commit appends (see `docs/changefeed.md`): built under the shard
+//! lock from the changes and the documents' state before them, each at the shard's next
+//! position, and written in the commit's storage batch.
+
+use crate::engine::{
+    CollectionUid,
+    change_feed::{ChangeOp, ChangeRecord},
+    clock::Millis,
+    shard::DocMeta,
+};
+use crate::storage::{DocumentWrite, StoredDocument};
+
+/// One commit's records.
+#[derive(Debug)]
+pub(super) struct LogAppends {
+    /// The last position given out.
+    last: u64,
+    records: Vec<(CollectionUid, u64, Vec<u8>)>,
+    /// Documents whose expiry this commit logs (slot, position).
+    expired: Vec<(u32, u64)>,
+}
+
+impl LogAppends {
+    /// Records to come after position `last`.
+    pub(super) fn after(last: u64) -> Self {
+        LogAppends {
+            last,
+            records: Vec::new(),
+            expired: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, collection: CollectionUid, record: &ChangeRecord) -> u64 {
+        self.last += 1;
+        let mut bytes = Vec::new();
+        record.encode(&mut bytes);
+        self.records.push((collection, self.last, bytes));
+        self.last
+    }
+
+    /// Logs the expiry of the document in `slot` at instant `at`, unless this commit already
+    /// did; returns its position.
+    pub(super) fn expire(&mut self, slot: u32, meta: &DocMeta, at: Millis) -> u64 {
+        if let Some(seq) = self.expired_at(slot) {
+            return seq;
+        }
+        let seq = self.push(
+            meta.collection,
+            &ChangeRecord {
+                op: ChangeOp::Expire,
+                crts: at,
+                version: meta.version,
+                previous: meta.seq,
+                ttl: meta.ttl,
+                key: meta.key.clone(),
+                body: None,
+            },
+        );
+        self.expired.push((slot, seq));
+        seq
+    }
+
+    /// The position of the expiry this commit logs for the document in `slot`, if any.
+    pub(super) fn expired_at(&self, slot: u32) -> Option<u64> {
+        self.expired
+            .iter()
+            .find(|&&(s, _)| s == slot)
+            .map(|&(_, seq)| seq)
+    }
+
+    /// Logs a new version; returns its position.
+    pub(super) fn write(&mut self, doc: &StoredDocument, op: ChangeOp, previous: u64) -> u64 {
+        self.push(
+            doc.collection,
+            &ChangeRecord {
+                op,
+                crts: doc.last_write,
+                version: doc.version,
+                previous,
+                ttl: doc.ttl,
+                key: doc.key.clone(),
+                body: Some(doc.body.clone()),
+            },
+        )
+    }
+
+    /// Logs a client's delete of the document `meta` describes, at `at`; returns its position.
+    pub(super) fn delete(&mut self, meta: &DocMeta, at: Millis) -> u64 {
+        self.push(
+            meta.collection,
+            &ChangeRecord {
+                op: ChangeOp::Delete,
+                crts: at,
+                version: meta.version,
+                previous: meta.seq,
+                ttl: meta.ttl,
+                key: meta.key.clone(),
+                body: None,
+            },
+        )
+    }
+
+    /// The documents whose expiry this commit logs, with their positions.
+    pub(super) fn expired(&self) -> &[(u32, u64)] {
+        &self.expired
+    }
+
+    /// The collections records were appended for (each once).
+    pub(super) fn collections(&self) -> Vec<CollectionUid> {
+        let mut out: Vec<CollectionUid> = self.records.iter().map(|r| r.0).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The last position given out (the shard's, once the commit is stored).
+    pub(super) fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// The storage writes that append the records.
+    pub(super) fn writes(&self) -> impl Iterator<Item = DocumentWrite<'_>> {
+        self.records
+            .iter()
+            .map(|(collection, seq, record)| DocumentWrite::Append {
+                collection: *collection,
+                seq: *seq,
+                record,
+            })
+    }
+}
