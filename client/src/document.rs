@@ -111,7 +111,7 @@ impl PartitionKey {
         v1::PartitionKey { kind: Some(kind) }
     }
 
-    fn from_proto(pk: Option<v1::PartitionKey>) -> Self {
+    pub(crate) fn from_proto(pk: Option<v1::PartitionKey>) -> Self {
         match pk.and_then(|p| p.kind) {
             Some(PartitionKeyKind::Value(value)) => match value.into_checked() {
                 Ok(Value::Bool(b)) => PartitionKey::Bool(b),
@@ -161,7 +161,7 @@ pub struct Document {
     expires_in: Option<Duration>,
 }
 
-fn system_time(ts: prost_types::Timestamp) -> SystemTime {
+pub(crate) fn system_time(ts: prost_types::Timestamp) -> SystemTime {
     let secs = Duration::from_secs(u64::try_from(ts.seconds).unwrap_or(0));
     let nanos = Duration::from_nanos(u64::try_from(ts.nanos).unwrap_or(0));
     // Checked: a timestamp past what SystemTime holds (from a broken or hostile server)

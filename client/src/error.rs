@@ -464,6 +464,20 @@ reasons! {
     /// A token whose database or collection was deleted since it was minted: it grants
     /// nothing on one created later under the same name; mint a new one.
     TokenResourceDeleted = "TOKEN_RESOURCE_DELETED",
+    /// A change feed asked of a collection that keeps none (its `change_feed_retention` is 0;
+    /// status `FAILED_PRECONDITION`).
+    ChangeFeedOff = "CHANGE_FEED_OFF",
+    /// A change feed continuation behind what retention kept: resuming it would skip events
+    /// (status `OUT_OF_RANGE`; the message names the oldest position kept). Start again from
+    /// the beginning and rebuild what depends on the feed.
+    ChangeFeedTrimmed = "CHANGE_FEED_TRIMMED",
+    /// A feed range this server did not make, a count of ranges out of range, or a partition
+    /// key given with a feed range.
+    InvalidFeedRange = "INVALID_FEED_RANGE",
+    /// A change feed retention outside 0 to 30 days.
+    InvalidChangeFeedRetention = "INVALID_CHANGE_FEED_RETENTION",
+    /// A change feed start time before 1970.
+    InvalidStartTime = "INVALID_START_TIME",
     /// Key administration on a server without keys.
     NoKeys = "NO_KEYS",
     /// Key administration on a server whose keys were given on its command line.

@@ -130,6 +130,7 @@
 //! [Mayfly]: https://example.invalid/mayfly
 
 mod batch;
+mod changes;
 mod client;
 mod collection;
 mod document;
@@ -144,6 +145,9 @@ mod tls;
 mod ttl;
 
 pub use batch::{Batch, BatchResult, MAX_BATCH_OPERATIONS};
+pub use changes::{
+    Change, ChangeBatch, ChangeFeed, ChangeKind, ChangeStream, FeedRange, StartFrom,
+};
 pub use client::{Client, ClientBuilder, CreateCollection, Database, EnsureCollection, Ensured};
 pub use collection::{
     Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths, MustLiveRule,

@@ -29,6 +29,10 @@ pub mod v1 {
         PatchIncrement, PatchMove, PatchOperation, PatchValue,
     };
     pub use crate::generated::{
+        ChangeEvent, ChangeFeedMode, ChangeFeedRequest, ChangeFeedResponse, ChangeOperation,
+        GetFeedRangesRequest, GetFeedRangesResponse,
+    };
+    pub use crate::generated::{
         Collection, CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
         Database, DefaultTtl, DeleteCollectionRequest, DeleteCollectionResponse,
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
@@ -48,6 +52,7 @@ pub mod v1 {
     /// Oneof types nested in messages.
     pub mod oneofs {
         pub use crate::generated::batch_operation::Op as BatchOp;
+        pub use crate::generated::change_feed_request::Start as ChangeFeedStart;
         pub use crate::generated::default_ttl::State as DefaultTtlState;
         pub use crate::generated::partition_key::Kind as PartitionKeyKind;
         pub use crate::generated::patch_increment::By as PatchIncrementBy;

@@ -49,8 +49,9 @@ use parking_lot::{Mutex, RwLock};
 pub use batch::{BatchOp, BatchOutput, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS};
 pub use body::{DocumentBody, MAX_DEPTH, MAX_DOCUMENT_BYTES};
 pub use change_feed::{
-    ChangeEvent, ChangeFeedCursor, ChangeFeedMode, ChangeFeedScope, ChangeFeedStart, ChangeOp,
-    ChangeRecord, FeedRange, MAX_FEED_RANGES, RetentionGuard, partition_hash,
+    ChangeEvent, ChangeFeedCursor, ChangeFeedMode, ChangeFeedPage, ChangeFeedScope,
+    ChangeFeedStart, ChangeOp, ChangeRecord, FeedRange, MAX_FEED_RANGES, RetentionGuard,
+    partition_hash,
 };
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use condition::{MAX_CONDITION_BYTES, PatchCondition};

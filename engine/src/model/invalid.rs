@@ -23,6 +23,12 @@ pub enum InvalidInput {
     FeedRangeCount { asked: usize, max: usize },
     /// A feed range that no split of this server made.
     FeedRange { raw: String },
+    /// Both a partition key and a feed range for one change feed.
+    FeedScopeConflict,
+    /// A change feed message size out of range.
+    MaxEvents { value: u32, max: u32 },
+    /// A change feed start time before 1970 or out of range.
+    StartTime { seconds: i64 },
     /// An id breaking the id rules.
     Id {
         kind: IdKind,
@@ -131,6 +137,16 @@ impl fmt::Display for InvalidInput {
                 f,
                 "feed range {:?} is not one GetFeedRanges returns on this server: ask GetFeedRanges again",
                 Echo(raw)
+            ),
+            InvalidInput::FeedScopeConflict => f.write_str(
+                "give a change feed partition_key or a feed_range, not both: a feed range already names the partitions it holds",
+            ),
+            InvalidInput::MaxEvents { value, max } => {
+                write!(f, "max_events {value} is out of range; use 1..={max}, or 0 for 100")
+            }
+            InvalidInput::StartTime { seconds } => write!(
+                f,
+                "start_time {seconds} s is before 1970 or out of range: give an instant since the Unix epoch"
             ),
             InvalidInput::TtlWithoutIndex => {
                 f.write_str("Indexing mode value cannot be 'none' when 'defaultTtl' is specified in the collection")

@@ -1,8 +1,9 @@
 //! `mayfly.v1.Documents`.
 
 use mayfly_proto::v1::{
-    CreateDocumentRequest, DeleteDocumentRequest, DeleteDocumentResponse, Document,
-    ExecuteBatchRequest, ExecuteBatchResponse, PatchDocumentRequest, QueryPage, QueryRequest,
+    ChangeFeedRequest, ChangeFeedResponse, CreateDocumentRequest, DeleteDocumentRequest,
+    DeleteDocumentResponse, Document, ExecuteBatchRequest, ExecuteBatchResponse,
+    GetFeedRangesRequest, GetFeedRangesResponse, PatchDocumentRequest, QueryPage, QueryRequest,
     ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceDocumentRequest,
     TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome, server,
 };
@@ -326,6 +327,31 @@ impl server::Documents for DocumentsService {
 
     type ReadFeedStream = PageStream<ReadFeedPage>;
     type QueryStream = PageStream<QueryPage>;
+    type ChangeFeedStream = PageStream<ChangeFeedResponse>;
+
+    async fn change_feed(
+        &self,
+        request: Request<ChangeFeedRequest>,
+    ) -> Result<Response<Self::ChangeFeedStream>, Status> {
+        let share = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(|c| c.share.clone());
+        let (metadata, _, request) = request.into_parts();
+        let events = self
+            .start_change_feed(&metadata.into_headers(), share, request)
+            .await?;
+        Ok(Response::new(events))
+    }
+
+    async fn get_feed_ranges(
+        &self,
+        request: Request<GetFeedRangesRequest>,
+    ) -> Result<Response<GetFeedRangesResponse>, Status> {
+        let (metadata, _, request) = request.into_parts();
+        let ranges = self.feed_ranges(&metadata.into_headers(), request).await?;
+        Ok(Response::new(ranges))
+    }
 
     async fn query(
         &self,

@@ -3,6 +3,7 @@
 
 mod admin;
 mod batch;
+mod change_feed;
 mod collections;
 pub(crate) mod convert;
 mod databases;

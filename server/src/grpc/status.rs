@@ -103,9 +103,11 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         }
         InvalidInput::MustLive { .. } => "MUST_LIVE",
         InvalidInput::FeedRetention { .. } => "INVALID_CHANGE_FEED_RETENTION",
-        InvalidInput::FeedRangeCount { .. } | InvalidInput::FeedRange { .. } => {
-            "INVALID_FEED_RANGE"
-        }
+        InvalidInput::FeedRangeCount { .. }
+        | InvalidInput::FeedRange { .. }
+        | InvalidInput::FeedScopeConflict => "INVALID_FEED_RANGE",
+        InvalidInput::MaxEvents { .. } => "INVALID_PAGE_SIZE",
+        InvalidInput::StartTime { .. } => "INVALID_START_TIME",
     }
 }
 

@@ -1,6 +1,6 @@
-//! The one driver of long-lived response streams: read feeds and queries (and the change feed
-//! to come) differ only in how a page is computed ([`PageSource`]). Every page, the first
-//! included:
+//! The one driver of long-lived response streams: read feeds, queries and the change feed
+//! differ only in how a page is computed ([`PageSource`]), and, for the change feed, in waiting
+//! for something to send. Every page, the first included:
 //! - is computed when the transport asks for the next message, that is once the one before has
 //!   left, so a client that stops reading holds one page, not a queue of them;
 //! - is authorized again, so a token that expired or a key regenerated ends the stream at its
@@ -12,7 +12,9 @@
 //! - stops when its client leaves (the stream is dropped) or the server shuts down, inside a
 //!   document's evaluation if need be.
 
-use std::{pin::Pin, sync::Arc};
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use futures_util::future::BoxFuture;
 
 use parking_lot::Mutex;
 use tokio_stream::Stream;
@@ -50,7 +52,34 @@ pub(super) trait PageSource: Send + Sync + 'static {
         at: &Self::Cursor,
         reads: QueryReads,
     ) -> Outcome<(Self::Message, Option<Self::Cursor>)>;
+
+    /// Waits, at most `wait`, until the page at `at` may have something to send; `Ok(false)`
+    /// when the wait ran out. A finite stream's pages are always ready.
+    fn ready<'a>(
+        &'a self,
+        _engine: &'a Engine,
+        _at: &'a Self::Cursor,
+        _wait: Duration,
+    ) -> BoxFuture<'a, Result<bool, engine::Error>> {
+        Box::pin(std::future::ready(Ok(true)))
+    }
+
+    /// Whether a page is sent, or held back while its stream waits for more (a change feed
+    /// page with no events, between heartbeats). A finite stream sends every page.
+    fn send_empty(&self, _message: &Self::Message) -> bool {
+        true
+    }
+
+    /// Whether the next page is sent without waiting for [`PageSource::ready`] (a finite
+    /// stream's, a change feed's first, or its heartbeat carrying its latest continuation).
+    fn heartbeat_due(&self) -> bool {
+        true
+    }
 }
+
+/// How long a waiting stream goes between checks that its caller may still read and that the
+/// server is not stopping.
+const RECHECK_WAITING: Duration = Duration::from_secs(1);
 
 /// What a stream's caller was allowed, checked again before every page.
 #[derive(Debug, Clone)]
@@ -284,12 +313,39 @@ impl<S: PageSource> Call<S> {
     /// it and that the server is not stopping.
     async fn page(
         self: &Arc<Self>,
+        mut at: S::Cursor,
+    ) -> Result<(S::Message, Charge, Option<S::Cursor>), Status> {
+        loop {
+            if let Some(reason) = self.cancel.reason() {
+                return Err(to_status(reason));
+            }
+            self.grant.check()?;
+            // A page due anyway (a finite stream's, or a heartbeat) is computed at once.
+            if !self.source.heartbeat_due() {
+                let engine = self.service.engine()?;
+                match self.source.ready(&engine, &at, RECHECK_WAITING).await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    // A collection deleted meanwhile is the grant's NOT_FOUND.
+                    Err(e) => {
+                        self.grant.check()?;
+                        return Err(to_status(e));
+                    }
+                }
+            }
+            let (page, charge, next) = self.compute(at.clone()).await?;
+            match next {
+                Some(next) if !self.source.send_empty(&page) => at = next,
+                next => return Ok((page, charge, next)),
+            }
+        }
+    }
+
+    /// The page at `at`, with its reservation.
+    async fn compute(
+        self: &Arc<Self>,
         at: S::Cursor,
     ) -> Result<(S::Message, Charge, Option<S::Cursor>), Status> {
-        if let Some(reason) = self.cancel.reason() {
-            return Err(to_status(reason));
-        }
-        self.grant.check()?;
         let reservation = Arc::new(Reservation {
             budget: self.service.budget.clone(),
             share: self.share.clone(),

@@ -14,11 +14,17 @@ pub use range::{FeedRange, MAX_FEED_RANGES, partition_hash};
 pub use record::{ChangeOp, ChangeRecord};
 pub use retention::RetentionGuard;
 
-use super::{CollectionInfo, CollectionPath, CollectionUid, Engine, Error, Millis};
+use super::{
+    CollectionInfo, CollectionPath, CollectionUid, DefaultTtl, Engine, Error, Millis, Outcome,
+    QueryReads,
+};
 use crate::model::PartitionKeyValue;
+use crate::storage::Lsn;
 
 /// Records read from storage per request to it.
 const READ_CHUNK: usize = 256;
+/// Bytes an event takes besides its body, as a response holds it (ids, keys, positions).
+const EVENT_OVERHEAD: usize = 256;
 
 /// Which events a feed shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -262,12 +268,14 @@ impl Engine {
     /// The durable events past `cursor`, at most `max_events` and about `max_bytes` of bodies
     /// (one at least), moving `cursor` past them. Empty when none of the durable records is
     /// the feed's (other partitions', or deletes in `latest_version` mode): the cursor still
-    /// moves. Blocks on storage.
+    /// moves. Each record read counts against `reads`, and the bodies kept are reserved in
+    /// its memory first. Blocks on storage unless `reads` is inline.
     pub fn read_changes(
         &self,
         cursor: &mut ChangeFeedCursor,
         max_events: usize,
         max_bytes: usize,
+        reads: &mut QueryReads,
     ) -> Result<Vec<ChangeEvent>, Error> {
         let mut events = Vec::new();
         let mut bytes = 0;
@@ -279,6 +287,7 @@ impl Engine {
             let durable = s.durable_log_seq();
             'shard: while next <= durable {
                 let want = READ_CHUNK.min(max_events - events.len());
+                reads.spend(want)?;
                 let records = s.read_log(cursor.uid, next, want)?;
                 let exhausted = records.len() < want;
                 for (seq, raw) in records {
@@ -288,9 +297,19 @@ impl Engine {
                         continue 'shard;
                     }
                     let record = ChangeRecord::decode(&raw)?;
-                    next = seq + 1;
                     if cursor.shows(shard, &record) {
-                        bytes += record.body.as_ref().map_or(0, |b| b.len());
+                        let size = record.body.as_ref().map_or(0, |b| b.len());
+                        // A page keeps what the response budget has room for: it ends before
+                        // an event that does not fit, or fails if that is its first.
+                        if !reads.hold(bytes + size + EVENT_OVERHEAD * (events.len() + 1)) {
+                            if events.is_empty() {
+                                return Err(Error::NoMemory);
+                            }
+                            cursor.next[i].1 = next;
+                            return Ok(events);
+                        }
+                        next = seq + 1;
+                        bytes += size;
                         events.push(ChangeEvent {
                             shard,
                             lsn: seq,
@@ -299,6 +318,8 @@ impl Engine {
                         if events.len() >= max_events || bytes >= max_bytes {
                             break 'shard;
                         }
+                    } else {
+                        next = seq + 1;
                     }
                 }
                 if exhausted {
@@ -316,6 +337,46 @@ impl Engine {
             }
         }
         Ok(events)
+    }
+}
+
+/// One message of a change feed stream.
+#[derive(Debug)]
+pub struct ChangeFeedPage {
+    pub events: Vec<ChangeEvent>,
+    /// Where the next page starts.
+    pub next: ChangeFeedCursor,
+    /// The token that resumes at `next`.
+    pub continuation: String,
+    /// The collection's default TTL now, to view the events' documents by.
+    pub default_ttl: DefaultTtl,
+    /// The clock reading the page was made at.
+    pub read_at: Millis,
+}
+
+impl Engine {
+    /// The next page of a change feed from `at` (see [`Engine::read_changes`]), within
+    /// `reads` (an inline run that needs more fails with [`Error::ReadBudgetSpent`]).
+    pub fn change_feed_page(
+        &self,
+        path: &CollectionPath,
+        at: &ChangeFeedCursor,
+        max_events: usize,
+        mut reads: QueryReads,
+    ) -> Outcome<ChangeFeedPage> {
+        let result = self.get_collection(path).and_then(|info| {
+            let mut next = at.clone();
+            let events = self.read_changes(&mut next, max_events, self.page_bytes(), &mut reads)?;
+            Ok(ChangeFeedPage {
+                events,
+                continuation: self.change_feed_token(&next),
+                next,
+                default_ttl: info.settings.default_ttl(),
+                read_at: self.inner.clock.now(),
+            })
+        });
+        // Only durable records are read: nothing to wait for before sending.
+        Outcome::new(result.map_err(|e| reads.explain(e)), Lsn::ZERO)
     }
 }
 

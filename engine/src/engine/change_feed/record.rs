@@ -7,7 +7,10 @@
 
 use bytes::Bytes;
 
-use crate::model::{DocKey, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue};
+use crate::engine::document::{DocumentView, Etag};
+use crate::model::{
+    DefaultTtl, DocKey, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue,
+};
 use crate::storage::StorageError;
 
 /// The layout written; a record of another is refused rather than misread.
@@ -76,6 +79,21 @@ pub struct ChangeRecord {
 }
 
 impl ChangeRecord {
+    /// The version a write record carries, as a read at `read_at` under the collection's
+    /// `default` TTL would view it; `None` for deletes and expiries.
+    pub fn document(&self, default: DefaultTtl, read_at: Millis) -> Option<DocumentView> {
+        let body = self.body.clone()?;
+        Some(DocumentView {
+            key: self.key.clone(),
+            body,
+            last_write: self.crts,
+            etag: Etag(self.version),
+            ttl: self.ttl,
+            expires_at: crate::model::ttl::expires_at(self.crts, self.ttl, default),
+            read_at,
+        })
+    }
+
     /// Appends the record's bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         let id = self.key.id.as_str().as_bytes();

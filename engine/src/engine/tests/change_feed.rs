@@ -23,7 +23,7 @@ async fn drain(
             .await
             .expect("waits");
         let page = engine
-            .read_changes(cursor, per_page, usize::MAX)
+            .read_changes(cursor, per_page, usize::MAX, &mut QueryReads::unlimited())
             .expect("reads");
         // Empty only once every shard is read to its durable end.
         if page.is_empty() {
@@ -279,7 +279,7 @@ async fn a_continuation_resumes_exactly_once_from_every_position() {
             .expect("waits");
         let page = f
             .engine
-            .read_changes(&mut cursor, 1, usize::MAX)
+            .read_changes(&mut cursor, 1, usize::MAX, &mut QueryReads::unlimited())
             .expect("reads");
         if page.is_empty() {
             break;
