@@ -774,7 +774,7 @@ async fn changing_the_default_applies_at_once_over_grpc() {
         CurrentEngine::new(engine.clone()),
         mayfly_server::StorageConfig::Memory {
             shards: Some(2),
-            feed_records: None,
+            feed_bytes: None,
         },
         mayfly_server::auth::Authenticator::open(Arc::new(SystemClock)),
         mayfly_server::Network::default(),

@@ -19,7 +19,7 @@ use crate::{
         ServerTls, TlsError, TlsFiles,
     },
     storage::{
-        DEFAULT_FEED_MEMORY_RECORDS, DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage,
+        DEFAULT_FEED_MEMORY_BYTES, DiskOptions, DiskStorage, MemoryStorage, OpenError, Storage,
         default_shards,
     },
 };
@@ -83,11 +83,11 @@ pub enum AuthConfig {
 #[derive(Debug, Clone)]
 pub enum StorageConfig {
     /// In memory only: nothing survives a restart. `shards` defaults to one per core;
-    /// `feed_records` caps each collection's change feed per shard (default
-    /// [`DEFAULT_FEED_MEMORY_RECORDS`]), the oldest events going first.
+    /// `feed_bytes` caps the change feed events each shard keeps (default
+    /// [`DEFAULT_FEED_MEMORY_BYTES`]), the oldest going first.
     Memory {
         shards: Option<usize>,
-        feed_records: Option<usize>,
+        feed_bytes: Option<usize>,
     },
     /// In a data directory (the directory's shard count applies; see [`DiskOptions`]).
     Disk(DiskOptions),
@@ -101,7 +101,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             storage: StorageConfig::Memory {
                 shards: None,
-                feed_records: None,
+                feed_bytes: None,
             },
             metrics_listen: None,
             auth: AuthConfig::Open,
@@ -299,13 +299,9 @@ fn open_engine(
     metrics: Arc<EngineMetrics>,
 ) -> Result<Engine, ServeError> {
     let (storage, shards): (Arc<dyn Storage>, usize) = match storage {
-        StorageConfig::Memory {
-            shards,
-            feed_records,
-        } => (
+        StorageConfig::Memory { shards, feed_bytes } => (
             Arc::new(
-                MemoryStorage::new()
-                    .with_feed_cap(feed_records.unwrap_or(DEFAULT_FEED_MEMORY_RECORDS)),
+                MemoryStorage::new().with_feed_cap(feed_bytes.unwrap_or(DEFAULT_FEED_MEMORY_BYTES)),
             ),
             shards.unwrap_or_else(default_shards),
         ),

@@ -8,13 +8,14 @@ use std::{path::Path, time::Duration};
 use mayfly_proto::{
     json::JsonObject,
     v1::{
-        BatchCreate, BatchOperation, CreateCollectionRequest, CreateDatabaseRequest,
-        CreateDocumentRequest, CreateResourceTokenRequest, DeleteCollectionRequest,
-        DeleteDatabaseRequest, DeleteDocumentRequest, ExecuteBatchRequest, GetCollectionRequest,
-        GetDatabaseRequest, KeyKind, ListCollectionsRequest, ListDatabasesRequest,
-        PatchDocumentRequest, PatchOperation, QueryRequest, ReadDocumentRequest, ReadFeedRequest,
-        RegenerateKeyRequest, ReplaceCollectionRequest, ReplaceDocumentRequest, TokenPermission,
-        TouchDocumentRequest, UpsertDocumentRequest,
+        BatchCreate, BatchOperation, ChangeFeedRequest, CreateCollectionRequest,
+        CreateDatabaseRequest, CreateDocumentRequest, CreateResourceTokenRequest,
+        DeleteCollectionRequest, DeleteDatabaseRequest, DeleteDocumentRequest, ExecuteBatchRequest,
+        GetCollectionRequest, GetDatabaseRequest, GetFeedRangesRequest, KeyKind,
+        ListCollectionsRequest, ListDatabasesRequest, PatchDocumentRequest, PatchOperation,
+        QueryRequest, ReadDocumentRequest, ReadFeedRequest, RegenerateKeyRequest,
+        ReplaceCollectionRequest, ReplaceDocumentRequest, TokenPermission, TouchDocumentRequest,
+        UpsertDocumentRequest,
         oneofs::{BatchOp, PatchOp},
     },
 };
@@ -48,6 +49,8 @@ enum Rpc {
     ExecuteBatch,
     ReadFeed,
     Query,
+    ChangeFeed,
+    GetFeedRanges,
     RegenerateKey,
     CreateResourceToken,
 }
@@ -60,7 +63,7 @@ enum Needs {
     Manage,
 }
 
-const EVERY_RPC: [(Rpc, Needs); 21] = [
+const EVERY_RPC: [(Rpc, Needs); 23] = [
     (Rpc::CreateDatabase, Needs::Manage),
     (Rpc::GetDatabase, Needs::Read),
     (Rpc::ListDatabases, Needs::Read),
@@ -80,6 +83,8 @@ const EVERY_RPC: [(Rpc, Needs); 21] = [
     (Rpc::ExecuteBatch, Needs::Write),
     (Rpc::ReadFeed, Needs::Read),
     (Rpc::Query, Needs::Read),
+    (Rpc::ChangeFeed, Needs::Read),
+    (Rpc::GetFeedRanges, Needs::Read),
     (Rpc::RegenerateKey, Needs::Manage),
     (Rpc::CreateResourceToken, Needs::Manage),
 ];
@@ -362,6 +367,36 @@ async fn call(
             while pages.message().await?.is_some() {}
             Ok(())
         }
+        // The first message comes at once, before any change: the stream is then dropped.
+        Rpc::ChangeFeed => {
+            let mut events = c
+                .documents
+                .change_feed(with(
+                    cred,
+                    ChangeFeedRequest {
+                        database: d,
+                        collection: coll,
+                        partition_key: partition,
+                        ..Default::default()
+                    },
+                ))
+                .await?
+                .into_inner();
+            events.message().await?;
+            Ok(())
+        }
+        Rpc::GetFeedRanges => c
+            .documents
+            .get_feed_ranges(with(
+                cred,
+                GetFeedRangesRequest {
+                    database: d,
+                    collection: coll,
+                    count: 2,
+                },
+            ))
+            .await
+            .map(drop),
         // Only the secondary read-only key, which no test here uses.
         Rpc::RegenerateKey => c
             .admin
@@ -501,7 +536,15 @@ async fn resource_tokens_are_held_to_their_scope_permission_and_expiry() {
         // A read token for collection c: reads of c only.
         let result = call(&mut c, rpc, Some(&collection_read), "c", None).await;
         let expected = match (rpc, needs) {
-            (Rpc::GetCollection | Rpc::ReadDocument | Rpc::ReadFeed | Rpc::Query, _) => None,
+            (
+                Rpc::GetCollection
+                | Rpc::ReadDocument
+                | Rpc::ReadFeed
+                | Rpc::Query
+                | Rpc::ChangeFeed
+                | Rpc::GetFeedRanges,
+                _,
+            ) => None,
             (_, Needs::Write) => Some("READ_ONLY_TOKEN"),
             (_, Needs::Manage) => Some("KEY_REQUIRED"),
             // Listing databases or collections reaches beyond one collection.
@@ -526,11 +569,12 @@ async fn resource_tokens_are_held_to_their_scope_permission_and_expiry() {
             );
         }
 
-        // A read-write token for partition p1 of c.
+        // A read-write token for partition p1 of c. Splitting the feed of the whole
+        // collection is not its to ask (it reads its partition's feed by the partition key).
         if needs == Needs::Manage
             || matches!(
                 rpc,
-                Rpc::ListDatabases | Rpc::ListCollections | Rpc::GetDatabase
+                Rpc::ListDatabases | Rpc::ListCollections | Rpc::GetDatabase | Rpc::GetFeedRanges
             )
         {
             continue;
@@ -555,7 +599,12 @@ async fn resource_tokens_are_held_to_their_scope_permission_and_expiry() {
         );
     }
     // Without a partition key, a feed or query could reach every partition.
-    for rpc in [Rpc::ReadFeed, Rpc::Query, Rpc::CreateDocument] {
+    for rpc in [
+        Rpc::ReadFeed,
+        Rpc::Query,
+        Rpc::ChangeFeed,
+        Rpc::CreateDocument,
+    ] {
         let unscoped = call(&mut c, rpc, Some(&partition_all), "c", None)
             .await
             .expect_err("no partition named");

@@ -89,6 +89,9 @@ pub enum Error {
         database: String,
         collection: String,
     },
+    /// A change feed continuation from before the feed was last turned on: the changes made
+    /// while it was off are in no feed.
+    FeedRestarted { since: Millis },
     /// A change feed continuation points at events retention has removed: resuming it would
     /// skip them. `oldest` is the oldest position still kept in that shard, written at `at`.
     ChangesTrimmed {
@@ -204,6 +207,10 @@ impl fmt::Display for Error {
                 "collection '{}' in database '{}' keeps no change feed: set its change_feed_retention above 0 (ReplaceCollection); changes made before that are not in any feed",
                 Echo(collection),
                 Echo(database)
+            ),
+            Error::FeedRestarted { since } => write!(
+                f,
+                "the continuation is from before the collection's change feed was turned on again (at {since} ms since the Unix epoch): changes made while it was off are in no feed; start again from `beginning` and rebuild what depends on the feed"
             ),
             Error::ChangesTrimmed { shard, oldest, at } => {
                 write!(

@@ -509,6 +509,13 @@ impl Engine {
         // default expired up to that instant.
         let ((info, lsn), turned_on) =
             Shard::switch_rules(self.shards(), &*self.inner.clock, current.uid, |at| {
+                let was_on = current.settings.change_feed_retention().is_on();
+                let since = if !was_on && settings.change_feed_retention().is_on() {
+                    at
+                } else {
+                    current.settings.change_feed_since()
+                };
+                let settings = settings.with_change_feed_since(since);
                 let old = current.settings.default_ttl();
                 let expired = if old == settings.default_ttl() {
                     current.expired

@@ -84,6 +84,8 @@ pub struct CollectionSettings {
     default_ttl: DefaultTtl,
     indexing_mode: IndexingMode,
     change_feed_retention: FeedRetention,
+    /// When the change feed was last turned on (0: with the collection).
+    change_feed_since: u64,
 }
 
 impl CollectionSettings {
@@ -96,6 +98,7 @@ impl CollectionSettings {
             default_ttl,
             indexing_mode,
             change_feed_retention: FeedRetention::DEFAULT,
+            change_feed_since: 0,
         })
     }
 
@@ -110,6 +113,21 @@ impl CollectionSettings {
     /// How long the change feed keeps events.
     pub fn change_feed_retention(&self) -> FeedRetention {
         self.change_feed_retention
+    }
+
+    /// The same settings, the change feed last turned on at `at` (Unix ms; 0: with the
+    /// collection). Changes made while it was off are in no feed: a continuation from before
+    /// is refused.
+    pub fn with_change_feed_since(self, at: u64) -> Self {
+        CollectionSettings {
+            change_feed_since: at,
+            ..self
+        }
+    }
+
+    /// When the change feed was last turned on (0: with the collection).
+    pub fn change_feed_since(&self) -> u64 {
+        self.change_feed_since
     }
 
     /// The default TTL.

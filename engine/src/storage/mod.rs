@@ -17,7 +17,7 @@ pub use disk::{
     FORMAT_VERSION, OpenError,
 };
 pub use index_keys::{TERMS_LAYOUT, prefix_end};
-pub use memory::{DEFAULT_FEED_MEMORY_RECORDS, MemoryStorage};
+pub use memory::{DEFAULT_FEED_MEMORY_BYTES, MemoryStorage};
 
 use crate::model::{
     CollectionInfo, CollectionUid, DatabaseId, DatabaseUid, DocumentId, DocumentTtl, Millis,

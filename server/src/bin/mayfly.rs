@@ -8,7 +8,7 @@ use mayfly_server::{
     auth::MIN_GIVEN_KEY_CHARS,
     engine::IdempotencyConfig,
     net::{Limits, TlsFiles},
-    storage::{DEFAULT_FEED_MEMORY_RECORDS, DEFAULT_READ_CACHE_BYTES, DiskOptions, Durability},
+    storage::{DEFAULT_FEED_MEMORY_BYTES, DEFAULT_READ_CACHE_BYTES, DiskOptions, Durability},
 };
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -52,10 +52,10 @@ struct Args {
     /// with).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     shards: Option<u16>,
-    /// With `--storage memory`: change feed events kept per collection and shard, the oldest
-    /// going first beyond it (retention applies too). About 100 bytes plus the document each.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), default_value_t = DEFAULT_FEED_MEMORY_RECORDS as u64)]
-    feed_memory_records: u64,
+    /// With `--storage memory`: MiB of change feed events each shard keeps, the oldest going
+    /// first beyond it (retention applies too). An event takes about its document's size.
+    #[arg(long, default_value_t = (DEFAULT_FEED_MEMORY_BYTES / (1024 * 1024)) as u64)]
+    feed_memory_mb: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (off by default).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -283,7 +283,10 @@ async fn main() -> ExitCode {
     let storage = match args.storage {
         StorageKind::Memory => StorageConfig::Memory {
             shards,
-            feed_records: Some(args.feed_memory_records as usize),
+            feed_bytes: Some(
+                usize::try_from(args.feed_memory_mb.saturating_mul(1024 * 1024))
+                    .unwrap_or(usize::MAX),
+            ),
         },
         StorageKind::Disk => StorageConfig::Disk(DiskOptions {
             path: args.data_dir.clone(),

@@ -190,11 +190,30 @@ impl DocumentsService {
                 return Err(to_status(InvalidInput::FeedScopeConflict));
             }
         };
-        // A caller with a key or a token of this server, before any storage is read; what it
-        // may read is checked once the scope is known (a continuation's is in its token).
-        crate::auth::authenticate_headers(&self.auth, headers)?;
         let mode = mode(raw_mode).map_err(to_status)?;
         let start = start(raw_start).map_err(to_status)?;
+        // What the caller reads is authorized before anything is read: the partition it names,
+        // or, resuming without naming one, the partition in its continuation (a token that does
+        // not open fails below, on its own terms).
+        let resumed = match (&start, &scope) {
+            (ChangeFeedStart::Continuation(token), None) => engine
+                .open_change_feed_token(token)
+                .map(|c| c.scope().clone())
+                .ok(),
+            _ => None,
+        };
+        let partition = match scope.as_ref().or(resumed.as_ref()) {
+            Some(ChangeFeedScope::Partition(pk)) => Some(pk),
+            _ => None,
+        };
+        let grant = Grant::read(
+            &self.auth,
+            &self.engine,
+            headers,
+            &database,
+            &collection,
+            partition,
+        )?;
         let max_events = match max_events {
             0 => DEFAULT_EVENTS,
             n if n <= MAX_EVENTS => n,
@@ -207,18 +226,6 @@ impl DocumentsService {
         } as usize;
         let opened = path.clone();
         let cursor = blocking(move || engine.open_change_feed(&opened, scope, mode, start)).await?;
-        let partition = match cursor.scope() {
-            ChangeFeedScope::Partition(pk) => Some(pk),
-            ChangeFeedScope::Collection | ChangeFeedScope::Range(_) => None,
-        };
-        let grant = Grant::read(
-            &self.auth,
-            &self.engine,
-            headers,
-            &database,
-            &collection,
-            partition,
-        )?;
         let pages = ChangeFeedPages {
             path,
             max_events,

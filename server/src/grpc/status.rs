@@ -46,7 +46,9 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::RequestApplied { .. } => (Code::AlreadyExists, "REQUEST_ALREADY_APPLIED"),
         Error::KeysFull { .. } => (Code::ResourceExhausted, "IDEMPOTENCY_KEYS_FULL"),
         Error::NoChangeFeed { .. } => (Code::FailedPrecondition, "CHANGE_FEED_OFF"),
-        Error::ChangesTrimmed { .. } => (Code::OutOfRange, "CHANGE_FEED_TRIMMED"),
+        Error::ChangesTrimmed { .. } | Error::FeedRestarted { .. } => {
+            (Code::OutOfRange, "CHANGE_FEED_TRIMMED")
+        }
         Error::Query(e) => (
             Code::InvalidArgument,
             match e.kind {

@@ -23,6 +23,9 @@ use crate::storage::Lsn;
 
 /// Records read from storage per request to it.
 const READ_CHUNK: usize = 256;
+/// Records a page reads at most, shown or not: a feed of one partition or range skips other
+/// partitions' records a bounded number at a time.
+const MAX_SCANNED: usize = 4096;
 /// Bytes an event takes besides its body, as a response holds it (ids, keys, positions).
 const EVENT_OVERHEAD: usize = 256;
 
@@ -77,6 +80,8 @@ pub struct ChangeEvent {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChangeFeedCursor {
     uid: CollectionUid,
+    /// When the feed it reads was turned on (see [`crate::model::CollectionSettings::change_feed_since`]).
+    since: Millis,
     mode: ChangeFeedMode,
     scope: ChangeFeedScope,
     next: Vec<(usize, u64)>,
@@ -131,8 +136,14 @@ impl Engine {
         let info = self.get_collection(path)?;
         feed_on(&info, path)?;
         if let ChangeFeedStart::Continuation(token) = &start {
-            let bytes = self.inner.token_key.open(token)?;
-            let cursor = token::decode(&bytes, info.uid, self.shard_count())?;
+            let cursor = self.open_change_feed_token(token)?;
+            if cursor.uid != info.uid {
+                return Err(crate::model::InvalidInput::Continuation {
+                    reason: "it belongs to another collection",
+                }
+                .into());
+            }
+            check_since(&info, &cursor)?;
             if scope.as_ref().is_some_and(|s| *s != cursor.scope)
                 || mode.is_some_and(|m| m != cursor.mode)
             {
@@ -162,11 +173,19 @@ impl Engine {
         }
         Ok(ChangeFeedCursor {
             uid: info.uid,
+            since: info.settings.change_feed_since(),
             mode: mode.unwrap_or_default(),
             scope,
             next,
             turn: 0,
         })
+    }
+
+    /// The cursor a continuation token holds, if this server sealed it: its scope is what a
+    /// caller resuming it must be allowed to read. Reads nothing but the token.
+    pub fn open_change_feed_token(&self, token: &str) -> Result<ChangeFeedCursor, Error> {
+        let bytes = self.inner.token_key.open(token)?;
+        Ok(token::decode(&bytes, self.shard_count())?)
     }
 
     /// The continuation token that resumes `cursor`.
@@ -176,8 +195,9 @@ impl Engine {
             .seal(&token::encode(cursor, self.shard_count()))
     }
 
-    /// The first position in a shard's log whose record of `uid` was committed at or after
-    /// `at`: a binary search over positions, a record read per step.
+    /// The first position in a shard's log, among what retention kept, whose record of `uid`
+    /// was appended at or after `at`: a binary search over positions by the time each record
+    /// was appended (which never decreases along a log), a record read per step.
     fn first_at_or_after(
         &self,
         uid: CollectionUid,
@@ -185,11 +205,13 @@ impl Engine {
         at: Millis,
     ) -> Result<u64, Error> {
         let s = &self.inner.shards[shard];
-        let (mut low, mut high) = (1, s.log_tip().seq + 1);
+        let (mut low, mut high) = (s.log_floor(uid)?.max(1), s.log_tip().seq + 1);
         while low < high {
             let mid = low + (high - low) / 2;
             match s.read_log(uid, mid, 1)?.first() {
-                Some((seq, bytes)) if ChangeRecord::decode(bytes)?.crts < at => low = seq + 1,
+                Some((seq, bytes)) if ChangeRecord::decode(bytes)?.logged_at < at => {
+                    low = seq + 1;
+                }
                 _ => high = mid,
             }
         }
@@ -245,7 +267,7 @@ impl Engine {
             let mut ready = false;
             for &(shard, next) in &cursor.next {
                 let s = &self.inner.shards[shard];
-                let tip = s.log_tip();
+                let tip = s.collection_tip(cursor.uid);
                 if tip.seq >= next {
                     if tip.seq > s.durable_log_seq() {
                         s.make_log_durable(tip).await.map_err(Error::NotDurable)?;
@@ -255,6 +277,10 @@ impl Engine {
             }
             if ready {
                 return Ok(true);
+            }
+            // A look without a wait needs no timer (nor a runtime to drive one).
+            if wait.is_zero() {
+                return Ok(false);
             }
             match tokio::time::timeout_at(deadline, signal.changed()).await {
                 Ok(Ok(())) => {}
@@ -277,67 +303,107 @@ impl Engine {
         max_bytes: usize,
         reads: &mut QueryReads,
     ) -> Result<Vec<ChangeEvent>, Error> {
-        let mut events = Vec::new();
-        let mut bytes = 0;
+        let max_events = max_events.max(1);
+        let mut page = Page {
+            events: Vec::new(),
+            bytes: 0,
+            scanned: 0,
+        };
         let shards = cursor.next.len();
         for k in 0..shards {
             let i = (cursor.turn + k) % shards;
-            let (shard, mut next) = cursor.next[i];
-            let s = &self.inner.shards[shard];
-            let durable = s.durable_log_seq();
-            'shard: while next <= durable {
-                let want = READ_CHUNK.min(max_events - events.len());
-                reads.spend(want)?;
-                let records = s.read_log(cursor.uid, next, want)?;
-                let exhausted = records.len() < want;
-                for (seq, raw) in records {
-                    if seq > durable {
-                        // The rest is not durable yet: this shard is read up to its end.
-                        next = durable + 1;
-                        continue 'shard;
-                    }
-                    let record = ChangeRecord::decode(&raw)?;
-                    if cursor.shows(shard, &record) {
-                        let size = record.body.as_ref().map_or(0, |b| b.len());
-                        // A page keeps what the response budget has room for: it ends before
-                        // an event that does not fit, or fails if that is its first.
-                        if !reads.hold(bytes + size + EVENT_OVERHEAD * (events.len() + 1)) {
-                            if events.is_empty() {
-                                return Err(Error::NoMemory);
-                            }
-                            cursor.next[i].1 = next;
-                            return Ok(events);
-                        }
-                        next = seq + 1;
-                        bytes += size;
-                        events.push(ChangeEvent {
-                            shard,
-                            lsn: seq,
-                            record,
-                        });
-                        if events.len() >= max_events || bytes >= max_bytes {
-                            break 'shard;
-                        }
-                    } else {
-                        next = seq + 1;
-                    }
-                }
-                if exhausted {
-                    // Nothing more of this collection up to the durable end.
-                    next = next.max(durable + 1);
-                }
-            }
+            let (shard, from) = cursor.next[i];
+            let (next, ended) = self.read_shard(
+                cursor,
+                shard,
+                from,
+                &mut page,
+                (max_events, max_bytes),
+                reads,
+            )?;
             // Retention may have removed records while they were read: checked after, so that
             // no page hides a gap.
-            self.check_shard_retained(cursor.uid, shard, cursor.next[i].1)?;
+            self.check_shard_retained(cursor.uid, shard, from)?;
             cursor.next[i].1 = next;
-            if events.len() >= max_events || bytes >= max_bytes {
+            if ended {
                 cursor.turn = (i + 1) % shards;
                 break;
             }
         }
-        Ok(events)
+        Ok(page.events)
     }
+
+    /// Reads one shard's part of a page from position `from` into `page`; returns where the
+    /// shard's next read starts, and whether the page is done (full, or out of budget).
+    fn read_shard(
+        &self,
+        cursor: &ChangeFeedCursor,
+        shard: usize,
+        from: u64,
+        page: &mut Page,
+        (max_events, max_bytes): (usize, usize),
+        reads: &mut QueryReads,
+    ) -> Result<(u64, bool), Error> {
+        let s = &self.inner.shards[shard];
+        let durable = s.durable_log_seq();
+        let mut next = from;
+        while next <= durable {
+            // Records of other partitions (a filtered feed) cost a read each: a page stops
+            // after so many, returning what it has and where it got to.
+            if page.scanned >= MAX_SCANNED {
+                return Ok((next, true));
+            }
+            let want = READ_CHUNK.min(max_events - page.events.len());
+            reads.spend(want)?;
+            let records = s.read_log(cursor.uid, next, want)?;
+            page.scanned += records.len();
+            let exhausted = records.len() < want;
+            for (seq, raw) in records {
+                if seq > durable {
+                    // The rest is not durable yet: this shard is read up to its end.
+                    return Ok((durable + 1, false));
+                }
+                let record = ChangeRecord::decode(&raw)?;
+                if cursor.shows(shard, &record) {
+                    let size = record.body.as_ref().map_or(0, |b| b.len());
+                    // A page keeps what the response budget has room for: it ends before an
+                    // event that does not fit, or fails if that is its first.
+                    let held = page.bytes + size + EVENT_OVERHEAD * (page.events.len() + 1);
+                    if !reads.hold(held) {
+                        if page.events.is_empty() {
+                            return Err(Error::NoMemory);
+                        }
+                        return Ok((next, true));
+                    }
+                    page.bytes += size;
+                    page.events.push(ChangeEvent {
+                        shard,
+                        lsn: seq,
+                        record,
+                    });
+                    next = seq + 1;
+                    if page.events.len() >= max_events || page.bytes >= max_bytes {
+                        return Ok((next, true));
+                    }
+                } else {
+                    next = seq + 1;
+                }
+            }
+            if exhausted {
+                // Nothing more of this collection up to the durable end.
+                next = next.max(durable + 1);
+            }
+        }
+        Ok((next, false))
+    }
+}
+
+/// What a page has gathered so far.
+struct Page {
+    events: Vec<ChangeEvent>,
+    bytes: usize,
+    /// Records read, shown or not.
+    scanned: usize,
 }
 
 /// One message of a change feed stream.
@@ -365,6 +431,9 @@ impl Engine {
         mut reads: QueryReads,
     ) -> Outcome<ChangeFeedPage> {
         let result = self.get_collection(path).and_then(|info| {
+            // The feed may have been turned off (and on) since the stream began.
+            feed_on(&info, path)?;
+            check_since(&info, at)?;
             let mut next = at.clone();
             let events = self.read_changes(&mut next, max_events, self.page_bytes(), &mut reads)?;
             Ok(ChangeFeedPage {
@@ -377,6 +446,16 @@ impl Engine {
         });
         // Only durable records are read: nothing to wait for before sending.
         Outcome::new(result.map_err(|e| reads.explain(e)), Lsn::ZERO)
+    }
+}
+
+/// Refuses a cursor from before the feed was last turned on.
+fn check_since(info: &CollectionInfo, cursor: &ChangeFeedCursor) -> Result<(), Error> {
+    let since = info.settings.change_feed_since();
+    if cursor.since == since {
+        Ok(())
+    } else {
+        Err(Error::FeedRestarted { since })
     }
 }
 

@@ -1,9 +1,10 @@
 //! The bytes of one change log record: enough to re-apply the change without reading anything
 //! else (see `docs/changefeed.md`). Storage keeps them opaque, keyed by position.
 //!
-//! Layout, big-endian: `format (u8) | operation (u8) | crts (u64, Unix ms) | version (u64) |
-//! previous position of the document (u64, 0: none) | own ttl (i32, 0: inherits) | partition
-//! key (order-preserving encoding) | id length (u16) | id | body (writes only)`.
+//! Layout, big-endian: `format (u8) | operation (u8) | crts (u64, Unix ms) | logged at (u64,
+//! Unix ms) | version (u64) | previous position of the document (u64, 0: none) | own ttl (i32,
+//! 0: inherits) | partition key (order-preserving encoding) | id length (u16) | id | body
+//! (writes only)`.
 
 use bytes::Bytes;
 
@@ -16,7 +17,7 @@ use crate::storage::StorageError;
 /// The layout written; a record of another is refused rather than misread.
 const FORMAT: u8 = 1;
 /// Bytes before the partition key.
-const FIXED: usize = 30;
+const FIXED: usize = 38;
 
 /// What a change did to its document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,6 +68,9 @@ pub struct ChangeRecord {
     pub op: ChangeOp,
     /// When it was committed (Unix ms); for an expiry, the expiry instant.
     pub crts: Millis,
+    /// When it was appended, by the shard's clock: never decreasing along a shard's log (an
+    /// expiry found late is appended after its instant), so searches by time use it.
+    pub logged_at: Millis,
     /// The version written, or the version deleted or expired.
     pub version: u64,
     /// The position of the document's previous record in this log (0: none known).
@@ -101,6 +105,7 @@ impl ChangeRecord {
         out.push(FORMAT);
         out.push(self.op.code());
         out.extend_from_slice(&self.crts.to_be_bytes());
+        out.extend_from_slice(&self.logged_at.to_be_bytes());
         out.extend_from_slice(&self.version.to_be_bytes());
         out.extend_from_slice(&self.previous.to_be_bytes());
         out.extend_from_slice(&DocumentTtl::to_stored(self.ttl).to_be_bytes());
@@ -123,7 +128,7 @@ impl ChangeRecord {
         }
         let word = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let op = ChangeOp::from_code(bytes[1]).ok_or_else(bad)?;
-        let raw_ttl = i32::from_be_bytes(bytes[26..30].try_into().expect("4 bytes"));
+        let raw_ttl = i32::from_be_bytes(bytes[34..38].try_into().expect("4 bytes"));
         let ttl = DocumentTtl::from_stored(raw_ttl).ok_or_else(bad)?;
         let (partition_key, rest) =
             PartitionKeyValue::decode_ordered(&bytes[FIXED..]).ok_or_else(bad)?;
@@ -136,8 +141,9 @@ impl ChangeRecord {
         Ok(ChangeRecord {
             op,
             crts: word(2),
-            version: word(10),
-            previous: word(18),
+            logged_at: word(10),
+            version: word(18),
+            previous: word(26),
             ttl,
             key: DocKey { partition_key, id },
             body: op.is_write().then(|| bytes.slice(body_at..)),
@@ -154,6 +160,7 @@ mod tests {
         ChangeRecord {
             op,
             crts: 1_700_000_000_123,
+            logged_at: 1_700_000_000_456,
             version: 42,
             previous: 7,
             ttl: Some(DocumentTtl::After(TtlSeconds::new(30).expect("valid"))),

@@ -1,5 +1,6 @@
 //! A change feed continuation's bytes (sealed by the engine's token key before they leave):
-//! `magic (u8) | layout (u8) | mode (u8) | collection uid (u64) | shard count (u32) | scope |
+//! `magic (u8) | layout (u8) | mode (u8) | collection uid (u64) | feed since (u64) | shard
+//! count (u32) | scope |
 //! positions (u16 count, then shard u16 | next position u64 each)`, little-endian.
 
 use super::{ChangeFeedCursor, ChangeFeedMode, ChangeFeedScope, FeedRange};
@@ -17,6 +18,7 @@ pub(super) fn encode(cursor: &ChangeFeedCursor, shards: usize) -> Vec<u8> {
         ChangeFeedMode::AllVersionsAndDeletes => 1,
     });
     out.extend_from_slice(&cursor.uid.0.to_le_bytes());
+    out.extend_from_slice(&cursor.since.to_le_bytes());
     out.extend_from_slice(&(shards as u32).to_le_bytes());
     match &cursor.scope {
         ChangeFeedScope::Collection => out.push(0),
@@ -44,13 +46,9 @@ fn bad(reason: &'static str) -> InvalidInput {
     InvalidInput::Continuation { reason }
 }
 
-/// Reads a token's bytes, if they resume a feed of collection `uid` on an engine of `shards`
-/// shards.
-pub(super) fn decode(
-    bytes: &[u8],
-    uid: CollectionUid,
-    shards: usize,
-) -> Result<ChangeFeedCursor, InvalidInput> {
+/// Reads a token's bytes, if they resume a feed on an engine of `shards` shards; the caller
+/// checks the collection ([`ChangeFeedCursor::uid`]).
+pub(super) fn decode(bytes: &[u8], shards: usize) -> Result<ChangeFeedCursor, InvalidInput> {
     let corrupt = || bad("it is corrupt");
     let mut at = 0;
     let mut take = |n: usize| -> Result<&[u8], InvalidInput> {
@@ -70,9 +68,8 @@ pub(super) fn decode(
         _ => return Err(corrupt()),
     };
     let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-    if u64_at(take(8)?) != uid.0 {
-        return Err(bad("it belongs to another collection"));
-    }
+    let uid = CollectionUid(u64_at(take(8)?));
+    let since = u64_at(take(8)?);
     if u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize != shards {
         return Err(bad(
             "it was issued by a server with a different number of shards; start again",
@@ -120,6 +117,7 @@ pub(super) fn decode(
     }
     Ok(ChangeFeedCursor {
         uid,
+        since,
         mode,
         scope,
         next,

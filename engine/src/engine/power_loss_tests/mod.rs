@@ -66,6 +66,8 @@ const LOST_ACK: &str = "an acknowledged write was lost";
 const EXPIRED_IS_FINAL: &str = "expired is final";
 /// The failure of a query whose results are not the model's.
 const INDEXED_QUERY: &str = "a query disagrees with the documents";
+/// The failure a change feed out of step with the durable state reports.
+const FEED_HISTORY: &str = "the change feed is not the history of the durable state";
 
 fn raw_ttl(ttl: Option<DocumentTtl>) -> Option<i64> {
     ttl.map(|t| i64::from(t.to_raw()))
@@ -176,6 +178,13 @@ fn power_loss_model_catches_forgotten_expired_marks() {
 #[test]
 fn power_loss_model_catches_index_entries_lost_in_a_power_cut() {
     assert_caught(Mutation::IndexNotDurable, INDEXED_QUERY);
+}
+
+/// Change log records are not made durable with their changes: after a power cut, documents
+/// are stored whose events are gone.
+#[test]
+fn power_loss_model_catches_change_events_lost_in_a_power_cut() {
+    assert_caught(Mutation::LogNotDurable, FEED_HISTORY);
 }
 
 /// Found by the batch operations of the model: a batch that creates a document and deletes it

@@ -1,7 +1,7 @@
 //! One sequence run against the engine and the model side by side, and the checks after each
 //! crash.
 
-use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
+use std::{collections::BTreeSet, fmt::Debug, sync::Arc, time::Duration};
 
 use proptest::prelude::*;
 use serde_json::{Map, Value};
@@ -15,6 +15,7 @@ use super::{
     },
     storage::{Crash, Mutation, PowerLossStorage},
 };
+use crate::engine::{ChangeEvent, ChangeFeedMode, ChangeFeedStart, ChangeOp};
 
 pub(super) struct Run {
     clock: Arc<ManualClock>,
@@ -786,8 +787,108 @@ impl Run {
             self.audit(key, kept)?;
         }
         self.check_queries("after a crash")?;
+        self.check_feed()?;
         if let Rebuild::AfterReads = rebuild {
             self.rebuild_expiry();
+        }
+        Ok(())
+    }
+
+    /// The change feed after a crash is the history of the durable state: positions increase
+    /// and never repeat, each document's events alternate between living and gone, each names
+    /// the one before it, and the last of every document is what a read finds now (or a
+    /// version that has expired since, whose expiry is logged when the purge or a write gets
+    /// to it).
+    fn check_feed(&self) -> Result<(), TestCaseError> {
+        let mut cursor = self
+            .engine
+            .open_change_feed(
+                &self.path,
+                None,
+                Some(ChangeFeedMode::AllVersionsAndDeletes),
+                ChangeFeedStart::Beginning,
+            )
+            .map_err(|e| fail(format!("open the feed after a crash: {e}")))?;
+        let mut events: Vec<ChangeEvent> = Vec::new();
+        loop {
+            super::block_on(self.engine.wait_for_changes(&cursor, Duration::ZERO))
+                .map_err(|e| fail(format!("wait for the feed after a crash: {e}")))?;
+            let page = self
+                .engine
+                .read_changes(&mut cursor, 1000, usize::MAX, &mut QueryReads::unlimited())
+                .map_err(|e| fail(format!("read the feed after a crash: {e}")))?;
+            if page.is_empty() {
+                break;
+            }
+            events.extend(page);
+        }
+        let wrong = |what: String| Err(fail(format!("{FEED_HISTORY}: {what}")));
+        let mut last_in_shard = std::collections::HashMap::new();
+        for e in &events {
+            if let Some(&before) = last_in_shard.get(&e.shard)
+                && e.lsn <= before
+            {
+                return wrong(format!(
+                    "shard {} position {} after {before}",
+                    e.shard, e.lsn
+                ));
+            }
+            last_in_shard.insert(e.shard, e.lsn);
+        }
+        let now = self.clock.now();
+        let rules = self
+            .engine
+            .get_collection(&self.path)
+            .map_err(|e| fail(format!("collection: {e}")))?
+            .rules();
+        for key in 0..KEYS {
+            let address = doc_key(key);
+            let mine: Vec<&ChangeEvent> =
+                events.iter().filter(|e| e.record.key == address).collect();
+            let (mut alive, mut before) = (false, 0);
+            for e in &mine {
+                let op = e.record.op;
+                if (op == ChangeOp::Create) == alive {
+                    let state = if alive { "alive" } else { "gone" };
+                    return wrong(format!(
+                        "key {key}: {op:?} at {} when it was {state}",
+                        e.lsn
+                    ));
+                }
+                let previous = e.record.previous;
+                if previous != before && (alive || previous != 0) {
+                    return wrong(format!(
+                        "key {key}: the event at {} names {previous} as its previous, not {before}",
+                        e.lsn
+                    ));
+                }
+                alive = op.is_write();
+                before = e.lsn;
+            }
+            let last = mine.last().map(|e| &e.record);
+            match (
+                &self.engine.read_document(&self.path, &address).result,
+                last,
+            ) {
+                (Ok(view), Some(r)) if r.op.is_write() && r.version == view.etag.0 => {}
+                (Ok(view), last) => {
+                    return wrong(format!(
+                        "key {key}: reads etag {} but the feed ends with {:?}",
+                        view.etag.0,
+                        last.map(|r| (r.op, r.version))
+                    ));
+                }
+                (Err(Error::DocumentNotFound { .. }), Some(r))
+                    if r.op.is_write() && rules.is_visible(r.crts, r.ttl, now) =>
+                {
+                    return wrong(format!(
+                        "key {key}: the feed ends with {:?} of {}, which is not stored",
+                        r.op, r.version
+                    ));
+                }
+                (Err(Error::DocumentNotFound { .. }), _) => {}
+                (Err(e), _) => return Err(fail(format!("key {key}: read: {e}"))),
+            }
         }
         Ok(())
     }

@@ -38,6 +38,9 @@ pub(super) enum Mutation {
     /// Index entries and terms records are applied to what reads see but never made
     /// durable: a power cut keeps documents without their entries.
     IndexNotDurable,
+    /// Change log records are applied to what reads see but never made durable: a power cut
+    /// keeps changes without their events.
+    LogNotDurable,
 }
 
 /// What a crash keeps of the log.
@@ -191,8 +194,9 @@ struct Image {
 }
 
 impl Image {
-    /// Applies `entry`; without `index`, its index changes are left out.
-    fn apply(&mut self, entry: &Entry, index: bool) {
+    /// Applies `entry`; without `index`, its index changes are left out, and without `log`
+    /// its change log records.
+    fn apply(&mut self, entry: &Entry, index: bool, log: bool) {
         match entry {
             Entry::Documents {
                 shard,
@@ -246,8 +250,10 @@ impl Image {
                             }
                         }
                         LoggedWrite::Append(collection, seq, record) => {
-                            image.log.insert((*collection, *seq), record.clone());
-                            image.last_log_seq = image.last_log_seq.max(*seq);
+                            if log {
+                                image.log.insert((*collection, *seq), record.clone());
+                                image.last_log_seq = image.last_log_seq.max(*seq);
+                            }
                         }
                     }
                 }
@@ -318,12 +324,14 @@ struct Log {
     synced: u64,
     /// Whether index changes become durable (not under [`Mutation::IndexNotDurable`]).
     durable_index: bool,
+    /// Whether change log records become durable (not under [`Mutation::LogNotDurable`]).
+    durable_log: bool,
 }
 
 impl Log {
     fn append(&mut self, entry: Entry) -> Lsn {
         self.last += 1;
-        self.volatile.apply(&entry, true);
+        self.volatile.apply(&entry, true, true);
         self.unsynced.push_back((self.last, entry));
         Lsn(self.last)
     }
@@ -334,7 +342,8 @@ impl Log {
             && *at <= to
         {
             if let Some((_, entry)) = self.unsynced.pop_front() {
-                self.durable.apply(&entry, self.durable_index);
+                self.durable
+                    .apply(&entry, self.durable_index, self.durable_log);
             }
         }
         self.synced = self.synced.max(to);
@@ -419,6 +428,7 @@ impl PowerLossStorage {
                     last: 0,
                     synced: 0,
                     durable_index: mutation != Mutation::IndexNotDurable,
+                    durable_log: mutation != Mutation::LogNotDurable,
                 }),
                 synced_tx: watch::Sender::new(0),
                 mutation,

@@ -27,6 +27,17 @@ impl Shard {
         }
     }
 
+    /// Where this shard's records of `uid` end, as far as it knows: at most its last record's
+    /// position (after a restart, the shard's last position, whatever the collection).
+    pub(crate) fn collection_tip(&self, uid: CollectionUid) -> LogTip {
+        let st = self.lock();
+        let (seq, lsn) = st
+            .collections
+            .get(&uid)
+            .map_or((0, Lsn::ZERO), |cs| cs.log_tip);
+        LogTip { seq, lsn }
+    }
+
     /// A receiver that sees a change whenever a commit appends records of `uid` (in any shard);
     /// `None` if the collection is not attached.
     pub(crate) fn feed_signal(&self, uid: CollectionUid) -> Option<watch::Receiver<()>> {

@@ -2,6 +2,8 @@
 //! lock from the changes and the documents' state before them, each at the shard's next
 //! position, and written in the commit's storage batch.
 
+use std::collections::HashMap;
+
 use crate::engine::{
     CollectionUid,
     change_feed::{ChangeOp, ChangeRecord},
@@ -15,18 +17,24 @@ use crate::storage::{DocumentWrite, StoredDocument};
 pub(super) struct LogAppends {
     /// The last position given out.
     last: u64,
+    /// The shard's time at the commit.
+    now: Millis,
     records: Vec<(CollectionUid, u64, Vec<u8>)>,
-    /// Documents whose expiry this commit logs (slot, position).
+    /// Documents whose expiry this commit logs (slot, position), in the order logged.
     expired: Vec<(u32, u64)>,
+    /// The same, by slot.
+    expired_slots: HashMap<u32, u64>,
 }
 
 impl LogAppends {
-    /// Records to come after position `last`.
-    pub(super) fn after(last: u64) -> Self {
+    /// Records to come after position `last`, appended at shard time `now`.
+    pub(super) fn after(last: u64, now: Millis) -> Self {
         LogAppends {
             last,
+            now,
             records: Vec::new(),
             expired: Vec::new(),
+            expired_slots: HashMap::new(),
         }
     }
 
@@ -49,6 +57,7 @@ impl LogAppends {
             &ChangeRecord {
                 op: ChangeOp::Expire,
                 crts: at,
+                logged_at: self.now,
                 version: meta.version,
                 previous: meta.seq,
                 ttl: meta.ttl,
@@ -57,15 +66,13 @@ impl LogAppends {
             },
         );
         self.expired.push((slot, seq));
+        self.expired_slots.insert(slot, seq);
         seq
     }
 
     /// The position of the expiry this commit logs for the document in `slot`, if any.
     pub(super) fn expired_at(&self, slot: u32) -> Option<u64> {
-        self.expired
-            .iter()
-            .find(|&&(s, _)| s == slot)
-            .map(|&(_, seq)| seq)
+        self.expired_slots.get(&slot).copied()
     }
 
     /// Logs a new version; returns its position.
@@ -75,6 +82,7 @@ impl LogAppends {
             &ChangeRecord {
                 op,
                 crts: doc.last_write,
+                logged_at: self.now.max(doc.last_write),
                 version: doc.version,
                 previous,
                 ttl: doc.ttl,
@@ -91,6 +99,7 @@ impl LogAppends {
             &ChangeRecord {
                 op: ChangeOp::Delete,
                 crts: at,
+                logged_at: self.now,
                 version: meta.version,
                 previous: meta.seq,
                 ttl: meta.ttl,
@@ -105,11 +114,12 @@ impl LogAppends {
         &self.expired
     }
 
-    /// The collections records were appended for (each once).
-    pub(super) fn collections(&self) -> Vec<CollectionUid> {
-        let mut out: Vec<CollectionUid> = self.records.iter().map(|r| r.0).collect();
-        out.sort_unstable();
-        out.dedup();
+    /// The collections records were appended for, each once, with its last position.
+    pub(super) fn collections(&self) -> HashMap<CollectionUid, u64> {
+        let mut out = HashMap::new();
+        for &(uid, seq, _) in &self.records {
+            out.insert(uid, seq);
+        }
         out
     }
 

@@ -208,6 +208,7 @@ impl Shard {
                 head_due: None,
                 feed: info.settings.change_feed_retention().is_on(),
                 feed_signal: feed_signal.clone(),
+                log_tip: (0, Lsn::ZERO),
             },
         );
     }

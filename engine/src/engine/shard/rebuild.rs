@@ -106,6 +106,11 @@ impl Shard {
             }
         }
         st.log_seq = self.store.change_log().last_log_seq()?;
+        // What storage holds is durable; readers look for each collection's records up to
+        // the shard's last position once.
+        for cs in st.collections.values_mut() {
+            cs.log_tip = (st.log_seq, Lsn::ZERO);
+        }
         // Shard time never runs behind a stored write, even if the wall clock stepped back
         // across the restart: nothing stored can come back to life.
         st.advance_to(latest);

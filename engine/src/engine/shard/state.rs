@@ -5,6 +5,7 @@
 use super::*;
 use super::{log_appends::LogAppends, purge_batch::mark_due};
 use crate::engine::{change_feed::ChangeOp, feed::FeedScope};
+use std::collections::HashSet;
 
 #[derive(Debug)]
 pub(crate) struct ShardState {
@@ -73,6 +74,9 @@ pub(crate) struct CollectionShard {
     pub(super) feed: bool,
     /// Tells the collection's feed readers (in every shard) that records were appended.
     pub(super) feed_signal: Arc<tokio::sync::watch::Sender<()>>,
+    /// The last position this shard appended a record of this collection at, and where
+    /// that commit is in storage: readers of a quiet collection do not wake for others'.
+    pub(super) log_tip: (u64, Lsn),
 }
 
 impl CollectionShard {
@@ -165,7 +169,7 @@ pub(in crate::engine) enum RemoveCause {
 }
 
 /// Expiries a commit logs before its own changes, at most (see [`ShardState::drain_due`]).
-const DRAIN_BUDGET: usize = 1024;
+const DRAIN_BUDGET: usize = 256;
 
 /// What a settings change installs in each shard, at one instant.
 #[derive(Debug, Clone)]
@@ -283,7 +287,7 @@ impl ShardState {
             Some(now) => self.requests.due(now),
             None => Vec::new(),
         };
-        let mut log = LogAppends::after(self.log_seq);
+        let mut log = LogAppends::after(self.log_seq, self.last_now);
         for &(slot, at) in &drained {
             let meta = self.docs.get(slot);
             if self
@@ -344,13 +348,16 @@ impl ShardState {
             .collect();
         writes.extend(log.writes());
         // A logged expiry is kept with the document, unless this commit rewrites or removes it.
+        let replaced: HashSet<u32> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Put { slot, .. } => *slot,
+                Change::Remove { slot, .. } => Some(*slot),
+                _ => None,
+            })
+            .collect();
         for &(slot, seq) in log.expired() {
-            let replaced = changes.iter().any(|c| match c {
-                Change::Put { slot: s, .. } => *s == Some(slot),
-                Change::Remove { slot: s, .. } => *s == slot,
-                _ => false,
-            });
-            if !replaced {
+            if !replaced.contains(&slot) {
                 let meta = self.docs.get(slot);
                 writes.push(DocumentWrite::ExpiryLogged {
                     collection: meta.collection,
@@ -380,8 +387,9 @@ impl ShardState {
         if log.last() != self.log_seq {
             self.log_seq = log.last();
             self.log_lsn = lsn;
-            for uid in log.collections() {
-                if let Some(cs) = self.collections.get(&uid) {
+            for (uid, last) in log.collections() {
+                if let Some(cs) = self.collections.get_mut(&uid) {
+                    cs.log_tip = (last, lsn);
                     cs.feed_signal.send_replace(());
                 }
             }

@@ -577,7 +577,23 @@ async fn retention_removes_old_events_and_a_reader_behind_it_is_told() {
 
 #[tokio::test]
 async fn memory_storage_keeps_at_most_its_cap_of_events() {
-    let storage = Arc::new(MemoryStorage::new().with_feed_cap(5));
+    // Five records of partition "p" (ids d0..d7 encode to the same size).
+    let record = {
+        let mut bytes = Vec::new();
+        ChangeRecord {
+            op: ChangeOp::Create,
+            crts: T0,
+            logged_at: T0,
+            version: 1,
+            previous: 0,
+            ttl: None,
+            key: key("p", "d0"),
+            body: Some(doc("d0", None).into_stored().0),
+        }
+        .encode(&mut bytes);
+        bytes.len() + 48
+    };
+    let storage = Arc::new(MemoryStorage::new().with_feed_cap(5 * record + record / 2));
     let f = Fixture::with_storage(Some(-1), storage);
     let start = f.engine.change_feed_token(&open(
         &f.engine,
@@ -602,4 +618,42 @@ async fn memory_storage_keeps_at_most_its_cap_of_events() {
         .open_change_feed(&f.path, None, None, ChangeFeedStart::Continuation(start))
         .expect_err("behind the cap");
     assert!(matches!(err, Error::ChangesTrimmed { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_continuation_from_before_the_feed_was_turned_off_and_on_is_refused() {
+    let f = Fixture::new(Some(-1));
+    f.create("a", None);
+    let mut cursor = open(&f.engine, &f.path, ChangeFeedMode::AllVersionsAndDeletes);
+    assert_eq!(drain(&f.engine, &mut cursor, 10).await.len(), 1);
+    let token = f.engine.change_feed_token(&cursor);
+    set_retention(&f, 0);
+    f.create("unlogged", None);
+    f.advance(SEC);
+    set_retention(&f, 3600);
+    f.create("b", None);
+    let err = f
+        .engine
+        .open_change_feed(&f.path, None, None, ChangeFeedStart::Continuation(token))
+        .expect_err("the feed has a gap");
+    assert!(
+        matches!(err, Error::FeedRestarted { since } if since == T0 + SEC),
+        "{err}"
+    );
+    // A stream open across the change ends at its next page.
+    let next = f
+        .engine
+        .change_feed_page(&f.path, &cursor, 10, QueryReads::unlimited());
+    assert!(
+        matches!(next.result, Err(Error::FeedRestarted { .. })),
+        "{:?}",
+        next.result.map(|p| p.events.len())
+    );
+    // From the beginning: what was logged, nothing of the gap.
+    let ids: Vec<String> = history(&f.engine, &f.path)
+        .await
+        .iter()
+        .map(|e| e.record.key.id.as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
 }

@@ -111,6 +111,7 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
             "termsLayout": TERMS_LAYOUT,
         },
         "changeFeedRetention": info.settings.change_feed_retention().secs(),
+        "changeFeedSince": info.settings.change_feed_since(),
         "mustLive": info.must_live.rules().iter().map(|rule| json!({
             "path": rule.path(),
             "values": rule.values(),
@@ -147,7 +148,8 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
     };
     let settings = CollectionSettings::new(default_ttl, indexing_mode)
         .map_err(|_| bad("settings"))?
-        .with_change_feed_retention(retention);
+        .with_change_feed_retention(retention)
+        .with_change_feed_since(record["changeFeedSince"].as_u64().unwrap_or(0));
     // Absent in records written before expired marks existed: nothing was marked then.
     let marks = &record["expiredThrough"];
     let mark = |field: &str| match &marks[field] {

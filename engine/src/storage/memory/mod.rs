@@ -7,7 +7,7 @@ use std::{
     ops::Bound,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
 };
 
@@ -23,14 +23,16 @@ use super::{
 };
 use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
-/// Change log records a memory shard keeps per collection when no other cap is given.
-pub const DEFAULT_FEED_MEMORY_RECORDS: usize = 1_000_000;
+/// Bytes of change log records a memory shard keeps when no other cap is given.
+pub const DEFAULT_FEED_MEMORY_BYTES: usize = 256 * 1024 * 1024;
+/// What a kept record costs besides its bytes (its position and the queue's slot).
+const RECORD_OVERHEAD: usize = 48;
 
 /// Keeps every document in ordered maps, one set per engine shard.
 #[derive(Debug)]
 pub struct MemoryStorage {
     shards: Mutex<HashMap<usize, Arc<MemoryShard>>>,
-    /// Change log records kept per collection and shard: the oldest go first (see
+    /// Bytes of change log records kept per shard: the oldest go first (see
     /// [`MemoryStorage::with_feed_cap`]).
     feed_cap: usize,
     /// Where uids start (see [`StoredCatalog::last_uid`]): a random point, so that a server
@@ -45,7 +47,7 @@ impl Default for MemoryStorage {
         getrandom::fill(&mut seed).expect("the OS random source works");
         MemoryStorage {
             shards: Mutex::default(),
-            feed_cap: DEFAULT_FEED_MEMORY_RECORDS,
+            feed_cap: DEFAULT_FEED_MEMORY_BYTES,
             // Below 2^62: room for more uids than any run hands out.
             uids_after: u64::from_le_bytes(seed) >> 2,
         }
@@ -58,12 +60,12 @@ impl MemoryStorage {
         Self::default()
     }
 
-    /// The same store keeping at most `records` change log records per collection in each
-    /// shard (at least 1): past that, the oldest are removed as retention would remove them,
-    /// and a reader behind them is told so.
-    pub fn with_feed_cap(self, records: usize) -> Self {
+    /// The same store keeping at most about `bytes` of change log records in each shard (at
+    /// least the newest record): past that, the oldest records of the shard go first, as
+    /// retention would remove them, and a reader behind them is told so.
+    pub fn with_feed_cap(self, bytes: usize) -> Self {
         MemoryStorage {
-            feed_cap: records.max(1),
+            feed_cap: bytes,
             ..self
         }
     }
@@ -127,12 +129,44 @@ struct Collection {
 }
 
 impl Collection {
-    /// Removes the `n` oldest log records.
-    fn drop_log_front(&mut self, n: usize) {
+    /// Removes the `n` oldest log records; returns the bytes they held.
+    fn drop_log_front(&mut self, n: usize) -> usize {
         if let Some(&(seq, _)) = n.checked_sub(1).and_then(|last| self.log.get(last)) {
             self.log_floor = self.log_floor.max(seq + 1);
         }
-        self.log.drain(..n);
+        self.log.drain(..n).map(|(_, r)| record_bytes(&r)).sum()
+    }
+
+    /// Bytes its log holds.
+    fn log_bytes(&self) -> usize {
+        self.log.iter().map(|(_, r)| record_bytes(r)).sum()
+    }
+}
+
+/// What a kept record costs.
+fn record_bytes(record: &Bytes) -> usize {
+    record.len() + RECORD_OVERHEAD
+}
+
+/// Removes the shard's oldest records (of whichever collection holds the oldest) until its
+/// log holds at most `cap` bytes, keeping the newest record.
+fn enforce_feed_cap(
+    collections: &mut HashMap<CollectionUid, Collection>,
+    held: &mut usize,
+    cap: usize,
+) {
+    while *held > cap {
+        let oldest = collections
+            .iter_mut()
+            .filter_map(|(_, c)| Some((c.log.front()?.0, c)))
+            .min_by_key(|(seq, _)| *seq);
+        match oldest {
+            // The newest record stays, whatever its size.
+            Some((_, c)) if *held > c.log.front().map_or(0, |(_, r)| record_bytes(r)) => {
+                *held -= c.drop_log_front(1);
+            }
+            _ => break,
+        }
     }
 }
 
@@ -175,8 +209,10 @@ struct MemoryShard {
     collections: Mutex<HashMap<CollectionUid, Collection>>,
     /// The highest log position appended.
     last_log_seq: AtomicU64,
-    /// Log records kept per collection (see [`MemoryStorage::with_feed_cap`]).
+    /// Bytes of log records kept (see [`MemoryStorage::with_feed_cap`]).
     feed_cap: usize,
+    /// Bytes of log records held (changed under the `collections` lock).
+    log_bytes: AtomicUsize,
 }
 
 impl ShardStore for MemoryShard {
@@ -225,11 +261,15 @@ impl ShardStore for MemoryShard {
                 } => {
                     let last = self.last_log_seq.fetch_max(seq, Ordering::Relaxed);
                     debug_assert!(seq > last, "log positions increase");
-                    let c = collections.entry(collection).or_default();
-                    c.log.push_back((seq, Bytes::copy_from_slice(record)));
-                    if let Some(over) = c.log.len().checked_sub(self.feed_cap.max(1)) {
-                        c.drop_log_front(over);
-                    }
+                    let record = Bytes::copy_from_slice(record);
+                    let mut held = self.log_bytes.load(Ordering::Relaxed) + record_bytes(&record);
+                    collections
+                        .entry(collection)
+                        .or_default()
+                        .log
+                        .push_back((seq, record));
+                    enforce_feed_cap(&mut collections, &mut held, self.feed_cap);
+                    self.log_bytes.store(held, Ordering::Relaxed);
                 }
             }
         }
@@ -351,7 +391,12 @@ impl ShardStore for MemoryShard {
     }
 
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
-        let dropped = self.collections.lock().remove(&collection);
+        let mut collections = self.collections.lock();
+        let dropped = collections.remove(&collection);
+        if let Some(c) = &dropped {
+            self.log_bytes.fetch_sub(c.log_bytes(), Ordering::Relaxed);
+        }
+        drop(collections);
         // Free the documents after releasing the lock.
         drop(dropped);
         Ok(())
@@ -392,7 +437,8 @@ impl ChangeLog for MemoryShard {
             return Ok(0);
         };
         let n = c.log.partition_point(|(seq, _)| *seq < below).min(limit);
-        c.drop_log_front(n);
+        let freed = c.drop_log_front(n);
+        self.log_bytes.fetch_sub(freed, Ordering::Relaxed);
         Ok(n)
     }
 
