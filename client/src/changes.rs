@@ -88,7 +88,7 @@ impl Change {
         Change {
             kind,
             lsn: e.lsn,
-            shard: e.shard,
+            shard: e.shard.unwrap_or(0),
             committed_at: e.crts.map_or(UNIX_EPOCH, system_time),
             previous_lsn: e.previous_lsn,
             id: e.id,

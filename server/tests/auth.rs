@@ -893,3 +893,55 @@ async fn a_token_grants_nothing_on_a_resource_created_again_under_its_name() {
         old.message()
     );
 }
+
+/// A change feed stream waiting for changes is authorized again every second: regenerating
+/// the key it was opened with ends it, though nothing is written.
+#[tokio::test]
+async fn a_regenerated_key_ends_the_change_feeds_it_opened() {
+    let (_dir, _server, mut c, primary, _) = secured().await;
+    let secondary = c
+        .admin
+        .regenerate_key(with(
+            Some(&primary),
+            RegenerateKeyRequest {
+                kind: KeyKind::Secondary as i32,
+            },
+        ))
+        .await
+        .expect("regenerated")
+        .into_inner()
+        .key;
+    let mut events = c
+        .documents
+        .change_feed(with(
+            Some(&primary),
+            ChangeFeedRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("opens")
+        .into_inner();
+    events
+        .message()
+        .await
+        .expect("the first message")
+        .expect("open");
+    c.admin
+        .regenerate_key(with(
+            Some(&secondary),
+            RegenerateKeyRequest {
+                kind: KeyKind::Primary as i32,
+            },
+        ))
+        .await
+        .expect("regenerated");
+    // Within its next check (a second), not at its next heartbeat (ten).
+    let ended = tokio::time::timeout(Duration::from_secs(5), events.message())
+        .await
+        .expect("ended within 5 s")
+        .expect_err("refused");
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+}

@@ -124,7 +124,7 @@ fn event(
         id: r.key.id.as_str().to_owned(),
         partition_key: Some(convert::partition_key_proto(&r.key.partition_key)),
         document,
-        shard: e.shard as u32,
+        shard: Some(e.shard as u32),
     }
 }
 

@@ -320,19 +320,21 @@ impl<S: PageSource> Call<S> {
                 return Err(to_status(reason));
             }
             self.grant.check()?;
-            // A page due anyway (a finite stream's, or a heartbeat) is computed at once.
-            if !self.source.heartbeat_due() {
-                let engine = self.service.engine()?;
-                match self.source.ready(&engine, &at, RECHECK_WAITING).await {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    // A collection deleted meanwhile is the grant's NOT_FOUND.
-                    Err(e) => {
-                        self.grant.check()?;
-                        return Err(to_status(e));
-                    }
+            // A page due anyway (a finite stream's, a first, or a heartbeat) is computed at
+            // once, with what is ready by then; else the stream waits for something to send.
+            let due = self.source.heartbeat_due();
+            let wait = if due { Duration::ZERO } else { RECHECK_WAITING };
+            let engine = self.service.engine()?;
+            match self.source.ready(&engine, &at, wait).await {
+                Ok(ready) if ready || due => {}
+                Ok(_) => continue,
+                // A collection deleted meanwhile is the grant's NOT_FOUND.
+                Err(e) => {
+                    self.grant.check()?;
+                    return Err(to_status(e));
                 }
             }
+            drop(engine);
             let (page, charge, next) = self.compute(at.clone()).await?;
             match next {
                 Some(next) if !self.source.send_empty(&page) => at = next,
