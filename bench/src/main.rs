@@ -13,6 +13,7 @@
 //! It drives the generated gRPC client with prebuilt bodies (not the higher-level `mayfly-client`
 //! wrapper) so that, sharing a machine with the server, it spends as little CPU as it can.
 
+mod changefeed;
 mod counter;
 mod cpu;
 mod etcd;
@@ -74,6 +75,11 @@ enum Workload {
     /// Increment counters: patch incr versus read-modify-write, on one hot document and on
     /// --counters documents.
     Counter,
+    /// --subscribers change feed consumers while writes come at --rate/s for --duration s
+    /// (--expire-percent of them with a 1 s ttl): delivery latency of write and expiry events.
+    Changefeed,
+    /// Write --documents, then read the change feed from the beginning: catch-up events/s.
+    ChangefeedCatchUp,
     /// Start --server-bin on a new --data-dir and run mixed load with expiry storms and
     /// stalled clients for --duration seconds, printing the server's RSS every minute.
     Soak,
@@ -159,6 +165,20 @@ struct Args {
     /// a day, if not given): what the feed costs a write is this at 0 against the default.
     #[arg(long)]
     feed_retention: Option<i64>,
+    /// Change feed consumers (`changefeed`).
+    #[arg(long, default_value_t = 10)]
+    subscribers: usize,
+    /// Change feed consumers that open their stream and never read it (`changefeed`): what a
+    /// stalled consumer costs the server.
+    #[arg(long, default_value_t = 0)]
+    idle_subscribers: usize,
+    /// Writes offered per second (`changefeed`).
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Percentage of `changefeed`'s writes with a 1 s ttl, whose expiry events come back
+    /// during the run.
+    #[arg(long, default_value_t = 50)]
+    expire_percent: u8,
     /// Properties per document (at least 5: id, pk, payload, n, g; the rest small scalars).
     #[arg(long, default_value_t = 5)]
     properties: usize,
@@ -255,6 +275,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Workload::Expiry => bench.expiry().await?,
         Workload::Counter => bench.counters().await?,
+        Workload::Changefeed => bench.changefeed().await?,
+        Workload::ChangefeedCatchUp => bench.changefeed_catch_up().await?,
         Workload::Query => {
             bench.preload().await?;
             bench.queries().await?

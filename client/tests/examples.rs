@@ -57,3 +57,8 @@ fn idempotency_keys_and_rate_limiter_run() {
 fn shopping_cart_runs() {
     run("shopping_cart", &["--idle-secs", "1"]);
 }
+
+#[test]
+fn cache_sync_runs() {
+    run("cache_sync", &[]);
+}

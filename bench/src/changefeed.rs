@@ -1,0 +1,237 @@
+//! Change feed workloads (issue 27).
+//!
+//! `changefeed`: --subscribers consumers follow the collection (all versions and deletes) while
+//! writes come at --rate per second for --duration seconds, --expire-percent of them with a 1 s
+//! ttl (their expiry events come back during the run), the rest with --ttl. Prints the delivery
+//! latency of write events (commit instant → each subscriber) and of expiry events (expiry
+//! instant → each subscriber), p50/p99/max, and the write rate reached. The server's clock
+//! stamps each event (`crts`, in ms) and this machine's clock reads it on arrival: run the
+//! server on the same machine.
+//!
+//! `changefeed-catch-up`: --documents writes, then one consumer reads the feed from the
+//! beginning: events per second.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use hdrhistogram::Histogram;
+use mayfly_proto::v1::{self, ChangeFeedRequest, oneofs::ChangeFeedStart};
+use std::sync::Mutex as StdMutex;
+use tokio::sync::Semaphore;
+
+use crate::{Bench, DATABASE, now_ms};
+
+/// Delivery latencies, in ms, by kind of event.
+struct Latencies {
+    writes: StdMutex<Histogram<u64>>,
+    expiries: StdMutex<Histogram<u64>>,
+}
+
+fn print_latency(what: &str, h: &Histogram<u64>) {
+    if h.is_empty() {
+        println!("{what}: no events");
+        return;
+    }
+    println!(
+        "{what}: {} events delivered, latency p50 {} ms, p99 {} ms, max {} ms",
+        h.len(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.max()
+    );
+}
+
+impl Bench {
+    fn change_feed_request(&self, start: ChangeFeedStart) -> ChangeFeedRequest {
+        ChangeFeedRequest {
+            database: DATABASE.into(),
+            collection: self.collection.clone(),
+            mode: v1::ChangeFeedMode::AllVersionsAndDeletes as i32,
+            start: Some(start),
+            max_events: 1000,
+            ..Default::default()
+        }
+    }
+
+    /// See the module documentation.
+    pub(crate) async fn changefeed(self: &Arc<Self>) -> Result<(), Box<dyn std::error::Error>> {
+        let latencies = Arc::new(Latencies {
+            writes: StdMutex::new(Histogram::new(3)?),
+            expiries: StdMutex::new(Histogram::new(3)?),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut subscribers = Vec::new();
+        for i in 0..self.args.subscribers {
+            let mut client = self.documents(i);
+            let mut events = client
+                .change_feed(self.change_feed_request(ChangeFeedStart::Now(())))
+                .await?
+                .into_inner();
+            let (latencies, stop) = (latencies.clone(), stop.clone());
+            subscribers.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(Ok(Some(message))) =
+                        tokio::time::timeout(Duration::from_secs(1), events.message()).await
+                    else {
+                        continue;
+                    };
+                    let arrived = now_ms();
+                    for event in message.events {
+                        let Some(crts) = event.crts else { continue };
+                        let at = (crts.seconds.max(0) as u64) * 1_000
+                            + (crts.nanos.max(0) as u64) / 1_000_000;
+                        let lag = arrived.saturating_sub(at);
+                        let h = if event.time_to_live_expired {
+                            &latencies.expiries
+                        } else {
+                            &latencies.writes
+                        };
+                        let _ = h.lock().expect("not poisoned").record(lag);
+                    }
+                }
+            }));
+        }
+        // Opened and never read: each holds what the server sent until its stream window filled.
+        // On connections of their own, 20 to one, with room for all of them: sharing the
+        // writers' connections, their unread data would stall the writers' answers (HTTP/2's
+        // window is per connection too), which is the load generator's problem, not the
+        // server's.
+        let mut idle = Vec::with_capacity(self.args.idle_subscribers);
+        let mut idle_channels = Vec::new();
+        for i in 0..self.args.idle_subscribers {
+            if i % 20 == 0 {
+                idle_channels.push(
+                    tonic::transport::Endpoint::from_shared(format!("http://{}", self.args.addr))?
+                        .initial_connection_window_size(32 * 1024 * 1024)
+                        .connect()
+                        .await?,
+                );
+            }
+            let channel = idle_channels.last().expect("made above").clone();
+            let mut client = v1::client::DocumentsClient::with_interceptor(
+                channel,
+                crate::KeyHeader::of(&self.args),
+            );
+            idle.push(
+                client
+                    .change_feed(self.change_feed_request(ChangeFeedStart::Now(())))
+                    .await?
+                    .into_inner(),
+            );
+        }
+        if !idle.is_empty() {
+            println!("# {} idle subscribers opened", idle.len());
+        }
+        // Writes at --rate per second, --concurrency in flight at most.
+        let rate = self.args.rate.max(1);
+        let expiring = self.args.expire_percent.min(100) as u64;
+        let in_flight = Arc::new(Semaphore::new(self.args.concurrency.max(1)));
+        let written = Arc::new(AtomicU64::new(0));
+        let behind = Arc::new(AtomicU64::new(0));
+        let cpu = self.cpu().start().await;
+        let started = Instant::now();
+        let duration = Duration::from_secs(self.args.duration);
+        let mut n = 0u64;
+        while started.elapsed() < duration {
+            let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+            while n < due {
+                let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                    // Offered faster than the server answers: counted, not queued.
+                    behind.fetch_add(due - n, Ordering::Relaxed);
+                    n = due;
+                    break;
+                };
+                let ttl = if n % 100 < expiring { 1 } else { self.args.ttl };
+                let request = self.create_request(n, ttl);
+                let mut client = self.documents(n as usize);
+                let written = written.clone();
+                tokio::spawn(async move {
+                    if client.create_document(request).await.is_ok() {
+                        written.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(permit);
+                });
+                n += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let writes = written.load(Ordering::Relaxed);
+        cpu.report("write-with-ttl under the feed", writes).await;
+        // The last expiries (1 s ttl) and their events.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        stop.store(true, Ordering::Relaxed);
+        for s in subscribers {
+            s.await?;
+        }
+        println!(
+            "writes: {writes} acknowledged in {elapsed:.1} s ({:.0}/s; offered {rate}/s, {} not sent: --concurrency {} in flight were busy)",
+            writes as f64 / elapsed,
+            behind.load(Ordering::Relaxed),
+            self.args.concurrency
+        );
+        println!(
+            "subscribers: {} reading, {} never reading",
+            self.args.subscribers, self.args.idle_subscribers
+        );
+        if let Some(addr) = self.args.metrics {
+            let after = crate::metrics::scrape(addr).await?;
+            println!(
+                "server resident memory at the end: {:.0} MiB",
+                after.value("mayfly_process_resident_memory_bytes") / (1024.0 * 1024.0)
+            );
+        }
+        drop(idle);
+        print_latency(
+            "write events, commit → subscriber",
+            &latencies.writes.lock().expect("not poisoned"),
+        );
+        print_latency(
+            "expiry events, expiry instant → subscriber",
+            &latencies.expiries.lock().expect("not poisoned"),
+        );
+        Ok(())
+    }
+
+    /// See the module documentation.
+    pub(crate) async fn changefeed_catch_up(
+        self: &Arc<Self>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let k = self.args.documents;
+        let started = Instant::now();
+        self.load(k, Arc::new(|_| 86_400)).await?;
+        println!(
+            "# wrote {k} documents in {:.1} s ({:.0}/s)",
+            started.elapsed().as_secs_f64(),
+            k as f64 / started.elapsed().as_secs_f64()
+        );
+        let cpu = self.cpu().start().await;
+        let started = Instant::now();
+        let mut events = self
+            .documents(0)
+            .change_feed(self.change_feed_request(ChangeFeedStart::Beginning(())))
+            .await?
+            .into_inner();
+        let mut seen = 0u64;
+        while seen < k {
+            let message = tokio::time::timeout(Duration::from_secs(30), events.message())
+                .await
+                .map_err(|_| "no event for 30 s")??
+                .ok_or("the feed ended")?;
+            seen += message.events.len() as u64;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        cpu.report("change feed event read from the beginning", seen)
+            .await;
+        println!(
+            "catch-up: {seen} events from the beginning in {secs:.2} s ({:.0} events/s)",
+            seen as f64 / secs
+        );
+        Ok(())
+    }
+}
