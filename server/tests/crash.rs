@@ -8,7 +8,10 @@
 //! - acknowledged deletes stay deleted;
 //! - a write in flight at the kill is either wholly there or wholly absent;
 //! - a query answered from the index returns exactly the live documents, at the versions just
-//!   read back (the index entries were written and removed in the documents' own batches).
+//!   read back (the index entries were written and removed in the documents' own batches);
+//! - at the end, the change feed from its beginning has an event for every acknowledged write,
+//!   once, its positions never repeat or go backwards in a shard, and resuming it from a
+//!   continuation sees exactly the rest.
 //!
 //! The seed is printed; `MAYFLY_CRASH_SEED` replays it, `MAYFLY_CRASH_ROUNDS` sets the rounds.
 
@@ -23,10 +26,11 @@ use std::{
 use mayfly_proto::{
     json::JsonObject,
     v1::{
-        CreateCollectionRequest, CreateDatabaseRequest, DeleteDocumentRequest, Document,
-        PartitionKey, QueryRequest, ReadDocumentRequest, UpsertDocumentRequest,
+        ChangeEvent, ChangeFeedMode, ChangeFeedRequest, CreateCollectionRequest,
+        CreateDatabaseRequest, DeleteDocumentRequest, Document, PartitionKey, QueryRequest,
+        ReadDocumentRequest, UpsertDocumentRequest,
         client::{CollectionsClient, DatabasesClient, DocumentsClient},
-        oneofs::PartitionKeyKind,
+        oneofs::{ChangeFeedStart, PartitionKeyKind},
     },
 };
 use serde_json::{Map, json};
@@ -94,6 +98,8 @@ struct Expected {
     /// acknowledged, if `written` is false).
     acked: Option<Version>,
     written: bool,
+    /// The etag of every acknowledged upsert of this id, in order.
+    etags: Vec<String>,
     /// A write sent but not answered when the server died.
     in_flight: Option<InFlight>,
 }
@@ -227,6 +233,7 @@ async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: 
                 assert_eq!(version.ttl, ttl.map(|t| t as i32));
                 let mut ledger = ledger.lock().expect("ledger");
                 let entry = ledger.get_mut(&id).expect("entry");
+                entry.etags.push(version.etag.clone());
                 entry.acked = Some(version);
                 entry.written = true;
                 entry.in_flight = None;
@@ -236,6 +243,78 @@ async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: 
         }
     }
     acked
+}
+
+/// Every event of the change feed from a start, read until none comes for 2 s (the server is
+/// idle, and the feed sends what it has at once), with the continuation after each message.
+async fn read_feed(channel: Channel, start: ChangeFeedStart) -> Vec<(ChangeEvent, String)> {
+    let mut stream = DocumentsClient::new(channel)
+        .change_feed(ChangeFeedRequest {
+            database: DATABASE.into(),
+            collection: COLLECTION.into(),
+            mode: ChangeFeedMode::AllVersionsAndDeletes as i32,
+            start: Some(start),
+            max_events: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("the feed opens")
+        .into_inner();
+    let mut out = Vec::new();
+    while let Ok(message) = tokio::time::timeout(Duration::from_secs(2), stream.message()).await {
+        let message = message
+            .expect("the feed reads")
+            .expect("the feed stays open");
+        for event in message.events {
+            out.push((event, message.continuation.clone()));
+        }
+    }
+    out
+}
+
+/// The change feed after the last restart: every acknowledged write has its event, once;
+/// positions never repeat or go backwards within a shard; a continuation resumes exactly
+/// after its message. Returns the events checked.
+async fn verify_feed(channel: Channel, ledger: &Ledger) -> usize {
+    let events = read_feed(channel.clone(), ChangeFeedStart::Beginning(())).await;
+    let mut last: HashMap<u32, u64> = HashMap::new();
+    let mut written: HashMap<String, usize> = HashMap::new();
+    for (event, _) in &events {
+        let shard = event.shard.expect("every event names its shard");
+        if let Some(&before) = last.get(&shard) {
+            assert!(
+                event.lsn > before,
+                "shard {shard}: position {} after {before}",
+                event.lsn
+            );
+        }
+        last.insert(shard, event.lsn);
+        if let Some(doc) = &event.document {
+            *written.entry(doc.etag.clone()).or_default() += 1;
+        }
+    }
+    for (id, expected) in ledger.lock().expect("ledger").iter() {
+        for etag in &expected.etags {
+            assert_eq!(
+                written.get(etag),
+                Some(&1),
+                "acknowledged write {etag} of {id}: not once in the change feed"
+            );
+        }
+    }
+    // Resumed after the first message: exactly what came after it.
+    if let Some(i) = events.iter().position(|(_, token)| *token != events[0].1) {
+        let token = events[i - 1].1.clone();
+        let rest = read_feed(channel, ChangeFeedStart::Continuation(token)).await;
+        let key = |(e, _): &(ChangeEvent, String)| (e.shard, e.lsn);
+        // Shards interleave differently from read to read: compared as sets.
+        let mut want: Vec<_> = events[i..].iter().map(key).collect();
+        let mut got: Vec<_> = rest.iter().map(key).collect();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want, "resumed after the first message");
+    }
+    events.len()
 }
 
 #[derive(Debug, Default)]
@@ -463,18 +542,20 @@ async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
     let server = support::Mayfly::start(&data, &[]);
     let channel = support::clients::channel(&server.url()).await;
     let checked = verify(channel.clone(), &ledger, killed_at).await;
-    totals.queried += verify_query(channel, &ledger).await;
+    totals.queried += verify_query(channel.clone(), &ledger).await;
     totals.present += checked.present;
     totals.expired += checked.expired;
     totals.deleted += checked.deleted;
     totals.resolved_in_flight += checked.resolved_in_flight;
+    let events = verify_feed(channel, &ledger).await;
     drop(server);
 
     let ids = ledger.lock().expect("ledger").len();
     eprintln!(
         "crash test: {rounds} SIGKILL rounds, {acked_total} acknowledged writes over {ids} ids; \
          checks after restarts: {} present exactly as acknowledged, {} expired and invisible, \
-         {} deleted and absent, {} in-flight writes resolved; {} index query results checked",
+         {} deleted and absent, {} in-flight writes resolved; {} index query results checked; \
+         {events} change feed events checked",
         totals.present, totals.expired, totals.deleted, totals.resolved_in_flight, totals.queried
     );
     assert!(acked_total > 0, "the load must have written something");
