@@ -1,24 +1,18 @@
 //! The change feed end to end: the real client against a real server over gRPC on
 //! 127.0.0.1:0, with real clocks.
 
+#[path = "support/embedded.rs"]
+mod embedded;
+
+use embedded::start;
+
 use std::time::{Duration, SystemTime};
 
 use mayfly_client::{
     ChangeKind, ChangeStream, Client, Collection, CollectionSettings, DefaultTtl, DocumentTtl,
     Error, Reason, StartFrom,
 };
-use mayfly_server::RunningServer;
 use serde_json::json;
-
-async fn start() -> (RunningServer, Client) {
-    let server = RunningServer::start(Default::default())
-        .await
-        .expect("server starts");
-    let client = Client::connect(server.local_addr().to_string())
-        .await
-        .expect("client connects");
-    (server, client)
-}
 
 async fn collection(client: &Client, name: &str, ttl: DefaultTtl) -> Collection {
     let db = match client.create_database("db").await {

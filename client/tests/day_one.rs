@@ -5,6 +5,11 @@
 //! named when unset; `StreamExt` from the client crate. Each test runs its own server on
 //! 127.0.0.1:0.
 
+#[path = "support/embedded.rs"]
+mod embedded;
+
+use embedded::start;
+
 use std::{process::Command, time::Duration};
 
 // The point: no `tokio_stream` import.
@@ -16,16 +21,6 @@ use mayfly_client::{
 use mayfly_server::RunningServer;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-
-async fn start() -> (RunningServer, Client) {
-    let server = RunningServer::start(Default::default())
-        .await
-        .expect("server starts");
-    let client = Client::connect(server.local_addr().to_string())
-        .await
-        .expect("client connects");
-    (server, client)
-}
 
 async fn collection(client: &Client, partition_key_path: &str) -> Collection {
     client

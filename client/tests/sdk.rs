@@ -3,6 +3,11 @@
 //! one table of outcomes, patch and transactional batch. Each test runs its own server on
 //! 127.0.0.1:0.
 
+#[path = "support/embedded.rs"]
+mod embedded;
+
+use embedded::start;
+
 use std::{
     io,
     sync::Arc,
@@ -15,19 +20,8 @@ use mayfly_client::{
     Lifetime, PartitionKey, PatchOps, PatchOutcome, Reason, ReplaceOutcome, TouchOutcome,
     UpdateOutcome,
 };
-use mayfly_server::RunningServer;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-
-async fn start() -> (RunningServer, Client) {
-    let server = RunningServer::start(Default::default())
-        .await
-        .expect("server starts");
-    let client = Client::connect(server.local_addr().to_string())
-        .await
-        .expect("client connects");
-    (server, client)
-}
 
 async fn collection(client: &Client, ttl: DefaultTtl) -> Collection {
     let db = client
