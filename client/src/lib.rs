@@ -133,6 +133,7 @@ mod batch;
 mod changes;
 mod client;
 mod collection;
+mod consumer_group;
 mod document;
 mod error;
 mod feed;
@@ -152,6 +153,7 @@ pub use client::{Client, ClientBuilder, CreateCollection, Database, EnsureCollec
 pub use collection::{
     Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths, MustLiveRule,
 };
+pub use consumer_group::{ClaimedRange, ConsumerGroup};
 pub use document::{
     DeleteOutcome, Document, Item, Lifetime, PartitionKey, ReplaceOutcome, TouchOutcome,
     UpdateOutcome, UpsertOutcome,

@@ -245,3 +245,89 @@ async fn a_collection_without_a_feed_refuses_consumers() {
     assert!(matches!(err, Error::PreconditionFailed(_)), "{err}");
     assert_eq!(err.reason(), Some(&Reason::ChangeFeedOff));
 }
+
+/// Two members share a feed by leases; one dies, its leases expire (by Mayfly's own TTL), and
+/// the other takes its ranges over from its checkpoints: every event handled once.
+#[tokio::test]
+async fn a_consumer_group_shares_the_feed_and_takes_over_a_dead_members_ranges() {
+    use mayfly_client::{ClaimedRange, ConsumerGroup};
+    let (_server, client) = start().await;
+    let orders = collection(&client, "orders", DefaultTtl::NoDefault).await;
+    let db = client.database("db");
+    let leases = db
+        .create_collection("leases", "/group")
+        .default_ttl(DefaultTtl::NoDefault)
+        .await
+        .expect("leases");
+    let member = |name: &str| {
+        ConsumerGroup::new(&orders, &leases, "billing", name)
+            .ranges(4)
+            .lease_duration(Duration::from_secs(3))
+    };
+    let (ann, bob) = (member("ann"), member("bob"));
+    let write = async |from: usize, to: usize| {
+        for i in from..to {
+            orders
+                .create(&json!({"id": format!("o{i}"), "pk": format!("c{}", i % 11)}))
+                .await
+                .expect("create");
+        }
+    };
+    // Handles the events since the range's checkpoint (all in the first batch: fewer than
+    // 100 here), then checkpoints.
+    let handle =
+        async |group: &ConsumerGroup, claimed: &mut ClaimedRange, seen: &mut Vec<String>| {
+            let mut feed = group.open(claimed).await.expect("opens");
+            let batch = feed.next_batch().await.expect("reads").expect("open");
+            seen.extend(batch.changes.into_iter().map(|c| c.id));
+            group.checkpoint(claimed, &batch.continuation).await
+        };
+    write(0, 40).await;
+    let mut ann_ranges = ann.claim(2).await.expect("claims");
+    let mut bob_ranges = bob.claim(4).await.expect("claims");
+    assert_eq!(
+        (ann_ranges.len(), bob_ranges.len()),
+        (2, 2),
+        "each holds half"
+    );
+    assert!(bob.claim(4).await.expect("claims").is_empty(), "all held");
+    let mut seen = Vec::new();
+    for r in &mut ann_ranges {
+        handle(&ann, r, &mut seen).await.expect("checkpoint");
+    }
+    for r in &mut bob_ranges {
+        handle(&bob, r, &mut seen).await.expect("checkpoint");
+    }
+    assert_eq!(seen.len(), 40);
+    // Ann dies; Bob goes on; Ann's leases expire and Bob takes her ranges over.
+    write(40, 60).await;
+    for r in &mut bob_ranges {
+        handle(&bob, r, &mut seen).await.expect("checkpoint");
+    }
+    // Bob renews his leases meanwhile (well within their 3 s, even on a loaded machine);
+    // Ann, dead, does not.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        for r in &mut bob_ranges {
+            bob.renew(r).await.expect("renews");
+        }
+    }
+    let mut taken = bob.claim(4).await.expect("claims");
+    assert_eq!(taken.len(), 2, "ann's ranges, free once her leases expired");
+    for r in &mut taken {
+        handle(&bob, r, &mut seen).await.expect("checkpoint");
+    }
+    // Ann, back too late, finds her lease gone.
+    let late = ann.checkpoint(&mut ann_ranges[0], "whatever").await;
+    assert!(
+        matches!(late, Err(Error::NotFound(_) | Error::PreconditionFailed(_))),
+        "{late:?}"
+    );
+    seen.sort();
+    let mut want: Vec<String> = (0..60).map(|i| format!("o{i}")).collect();
+    want.sort();
+    assert_eq!(
+        seen, want,
+        "every event once across members and the takeover"
+    );
+}
