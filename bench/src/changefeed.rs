@@ -27,9 +27,38 @@ use tokio::sync::Semaphore;
 use crate::{Bench, DATABASE, now_ms};
 
 /// Delivery latencies, in ms, by kind of event.
-struct Latencies {
+pub(crate) struct Latencies {
     writes: StdMutex<Histogram<u64>>,
     expiries: StdMutex<Histogram<u64>>,
+}
+
+/// Consumers following the collection's feed from now, recording each event's delivery
+/// latency until stopped.
+pub(crate) struct Subscribers {
+    latencies: Arc<Latencies>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Subscribers {
+    /// Stops them, and prints what they measured.
+    pub(crate) async fn report(self) -> Result<(), Box<dyn std::error::Error>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let n = self.tasks.len();
+        for task in self.tasks {
+            task.await?;
+        }
+        println!("subscribers: {n} reading");
+        print_latency(
+            "write events, commit → subscriber",
+            &self.latencies.writes.lock().expect("not poisoned"),
+        );
+        print_latency(
+            "expiry events, expiry instant → subscriber",
+            &self.latencies.expiries.lock().expect("not poisoned"),
+        );
+        Ok(())
+    }
 }
 
 fn print_latency(what: &str, h: &Histogram<u64>) {
@@ -58,15 +87,18 @@ impl Bench {
         }
     }
 
-    /// See the module documentation.
-    pub(crate) async fn changefeed(self: &Arc<Self>) -> Result<(), Box<dyn std::error::Error>> {
+    /// `n` consumers of the collection's feed (all versions and deletes) from now.
+    pub(crate) async fn subscribe(
+        &self,
+        n: usize,
+    ) -> Result<Subscribers, Box<dyn std::error::Error>> {
         let latencies = Arc::new(Latencies {
             writes: StdMutex::new(Histogram::new(3)?),
             expiries: StdMutex::new(Histogram::new(3)?),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut subscribers = Vec::new();
-        for i in 0..self.args.subscribers {
+        for i in 0..n {
             let mut client = self.documents(i);
             let mut events = client
                 .change_feed(self.change_feed_request(ChangeFeedStart::Now(())))
@@ -96,6 +128,16 @@ impl Bench {
                 }
             }));
         }
+        Ok(Subscribers {
+            latencies,
+            stop,
+            tasks: subscribers,
+        })
+    }
+
+    /// See the module documentation.
+    pub(crate) async fn changefeed(self: &Arc<Self>) -> Result<(), Box<dyn std::error::Error>> {
+        let subscribers = self.subscribe(self.args.subscribers).await?;
         // Opened and never read: each holds what the server sent until its stream window filled.
         // On connections of their own, 20 to one, with room for all of them: sharing the
         // writers' connections, their unread data would stall the writers' answers (HTTP/2's
@@ -165,20 +207,13 @@ impl Bench {
         cpu.report("write-with-ttl under the feed", writes).await;
         // The last expiries (1 s ttl) and their events.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
-        stop.store(true, Ordering::Relaxed);
-        for s in subscribers {
-            s.await?;
-        }
         println!(
             "writes: {writes} acknowledged in {elapsed:.1} s ({:.0}/s; offered {rate}/s, {} not sent: --concurrency {} in flight were busy)",
             writes as f64 / elapsed,
             behind.load(Ordering::Relaxed),
             self.args.concurrency
         );
-        println!(
-            "subscribers: {} reading, {} never reading",
-            self.args.subscribers, self.args.idle_subscribers
-        );
+        println!("subscribers never reading: {}", self.args.idle_subscribers);
         if let Some(addr) = self.args.metrics {
             let after = crate::metrics::scrape(addr).await?;
             println!(
@@ -187,15 +222,7 @@ impl Bench {
             );
         }
         drop(idle);
-        print_latency(
-            "write events, commit → subscriber",
-            &latencies.writes.lock().expect("not poisoned"),
-        );
-        print_latency(
-            "expiry events, expiry instant → subscriber",
-            &latencies.expiries.lock().expect("not poisoned"),
-        );
-        Ok(())
+        subscribers.report().await
     }
 
     /// See the module documentation.

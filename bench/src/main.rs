@@ -168,6 +168,9 @@ struct Args {
     /// Change feed consumers (`changefeed`).
     #[arg(long, default_value_t = 10)]
     subscribers: usize,
+    /// Change feed consumers following `expiry`'s storm: how soon each expiry reaches them.
+    #[arg(long, default_value_t = 0)]
+    feed_subscribers: usize,
     /// Change feed consumers that open their stream and never read it (`changefeed`): what a
     /// stalled consumer costs the server.
     #[arg(long, default_value_t = 0)]
@@ -636,6 +639,10 @@ impl Bench {
             rss / k as f64
         );
 
+        let subscribers = match self.args.feed_subscribers {
+            0 => None,
+            n => Some(self.subscribe(n).await?),
+        };
         // Follow the purge from the first expiry until all k are gone.
         let baseline = metrics::scrape(metrics_addr).await?;
         tokio::time::sleep(Duration::from_millis(first_expiry.saturating_sub(now_ms()))).await;
@@ -682,6 +689,9 @@ impl Bench {
                 estimate * 1_000.0,
                 bound * 1_000.0
             );
+        }
+        if let Some(subscribers) = subscribers {
+            subscribers.report().await?;
         }
         println!(
             "expiry run took {:.1} s in all",
