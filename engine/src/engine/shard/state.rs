@@ -348,14 +348,19 @@ impl ShardState {
             .collect();
         writes.extend(log.writes());
         // A logged expiry is kept with the document, unless this commit rewrites or removes it.
-        let replaced: HashSet<u32> = changes
-            .iter()
-            .filter_map(|c| match c {
-                Change::Put { slot, .. } => *slot,
-                Change::Remove { slot, .. } => Some(*slot),
-                _ => None,
-            })
-            .collect();
+        // Built only when there are any: a plain write (the common commit) allocates nothing.
+        let replaced: HashSet<u32> = if log.expired().is_empty() {
+            HashSet::new()
+        } else {
+            changes
+                .iter()
+                .filter_map(|c| match c {
+                    Change::Put { slot, .. } => *slot,
+                    Change::Remove { slot, .. } => Some(*slot),
+                    _ => None,
+                })
+                .collect()
+        };
         for &(slot, seq) in log.expired() {
             if !replaced.contains(&slot) {
                 let meta = self.docs.get(slot);
