@@ -107,10 +107,22 @@ impl Bench {
             let (latencies, stop) = (latencies.clone(), stop.clone());
             subscribers.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let Ok(Ok(Some(message))) =
-                        tokio::time::timeout(Duration::from_secs(1), events.message()).await
-                    else {
-                        continue;
+                    let message = match tokio::time::timeout(
+                        Duration::from_secs(1),
+                        events.message(),
+                    )
+                    .await
+                    {
+                        Err(_) => continue,
+                        Ok(Ok(Some(message))) => message,
+                        Ok(Ok(None)) => {
+                            eprintln!("subscriber {i}: the server ended the stream");
+                            return;
+                        }
+                        Ok(Err(status)) => {
+                            eprintln!("subscriber {i}: the server ended the stream: {status}");
+                            return;
+                        }
                     };
                     let arrived = now_ms();
                     for event in message.events {
@@ -138,21 +150,30 @@ impl Bench {
     /// See the module documentation.
     pub(crate) async fn changefeed(self: &Arc<Self>) -> Result<(), Box<dyn std::error::Error>> {
         let subscribers = self.subscribe(self.args.subscribers).await?;
-        // Opened and never read: each holds what the server sent until its stream window filled.
-        // On connections of their own, 20 to one, with room for all of them: sharing the
-        // writers' connections, their unread data would stall the writers' answers (HTTP/2's
-        // window is per connection too), which is the load generator's problem, not the
-        // server's.
+        // Opened and never read: each takes what the server sends until its HTTP/2 window (the
+        // stream's, or its connection's, whichever fills first) is full, then holds it. On
+        // connections of their own, --idle-per-connection to one: sharing the writers'
+        // connections, their unread data would stall the writers' answers (HTTP/2's window is
+        // per connection too), which is the load generator's problem, not the server's. From
+        // --idle-from, another client as the server counts them: what they hold comes out of
+        // that address's share of the response budget, not the reading subscriber's.
         let mut idle = Vec::with_capacity(self.args.idle_subscribers);
         let mut idle_channels = Vec::new();
+        let per_connection = self.args.idle_per_connection.max(1);
         for i in 0..self.args.idle_subscribers {
-            if i % 20 == 0 {
-                idle_channels.push(
+            if i % per_connection == 0 {
+                let mut endpoint =
                     tonic::transport::Endpoint::from_shared(format!("http://{}", self.args.addr))?
-                        .initial_connection_window_size(32 * 1024 * 1024)
-                        .connect()
-                        .await?,
-                );
+                        .local_address(match self.args.idle_from.as_str() {
+                            "" => None,
+                            from => Some(from.parse()?),
+                        });
+                if let Some(kb) = self.args.idle_window_kb {
+                    endpoint = endpoint
+                        .initial_connection_window_size(kb * 1024)
+                        .initial_stream_window_size(kb * 1024);
+                }
+                idle_channels.push(endpoint.connect().await?);
             }
             let channel = idle_channels.last().expect("made above").clone();
             let mut client = v1::client::DocumentsClient::with_interceptor(
@@ -179,7 +200,16 @@ impl Bench {
         let started = Instant::now();
         let duration = Duration::from_secs(self.args.duration);
         let mut n = 0u64;
+        // Writes acknowledged in each second, so that a cost paid once (never-reading streams
+        // taking what their windows allow) shows apart from the steady state after it.
+        let mut timeline = Vec::new();
+        let mut second = (1u64, 0u64);
         while started.elapsed() < duration {
+            if started.elapsed() >= Duration::from_secs(second.0) {
+                let now = written.load(Ordering::Relaxed);
+                timeline.push(now - second.1);
+                second = (second.0 + 1, now);
+            }
             let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
             while n < due {
                 let Ok(permit) = in_flight.clone().try_acquire_owned() else {
@@ -213,12 +243,28 @@ impl Bench {
             behind.load(Ordering::Relaxed),
             self.args.concurrency
         );
-        println!("subscribers never reading: {}", self.args.idle_subscribers);
+        println!(
+            "writes acknowledged in each second: {}",
+            timeline
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        println!(
+            "subscribers never reading: {}, {per_connection} to a connection, receive windows {}",
+            self.args.idle_subscribers,
+            self.args.idle_window_kb.map_or(
+                "tonic's (5 MiB a connection, 2 MiB a stream)".to_owned(),
+                |kb| { format!("{kb} KiB") }
+            )
+        );
         if let Some(addr) = self.args.metrics {
             let after = crate::metrics::scrape(addr).await?;
             println!(
-                "server resident memory at the end: {:.0} MiB",
-                after.value("mayfly_process_resident_memory_bytes") / (1024.0 * 1024.0)
+                "server resident memory at the end: {:.0} MiB; change feed streams open: {:.0}",
+                after.value("mayfly_process_resident_memory_bytes") / (1024.0 * 1024.0),
+                after.value("mayfly_change_feed_streams")
             );
         }
         drop(idle);

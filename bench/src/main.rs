@@ -175,6 +175,19 @@ struct Args {
     /// stalled consumer costs the server.
     #[arg(long, default_value_t = 0)]
     idle_subscribers: usize,
+    /// The local address the never-reading consumers connect from (`changefeed`): another
+    /// loopback address is another client as the server counts them. Empty: the system's
+    /// choice, as for every other connection.
+    #[arg(long, default_value = "127.0.0.2")]
+    idle_from: String,
+    /// Never-reading consumers per connection (`changefeed`).
+    #[arg(long, default_value_t = 20)]
+    idle_per_connection: usize,
+    /// The HTTP/2 receive windows of the never-reading consumers' connections, in KiB: what
+    /// each connection lets the server send before it stalls (default: tonic's, 5 MiB per
+    /// connection and 2 MiB per stream). Applied to both the connection and each stream.
+    #[arg(long)]
+    idle_window_kb: Option<u32>,
     /// Writes offered per second (`changefeed`).
     #[arg(long, default_value_t = 1000)]
     rate: u64,

@@ -8,9 +8,9 @@ use std::{collections::HashMap, fmt::Display, marker::PhantomData};
 use prost::Message;
 use tonic::{
     Code, Status,
-    codec::{Codec, DecodeBuf, Decoder},
+    codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
 };
-use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+use tonic_prost::{ProstCodec, ProstDecoder};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::ERROR_DOMAIN;
@@ -50,15 +50,36 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = ProstEncoder<T>;
+    type Encoder = MayflyEncoder<T>;
     type Decoder = MayflyDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::default().encoder()
+        MayflyEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
         MayflyDecoder(ProstCodec::<T, U>::default().decoder())
+    }
+}
+
+/// Encodes with prost, into room reserved for the whole message first: prost writes into
+/// whatever room there is, and the encoder's buffer, grown by doubling as it writes, would
+/// copy a large message (a feed or query page) several times over.
+#[derive(Debug, Clone)]
+pub struct MayflyEncoder<T>(PhantomData<T>);
+
+impl<T: Message> Encoder for MayflyEncoder<T> {
+    type Item = T;
+    type Error = Status;
+
+    fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        buf.reserve(item.encoded_len());
+        item.encode_raw(buf);
+        Ok(())
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::default()
     }
 }
 

@@ -6,16 +6,25 @@ use axum::{Router, http::header, routing::get};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
-    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    metrics::{
+        counter::ConstCounter,
+        gauge::{ConstGauge, Gauge},
+    },
     registry::Registry,
 };
 use tokio::net::TcpListener;
 
 use crate::{current_engine::CurrentEngine, engine::register_metrics};
 
-/// The registry served: the metrics of the engine in service and the process's resident memory.
-pub(crate) fn registry(current: &CurrentEngine) -> Registry {
+/// The registry served: the metrics of the engine in service, the change feed streams open,
+/// and the process's resident memory and CPU time.
+pub(crate) fn registry(current: &CurrentEngine, feed_streams: &Gauge) -> Registry {
     let mut registry = Registry::default();
+    registry.register(
+        "mayfly_change_feed_streams",
+        "Change feed streams open",
+        feed_streams.clone(),
+    );
     let metrics = current.metrics().clone();
     let current = current.clone();
     register_metrics(&metrics, move || current.get().ok(), &mut registry);

@@ -5,8 +5,9 @@ use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread, time::Dur
 
 use mayfly_proto::v1::server::{AdminServer, CollectionsServer, DatabasesServer, DocumentsServer};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
-use tonic::{server::NamedService, transport::Server};
+use tonic::{server::NamedService, service::Routes};
 use tonic_health::{ServingStatus, server::HealthReporter};
+use tower_layer::Layer as _;
 
 use crate::{
     auth::{Authenticator, KeyRing, SecretsDir, random_secret, secret_bytes},
@@ -117,8 +118,6 @@ impl Default for Config {
 pub enum ServeError {
     /// Binding or serving a socket failed.
     Io(io::Error),
-    /// The gRPC transport failed.
-    Transport(tonic::transport::Error),
     /// The reflection service could not load the descriptors.
     Reflection(tonic_reflection::server::Error),
     /// The data directory could not be opened.
@@ -135,7 +134,6 @@ impl fmt::Display for ServeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServeError::Io(e) => write!(f, "{e}"),
-            ServeError::Transport(e) => write!(f, "gRPC transport: {e}"),
             ServeError::Reflection(e) => write!(f, "reflection descriptors: {e}"),
             ServeError::Storage(e) => write!(f, "{e}"),
             ServeError::Recovery(e) => write!(f, "cannot load the data directory: {e}"),
@@ -464,37 +462,36 @@ pub async fn serve(
         (None, None)
     };
 
+    let feed_streams = prometheus_client::metrics::gauge::Gauge::default();
     // Both listeners stop on the same signal.
     let (stop_metrics, metrics_stopped) = oneshot::channel::<()>();
     let metrics_task = metrics_listener.map(|listener| {
         tokio::spawn(metrics_http::serve(
             listener,
-            metrics_http::registry(&current),
+            metrics_http::registry(&current, &feed_streams),
             async {
                 let _ = metrics_stopped.await;
             },
         ))
     });
 
-    let documents =
-        DocumentsService::new(current.clone(), auth.clone()).with_budget(budgets.responses.clone());
+    let documents = DocumentsService::new(current.clone(), auth.clone())
+        .with_budget(budgets.responses.clone())
+        .counting_feed_streams(feed_streams);
     // Streams and queries still running stop with the server, not after it.
     let stop_streams = documents.stop_signal();
     let shutdown = async move {
         shutdown.await;
         stop_streams.shut_down();
     };
-    let result = Server::builder()
-        .max_concurrent_streams(limits.max_streams_per_connection)
-        .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        // tonic turns h2's cap on resets the server itself sends off; a client provoking them
-        // without end is the "MadeYouReset" attack. 1024 is hyper's own default.
-        .http2_max_local_error_reset_streams(Some(1024))
-        .layer(RequestLimitsLayer::new(&limits, &budgets, auth.clone()))
-        .add_service(health_service)
-        .add_optional_service(reflection_v1)
-        .add_optional_service(reflection_v1alpha)
+    let mut routes = Routes::new(health_service);
+    if let Some(reflection) = reflection_v1 {
+        routes = routes.add_service(reflection);
+    }
+    if let Some(reflection) = reflection_v1alpha {
+        routes = routes.add_service(reflection);
+    }
+    let routes = routes
         // Every keyed service takes messages up to the limit the request layer refuses past
         // (with a reason), so that tonic's own refusal (OUT_OF_RANGE, no reason) never comes
         // first.
@@ -515,9 +512,15 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(net::incoming(listener, tls, &limits, &budgets), shutdown)
-        .await
-        .map_err(ServeError::Transport);
+        .prepare();
+    let service = RequestLimitsLayer::new(&limits, &budgets, auth.clone()).layer(routes);
+    net::serve(
+        service,
+        net::incoming(listener, tls, &limits, &budgets),
+        &limits,
+        shutdown,
+    )
+    .await;
 
     storage_watch.abort();
     let _ = stop_metrics.send(());
@@ -528,7 +531,7 @@ pub async fn serve(
             Ok(Ok(())) => {}
         }
     }
-    result
+    Ok(())
 }
 
 /// How often the server checks whether storage can still make writes durable.

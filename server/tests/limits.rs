@@ -14,8 +14,10 @@ use std::{
 
 use bytes::{BufMut, Bytes, BytesMut};
 use mayfly_proto::v1::{
-    CreateDocumentRequest, ListDatabasesRequest, QueryRequest, ReadDocumentRequest,
-    ReadFeedRequest, client::DatabasesClient,
+    ChangeFeedRequest, CreateDocumentRequest, ListDatabasesRequest, QueryRequest,
+    ReadDocumentRequest, ReadFeedRequest,
+    client::{DatabasesClient, DocumentsClient},
+    oneofs::ChangeFeedStart,
 };
 use prost::Message;
 use tokio::net::TcpStream;
@@ -297,6 +299,152 @@ async fn stalled_feed_readers_hold_at_most_the_response_budget() {
     drop(connections);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(whole_feed(&mut c, request).await, 400);
+}
+
+/// Finding: a change feed stream's messages were not charged to the response budget once
+/// handed to the encoder, so that stalled subscribers held what they were sent without bound
+/// (1,000 of them added 300 MiB). They are charged as other streams are: past the budget a
+/// stalled subscriber ends with RESOURCE_EXHAUSTED, and resumes from its continuation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_change_feed_subscribers_hold_at_most_the_response_budget() {
+    const BUDGET_MB: u64 = 32;
+    const STREAMS: usize = 100;
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start_with_env(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--page-kib",
+            "1024",
+            "--response-budget-mb",
+            &BUDGET_MB.to_string(),
+        ],
+        &[("MIMALLOC_PURGE_DELAY", "0")],
+    );
+    let mut c = clients::connect(&server).await;
+    // 400 creates of 4 KiB retained in the feed: a page from the beginning is about 1 MiB.
+    clients::seeded(&mut c, 400, 4096).await;
+    let pid = server.child.id();
+    let before = rss_bytes(pid);
+
+    let request = ChangeFeedRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        start: Some(ChangeFeedStart::Beginning(())),
+        ..Default::default()
+    };
+    let mut connections = Vec::new();
+    let mut responses = Vec::new();
+    for i in 0..STREAMS {
+        if i % 20 == 0 {
+            connections.push(h2_connect(&server.addr).await);
+        }
+        let sender = connections.last_mut().expect("a connection");
+        let mut ready = sender.clone().ready().await.expect("ready");
+        let (response, mut body) = ready
+            .send_request(grpc_request(&server.addr, "ChangeFeed"), false)
+            .expect("sent");
+        body.send_data(framed(&request), true).expect("sent");
+        responses.push(response);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = rss_bytes(pid).saturating_sub(before);
+    eprintln!(
+        "{STREAMS} stalled change feed streams: server RSS grew by {:.1} MiB (budget \
+         {BUDGET_MB} MiB)",
+        held as f64 / (1024.0 * 1024.0)
+    );
+
+    // Each stream, at once: refused (RESOURCE_EXHAUSTED, before or after its first message),
+    // or holding what it was sent, waiting for window the client never gives.
+    let outcomes = futures_util::future::join_all(responses.into_iter().map(|response| async {
+        let (head, mut body) = response.await.expect("answered").into_parts();
+        if let Some(status) = head.headers.get("grpc-status") {
+            return Some(status.as_bytes().to_vec());
+        }
+        loop {
+            match tokio::time::timeout(Duration::from_secs(1), body.data()).await {
+                Err(_) => return None,
+                Ok(Some(data)) => drop(data.expect("data")),
+                Ok(None) => break,
+            }
+        }
+        let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+        Some(
+            trailers
+                .get("grpc-status")
+                .expect("a status")
+                .as_bytes()
+                .to_vec(),
+        )
+    }))
+    .await;
+    let holding = outcomes.iter().filter(|o| o.is_none()).count();
+    let exhausted = outcomes.iter().flatten().inspect(|status| {
+        assert_eq!(status.as_slice(), b"8", "RESOURCE_EXHAUSTED");
+    });
+    let exhausted = exhausted.count();
+    eprintln!("{holding} streams hold a page, {exhausted} were refused");
+    assert!(
+        held < (BUDGET_MB + 16) * 1024 * 1024,
+        "{STREAMS} stalled subscribers grew the server by {held} bytes"
+    );
+    assert!(holding >= 5, "the budget serves subscribers: {holding}");
+    assert!(exhausted > 0, "the budget refuses past its size");
+}
+
+/// Finding: every streaming response was charged hyper's 400 KiB send buffer from its first
+/// message, so that one client address (a 64 MiB share of the response budget) could keep
+/// about 140 change feed streams open, idle ones included. The server now sets HTTP/2's send
+/// buffer per stream itself, to one 16 KiB slice: 600 streams from one address stay open, and
+/// each gets the next event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_keeps_hundreds_of_change_feed_streams_open() {
+    const STREAMS: usize = 600;
+    let data = tempfile::tempdir().expect("temp dir");
+    let server = Mayfly::start(&data.path().join("data"), &["--storage", "memory"]);
+    let mut c = clients::connect(&server).await;
+    clients::database_and_collection(&mut c).await;
+    let mut streams = Vec::with_capacity(STREAMS);
+    let mut channel = None;
+    for i in 0..STREAMS {
+        // Within the 256 streams a connection may carry.
+        if i % 200 == 0 {
+            channel = Some(clients::channel(&server.url()).await);
+        }
+        let mut documents = DocumentsClient::new(channel.clone().expect("made above"));
+        let mut stream = documents
+            .change_feed(ChangeFeedRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|s| panic!("stream {i} opens: {s:?}"))
+            .into_inner();
+        // The first message, at once: where the stream starts.
+        stream
+            .message()
+            .await
+            .unwrap_or_else(|s| panic!("stream {i}'s first message: {s:?}"))
+            .expect("a first message");
+        streams.push(stream);
+    }
+    write_one(&mut c, "after").await.expect("written");
+    for (i, stream) in streams.iter_mut().enumerate() {
+        let page = loop {
+            let page = tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .unwrap_or_else(|_| panic!("stream {i} gets the event"))
+                .unwrap_or_else(|s| panic!("stream {i} stays open: {s:?}"))
+                .expect("stream {i} stays open");
+            if !page.events.is_empty() {
+                break page;
+            }
+        };
+        assert_eq!(page.events[0].id, "after", "stream {i}");
+    }
 }
 
 /// Finding: 20 uploads stalled at 15 of 16 MiB held 324 MiB for as long as the client liked.

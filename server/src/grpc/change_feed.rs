@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt as _;
 use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
 use tonic::Status;
 
 use super::{
@@ -231,7 +233,12 @@ impl DocumentsService {
             max_events,
             sent: Mutex::new(None),
         };
-        self.open_stream(grant, share, pages, cursor).await
+        let stream = self.open_stream(grant, share, pages, cursor).await?;
+        let open = OpenFeed::new(&self.feed_streams);
+        Ok(Box::pin(stream.inspect(move |_| {
+            // Owned by the stream: counted until its client leaves or it ends.
+            let _ = &open;
+        })))
     }
 
     /// `n` feed ranges of a collection, for a group of consumers to share its change feed.
@@ -261,5 +268,21 @@ impl DocumentsService {
         Ok(GetFeedRangesResponse {
             feed_ranges: ranges.iter().map(ToString::to_string).collect(),
         })
+    }
+}
+
+/// One open change feed stream, counted in the service's gauge for as long as it lives.
+struct OpenFeed(Gauge);
+
+impl OpenFeed {
+    fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        OpenFeed(gauge.clone())
+    }
+}
+
+impl Drop for OpenFeed {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -203,7 +203,7 @@ impl DocumentsService {
             &mut charge,
             share.as_ref(),
             bytes.saturating_mul(2),
-            2 * (page_bytes + engine::MAX_DOCUMENT_BYTES) + crate::net::SEND_BUFFER,
+            2 * (page_bytes + engine::MAX_DOCUMENT_BYTES) + crate::net::HTTP2_HOLDS,
         )?;
         let total = results.len() as u64;
         let at = offset.min(total);

@@ -25,7 +25,7 @@ use crate::{
     CurrentEngine,
     auth::{Action, Authenticator, Target, authenticate_headers},
     engine::{self, Cancel, Engine, Outcome, PageMemory, PartitionKeyValue, QueryReads},
-    net::{Charge, PeerShare, ResponseBudget, SEND_BUFFER},
+    net::{Charge, HTTP2_HOLDS, PeerShare, ResponseBudget},
 };
 
 /// A stream of pages, as the service's RPCs return it.
@@ -176,12 +176,12 @@ pub(super) struct Reservation {
 impl PageMemory for Reservation {
     fn hold(&self, bytes: usize) -> bool {
         let mut charge = self.charge.lock();
-        // What the stream will hold once the page is handed over (see `net::SEND_BUFFER`),
+        // What the stream will hold once the page is handed over (see `net::HTTP2_HOLDS`),
         // in steps, so that a page of small documents takes the budget a few times, not once
         // per document.
         let held = bytes
             .saturating_mul(2)
-            .saturating_add(SEND_BUFFER)
+            .saturating_add(HTTP2_HOLDS)
             .next_multiple_of(RESERVATION_STEP);
         match self.budget.reserve(&mut charge, self.share.as_ref(), held) {
             Ok(()) => true,
@@ -286,7 +286,16 @@ impl DocumentsService {
             None => {
                 let worker = engine.clone();
                 let (cancel, memory) = (cancel.clone(), memory.cloned());
+                // Waited for here, on the async worker: a stream beyond the bound waits for a
+                // thread without holding one.
+                let permit = self
+                    .blocking_pages
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| Status::unavailable("the server is shutting down"))?;
                 tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
                     // Made here: time spent waiting for a thread is not the run's.
                     let mut reads = QueryReads::unlimited().cancelled_by(cancel);
                     if let Some(memory) = memory {

@@ -162,7 +162,9 @@ where
 fn streams_responses(path: &str) -> bool {
     matches!(
         path,
-        "/mayfly.v1.Documents/ReadFeed" | "/mayfly.v1.Documents/Query"
+        "/mayfly.v1.Documents/ReadFeed"
+            | "/mayfly.v1.Documents/Query"
+            | "/mayfly.v1.Documents/ChangeFeed"
     ) || path.starts_with("/grpc.reflection.")
 }
 
@@ -398,12 +400,17 @@ impl<B> Budgeted<B> {
     }
 }
 
-/// Largest data frame handed to HTTP/2 at once.
-const SLICE: usize = 32 * 1024;
+/// Largest data frame handed to HTTP/2 at once: one DATA frame at HTTP/2's default frame
+/// size.
+const SLICE: usize = 16 * 1024;
 
-/// What HTTP/2 buffers for one stream whose reader does not read, before it stops asking the
-/// body for more: hyper's default send buffer, which tonic keeps.
-pub(crate) const SEND_BUFFER: usize = 400 * 1024;
+/// HTTP/2's send buffer for one stream, as the server sets it (see `net::serve`): hyper asks a
+/// body for its next slice while the stream buffers less than this.
+pub(crate) const SEND_BUFFER: usize = SLICE;
+
+/// The most HTTP/2 holds for one stream whose client does not take what it is sent: a full
+/// send buffer, less a byte, and the slice handed over then.
+pub(crate) const HTTP2_HOLDS: usize = SEND_BUFFER + SLICE;
 
 impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
     type Data = Bytes;
@@ -442,11 +449,11 @@ impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
         };
         if let Some(charging) = this.charging.as_ref() {
             // The encoder's buffer grows by doubling: it may hold up to twice the message;
-            // HTTP/2 holds what it was handed and could not send, up to its send buffer.
+            // HTTP/2 holds what it was handed and could not send (`HTTP2_HOLDS` at most).
             if let Err(status) = charging.budget.grow(
                 this.charge,
                 charging.share.as_ref(),
-                2 * frame.len() + SEND_BUFFER,
+                2 * frame.len() + HTTP2_HOLDS,
             ) {
                 *this.refused = true;
                 return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
@@ -528,7 +535,7 @@ mod tests {
         let mut sent = 0;
         // The 40 KiB message leaves in slices, charged whole (twice, and HTTP/2's send
         // buffer) from its first slice.
-        let left = 1024 - 80 - SEND_BUFFER / UNIT;
+        let left = 1024 - 80 - HTTP2_HOLDS / UNIT;
         while sent < 40 * UNIT {
             let data = first.frame().await.expect("a frame").expect("data");
             let data = data.into_data().expect("data");
@@ -537,7 +544,7 @@ mod tests {
             assert_eq!(budget.available_units(), left);
         }
         // A second response needs more than what is left: it ends with RESOURCE_EXHAUSTED.
-        let mut second = budgeted(vec![100 * UNIT], &budget, None);
+        let mut second = budgeted(vec![(left / 2) * UNIT], &budget, None);
         let frame = second.frame().await.expect("a frame").expect("trailers");
         let trailers = frame.into_trailers().expect("trailers");
         assert_eq!(
