@@ -96,6 +96,12 @@ impl PageSource for ChangeFeedPages {
         true
     }
 
+    /// A page scans at most a bounded run of the log, and every subscriber wants one after
+    /// each write.
+    fn bounded_blocking(&self) -> bool {
+        true
+    }
+
     fn heartbeat_due(&self) -> bool {
         self.sent.lock().is_none_or(|at| at.elapsed() >= HEARTBEAT)
     }

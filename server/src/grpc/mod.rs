@@ -51,14 +51,14 @@ pub struct DocumentsService {
     pub(super) queries: Arc<engine::QueryCache>,
     /// Change feed streams open now (`mayfly_change_feed_streams`).
     pub(super) feed_streams: Gauge,
-    /// Pages computed on blocking threads at once (see [`blocking_pages`]).
+    /// Change feed pages computed on blocking threads at once (see [`blocking_pages`]).
     pub(super) blocking_pages: Arc<tokio::sync::Semaphore>,
 }
 
-/// How many stream pages run on blocking threads at once: enough to keep the cores and the
-/// disk busy. Without a bound, a thousand feed subscribers woken by one write each took a
-/// thread of their own (300 threads), and the memory their pages had allocated stayed with
-/// each idle thread's allocator heap: 1.5 GB of RSS for 256 MiB of budgeted pages.
+/// How many change feed pages run on blocking threads at once: enough to keep the cores and
+/// the disk busy. Without a bound, a thousand subscribers woken by one write each took a thread
+/// of their own (300 threads), and the memory their pages had allocated stayed with each idle
+/// thread's allocator heap: 1.5 GB of RSS for 256 MiB of budgeted pages.
 pub(super) fn blocking_pages() -> usize {
     std::thread::available_parallelism().map_or(2, usize::from) * 4
 }

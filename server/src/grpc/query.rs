@@ -183,7 +183,7 @@ impl DocumentsService {
         let p = plan.clone();
         let (results, metrics) = self
             .run_paged(
-                (QueryReads::inline(), cancel.signal()),
+                (QueryReads::inline(), cancel.signal(), false),
                 None,
                 move |e, reads| e.query_all(&p.path, &p.spec, &p.scope, e.query_reading(), reads),
             )

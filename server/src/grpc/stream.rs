@@ -70,6 +70,14 @@ pub(super) trait PageSource: Send + Sync + 'static {
         true
     }
 
+    /// Whether its pages take their blocking threads from the bounded share (see
+    /// [`super::blocking_pages`]): pages of bounded work, of which many streams may want one at
+    /// the same instant (every change feed subscriber after a write). A query's page, which may
+    /// scan a whole collection, takes its own thread, so as not to hold the share for long.
+    fn bounded_blocking(&self) -> bool {
+        false
+    }
+
     /// Whether the next page is sent without waiting for [`PageSource::ready`] (a finite
     /// stream's, a change feed's first, or its heartbeat carrying its latest continuation).
     fn heartbeat_due(&self) -> bool {
@@ -266,7 +274,7 @@ impl DocumentsService {
     /// runs on a blocking thread without that limit. Either stops once `cancel` is raised.
     pub(super) async fn run_paged<T: Send + 'static>(
         &self,
-        (inline, cancel): (QueryReads, &Cancel),
+        (inline, cancel, bounded): (QueryReads, &Cancel, bool),
         memory: Option<&Arc<Reservation>>,
         op: impl Fn(&Engine, QueryReads) -> Outcome<T> + Send + 'static,
     ) -> Result<T, Status> {
@@ -287,13 +295,11 @@ impl DocumentsService {
                 let worker = engine.clone();
                 let (cancel, memory) = (cancel.clone(), memory.cloned());
                 // Waited for here, on the async worker: a stream beyond the bound waits for a
-                // thread without holding one.
-                let permit = self
-                    .blocking_pages
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| Status::unavailable("the server is shutting down"))?;
+                // thread without holding one. (The semaphore is never closed.)
+                let permit = match bounded {
+                    true => self.blocking_pages.clone().acquire_owned().await.ok(),
+                    false => None,
+                };
                 tokio::task::spawn_blocking(move || {
                     let _permit = permit;
                     // Made here: time spent waiting for a thread is not the run's.
@@ -367,7 +373,11 @@ impl<S: PageSource> Call<S> {
         let (page, next) = self
             .service
             .run_paged(
-                (self.source.inline(), &self.cancel),
+                (
+                    self.source.inline(),
+                    &self.cancel,
+                    self.source.bounded_blocking(),
+                ),
                 Some(&reservation),
                 move |e, reads| call.source.page(e, &at, reads),
             )

@@ -409,8 +409,9 @@ const SLICE: usize = 16 * 1024;
 pub(crate) const SEND_BUFFER: usize = SLICE;
 
 /// The most HTTP/2 holds for one stream whose client does not take what it is sent: a full
-/// send buffer, less a byte, and the slice handed over then.
-pub(crate) const HTTP2_HOLDS: usize = SEND_BUFFER + SLICE;
+/// send buffer, less a byte, the slice handed over then, and the next one, which hyper takes
+/// from the body before it waits for room.
+pub(crate) const HTTP2_HOLDS: usize = SEND_BUFFER + 2 * SLICE;
 
 impl<B: Body<Data = Bytes>> Body for Budgeted<B> {
     type Data = Bytes;
