@@ -204,6 +204,35 @@ async fn status_without_data(
     Ok(Some((get("grpc-status"), get("grpc-message"))))
 }
 
+/// `n` calls of `method` with `message`, 20 to a connection of [`h2_connect`]'s, whose client
+/// never reads what they answer: the connections (the calls last as long as they do) and the
+/// answers to come.
+async fn stalled_calls(
+    addr: &str,
+    method: &str,
+    message: Bytes,
+    n: usize,
+) -> (
+    Vec<h2::client::SendRequest<Bytes>>,
+    Vec<h2::client::ResponseFuture>,
+) {
+    let mut connections = Vec::new();
+    let mut responses = Vec::with_capacity(n);
+    for i in 0..n {
+        if i % 20 == 0 {
+            connections.push(h2_connect(addr).await);
+        }
+        let sender = connections.last_mut().expect("a connection");
+        let mut ready = sender.clone().ready().await.expect("ready");
+        let (response, mut body) = ready
+            .send_request(grpc_request(addr, method), false)
+            .expect("sent");
+        body.send_data(message.clone(), true).expect("sent");
+        responses.push(response);
+    }
+    (connections, responses)
+}
+
 /// Reads a feed to its end through the client; returns how many documents it held.
 async fn whole_feed(c: &mut clients::Clients, request: ReadFeedRequest) -> usize {
     let mut feed = c
@@ -249,20 +278,8 @@ async fn stalled_feed_readers_hold_at_most_the_response_budget() {
     let before = rss_bytes(pid);
 
     let request = feed_of_full_pages();
-    let mut connections = Vec::new();
-    let mut responses = Vec::new();
-    for i in 0..STREAMS {
-        if i % 20 == 0 {
-            connections.push(h2_connect(&server.addr).await);
-        }
-        let sender = connections.last_mut().expect("a connection");
-        let mut ready = sender.clone().ready().await.expect("ready");
-        let (response, mut body) = ready
-            .send_request(grpc_request(&server.addr, "ReadFeed"), false)
-            .expect("sent");
-        body.send_data(framed(&request), true).expect("sent");
-        responses.push(response);
-    }
+    let (connections, responses) =
+        stalled_calls(&server.addr, "ReadFeed", framed(&request), STREAMS).await;
     // Every stream has its first page computed and queued, or refused, by now.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = rss_bytes(pid).saturating_sub(before);
@@ -334,20 +351,8 @@ async fn stalled_change_feed_subscribers_hold_at_most_the_response_budget() {
         start: Some(ChangeFeedStart::Beginning(())),
         ..Default::default()
     };
-    let mut connections = Vec::new();
-    let mut responses = Vec::new();
-    for i in 0..STREAMS {
-        if i % 20 == 0 {
-            connections.push(h2_connect(&server.addr).await);
-        }
-        let sender = connections.last_mut().expect("a connection");
-        let mut ready = sender.clone().ready().await.expect("ready");
-        let (response, mut body) = ready
-            .send_request(grpc_request(&server.addr, "ChangeFeed"), false)
-            .expect("sent");
-        body.send_data(framed(&request), true).expect("sent");
-        responses.push(response);
-    }
+    let (_connections, responses) =
+        stalled_calls(&server.addr, "ChangeFeed", framed(&request), STREAMS).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = rss_bytes(pid).saturating_sub(before);
     eprintln!(
