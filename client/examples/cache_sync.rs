@@ -11,32 +11,20 @@
 //! ```
 //! Without a server address argument it starts one in-process, so it also runs on its own.
 
+mod support;
+
 use std::{
     collections::HashMap,
     time::{Duration, SystemTime},
 };
 
-use mayfly_client::{ChangeKind, Client, DefaultTtl, DocumentTtl, Error, StartFrom};
+use mayfly_client::{ChangeKind, DefaultTtl, DocumentTtl, Error, StartFrom};
 use serde_json::{Map, Value, json};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::args().nth(1);
-    // No address: run a server in this process so the example is self-contained.
-    let embedded = match &address {
-        Some(_) => None,
-        None => Some(mayfly_server::RunningServer::start(Default::default()).await?),
-    };
-    let address = address.unwrap_or_else(|| {
-        embedded
-            .as_ref()
-            .map(|s| s.local_addr().to_string())
-            .unwrap_or_default()
-    });
-    let client = Client::builder(&address)
-        .key_from_env_if_set()?
-        .connect()
-        .await?;
+    let (client, _embedded) = support::connect(address).await?;
     let db = client
         .create_database_if_not_exists("webapp")
         .await?

@@ -11,6 +11,8 @@
 //! ```
 //! Without a server address argument it starts one in-process, so it also runs on its own.
 
+mod support;
+
 use std::time::Duration;
 
 use mayfly_client::StreamExt as _;
@@ -94,22 +96,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => address = Some(other.to_owned()),
         }
     }
-    // No address: run a server in this process so the example is self-contained.
-    let embedded = match &address {
-        Some(_) => None,
-        None => Some(mayfly_server::RunningServer::start(Default::default()).await?),
-    };
-    let address = address.unwrap_or_else(|| {
-        embedded
-            .as_ref()
-            .map(|s| s.local_addr().to_string())
-            .unwrap_or_default()
-    });
-    // A server keeping its data on disk needs its key: MAYFLY_KEY=$(cat mayfly-data/keys/primary).
-    let client = Client::builder(&address)
-        .key_from_env_if_set()?
-        .connect()
-        .await?;
+    let (client, _embedded) = support::connect(address).await?;
     let events = open(&client, ttl).await?;
 
     for seq in 0..20u64 {

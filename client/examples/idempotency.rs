@@ -17,6 +17,8 @@
 //! ```
 //! Without a server address argument it starts one in-process, so it also runs on its own.
 
+mod support;
+
 use std::{
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -150,22 +152,7 @@ impl Service {
 }
 
 async fn run(address: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
-    // No address: run a server in this process so the example is self-contained.
-    let embedded = match &address {
-        Some(_) => None,
-        None => Some(mayfly_server::RunningServer::start(Default::default()).await?),
-    };
-    let address = address.unwrap_or_else(|| {
-        embedded
-            .as_ref()
-            .map(|s| s.local_addr().to_string())
-            .unwrap_or_default()
-    });
-    // A server keeping its data on disk needs its key: MAYFLY_KEY=$(cat mayfly-data/keys/primary).
-    let client = Client::builder(&address)
-        .key_from_env_if_set()?
-        .connect()
-        .await?;
+    let (client, _embedded) = support::connect(address).await?;
     let service = Service::open(&client, Duration::from_secs(86_400)).await?;
     service.open_account("ann").await?;
 

@@ -10,6 +10,8 @@
 //! ```
 //! Without a server address argument it starts one in-process, so it also runs on its own.
 
+mod support;
+
 use std::time::Duration;
 
 use mayfly_client::{
@@ -139,22 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => address = Some(other.to_owned()),
         }
     }
-    // No address: a server in this process, so the example runs on its own.
-    let embedded = match &address {
-        Some(_) => None,
-        None => Some(mayfly_server::RunningServer::start(Default::default()).await?),
-    };
-    let address = match (address, &embedded) {
-        (Some(address), _) => address,
-        (None, server) => server
-            .as_ref()
-            .map(|s| s.local_addr().to_string())
-            .unwrap_or_default(),
-    };
-    let client = Client::builder(&address)
-        .key_from_env_if_set()?
-        .connect()
-        .await?;
+    let (client, _embedded) = support::connect(address).await?;
     let shop = Shop::open(&client, idle).await?;
     let user = format!("ann-{}", new_idempotency_key());
 

@@ -204,6 +204,31 @@ async fn status_without_data(
     Ok(Some((get("grpc-status"), get("grpc-message"))))
 }
 
+/// A memory-storage server in `data` with pages cut at 1 MiB and a response budget of
+/// `budget_mb`, holding 400 documents of 4 KiB (a feed page is about 1 MiB), and a client. Its
+/// allocator returns freed memory at once, so that RSS shows what is held rather than what the
+/// allocator keeps for later.
+async fn seeded_with_budget(
+    data: &tempfile::TempDir,
+    budget_mb: u64,
+) -> (Mayfly, clients::Clients) {
+    let server = Mayfly::start_with_env(
+        &data.path().join("data"),
+        &[
+            "--storage",
+            "memory",
+            "--page-kib",
+            "1024",
+            "--response-budget-mb",
+            &budget_mb.to_string(),
+        ],
+        &[("MIMALLOC_PURGE_DELAY", "0")],
+    );
+    let mut c = clients::connect(&server).await;
+    clients::seeded(&mut c, 400, 4096).await;
+    (server, c)
+}
+
 /// `n` calls of `method` with `message`, 20 to a connection of [`h2_connect`]'s, whose client
 /// never reads what they answer: the connections (the calls last as long as they do) and the
 /// answers to come.
@@ -257,23 +282,7 @@ async fn stalled_feed_readers_hold_at_most_the_response_budget() {
     const BUDGET_MB: u64 = 32;
     const STREAMS: usize = 100;
     let data = tempfile::tempdir().expect("temp dir");
-    // The allocator returns freed memory at once, so that RSS shows what is held rather than
-    // what the allocator keeps for later.
-    let server = Mayfly::start_with_env(
-        &data.path().join("data"),
-        &[
-            "--storage",
-            "memory",
-            "--page-kib",
-            "1024",
-            "--response-budget-mb",
-            &BUDGET_MB.to_string(),
-        ],
-        &[("MIMALLOC_PURGE_DELAY", "0")],
-    );
-    let mut c = clients::connect(&server).await;
-    // 400 documents of 4 KiB: every feed page is cut at about 1 MiB.
-    clients::seeded(&mut c, 400, 4096).await;
+    let (server, mut c) = seeded_with_budget(&data, BUDGET_MB).await;
     let pid = server.child.id();
     let before = rss_bytes(pid);
 
@@ -327,21 +336,8 @@ async fn stalled_change_feed_subscribers_hold_at_most_the_response_budget() {
     const BUDGET_MB: u64 = 32;
     const STREAMS: usize = 100;
     let data = tempfile::tempdir().expect("temp dir");
-    let server = Mayfly::start_with_env(
-        &data.path().join("data"),
-        &[
-            "--storage",
-            "memory",
-            "--page-kib",
-            "1024",
-            "--response-budget-mb",
-            &BUDGET_MB.to_string(),
-        ],
-        &[("MIMALLOC_PURGE_DELAY", "0")],
-    );
-    let mut c = clients::connect(&server).await;
-    // 400 creates of 4 KiB retained in the feed: a page from the beginning is about 1 MiB.
-    clients::seeded(&mut c, 400, 4096).await;
+    // Their 400 creates are retained in the feed: a page from the beginning is about 1 MiB.
+    let (server, _c) = seeded_with_budget(&data, BUDGET_MB).await;
     let pid = server.child.id();
     let before = rss_bytes(pid);
 
