@@ -2,15 +2,19 @@
 
 use bytes::Bytes;
 
-use super::{DocumentWrite, ShardStore, WriteBatch};
+use super::{DocumentWrite, LogRecord, ShardStore, WriteBatch};
 use crate::model::CollectionUid;
 
 fn append(shard: &dyn ShardStore, records: &[(CollectionUid, u64, &[u8])]) {
+    let records: Vec<_> = records
+        .iter()
+        .map(|&(collection, seq, record)| (collection, seq, LogRecord::whole(record.to_vec())))
+        .collect();
     let writes: Vec<_> = records
         .iter()
-        .map(|&(collection, seq, record)| DocumentWrite::Append {
-            collection,
-            seq,
+        .map(|(collection, seq, record)| DocumentWrite::Append {
+            collection: *collection,
+            seq: *seq,
             record,
         })
         .collect();

@@ -99,8 +99,52 @@ pub enum DocumentWrite<'a> {
     Append {
         collection: CollectionUid,
         seq: u64,
-        record: &'a [u8],
+        record: &'a LogRecord,
     },
+}
+
+/// A change log record's bytes, in two parts: what the engine encoded, then the body of the
+/// version it wrote (empty for none). The record is `head` then `body`; they are kept apart so
+/// that a backend holding documents in memory shares the body with the document instead of
+/// holding a second copy of it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogRecord {
+    pub head: Bytes,
+    pub body: Bytes,
+}
+
+impl LogRecord {
+    /// A record given whole.
+    pub fn whole(bytes: impl Into<Bytes>) -> Self {
+        LogRecord {
+            head: bytes.into(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its bytes in one piece (a copy unless one part is empty).
+    pub fn to_bytes(&self) -> Bytes {
+        if self.body.is_empty() {
+            return self.head.clone();
+        }
+        if self.head.is_empty() {
+            return self.body.clone();
+        }
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(&self.body);
+        out.into()
+    }
 }
 
 /// What storage keeps of a request remembered by its idempotency key.

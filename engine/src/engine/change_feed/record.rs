@@ -12,7 +12,7 @@ use crate::engine::document::{DocumentView, Etag};
 use crate::model::{
     DefaultTtl, DocKey, DocumentId, DocumentTtl, IdKind, Millis, PartitionKeyValue,
 };
-use crate::storage::StorageError;
+use crate::storage::{LogRecord, StorageError};
 
 /// The layout written; a record of another is refused rather than misread.
 const FORMAT: u8 = 1;
@@ -100,8 +100,31 @@ impl ChangeRecord {
 
     /// Appends the record's bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_head(out);
+        if let Some(body) = self.write_body() {
+            out.extend_from_slice(body);
+        }
+    }
+
+    /// The record's bytes for storage: the body shared, not copied (see [`LogRecord`]).
+    pub fn log_record(&self) -> LogRecord {
+        let mut head = Vec::new();
+        self.encode_head(&mut head);
+        LogRecord {
+            head: head.into(),
+            body: self.write_body().cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The body the record's bytes end with: a write's new version.
+    fn write_body(&self) -> Option<&Bytes> {
+        self.body.as_ref().filter(|_| self.op.is_write())
+    }
+
+    /// Appends the record's bytes before the body to `out`.
+    fn encode_head(&self, out: &mut Vec<u8>) {
         let id = self.key.id.as_str().as_bytes();
-        out.reserve(FIXED + 16 + id.len() + self.body.as_ref().map_or(0, Bytes::len));
+        out.reserve(FIXED + 16 + id.len());
         out.push(FORMAT);
         out.push(self.op.code());
         out.extend_from_slice(&self.crts.to_be_bytes());
@@ -113,11 +136,6 @@ impl ChangeRecord {
         // Ids are bounded far below 64 KiB at the edge (and by storage's key limit).
         out.extend_from_slice(&(id.len() as u16).to_be_bytes());
         out.extend_from_slice(id);
-        if self.op.is_write()
-            && let Some(body) = &self.body
-        {
-            out.extend_from_slice(body);
-        }
     }
 
     /// Parses a record's bytes; `bytes` is shared, not copied, for the body.
@@ -211,6 +229,15 @@ mod tests {
         for case in cases {
             let mut out = Vec::new();
             case.encode(&mut out);
+            // The parts storage keeps are the same bytes, the body shared with the record's.
+            let parts = case.log_record();
+            assert_eq!(parts.to_bytes(), out);
+            if case.op.is_write() {
+                assert_eq!(
+                    parts.body.as_ptr(),
+                    case.body.as_ref().expect("a body").as_ptr()
+                );
+            }
             let decoded = ChangeRecord::decode(&Bytes::from(out)).expect("decodes");
             assert_eq!(decoded, case);
         }

@@ -581,7 +581,7 @@ impl ShardStore for PowerLossShard {
                         collection,
                         seq,
                         record,
-                    } => LoggedWrite::Append(collection, seq, Bytes::copy_from_slice(record)),
+                    } => LoggedWrite::Append(collection, seq, record.to_bytes()),
                     // The model checks documents and their index; remembered requests ride in
                     // the same batches and are tested against the disk backend.
                     DocumentWrite::Remember { .. } | DocumentWrite::Forget { .. } => return None,

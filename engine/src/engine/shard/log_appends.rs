@@ -10,7 +10,7 @@ use crate::engine::{
     clock::Millis,
     shard::DocMeta,
 };
-use crate::storage::{DocumentWrite, StoredDocument};
+use crate::storage::{DocumentWrite, LogRecord, StoredDocument};
 
 /// One commit's records.
 #[derive(Debug)]
@@ -19,7 +19,7 @@ pub(super) struct LogAppends {
     last: u64,
     /// The shard's time at the commit.
     now: Millis,
-    records: Vec<(CollectionUid, u64, Vec<u8>)>,
+    records: Vec<(CollectionUid, u64, LogRecord)>,
     /// Documents whose expiry this commit logs (slot, position), in the order logged.
     expired: Vec<(u32, u64)>,
     /// The same, by slot.
@@ -40,9 +40,8 @@ impl LogAppends {
 
     fn push(&mut self, collection: CollectionUid, record: &ChangeRecord) -> u64 {
         self.last += 1;
-        let mut bytes = Vec::new();
-        record.encode(&mut bytes);
-        self.records.push((collection, self.last, bytes));
+        self.records
+            .push((collection, self.last, record.log_record()));
         self.last
     }
 

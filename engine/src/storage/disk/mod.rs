@@ -704,7 +704,10 @@ impl ShardStore for DiskShard {
                 } => {
                     let mut key = codec::collection_prefix(self.index, collection);
                     key.extend_from_slice(&seq.to_be_bytes());
-                    out.insert(&self.log, key, record.to_vec());
+                    let mut value = Vec::with_capacity(record.len());
+                    value.extend_from_slice(&record.head);
+                    value.extend_from_slice(&record.body);
+                    out.insert(&self.log, key, value);
                     last_log_seq = last_log_seq.max(Some(seq));
                 }
             }

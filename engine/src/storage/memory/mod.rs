@@ -18,8 +18,8 @@ use parking_lot::Mutex;
 use self::entry_key::EntryKey;
 use super::{
     CatalogChange, ChangeLog, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange,
-    IndexUpdate, Lsn, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument, StoredMeta,
-    StoredTerms, Term, WriteBatch, index_keys,
+    IndexUpdate, LogRecord, Lsn, ShardStore, Storage, StorageError, StoredCatalog, StoredDocument,
+    StoredMeta, StoredTerms, Term, WriteBatch, index_keys,
 };
 use crate::model::{CollectionUid, DocumentId, PartitionKeyValue};
 
@@ -122,8 +122,9 @@ struct Collection {
     docs: BTreeMap<DocKey, Arc<StoredDocument>>,
     terms: HashMap<DocKey, StoredTerms>,
     entries: BTreeMap<EntryKey, [u8; 2]>,
-    /// The change log's records, by position (appended in increasing order).
-    log: VecDeque<(u64, Bytes)>,
+    /// The change log's records, by position (appended in increasing order). A write's
+    /// record shares its body with the document it wrote.
+    log: VecDeque<(u64, LogRecord)>,
     /// One past the highest position removed from `log`.
     log_floor: u64,
 }
@@ -143,8 +144,9 @@ impl Collection {
     }
 }
 
-/// What a kept record costs.
-fn record_bytes(record: &Bytes) -> usize {
+/// What a kept record costs: its body counted whole, since the record keeps it once the
+/// document it shares it with is gone.
+fn record_bytes(record: &LogRecord) -> usize {
     record.len() + RECORD_OVERHEAD
 }
 
@@ -261,7 +263,7 @@ impl ShardStore for MemoryShard {
                 } => {
                     let last = self.last_log_seq.fetch_max(seq, Ordering::Relaxed);
                     debug_assert!(seq > last, "log positions increase");
-                    let record = Bytes::copy_from_slice(record);
+                    let record = record.clone();
                     let mut held = self.log_bytes.load(Ordering::Relaxed) + record_bytes(&record);
                     collections
                         .entry(collection)
@@ -419,7 +421,11 @@ impl ChangeLog for MemoryShard {
             return Ok(Vec::new());
         };
         let start = c.log.partition_point(|(seq, _)| *seq < from);
-        Ok(c.log.range(start..).take(limit).cloned().collect())
+        Ok(c.log
+            .range(start..)
+            .take(limit)
+            .map(|(seq, record)| (*seq, record.to_bytes()))
+            .collect())
     }
 
     fn last_log_seq(&self) -> Result<u64, StorageError> {
@@ -471,5 +477,36 @@ mod tests {
     #[test]
     fn change_log() {
         crate::storage::change_log_tests::check_change_log(&*MemoryStorage::new().shard(0));
+    }
+
+    #[test]
+    fn log_records_share_the_body_they_were_given() {
+        let shard = MemoryShard {
+            feed_cap: DEFAULT_FEED_MEMORY_BYTES,
+            ..MemoryShard::default()
+        };
+        let body = Bytes::from(vec![7; 1000]);
+        let record = LogRecord {
+            head: Bytes::from_static(b"head"),
+            body: body.clone(),
+        };
+        let uid = CollectionUid(1);
+        shard
+            .write(WriteBatch {
+                writes: &[DocumentWrite::Append {
+                    collection: uid,
+                    seq: 1,
+                    record: &record,
+                }],
+                versions_below: 1,
+                keep_floor: false,
+            })
+            .expect("appends");
+        let collections = shard.collections.lock();
+        let kept = &collections[&uid].log[0].1;
+        assert_eq!(kept.body.as_ptr(), body.as_ptr(), "the body is not copied");
+        drop(collections);
+        let read = shard.read_log(uid, 1, 10).expect("reads");
+        assert_eq!(read, vec![(1, record.to_bytes())]);
     }
 }
