@@ -1067,7 +1067,7 @@ fn a_data_dir_from_a_newer_format_is_refused_untouched() {
     assert_stderr(
         &failed,
         &format!(
-            "mayfly: cannot start: data directory {} has data format 99, written by a newer Mayfly; this build reads format {FORMAT_VERSION}. Nothing was changed",
+            "mayfly: cannot start: data directory {} has data format 99, written by a newer Mayfly; this build reads formats 1 to {FORMAT_VERSION}. Nothing was changed",
             data.display()
         ),
     );

@@ -145,7 +145,7 @@ impl KeyedWrites<'_> {
         let map = body.map().clone();
         let (stored, ttl) = body.into_stored();
         let partition_key = key.partition_key.clone();
-        let shard = self.engine.shard_for(info.uid, &partition_key);
+        let shard = self.engine.shard_for(&info, &partition_key);
         shard.put(
             info,
             key,
@@ -176,7 +176,7 @@ impl KeyedWrites<'_> {
         {
             return Outcome::failed(e);
         }
-        self.engine.shard_for(info.uid, &key.partition_key).patch(
+        self.engine.shard_for(&info, &key.partition_key).patch(
             &info,
             key,
             (ops, condition, options),
@@ -194,7 +194,7 @@ impl KeyedWrites<'_> {
         if_match: Option<&str>,
     ) -> Outcome<Answered<()>> {
         match self.engine.get_collection(path) {
-            Ok(info) => self.engine.shard_for(info.uid, &key.partition_key).delete(
+            Ok(info) => self.engine.shard_for(&info, &key.partition_key).delete(
                 &info,
                 key,
                 if_match,
@@ -213,7 +213,7 @@ impl KeyedWrites<'_> {
         if_match: Option<&str>,
     ) -> Outcome<Answered<DocumentView>> {
         match self.engine.get_collection(path) {
-            Ok(info) => self.engine.shard_for(info.uid, &key.partition_key).touch(
+            Ok(info) => self.engine.shard_for(&info, &key.partition_key).touch(
                 &info,
                 key,
                 if_match,
@@ -247,7 +247,7 @@ impl KeyedWrites<'_> {
         if let Err(e) = Engine::check_batch(&info, &partition_key, ops) {
             return Outcome::failed(e);
         }
-        self.engine.shard_for(info.uid, &partition_key).batch(
+        self.engine.shard_for(&info, &partition_key).batch(
             &info,
             &partition_key,
             ops,

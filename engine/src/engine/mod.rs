@@ -23,6 +23,7 @@ mod keyed_writes;
 mod metrics;
 mod outcome;
 mod patch;
+mod placement;
 mod purge;
 mod query;
 mod query_reads;
@@ -36,12 +37,9 @@ mod power_loss_tests;
 #[cfg(test)]
 mod tests;
 
-use std::{
-    hash::{DefaultHasher, Hash, Hasher},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
 };
 
 use parking_lot::{Mutex, RwLock};
@@ -68,6 +66,7 @@ pub use keyed_writes::KeyedWrites;
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp, PatchOptions};
+pub use placement::{Placement, placement_key};
 pub use purge::PurgeGuard;
 pub use query::{QueryCache, QuerySpec};
 pub use query_reads::{
@@ -142,6 +141,8 @@ struct Inner {
     shards: Box<[Arc<Shard>]>,
     clock: Arc<dyn Clock>,
     storage: Arc<dyn Storage>,
+    /// Which shard holds a partition (the storage's: see [`Storage::placement`]).
+    placement: Placement,
     /// Next document version; etags are versions, unique across the engine and its restarts.
     versions: Arc<AtomicU64>,
     metrics: Arc<EngineMetrics>,
@@ -187,6 +188,7 @@ impl Engine {
                 ddl: Mutex::new(()),
                 shards,
                 clock,
+                placement: storage.placement(),
                 storage,
                 versions,
                 metrics,
@@ -293,16 +295,15 @@ impl Engine {
         self.inner.versions.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn shard_index(&self, uid: CollectionUid, partition_key: &PartitionKeyValue) -> usize {
-        // SipHash with fixed keys: the same partition always lands on the same shard.
-        let mut hasher = DefaultHasher::new();
-        uid.hash(&mut hasher);
-        partition_key.hash(&mut hasher);
-        (hasher.finish() % self.inner.shards.len() as u64) as usize
+    /// The shard that holds a partition, by the storage's placement.
+    fn shard_index(&self, info: &CollectionInfo, partition_key: &PartitionKeyValue) -> usize {
+        self.inner
+            .placement
+            .shard(info, partition_key, self.inner.shards.len())
     }
 
-    fn shard_for(&self, uid: CollectionUid, partition_key: &PartitionKeyValue) -> &Shard {
-        &self.inner.shards[self.shard_index(uid, partition_key)]
+    fn shard_for(&self, info: &CollectionInfo, partition_key: &PartitionKeyValue) -> &Shard {
+        &self.inner.shards[self.shard_index(info, partition_key)]
     }
 
     // ---- databases ----
@@ -734,7 +735,7 @@ impl Engine {
     pub fn read_document(&self, path: &CollectionPath, key: &DocKey) -> Outcome<DocumentView> {
         match self.get_collection(path) {
             Ok(info) => {
-                self.shard_for(info.uid, &key.partition_key)
+                self.shard_for(&info, &key.partition_key)
                     .read(&info, key, &*self.inner.clock)
             }
             Err(e) => Outcome::failed(e),
@@ -793,7 +794,7 @@ impl Engine {
         let (first, last) = match scope {
             FeedScope::Collection => (0, shards - 1),
             FeedScope::Partition(pk) => {
-                let i = self.shard_index(info.uid, pk);
+                let i = self.shard_index(&info, pk);
                 (i, i)
             }
         };

@@ -808,6 +808,10 @@ struct FlakyShard {
 }
 
 impl Storage for FlakyStorage {
+    fn placement(&self) -> crate::engine::Placement {
+        self.inner.placement()
+    }
+
     fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
         Arc::new(FlakyShard {
             inner: self.inner.shard(index),
@@ -2813,3 +2817,4 @@ fn a_query_without_from_runs_once_and_reads_nothing() {
 mod optimistic;
 mod ordered_review;
 mod patch_create;
+mod placement;

@@ -448,6 +448,11 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn reads_may_block(&self) -> bool {
         true
     }
+
+    /// How documents are spread over shards: fixed for the life of what the storage holds
+    /// (a data directory's format decides it; see `engine::Placement`). No default: a storage
+    /// that wraps another must pass its answer on.
+    fn placement(&self) -> crate::engine::Placement;
 }
 
 /// The documents of one engine shard.

@@ -158,7 +158,7 @@ impl Engine {
         let scope = scope.unwrap_or(ChangeFeedScope::Collection);
         let shards: Vec<usize> = match &scope {
             ChangeFeedScope::Collection => (0..self.shard_count()).collect(),
-            ChangeFeedScope::Partition(pk) => vec![self.shard_index(info.uid, pk)],
+            ChangeFeedScope::Partition(pk) => vec![self.shard_index(&info, pk)],
             ChangeFeedScope::Range(range) => range.shards().collect(),
         };
         let mut next = Vec::with_capacity(shards.len());

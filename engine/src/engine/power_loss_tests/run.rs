@@ -110,16 +110,12 @@ impl Run {
     /// The engine shards the test's partitions land on.
     pub(super) fn shards_of_partitions() -> BTreeSet<usize> {
         let run = Run::start(None, Mutation::None).expect("start");
-        let uid = run
-            .engine
-            .get_collection(&run.path)
-            .expect("collection")
-            .uid;
+        let info = run.engine.get_collection(&run.path).expect("collection");
         PARTITIONS
             .iter()
             .map(|&p| {
                 run.engine
-                    .shard_index(uid, &PartitionKeyValue::String(p.into()))
+                    .shard_index(&info, &PartitionKeyValue::String(p.into()))
             })
             .collect()
     }

@@ -460,6 +460,10 @@ impl PowerLossStorage {
 }
 
 impl Storage for PowerLossStorage {
+    fn placement(&self) -> crate::engine::Placement {
+        crate::engine::Placement::Xxh3
+    }
+
     fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
         Arc::new(PowerLossShard {
             shared: self.shared.clone(),

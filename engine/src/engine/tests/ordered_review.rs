@@ -122,13 +122,13 @@ fn a_partition_scoped_order_by_reads_about_its_own_undefined_documents() {
         put(&f, json!({"id": format!("t{i}"), "pk": "target"}));
     }
     let info = f.engine.get_collection(&f.path).expect("collection");
-    let target = f.engine.shard_index(info.uid, &pk("target"));
+    let target = f.engine.shard_index(&info, &pk("target"));
     // Other partitions' undefined documents, in the target's shard.
     let (mut i, mut placed) = (0, 0);
     while placed < 3000 {
         let partition = format!("o{i}");
         i += 1;
-        if f.engine.shard_index(info.uid, &pk(&partition)) != target {
+        if f.engine.shard_index(&info, &pk(&partition)) != target {
             continue;
         }
         for j in 0..10 {

@@ -22,6 +22,10 @@ struct RecordingShard {
 }
 
 impl Storage for Recording {
+    fn placement(&self) -> crate::engine::Placement {
+        self.inner.placement()
+    }
+
     fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
         Arc::new(RecordingShard {
             inner: self.inner.shard(index),

@@ -12,8 +12,11 @@ use std::{
 
 use super::OpenError;
 
-/// The data format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The data format this build writes; it reads every format from 1 up to it.
+///
+/// - 1: documents placed on shards by Rust's `DefaultHasher` (`Placement::Format1`).
+/// - 2: placed by xxh3-64 of the names and partition key (`Placement::Xxh3`); otherwise as 1.
+pub const FORMAT_VERSION: u32 = 2;
 const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_TMP: &str = "FORMAT.tmp";
 const LOCK_FILE: &str = "LOCK";
@@ -28,6 +31,8 @@ const PROBE_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Debug)]
 pub(super) struct DataDir {
     path: PathBuf,
+    /// Its format (see [`FORMAT_VERSION`]): what it was created with, never changed after.
+    format: u32,
     _lock: File,
 }
 
@@ -45,22 +50,18 @@ impl DataDir {
         fs::create_dir_all(path).map_err(io("create the data directory"))?;
         // Refusals come before the lock file is created: a refused directory is left as it was.
         let format_path = path.join(FORMAT_FILE);
-        let new = match fs::read_to_string(&format_path) {
+        let found = match fs::read_to_string(&format_path) {
             Ok(text) => {
-                let found = text
-                    .trim()
-                    .strip_prefix("mayfly-data-format ")
-                    .and_then(|n| n.parse::<u32>().ok())
-                    .ok_or_else(|| OpenError::NotMayfly {
-                        path: path.to_path_buf(),
-                    })?;
+                let found = parse_format(&text).ok_or_else(|| OpenError::NotMayfly {
+                    path: path.to_path_buf(),
+                })?;
                 if found > FORMAT_VERSION {
                     return Err(OpenError::NewerFormat {
                         path: path.to_path_buf(),
                         found,
                     });
                 }
-                false
+                Some(found)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // New only if empty (but for our own files): never adopt someone else's.
@@ -76,7 +77,7 @@ impl DataDir {
                         path: path.to_path_buf(),
                     });
                 }
-                true
+                None
             }
             Err(e) => return Err(io("read the format marker in")(e)),
         };
@@ -96,11 +97,30 @@ impl DataDir {
             Err(TryLockError::Error(e)) => return Err(io("lock")(e)),
         }
         // Under the lock: another server may have created it meanwhile.
-        if new && !format_path.exists() {
-            write_format(path).map_err(io("write the format marker in"))?;
-        }
+        let format = match found {
+            Some(format) => format,
+            None if format_path.exists() => match read_format(&format_path) {
+                Some(found) if found <= FORMAT_VERSION => found,
+                Some(found) => {
+                    return Err(OpenError::NewerFormat {
+                        path: path.to_path_buf(),
+                        found,
+                    });
+                }
+                None => {
+                    return Err(OpenError::NotMayfly {
+                        path: path.to_path_buf(),
+                    });
+                }
+            },
+            None => {
+                write_format(path).map_err(io("write the format marker in"))?;
+                FORMAT_VERSION
+            }
+        };
         Ok(DataDir {
             path: path.to_path_buf(),
+            format,
             _lock: lock,
         })
     }
@@ -112,6 +132,11 @@ impl DataDir {
 
     pub(super) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The format it was created with.
+    pub(super) fn format(&self) -> u32 {
+        self.format
     }
 
     /// Whether the directory takes a durable write now: a file is created (a descriptor is
@@ -133,6 +158,18 @@ impl DataDir {
         let _ = fs::remove_file(&path);
         result
     }
+}
+
+/// The format a marker names, if it is one.
+fn parse_format(text: &str) -> Option<u32> {
+    text.trim()
+        .strip_prefix("mayfly-data-format ")
+        .and_then(|n| n.parse::<u32>().ok())
+        .filter(|&n| n >= 1)
+}
+
+fn read_format(path: &Path) -> Option<u32> {
+    parse_format(&fs::read_to_string(path).ok()?)
 }
 
 /// Writes the marker atomically (temp file, fsync, rename, fsync the directory).

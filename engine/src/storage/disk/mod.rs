@@ -117,7 +117,7 @@ impl fmt::Display for OpenError {
             ),
             OpenError::NewerFormat { path, found } => write!(
                 f,
-                "data directory {} has data format {found}, written by a newer Mayfly; this build reads format {FORMAT_VERSION}. Nothing was changed: open it with the newer mayfly",
+                "data directory {} has data format {found}, written by a newer Mayfly; this build reads formats 1 to {FORMAT_VERSION}. Nothing was changed: open it with the newer mayfly",
                 path.display()
             ),
             OpenError::NotMayfly { path } => write!(
@@ -428,6 +428,13 @@ impl Storage for DiskStorage {
 
     fn reopen_ready(&self) -> Result<(), StorageError> {
         self.dir.probe().map_err(StorageError::unavailable)
+    }
+
+    fn placement(&self) -> crate::engine::Placement {
+        match self.dir.format() {
+            1 => crate::engine::Placement::Format1,
+            _ => crate::engine::Placement::Xxh3,
+        }
     }
 }
 

@@ -72,6 +72,10 @@ impl MemoryStorage {
 }
 
 impl Storage for MemoryStorage {
+    fn placement(&self) -> crate::engine::Placement {
+        crate::engine::Placement::Xxh3
+    }
+
     fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
         self.shards
             .lock()
