@@ -685,6 +685,9 @@ impl Storage for PurgeHeldStorage {
     fn failure(&self) -> Option<StorageError> {
         None
     }
+    fn placement(&self) -> mayfly_server::engine::Placement {
+        self.inner.placement()
+    }
 }
 
 impl ShardStore for PurgeHeldShard {

@@ -145,7 +145,7 @@ impl KeyedWrites<'_> {
         let map = body.map().clone();
         let (stored, ttl) = body.into_stored();
         let partition_key = key.partition_key.clone();
-        let shard = self.engine.shard_for(&info, &partition_key);
+        let shard = self.engine.shard_for(info, &partition_key);
         shard.put(
             info,
             key,

