@@ -344,9 +344,15 @@ async fn verify(channel: Channel, ledger: &Ledger, killed_at: i64) -> Checked {
             })
             .await;
         let after = now_ms();
+        // What a NotFound said (a missing document, or a missing collection: which tells a
+        // lost document from a lost catalog change when this fails).
+        let mut absent = String::new();
         let found = match result {
             Ok(doc) => Some(Version::of(&doc.into_inner())),
-            Err(status) if status.code() == Code::NotFound => None,
+            Err(status) if status.code() == Code::NotFound => {
+                absent = status.message().to_string();
+                None
+            }
             Err(status) => panic!("reading {id} after restart: {status}"),
         };
         if let Some(v) = &found {
@@ -387,7 +393,7 @@ async fn verify(channel: Channel, ledger: &Ledger, killed_at: i64) -> Checked {
                 };
                 assert!(
                     expired || replaced,
-                    "acknowledged write of {id} lost: expected {a:?}, read at {before}..{after}"
+                    "acknowledged write of {id} lost: expected {a:?}, read at {before}..{after} ({absent}; killed at {killed_at})"
                 );
                 if expired {
                     checked.expired += 1;
