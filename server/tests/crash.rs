@@ -107,10 +107,12 @@ struct Expected {
 #[derive(Debug, Clone, Copy)]
 enum InFlight {
     Delete,
-    /// An upsert with this marker and this TTL in ms (`None`: never expires).
+    /// An upsert with this marker and this TTL in ms (`None`: never expires), sent at
+    /// `sent_at` (ms): if applied, it was applied between then and the kill.
     Upsert {
         marker: u64,
         ttl_ms: Option<i64>,
+        sent_at: i64,
     },
 }
 
@@ -168,6 +170,7 @@ async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: 
                     ..Default::default()
                 })
                 .await;
+            let answered_at = now_ms();
             let mut ledger = ledger.lock().expect("ledger");
             let entry = ledger.get_mut(&id).expect("entry");
             match result {
@@ -178,7 +181,16 @@ async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: 
                     acked += 1;
                 }
                 Err(status) if status.code() == Code::NotFound => {
-                    // Already gone (expired or never there): the state stands.
+                    // Already gone (expired or never there): the state stands. Not for a
+                    // version acknowledged and still live when the answer came: that would be
+                    // a live document reported missing.
+                    if let Some(a) = &entry.acked {
+                        assert!(
+                            a.expires_ms.is_some_and(|e| e <= answered_at),
+                            "deleting {id} answered NotFound ({}) while its acknowledged version was live: {a:?}, answered at {answered_at}",
+                            status.message()
+                        );
+                    }
                     entry.in_flight = None;
                 }
                 Err(_) => return acked, // the server died; the delete stays in flight
@@ -213,7 +225,11 @@ async fn writer(channel: Channel, ledger: Ledger, round: usize, w: usize, seed: 
             .expect("ledger")
             .entry(id.clone())
             .or_default()
-            .in_flight = Some(InFlight::Upsert { marker, ttl_ms });
+            .in_flight = Some(InFlight::Upsert {
+            marker,
+            ttl_ms,
+            sent_at: now_ms(),
+        });
         let result = docs
             .upsert_document(UpsertDocumentRequest {
                 database: DATABASE.into(),
@@ -382,13 +398,14 @@ async fn verify(channel: Channel, ledger: &Ledger, killed_at: i64) -> Checked {
             ),
             (None, Some(a)) => {
                 let expired = a.expires_ms.is_some_and(|e| e <= after);
-                // Or the write in flight replaced it and has expired since: it was applied
-                // before the kill at the latest.
+                // Or the write in flight replaced it and may have expired since: it was
+                // applied after it was sent (and before the kill), so it expired by `after`
+                // at the latest if it was sent `ttl` before.
                 let replaced = match expected.in_flight {
                     Some(InFlight::Delete) => true,
-                    Some(InFlight::Upsert { ttl_ms, .. }) => {
-                        ttl_ms.is_some_and(|t| killed_at + t <= after)
-                    }
+                    Some(InFlight::Upsert {
+                        ttl_ms, sent_at, ..
+                    }) => ttl_ms.is_some_and(|t| sent_at + t <= after),
                     None => false,
                 };
                 assert!(
