@@ -1,9 +1,12 @@
 //! Cluster mode on NATS JetStream (issue 28; the design is `docs/cluster.md`). Built so far:
-//! the message a partition's owner publishes for each commit, and the check a follower makes
-//! of every message before applying it. The NATS side comes next, in the note's build order.
+//! the message a partition's owner publishes for each commit, the check a follower makes of
+//! every message before applying it, and the coordinator's assignment of partitions to nodes.
+//! The NATS side comes next, in the note's build order.
 
+pub mod assignment;
 pub mod chain;
 pub mod log_message;
 
+pub use assignment::{Assignment, NodeId, Replicas, assign};
 pub use chain::{Chain, Divergence};
 pub use log_message::{DecodeError, LogMessage, MessageKind, Remembered};
