@@ -1,12 +1,15 @@
 //! Cluster mode on NATS JetStream (issue 28; the design is `docs/cluster.md`). Built so far:
 //! the message a partition's owner publishes for each commit, the check a follower makes of
-//! every message before applying it, and the coordinator's assignment of partitions to nodes.
+//! every message before applying it, the coordinator's assignment of partitions to nodes, and
+//! the lease timing that keeps two owners from serving at once.
 //! The NATS side comes next, in the note's build order.
 
 pub mod assignment;
 pub mod chain;
+pub mod lease;
 pub mod log_message;
 
 pub use assignment::{Assignment, NodeId, Replicas, assign};
 pub use chain::{Chain, Divergence};
+pub use lease::{LeaseTiming, OwnerLease};
 pub use log_message::{DecodeError, LogMessage, MessageKind, Remembered};
