@@ -7,9 +7,11 @@
 pub mod assignment;
 pub mod chain;
 pub mod lease;
+pub mod lease_store;
 pub mod log_message;
 
 pub use assignment::{Assignment, NodeId, Replicas, assign};
 pub use chain::{Chain, Divergence};
 pub use lease::{LeaseTiming, OwnerLease};
+pub use lease_store::{Clocks, Held, LeaseError, LeaseRecord, Leases, SystemClocks, Watch};
 pub use log_message::{DecodeError, LogMessage, MessageKind, Remembered};

@@ -2,7 +2,8 @@
 //! `nats-server` processes with `sync_interval: always`: replicated streams acknowledge with a
 //! quorum, a stale writer is fenced by its expected sequence, and a refused per-subject
 //! expectation says so with one of the two error codes the design handles. If a NATS upgrade
-//! changes any of this, the design's assumptions fail here first.
+//! changes any of this, the design's assumptions fail here first. And the first piece built
+//! on it: partition leases in a KV bucket.
 
 mod support;
 
@@ -13,6 +14,7 @@ use async_nats::{
     jetstream::{self, Context, stream},
 };
 use bytes::Bytes;
+use mayfly_cluster::{LeaseTiming, Leases, SystemClocks, Watch};
 
 use support::nats::NatsCluster;
 
@@ -221,4 +223,63 @@ async fn writes_go_on_with_one_server_of_three_killed() {
         }
     }
     assert_eq!(last, 21);
+}
+
+/// Clocks shared by the test's two "nodes": one real monotonic clock, so their lease decisions
+/// can be compared on one time line.
+fn clocks() -> SystemClocks {
+    SystemClocks::default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_passes_only_after_its_owner_has_stopped_serving() {
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    // Created once the cluster takes replicated writes (the stream creation retries until it
+    // does).
+    replicated_stream(&js, "READY", "ready.>").await;
+    let timing = LeaseTiming {
+        length_ms: 600,
+        ..LeaseTiming::DEFAULT
+    };
+    let leases = Leases::open(&js, 3, timing).await.expect("bucket");
+    let clocks = clocks();
+
+    // Node a takes partition 0; node b cannot while a renews.
+    let mut b_watch = Watch::default();
+    let mut a = leases
+        .try_acquire(0, "a", &mut Watch::default(), &clocks)
+        .await
+        .expect("answers")
+        .expect("a free partition is taken");
+    assert_eq!(a.epoch, 1);
+    for _ in 0..6 {
+        assert!(leases.renew(&mut a, "a", &clocks).await.expect("answers"));
+        assert!(a.serves(&clocks));
+        let b = leases.try_acquire(0, "b", &mut b_watch, &clocks).await;
+        assert!(b.expect("answers").is_none(), "taken while renewed");
+        tokio::time::sleep(Duration::from_millis(timing.length_ms / 4)).await;
+    }
+
+    // a stops renewing (a pause): b takes over once a whole lease has passed since it saw the
+    // last renewal, and by then a has stopped serving by its own clock.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let b = loop {
+        assert!(Instant::now() < deadline, "b never took the lapsed lease");
+        if let Some(b) = leases
+            .try_acquire(0, "b", &mut b_watch, &clocks)
+            .await
+            .expect("answers")
+        {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!a.serves(&clocks), "a still served when b took over");
+    assert_eq!(b.epoch, 2);
+    let (record, _) = leases.read(0).await.expect("answers").expect("held");
+    assert_eq!((record.owner.as_str(), record.epoch), ("b", 2));
+    // a wakes: its renewal is refused, and it knows it lost the partition.
+    assert!(!leases.renew(&mut a, "a", &clocks).await.expect("answers"));
+    assert!(!a.serves(&clocks));
 }

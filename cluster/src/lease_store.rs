@@ -1,0 +1,320 @@
+//! Partition leases in a JetStream KV bucket (`docs/cluster.md`, "Leases and fencing"): one key
+//! per partition holding its owner, epoch and `lease_until` (the owner's wall clock at renewal
+//! plus a lease: the largest clock reading it may serve by). Compare-and-set on the key's
+//! revision is the only way to change it; [`LeaseTiming`] decides when an owner stops serving
+//! and when a contender may take over.
+
+use std::{fmt, time::Duration};
+
+use async_nats::jetstream::{
+    self,
+    kv::{self, CreateErrorKind, UpdateErrorKind},
+};
+use bytes::Bytes;
+
+use crate::{
+    assignment::NodeId,
+    lease::{LeaseTiming, OwnerLease},
+};
+
+/// The bucket's name.
+pub const BUCKET: &str = "mayfly-partitions";
+
+/// What a partition's key holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub owner: NodeId,
+    /// The lease's generation: one more at each change of owner.
+    pub epoch: u64,
+    /// The owner's wall clock at its last renewal plus a lease (Unix ms).
+    pub lease_until: u64,
+}
+
+impl LeaseRecord {
+    fn encode(&self) -> Bytes {
+        format!("{} {} {}", self.epoch, self.lease_until, self.owner).into()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, LeaseError> {
+        let bad = || LeaseError::Corrupt(String::from_utf8_lossy(bytes).into_owned());
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        let mut parts = text.splitn(3, ' ');
+        let epoch = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let lease_until = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let owner = parts.next().filter(|o| !o.is_empty()).ok_or_else(bad)?;
+        Ok(LeaseRecord {
+            owner: owner.to_string(),
+            epoch,
+            lease_until,
+        })
+    }
+}
+
+/// Why a lease operation did not answer.
+#[derive(Debug)]
+pub enum LeaseError {
+    /// NATS did not answer, or answered with an error: the outcome of a write is unknown.
+    Nats(String),
+    /// A key holds something that is not a lease record.
+    Corrupt(String),
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseError::Nats(e) => write!(f, "the lease store did not answer: {e}"),
+            LeaseError::Corrupt(v) => write!(f, "a partition key holds no lease record: {v:?}"),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+fn nats(e: impl fmt::Display) -> LeaseError {
+    LeaseError::Nats(e.to_string())
+}
+
+/// Clocks a node reads: monotonic for lease timing, wall for `lease_until`.
+pub trait Clocks: Send + Sync {
+    /// Milliseconds on a clock that never goes back and keeps counting while the process is
+    /// stopped.
+    fn monotonic_ms(&self) -> u64;
+    /// Unix milliseconds.
+    fn wall_ms(&self) -> u64;
+}
+
+/// The system's clocks: monotonic from [`std::time::Instant`] (`CLOCK_MONOTONIC` on Linux,
+/// which counts on while a process is stopped), wall from [`std::time::SystemTime`].
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClocks {
+    origin: std::time::Instant,
+}
+
+impl Default for SystemClocks {
+    fn default() -> Self {
+        SystemClocks {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Clocks for SystemClocks {
+    fn monotonic_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    fn wall_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+/// A lease this node holds.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub partition: u32,
+    pub epoch: u64,
+    revision: u64,
+    lease: OwnerLease,
+}
+
+impl Held {
+    /// Whether the partition may be served now.
+    pub fn serves(&self, clocks: &dyn Clocks) -> bool {
+        self.lease.serves(clocks.monotonic_ms())
+    }
+}
+
+/// What a contender has seen of a partition's key: its revision, and when (monotonic) it was
+/// first seen at that revision.
+#[derive(Debug, Clone, Default)]
+pub struct Watch {
+    seen: Option<(u64, u64)>,
+}
+
+/// The partitions' leases.
+#[derive(Clone)]
+pub struct Leases {
+    kv: kv::Store,
+    timing: LeaseTiming,
+}
+
+impl fmt::Debug for Leases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leases")
+            .field("timing", &self.timing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Leases {
+    /// Opens (or creates) the bucket, replicated on `replicas` servers.
+    pub async fn open(
+        js: &jetstream::Context,
+        replicas: usize,
+        timing: LeaseTiming,
+    ) -> Result<Self, LeaseError> {
+        let kv = js
+            .create_key_value(kv::Config {
+                bucket: BUCKET.to_string(),
+                history: 1,
+                num_replicas: replicas,
+                storage: jetstream::stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(nats)?;
+        Ok(Leases { kv, timing })
+    }
+
+    fn key(partition: u32) -> String {
+        format!("p.{partition}")
+    }
+
+    /// The record of a partition's lease, if any.
+    pub async fn read(&self, partition: u32) -> Result<Option<(LeaseRecord, u64)>, LeaseError> {
+        let entry = self.kv.entry(Self::key(partition)).await.map_err(nats)?;
+        match entry {
+            Some(e) if e.operation == kv::Operation::Put => {
+                Ok(Some((LeaseRecord::decode(&e.value)?, e.revision)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Takes `partition` for `node` if nobody holds it, or if its holder has not renewed it for
+    /// a whole lease since `watch` first saw its current revision. `None`: not now (it is held,
+    /// or another contender was faster).
+    pub async fn try_acquire(
+        &self,
+        partition: u32,
+        node: &str,
+        watch: &mut Watch,
+        clocks: &dyn Clocks,
+    ) -> Result<Option<Held>, LeaseError> {
+        let current = self.read(partition).await?;
+        let mut lease = OwnerLease::new(self.timing);
+        let record = |epoch| LeaseRecord {
+            owner: node.to_string(),
+            epoch,
+            lease_until: clocks.wall_ms() + self.timing.length_ms,
+        };
+        let Some((held_by, revision)) = current else {
+            lease.sending(clocks.monotonic_ms());
+            return match self
+                .kv
+                .create(Self::key(partition), record(1).encode())
+                .await
+            {
+                Ok(revision) => {
+                    lease.confirmed();
+                    Ok(Some(Held {
+                        partition,
+                        epoch: 1,
+                        revision,
+                        lease,
+                    }))
+                }
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
+                Err(e) => Err(nats(e)),
+            };
+        };
+        let now = clocks.monotonic_ms();
+        let first_seen = match watch.seen {
+            Some((seen, at)) if seen == revision => at,
+            _ => {
+                watch.seen = Some((revision, now));
+                now
+            }
+        };
+        if now < self.timing.lapsed_at(first_seen) {
+            return Ok(None);
+        }
+        let epoch = held_by.epoch + 1;
+        lease.sending(clocks.monotonic_ms());
+        match self
+            .kv
+            .update(Self::key(partition), record(epoch).encode(), revision)
+            .await
+        {
+            Ok(revision) => {
+                lease.confirmed();
+                Ok(Some(Held {
+                    partition,
+                    epoch,
+                    revision,
+                    lease,
+                }))
+            }
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) => Err(nats(e)),
+        }
+    }
+
+    /// Renews a held lease. `false`: another node holds it now (the partition must not be
+    /// served any more). An error leaves the lease to lapse by itself if renewals keep failing.
+    pub async fn renew(
+        &self,
+        held: &mut Held,
+        node: &str,
+        clocks: &dyn Clocks,
+    ) -> Result<bool, LeaseError> {
+        let record = LeaseRecord {
+            owner: node.to_string(),
+            epoch: held.epoch,
+            lease_until: clocks.wall_ms() + self.timing.length_ms,
+        };
+        held.lease.sending(clocks.monotonic_ms());
+        match self
+            .kv
+            .update(Self::key(held.partition), record.encode(), held.revision)
+            .await
+        {
+            Ok(revision) => {
+                held.revision = revision;
+                held.lease.confirmed();
+                Ok(true)
+            }
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                // An earlier try whose answer was lost may have been applied: still ours if
+                // the key holds this node at this epoch.
+                match self.read(held.partition).await? {
+                    Some((r, revision)) if r.owner == node && r.epoch == held.epoch => {
+                        held.revision = revision;
+                        held.lease.confirmed();
+                        Ok(true)
+                    }
+                    _ => {
+                        held.lease.lost();
+                        Ok(false)
+                    }
+                }
+            }
+            Err(e) => Err(nats(e)),
+        }
+    }
+}
+
+/// How often an owner renews: four times a lease.
+pub fn renew_interval(timing: &LeaseTiming) -> Duration {
+    Duration::from_millis(timing.length_ms / 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_junk_is_refused() {
+        let r = LeaseRecord {
+            owner: "node a".into(),
+            epoch: 7,
+            lease_until: 1_764_000_000_000,
+        };
+        assert_eq!(LeaseRecord::decode(&r.encode()).expect("decodes"), r);
+        for junk in ["", "7", "7 8", "7 8 ", "x 8 a", "7 y a"] {
+            assert!(LeaseRecord::decode(junk.as_bytes()).is_err(), "{junk:?}");
+        }
+    }
+}
