@@ -9,6 +9,7 @@ use std::{fmt, time::Duration};
 use async_nats::jetstream::{
     self,
     kv::{self, CreateErrorKind, UpdateErrorKind},
+    stream::LastRawMessageErrorKind,
 };
 use bytes::Bytes;
 
@@ -83,24 +84,16 @@ pub trait Clocks: Send + Sync {
     fn wall_ms(&self) -> u64;
 }
 
-/// The system's clocks: monotonic from [`std::time::Instant`] (`CLOCK_MONOTONIC` on Linux,
-/// which counts on while a process is stopped), wall from [`std::time::SystemTime`].
-#[derive(Debug, Clone, Copy)]
-pub struct SystemClocks {
-    origin: std::time::Instant,
-}
-
-impl Default for SystemClocks {
-    fn default() -> Self {
-        SystemClocks {
-            origin: std::time::Instant::now(),
-        }
-    }
-}
+/// The system's clocks: `CLOCK_BOOTTIME` for lease timing (monotonic, and unlike
+/// `CLOCK_MONOTONIC` it counts on while the machine is suspended, so an owner that resumes
+/// knows its lease ran out), and the wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClocks;
 
 impl Clocks for SystemClocks {
     fn monotonic_ms(&self) -> u64 {
-        self.origin.elapsed().as_millis() as u64
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+        t.tv_sec as u64 * 1_000 + t.tv_nsec as u64 / 1_000_000
     }
 
     fn wall_ms(&self) -> u64 {
@@ -172,14 +165,29 @@ impl Leases {
         format!("p.{partition}")
     }
 
-    /// The record of a partition's lease, if any.
+    /// The record of a partition's lease and its revision, if any, as the bucket's stream
+    /// leader has it: a KV read may be answered by any replica, one that lags included, which
+    /// must not tell an owner that a key another node has taken is still its own.
     pub async fn read(&self, partition: u32) -> Result<Option<(LeaseRecord, u64)>, LeaseError> {
-        let entry = self.kv.entry(Self::key(partition)).await.map_err(nats)?;
-        match entry {
-            Some(e) if e.operation == kv::Operation::Put => {
-                Ok(Some((LeaseRecord::decode(&e.value)?, e.revision)))
+        let subject = format!("$KV.{BUCKET}.{}", Self::key(partition));
+        match self
+            .kv
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(message) => {
+                // A delete or purge marker: no lease.
+                if message.headers.get("KV-Operation").is_some() {
+                    return Ok(None);
+                }
+                Ok(Some((
+                    LeaseRecord::decode(&message.payload)?,
+                    message.sequence,
+                )))
             }
-            _ => Ok(None),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(nats(e)),
         }
     }
 
@@ -216,7 +224,9 @@ impl Leases {
                         lease,
                     }))
                 }
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists || wrong_revision(&e) => {
+                    Ok(None)
+                }
                 Err(e) => Err(nats(e)),
             };
         };
@@ -247,7 +257,9 @@ impl Leases {
                     lease,
                 }))
             }
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || wrong_revision(&e) => {
+                Ok(None)
+            }
             Err(e) => Err(nats(e)),
         }
     }
@@ -260,12 +272,13 @@ impl Leases {
         node: &str,
         clocks: &dyn Clocks,
     ) -> Result<bool, LeaseError> {
+        // The monotonic reading first: the lease counts from before the wall reading it sends.
+        held.lease.sending(clocks.monotonic_ms());
         let record = LeaseRecord {
             owner: node.to_string(),
             epoch: held.epoch,
             lease_until: clocks.wall_ms() + self.timing.length_ms,
         };
-        held.lease.sending(clocks.monotonic_ms());
         match self
             .kv
             .update(Self::key(held.partition), record.encode(), held.revision)
@@ -276,11 +289,15 @@ impl Leases {
                 held.lease.confirmed();
                 Ok(true)
             }
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
-                // An earlier try whose answer was lost may have been applied: still ours if
-                // the key holds this node at this epoch.
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || wrong_revision(&e) => {
+                // A refusal, or the server's conflict with a write of the key still being
+                // applied (error 10164 says both). Still ours only if the leader holds this
+                // node at this epoch at a later revision than the last one confirmed: an
+                // earlier try whose answer was lost was applied.
                 match self.read(held.partition).await? {
-                    Some((r, revision)) if r.owner == node && r.epoch == held.epoch => {
+                    Some((r, revision))
+                        if r.owner == node && r.epoch == held.epoch && revision > held.revision =>
+                    {
                         held.revision = revision;
                         held.lease.confirmed();
                         Ok(true)
@@ -299,6 +316,13 @@ impl Leases {
 /// How often an owner renews: four times a lease.
 pub fn renew_interval(timing: &LeaseTiming) -> Duration {
     Duration::from_millis(timing.length_ms / 4)
+}
+
+/// Whether a refused write is JetStream's per-subject "wrong last sequence" without the
+/// sequence (error 10164), which async-nats reports as another error: a replicated stream's
+/// answer to a lost compare-and-set, or to a write of the key still being applied.
+fn wrong_revision(e: &impl fmt::Debug) -> bool {
+    format!("{e:?}").contains("10164")
 }
 
 #[cfg(test)]

@@ -528,13 +528,14 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
 /// A shard's change log outside the commit path: reading it from a position, and trimming it.
 pub trait ChangeLog {
     /// Up to `limit` records of a collection's change log in this shard, at positions `from`
-    /// and after, in order.
+    /// and after, in order (a backend that keeps a record's body apart returns it apart, shared
+    /// rather than copied).
     fn read_log(
         &self,
         collection: CollectionUid,
         from: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, Bytes)>, StorageError>;
+    ) -> Result<Vec<(u64, LogRecord)>, StorageError>;
 
     /// The highest position this shard has appended a log record at, in any collection, even
     /// if the record has been trimmed since (0: none): positions are never reused.

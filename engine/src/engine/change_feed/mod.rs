@@ -209,7 +209,7 @@ impl Engine {
         while low < high {
             let mid = low + (high - low) / 2;
             match s.read_log(uid, mid, 1)?.first() {
-                Some((seq, bytes)) if ChangeRecord::decode(bytes)?.logged_at < at => {
+                Some((seq, record)) if ChangeRecord::decode_log(record)?.logged_at < at => {
                     low = seq + 1;
                 }
                 _ => high = mid,
@@ -239,7 +239,7 @@ impl Engine {
         }
         let oldest = s.read_log(uid, floor, 1)?.into_iter().next();
         let at = match &oldest {
-            Some((_, bytes)) => Some(ChangeRecord::decode(bytes)?.crts),
+            Some((_, record)) => Some(ChangeRecord::decode_log(record)?.crts),
             None => None,
         };
         Err(Error::ChangesTrimmed {
@@ -363,7 +363,7 @@ impl Engine {
                     // The rest is not durable yet: this shard is read up to its end.
                     return Ok((durable + 1, false));
                 }
-                let record = ChangeRecord::decode(&raw)?;
+                let record = ChangeRecord::decode_log(&raw)?;
                 if cursor.shows(shard, &record) {
                     let size = record.body.as_ref().map_or(0, |b| b.len());
                     // A page keeps what the response budget has room for: it ends before an

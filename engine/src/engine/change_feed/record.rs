@@ -138,6 +138,15 @@ impl ChangeRecord {
         out.extend_from_slice(id);
     }
 
+    /// Parses a record as storage returns it: its head, and its body kept apart or not.
+    pub fn decode_log(record: &LogRecord) -> Result<Self, StorageError> {
+        let mut decoded = Self::decode(&record.head)?;
+        if !record.body.is_empty() && decoded.op.is_write() {
+            decoded.body = Some(record.body.clone());
+        }
+        Ok(decoded)
+    }
+
     /// Parses a record's bytes; `bytes` is shared, not copied, for the body.
     pub fn decode(bytes: &Bytes) -> Result<Self, StorageError> {
         let bad = || StorageError::new("corrupt change log record in the data directory");

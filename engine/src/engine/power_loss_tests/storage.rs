@@ -19,9 +19,9 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::storage::{
-    ChangeLog, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, ScanRange,
-    ShardStore, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term,
-    WriteBatch,
+    ChangeLog, DocumentWrite, DurableFuture, IndexEntry, IndexRange, IndexUpdate, LogRecord,
+    ScanRange, ShardStore, StorageError, StoredCatalog, StoredDocument, StoredMeta, StoredTerms,
+    Term, WriteBatch,
 };
 
 /// A bug planted in the storage, for a mutation check.
@@ -755,13 +755,13 @@ impl ChangeLog for PowerLossShard {
         collection: CollectionUid,
         from: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, Bytes)>, StorageError> {
+    ) -> Result<Vec<(u64, LogRecord)>, StorageError> {
         Ok(self.applied(|image| {
             image
                 .log
                 .range((collection, from)..=(collection, u64::MAX))
                 .take(limit)
-                .map(|(&(_, seq), record)| (seq, record.clone()))
+                .map(|(&(_, seq), record)| (seq, LogRecord::whole(record.clone())))
                 .collect()
         }))
     }

@@ -2,12 +2,11 @@
 
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::Shard;
 use crate::engine::CollectionUid;
-use crate::storage::{Lsn, StorageError};
+use crate::storage::{LogRecord, Lsn, StorageError};
 
 /// Where a shard's change log ends: its last position, and where the commit that appended it
 /// is in storage.
@@ -83,7 +82,7 @@ impl Shard {
         uid: CollectionUid,
         from: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, Bytes)>, StorageError> {
+    ) -> Result<Vec<(u64, LogRecord)>, StorageError> {
         self.store.change_log().read_log(uid, from, limit)
     }
 }

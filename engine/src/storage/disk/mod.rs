@@ -42,8 +42,8 @@ use self::{
 };
 use super::{
     CatalogChange, ChangeLog, DocKey, DocumentWrite, DurableFuture, IndexEntry, IndexRange,
-    IndexUpdate, Lsn, RequestRecord, ScanRange, ShardStore, Storage, StorageError, StoredCatalog,
-    StoredDocument, StoredMeta, StoredTerms, Term, WriteBatch, index_keys,
+    IndexUpdate, LogRecord, Lsn, RequestRecord, ScanRange, ShardStore, Storage, StorageError,
+    StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term, WriteBatch, index_keys,
 };
 use crate::model::{CollectionUid, DatabaseId, DatabaseUid};
 
@@ -952,7 +952,7 @@ impl ChangeLog for DiskShard {
         collection: CollectionUid,
         from: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, Bytes)>, StorageError> {
+    ) -> Result<Vec<(u64, LogRecord)>, StorageError> {
         let prefix = codec::collection_prefix(self.index, collection);
         let start = Bound::Included([&prefix[..], &from.to_be_bytes()].concat());
         let end = index_keys::prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded);
@@ -966,7 +966,7 @@ impl ChangeLog for DiskShard {
                     .and_then(|b| <[u8; 8]>::try_from(b).ok())
                     .map(u64::from_be_bytes)
                     .ok_or_else(|| StorageError::new("corrupt change log key"))?;
-                Ok((seq, Bytes::copy_from_slice(&value)))
+                Ok((seq, LogRecord::whole(Bytes::copy_from_slice(&value))))
             })
             .collect()
     }
@@ -1423,7 +1423,7 @@ mod tests {
                 .change_log()
                 .read_log(CollectionUid(1), 0, 10)
                 .expect("reads"),
-            vec![(4, Bytes::from_static(b"a4"))]
+            vec![(4, LogRecord::whole(Bytes::from_static(b"a4")))]
         );
     }
 

@@ -11,8 +11,6 @@ use std::{
     },
 };
 
-use bytes::Bytes;
-
 use parking_lot::Mutex;
 
 use self::entry_key::EntryKey;
@@ -419,17 +417,13 @@ impl ChangeLog for MemoryShard {
         collection: CollectionUid,
         from: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, Bytes)>, StorageError> {
+    ) -> Result<Vec<(u64, LogRecord)>, StorageError> {
         let collections = self.collections.lock();
         let Some(c) = collections.get(&collection) else {
             return Ok(Vec::new());
         };
         let start = c.log.partition_point(|(seq, _)| *seq < from);
-        Ok(c.log
-            .range(start..)
-            .take(limit)
-            .map(|(seq, record)| (*seq, record.to_bytes()))
-            .collect())
+        Ok(c.log.range(start..).take(limit).cloned().collect())
     }
 
     fn last_log_seq(&self) -> Result<u64, StorageError> {
@@ -476,6 +470,8 @@ fn partition_start(partition_key: &PartitionKeyValue, after: Option<&DocumentId>
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     #[test]
@@ -511,6 +507,7 @@ mod tests {
         assert_eq!(kept.body.as_ptr(), body.as_ptr(), "the body is not copied");
         drop(collections);
         let read = shard.read_log(uid, 1, 10).expect("reads");
-        assert_eq!(read, vec![(1, record.to_bytes())]);
+        assert_eq!(read, vec![(1, record)]);
+        assert_eq!(read[0].1.body.as_ptr(), body.as_ptr(), "nor on reading");
     }
 }
