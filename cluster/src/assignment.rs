@@ -82,12 +82,12 @@ pub fn assign(
                     standbys: Vec::new(),
                 };
             };
-            let mut kept: Vec<NodeId> = std::iter::once(&r.owner)
-                .chain(&r.standbys)
-                .filter(|n| present(n))
-                .cloned()
-                .collect();
-            kept.dedup();
+            let mut kept: Vec<NodeId> = Vec::new();
+            for node in std::iter::once(&r.owner).chain(&r.standbys) {
+                if present(node) && !kept.contains(node) {
+                    kept.push(node.clone());
+                }
+            }
             if kept.is_empty() {
                 return Replicas {
                     owner: String::new(),

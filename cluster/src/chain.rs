@@ -93,7 +93,15 @@ impl Chain {
                 found: message.epoch,
             });
         }
-        if !matches!(message.kind, MessageKind::Rebase { .. }) {
+        if matches!(message.kind, MessageKind::Rebase { .. }) {
+            // A rebase seen again, or an older one, would roll the history back.
+            if message.epoch == self.epoch && message.after <= self.last && self.last > 0 {
+                return Err(Divergence::Rewind {
+                    last: self.last,
+                    found_after: message.after,
+                });
+            }
+        } else {
             if message.after > self.last {
                 return Err(Divergence::Gap {
                     last: self.last,
@@ -247,5 +255,17 @@ mod tests {
         follower.accept(&bytes).expect("a rebase is taken");
         assert_eq!((follower.last, follower.epoch), (9, 4));
         assert_eq!(follower.link, link(12345, &bytes));
+        // Delivered again, it is refused rather than rolling back what followed it.
+        let next = Bytes::from(commit(4, 9, follower.link, 2).encode());
+        let next = LogMessage::decode(&next).map(|m| LogMessage { epoch: 4, ..m });
+        let next = Bytes::from(next.expect("decodes").encode());
+        follower.accept(&next).expect("continues after the rebase");
+        assert_eq!(
+            follower.accept(&bytes),
+            Err(Divergence::Rewind {
+                last: 11,
+                found_after: 9
+            })
+        );
     }
 }

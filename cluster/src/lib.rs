@@ -2,7 +2,8 @@
 //! the message a partition's owner publishes for each commit, the check a follower makes of
 //! every message before applying it, the coordinator's assignment of partitions to nodes, and
 //! the lease timing that keeps two owners from serving at once.
-//! The NATS side comes next, in the note's build order.
+//! On NATS so far: the leases, in a KV bucket. The log's publisher and followers come next,
+//! in the note's build order.
 
 pub mod assignment;
 pub mod chain;

@@ -131,7 +131,8 @@ impl LogMessage {
             out.extend_from_slice(&r.record.forget_at.to_be_bytes());
         }
         if let MessageKind::Rebase { snapshot } = &self.kind {
-            out.extend_from_slice(&(snapshot.len() as u16).to_be_bytes());
+            let len = u16::try_from(snapshot.len()).expect("snapshot names are short");
+            out.extend_from_slice(&len.to_be_bytes());
             out.extend_from_slice(snapshot.as_bytes());
         }
         out
@@ -160,6 +161,13 @@ impl LogMessage {
         for _ in 0..n {
             let collection = CollectionUid(r.u64()?);
             let (partition_key, rest) = PartitionKeyValue::decode_ordered(&r.bytes[r.at..])
+                .filter(|(pk, _)| match pk {
+                    // What the engine stores: finite, and 0 for -0.
+                    PartitionKeyValue::Number(x) => {
+                        x.is_finite() && x.to_bits() != (-0.0f64).to_bits()
+                    }
+                    _ => true,
+                })
                 .ok_or(DecodeError("bad partition key"))?;
             r.at = r.bytes.len() - rest.len();
             let len = usize::from(r.u16()?);
@@ -195,6 +203,9 @@ impl LogMessage {
         };
         if r.at != bytes.len() {
             return Err(DecodeError("bytes after the message"));
+        }
+        if after.checked_add(records.len() as u64).is_none() {
+            return Err(DecodeError("positions past the largest"));
         }
         Ok(LogMessage {
             kind,
@@ -357,11 +368,45 @@ pub(crate) mod tests {
     }
 
     proptest! {
-        /// Whatever the bytes, decoding answers (never panics, never allocates by a count it
-        /// was told rather than by bytes it has).
+        /// Whatever a valid message's bytes become (bytes changed, cut, inserted), decoding
+        /// answers: it never panics, and counts it is told (records, remembered requests)
+        /// allocate nothing before the bytes they name are there.
         #[test]
-        fn decoding_any_bytes_answers(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        fn decoding_damaged_messages_answers(
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8),
+            kind in 0u8..3,
+        ) {
+            let mut message = commit(2, 40, 99, 3);
+            if kind > 0 {
+                message.records.clear();
+                message.kind = if kind == 1 {
+                    MessageKind::Takeover
+                } else {
+                    MessageKind::Rebase { snapshot: "s".into() }
+                };
+            }
+            let mut bytes = message.encode();
+            for (at, byte, how) in edits {
+                let i = at.index(bytes.len());
+                match how {
+                    0 => bytes[i] = byte,
+                    1 => bytes.truncate(i),
+                    _ => bytes.insert(i, byte),
+                }
+                if bytes.is_empty() {
+                    break;
+                }
+            }
             let _ = LogMessage::decode(&Bytes::from(bytes));
         }
+    }
+
+    #[test]
+    fn positions_past_the_largest_are_refused() {
+        let bytes = Bytes::from(commit(2, u64::MAX - 1, 0, 3).encode());
+        assert_eq!(
+            LogMessage::decode(&bytes),
+            Err(DecodeError("positions past the largest"))
+        );
     }
 }

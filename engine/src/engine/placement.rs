@@ -60,8 +60,9 @@ impl Placement {
 }
 
 /// What [`Placement::Xxh3`] hashes: `database id | 0x00 | collection id | 0x00 | partition
-/// key in its order-preserving encoding` (ids hold no NUL, so different inputs give different
-/// keys). Names rather than uids, so that a client computes it from what it sends.
+/// key in its order-preserving encoding`. Names rather than uids, so that a client computes it
+/// from what it sends. (Ids accepted today hold no NUL; two inputs that give one key would
+/// only share a placement, which is harmless.)
 pub fn placement_key(
     database: &str,
     collection: &str,

@@ -97,6 +97,11 @@ fn start_server(binary: &Path, dir: &Path, i: usize, routes: &[String]) -> NatsS
     // It logs the port it chose. Whether the cluster's JetStream is ready is for clients to
     // find out (creating a replicated stream fails until it is).
     let stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
+    // Owned from here, so that a panic below still kills it.
+    let mut server = NatsServer {
+        child,
+        url: String::new(),
+    };
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
@@ -118,8 +123,6 @@ fn start_server(binary: &Path, dir: &Path, i: usize, routes: &[String]) -> NatsS
     }
     // Keep draining its log so that the server never blocks on a full pipe.
     std::thread::spawn(move || while rx.recv().is_ok() {});
-    NatsServer {
-        child,
-        url: url.expect("client url"),
-    }
+    server.url = url.expect("client url");
+    server
 }
