@@ -52,6 +52,17 @@ impl<'a> Load<'a> {
         Load { owned, held }
     }
 
+    /// The node with the most of `count` and the one with the least, if they differ by more
+    /// than one (there is something to even out).
+    fn uneven(count: &BTreeMap<&'a str, usize>) -> Option<(&'a str, &'a str)> {
+        let (most, high) = count
+            .iter()
+            .max_by_key(|&(node, n)| (*n, std::cmp::Reverse(*node)))
+            .expect("a node");
+        let least = Self::least(count, |_| true).expect("a node");
+        (*high > count[least] + 1).then_some((*most, least))
+    }
+
     /// The node with the least of `count` among those `eligible`, by id on ties.
     fn least(count: &BTreeMap<&'a str, usize>, eligible: impl Fn(&str) -> bool) -> Option<&'a str> {
         count
@@ -113,18 +124,8 @@ pub fn assign(
 
     // Even out ownership: from a most-owning node to a least-owning one, by a swap with that
     // node's standby role where it has one, else by a move (the old owner stays as a standby).
-    loop {
-        let load = Load::of(nodes, &out);
-        let (most, &high) = load
-            .owned
-            .iter()
-            .max_by_key(|&(node, n)| (*n, std::cmp::Reverse(*node)))
-            .expect("a node");
-        let least = Load::least(&load.owned, |_| true).expect("a node");
-        if high <= load.owned[least] + 1 {
-            break;
-        }
-        let owned_by_most = |p: &usize| out[*p].owner == *most;
+    while let Some((most, least)) = Load::uneven(&Load::of(nodes, &out).owned) {
+        let owned_by_most = |p: &usize| out[*p].owner == most;
         let p = (0..partitions)
             .filter(owned_by_most)
             .find(|&p| out[p].standbys.iter().any(|s| s == least))
@@ -158,20 +159,10 @@ pub fn assign(
     }
 
     // Even out what each node holds by moving standbys (never owners, which are even).
-    loop {
-        let load = Load::of(nodes, &out);
-        let (most, &high) = load
-            .held
-            .iter()
-            .max_by_key(|&(node, n)| (*n, std::cmp::Reverse(*node)))
-            .expect("a node");
-        let least = Load::least(&load.held, |_| true).expect("a node");
-        if high <= load.held[least] + 1 {
-            break;
-        }
+    while let Some((most, least)) = Load::uneven(&Load::of(nodes, &out).held) {
         let movable = out
             .iter_mut()
-            .find(|r| r.owner != *most && r.standbys.iter().any(|s| s == most) && !r.holds(least));
+            .find(|r| r.owner != most && r.standbys.iter().any(|s| s == most) && !r.holds(least));
         let Some(r) = movable else {
             break;
         };
