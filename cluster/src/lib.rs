@@ -2,17 +2,23 @@
 //! the message a partition's owner publishes for each commit, the check a follower makes of
 //! every message before applying it, the coordinator's assignment of partitions to nodes, and
 //! the lease timing that keeps two owners from serving at once.
-//! On NATS so far: the leases, in a KV bucket. The log's publisher and followers come next,
-//! in the note's build order.
+//! On NATS so far: the leases, in a KV bucket, and an owner's commit path: each partition's
+//! publish queue (fenced, batched publishes to its log subject) under the node's storage, so
+//! that a write is durable once it is on the local disk and on a JetStream quorum. Followers
+//! (applying the log) come next, in the note's build order.
 
 pub mod assignment;
 pub mod chain;
 pub mod lease;
 pub mod lease_store;
 pub mod log_message;
+pub mod publish_queue;
+pub mod replicated_storage;
 
 pub use assignment::{Assignment, NodeId, Replicas, assign};
 pub use chain::{Chain, Divergence};
 pub use lease::{LeaseTiming, OwnerLease};
 pub use lease_store::{Clocks, Held, LeaseError, LeaseRecord, Leases, SystemClocks, Watch};
 pub use log_message::{DecodeError, LogMessage, MessageKind, Remembered};
+pub use publish_queue::{Commit, LogPosition, PublishQueue, TakeoverError};
+pub use replicated_storage::ReplicatedStorage;

@@ -222,6 +222,42 @@ impl LogMessage {
     }
 }
 
+/// The commits of one publish, in order, as one NATS message: the publish queue sends those
+/// queued behind the previous publish together (docs/cluster.md, "Streams"). Layout,
+/// big-endian: `count (u32) | (length (u32) | message)*`.
+pub fn encode_frame<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
+    let bytes: usize = messages.iter().map(|m| m.as_ref().len() + 4).sum();
+    let mut out = Vec::with_capacity(4 + bytes);
+    out.extend_from_slice(&count(messages.len()).to_be_bytes());
+    for m in messages {
+        out.extend_from_slice(&count(m.as_ref().len()).to_be_bytes());
+        out.extend_from_slice(m.as_ref());
+    }
+    out
+}
+
+/// The messages of a frame, sharing its bytes; refuses a malformed, empty or truncated frame.
+pub fn decode_frame(bytes: &Bytes) -> Result<Vec<Bytes>, DecodeError> {
+    let mut r = Reader { bytes, at: 0 };
+    let n = r.u32()?;
+    if n == 0 {
+        return Err(DecodeError("an empty frame"));
+    }
+    // Each message needs at least its length: a count past that is a lie.
+    if n as usize > bytes.len() / 4 {
+        return Err(DecodeError("more messages than the frame holds"));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let len = r.u32()? as usize;
+        out.push(r.take(len)?);
+    }
+    if r.at != bytes.len() {
+        return Err(DecodeError("bytes after the frame"));
+    }
+    Ok(out)
+}
+
 /// The chain's link after a message whose bytes are `encoded`, following `previous`: xxh3-64
 /// of the bytes, seeded with the previous link (the bytes name that link too, so a message
 /// fits only where it was written).
@@ -302,6 +338,23 @@ pub(crate) mod tests {
                 },
             }],
         }
+    }
+
+    #[test]
+    fn frames_round_trip_and_damage_is_refused() {
+        let messages: Vec<Vec<u8>> = (0..3).map(|i| commit(1, i, 0, 1).encode()).collect();
+        let frame = Bytes::from(encode_frame(&messages));
+        let parts = decode_frame(&frame).expect("decodes");
+        assert_eq!(parts.len(), 3);
+        for (part, message) in parts.iter().zip(&messages) {
+            assert_eq!(part.as_ref(), message.as_slice());
+        }
+        assert!(decode_frame(&frame.slice(..frame.len() - 1)).is_err());
+        let mut longer = frame.to_vec();
+        longer.push(0);
+        assert!(decode_frame(&Bytes::from(longer)).is_err());
+        assert!(decode_frame(&Bytes::from(encode_frame::<Vec<u8>>(&[]))).is_err());
+        assert!(decode_frame(&Bytes::from_static(&[255, 255, 255, 255, 0, 0, 0, 0])).is_err());
     }
 
     #[test]

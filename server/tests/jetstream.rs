@@ -2,8 +2,9 @@
 //! `nats-server` processes with `sync_interval: always`: replicated streams acknowledge with a
 //! quorum, a stale writer is fenced by its expected sequence, and a refused per-subject
 //! expectation says so with one of the two error codes the design handles. If a NATS upgrade
-//! changes any of this, the design's assumptions fail here first. And the first piece built
-//! on it: partition leases in a KV bucket.
+//! changes any of this, the design's assumptions fail here first. And the pieces built on it:
+//! partition leases in a KV bucket, and an owner's commit path (each partition's publish queue
+//! under the engine's storage).
 
 mod support;
 
@@ -14,7 +15,24 @@ use async_nats::{
     jetstream::{self, Context, stream},
 };
 use bytes::Bytes;
-use mayfly_cluster::{LeaseTiming, Leases, SystemClocks, Watch, lease_store::renew_interval};
+use mayfly_cluster::{
+    Chain, LeaseTiming, Leases, MessageKind, PublishQueue, ReplicatedStorage, SystemClocks, Watch,
+    lease_store::renew_interval,
+    log_message::decode_frame,
+    publish_queue::{self, log_end, log_streams, take_over},
+};
+use mayfly_server::{
+    engine::{
+        ChangeOp, ChangeRecord, CollectionPath, DocumentBody, Engine, EngineConfig, Placement,
+        SystemClock,
+    },
+    model::{
+        CollectionSettings, DefaultTtl, DocKey, FeedRetention, IdKind, IndexingMode,
+        PartitionKeyPath, PartitionKeyValue, ResourceId,
+    },
+    storage::{LogRecord, MemoryStorage},
+};
+use std::sync::Arc;
 
 use support::nats::NatsCluster;
 
@@ -277,4 +295,261 @@ async fn a_lease_passes_only_after_its_owner_has_stopped_serving() {
     // a wakes: its renewal is refused, and it knows it lost the partition.
     assert!(!leases.renew(&mut a, "a", &clocks).await.expect("answers"));
     assert!(!a.serves(&clocks));
+}
+
+/// Partitions of the commit-path tests' engine.
+const PARTITIONS: u32 = 4;
+
+/// An owner of every partition at `epoch`: an engine logging every commit, over memory
+/// storage whose shards publish to their partitions' logs; and its queues.
+async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let streams = loop {
+        match log_streams(js, 3).await {
+            Ok(streams) => break streams,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("log streams not created yet ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no log streams within 20 s: {e}"),
+        }
+    };
+    let mut queues = Vec::new();
+    for p in 0..PARTITIONS {
+        let stream = streams[(p % publish_queue::LOG_STREAMS) as usize].clone();
+        let position = loop {
+            match take_over(js, &stream, p, epoch, 0).await {
+                Ok(position) => break position,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("partition {p} not taken over yet ({e}); retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("partition {p} not taken over within 20 s: {e}"),
+            }
+        };
+        let queue = PublishQueue::new(p, position.last);
+        tokio::spawn(queue.clone().publish(js.clone(), stream, position));
+        queues.push(queue);
+    }
+    let storage = ReplicatedStorage::new(Arc::new(MemoryStorage::new()), queues.clone());
+    let config = EngineConfig {
+        log_every_commit: true,
+        ..EngineConfig::new(PARTITIONS as usize)
+    };
+    let engine = Engine::new(config, Arc::new(storage), Arc::new(SystemClock));
+    (engine, queues)
+}
+
+/// Database `db`, collection `c` (partitioned on `/pk`) with its change feed off: in cluster
+/// mode its commits are logged all the same.
+fn collection(engine: &Engine) -> CollectionPath {
+    let db = ResourceId::parse(IdKind::Database, "db").expect("id");
+    engine.create_database(db.clone()).expect("database");
+    let settings = CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent)
+        .expect("settings")
+        .with_change_feed_retention(FeedRetention::OFF);
+    let id = ResourceId::parse(IdKind::Collection, "c").expect("id");
+    engine
+        .create_collection(
+            &db,
+            id.clone(),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            settings,
+            Default::default(),
+        )
+        .expect("collection");
+    CollectionPath {
+        database: db,
+        collection: id,
+    }
+}
+
+fn document(id: &str, pk: &str) -> DocumentBody {
+    let json = serde_json::json!({"id": id, "pk": pk, "n": 1});
+    let serde_json::Value::Object(map) = json else {
+        unreachable!()
+    };
+    DocumentBody::parse(Arc::new(map), None).expect("body")
+}
+
+/// Every partition's log as a follower reads it, each message checked against the chain
+/// before it: (partition, operation, document id) of every record, in log order.
+async fn read_logs(js: &Context) -> Vec<(u32, ChangeOp, String)> {
+    let mut by_partition: Vec<Vec<Bytes>> = vec![Vec::new(); PARTITIONS as usize];
+    for g in 0..publish_queue::LOG_STREAMS {
+        let mut stream = js
+            .get_stream(format!("MAYFLY_LOG_{g}"))
+            .await
+            .expect("stream");
+        let last = stream.info().await.expect("info").state.last_sequence;
+        for seq in 1..=last {
+            let message = stream.get_raw_message(seq).await.expect("message");
+            let p: u32 = message
+                .subject
+                .rsplit('.')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .expect("a partition subject");
+            by_partition[p as usize].push(message.payload);
+        }
+    }
+    let mut out = Vec::new();
+    for (p, frames) in by_partition.into_iter().enumerate() {
+        let mut chain = Chain::new(p as u32);
+        for frame in frames {
+            for part in decode_frame(&frame).expect("a frame") {
+                let message = chain.accept(&part).expect("the history continues");
+                assert_eq!(
+                    message.kind == MessageKind::Takeover,
+                    message.records.is_empty()
+                );
+                for (_, bytes) in message.records {
+                    let record =
+                        ChangeRecord::decode_log(&LogRecord::whole(bytes)).expect("record");
+                    out.push((p as u32, record.op, record.key.id.as_str().to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_acknowledged_writes_are_on_its_partitions_logs_in_order() {
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    let (engine, _queues) = owner(&js, 1).await;
+    let path = collection(&engine);
+
+    // Writers in parallel, so that commits queue behind each publish and go out together.
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (engine, path) = (engine.clone(), path.clone());
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..25 {
+                let id = format!("w{w}-{i}");
+                let created = engine.create_document(&path, document(&id, &format!("t{i}")), None);
+                engine.settle(created).await.expect("acknowledged");
+                acked.push(id);
+            }
+            acked
+        }));
+    }
+    let mut acked = Vec::new();
+    for writer in writers {
+        acked.extend(writer.await.expect("writer"));
+    }
+    let key = |id: &str, pk: &str| DocKey {
+        partition_key: PartitionKeyValue::String(pk.into()),
+        id: ResourceId::parse(IdKind::Document, id).expect("id"),
+    };
+    let replaced = engine.replace_document(&path, key("w0-0", "t0"), document("w0-0", "t0"), None);
+    engine.settle(replaced).await.expect("replaced");
+    let deleted = engine.delete_document(&path, &key("w1-1", "t1"), None);
+    engine.settle(deleted).await.expect("deleted");
+
+    let logged = read_logs(&js).await;
+    let info = engine.get_collection(&path).expect("collection");
+    let placement = Placement::Xxh3;
+    let mut created: Vec<&str> = Vec::new();
+    for (p, op, id) in &logged {
+        let pk = format!("t{}", id.rsplit('-').next().expect("an index"));
+        let pk = PartitionKeyValue::String(pk.into());
+        assert_eq!(
+            placement.shard(&info, &pk, PARTITIONS as usize),
+            *p as usize,
+            "{id} is logged in the partition its key hashes to"
+        );
+        if *op == ChangeOp::Create {
+            created.push(id);
+        }
+    }
+    created.sort();
+    acked.sort();
+    assert_eq!(created, acked, "every acknowledged create is logged, once");
+    // In two partitions: each in its own log.
+    let mut others: Vec<_> = logged
+        .iter()
+        .filter(|(_, op, _)| *op != ChangeOp::Create)
+        .map(|(_, op, id)| (id.as_str(), *op))
+        .collect();
+    others.sort_by_key(|(id, _)| *id);
+    assert_eq!(
+        others,
+        [("w0-0", ChangeOp::Replace), ("w1-1", ChangeOp::Delete)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_partition_fails_its_writes_and_only_its_own() {
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    let (engine, queues) = owner(&js, 1).await;
+    let path = collection(&engine);
+    let info = engine.get_collection(&path).expect("collection");
+    let partition_of = |pk: &str| {
+        Placement::Xxh3.shard(
+            &info,
+            &PartitionKeyValue::String(pk.into()),
+            PARTITIONS as usize,
+        )
+    };
+    let write = |id: String, pk: String| {
+        let engine = engine.clone();
+        let created = engine.create_document(&path, document(&id, &pk), None);
+        async move { engine.settle(created).await }
+    };
+    for i in 0..8 {
+        write(format!("before-{i}"), format!("t{i}"))
+            .await
+            .expect("acknowledged before the takeover");
+    }
+
+    // Another node takes partition 0 over at epoch 2, at the log's end.
+    let stream = js
+        .get_stream(publish_queue::stream_name(0))
+        .await
+        .expect("stream");
+    let end = log_end(&stream, 0).await.expect("log end");
+    let taken = take_over(&js, &stream, 0, 2, end.last)
+        .await
+        .expect("takes over");
+    assert_eq!(taken.epoch, 2);
+
+    // The old owner's next publish to partition 0 is refused: its write fails, and every write
+    // to partition 0 after it is refused at once; the other partitions go on.
+    let mut fenced = 0;
+    for i in 0..40 {
+        let pk = format!("k{i}");
+        let result = write(format!("after-{i}"), pk.clone()).await;
+        match (partition_of(&pk), result) {
+            (0, Err(e)) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("another owner has taken over") || text.contains("partition 0"),
+                    "{text}"
+                );
+                fenced += 1;
+            }
+            (0, Ok(_)) => panic!("a write to the fenced partition was acknowledged"),
+            (p, Err(e)) => panic!("partition {p}'s write failed with partition 0: {e}"),
+            (_, Ok(_)) => {}
+        }
+    }
+    assert!(fenced > 0, "no key of 40 fell in partition 0");
+    assert!(queues[0].refusal().is_some());
+    assert!(queues[1..].iter().all(|q| q.refusal().is_none()));
+
+    // The log holds nothing of the fenced writes: after the takeover, partition 0's history is
+    // the new owner's.
+    let logged = read_logs(&js).await;
+    for (p, _, id) in &logged {
+        assert!(
+            !(id.starts_with("after-") && *p == 0),
+            "{id} reached the fenced partition's log"
+        );
+    }
+    let after = logged.iter().filter(|(_, _, id)| id.starts_with("after-"));
+    assert_eq!(after.count(), 40 - fenced);
 }

@@ -87,7 +87,7 @@ pub use crate::model::{
 use crate::model::{partition_key, ttl};
 
 use self::{block_on::block_on, catalog::Catalog, feed::Cursor, shard::Shard};
-use crate::storage::{CatalogChange, DocKey, Lsn, Storage};
+use crate::storage::{CatalogChange, DocKey, Lsn, ShardSet, Storage};
 
 /// Documents a collection deletion frees per hold of a shard lock.
 const FREE_BATCH: usize = 4096;
@@ -113,6 +113,11 @@ pub struct EngineConfig {
     pub page_bytes: usize,
     /// How long idempotency keys are remembered, and how many (see [`IdempotencyConfig`]).
     pub idempotency: IdempotencyConfig,
+    /// Every commit logs its change log records, whatever its collection's change feed
+    /// setting: cluster mode replicates a partition by its log, and a commit without records
+    /// would replicate nothing (docs/cluster.md, "What is replicated"). A collection's feed
+    /// retention then says only what its feed serves.
+    pub log_every_commit: bool,
 }
 
 impl EngineConfig {
@@ -123,6 +128,7 @@ impl EngineConfig {
             token_key: TokenKey::random(),
             page_bytes: MAX_PAGE_BYTES,
             idempotency: IdempotencyConfig::default(),
+            log_every_commit: false,
         }
     }
 }
@@ -151,6 +157,8 @@ struct Inner {
     /// Seals continuation tokens.
     token_key: TokenKey,
     page_bytes: usize,
+    /// Every commit logs its records (see [`EngineConfig::log_every_commit`]).
+    log_every_commit: bool,
 }
 
 impl Engine {
@@ -174,7 +182,7 @@ impl Engine {
         let shards = (0..config.shards.max(1))
             .map(|i| {
                 Arc::new(Shard::new(
-                    storage.shard(i),
+                    (i, storage.shard(i)),
                     metrics.clone(),
                     versions.clone(),
                     indexer_wake.clone(),
@@ -195,6 +203,7 @@ impl Engine {
                 indexer_wake,
                 token_key: config.token_key,
                 page_bytes: config.page_bytes.max(1),
+                log_every_commit: config.log_every_commit,
             }),
         }
     }
@@ -204,14 +213,15 @@ impl Engine {
     /// that no client is told of a change, or sees one, that a crash could take back; writes
     /// waiting together share one fsync.
     pub async fn settle<T>(&self, outcome: Outcome<T>) -> Result<T, Error> {
-        self.durable_at(outcome.settle_at).await?;
+        self.durable_at(outcome.settle_at, outcome.shards).await?;
         outcome.result
     }
 
-    /// The durability wait, in one place: resolves once every write at or before `lsn` is
-    /// durable, failing with [`Error::NotDurable`] if storage cannot confirm it.
-    async fn durable_at(&self, lsn: Lsn) -> Result<(), Error> {
-        match self.inner.storage.durable(lsn) {
+    /// The durability wait, in one place: resolves once every write of `shards` (and of the
+    /// catalog) at or before `lsn` is durable, failing with [`Error::NotDurable`] if storage
+    /// cannot confirm it.
+    async fn durable_at(&self, lsn: Lsn, shards: ShardSet) -> Result<(), Error> {
+        match self.inner.storage.durable_in(lsn, shards) {
             None => Ok(()),
             Some(wait) => wait.await.map_err(Error::NotDurable),
         }
@@ -220,7 +230,8 @@ impl Engine {
     /// Resolves once every write applied so far is durable (tests that stop without a purge).
     #[cfg(test)]
     pub(crate) async fn durable(&self) -> Result<(), Error> {
-        self.durable_at(self.inner.storage.last_applied()).await
+        self.durable_at(self.inner.storage.last_applied(), ShardSet::ALL)
+            .await
     }
 
     /// Why storage can no longer make writes durable, once that has happened.
@@ -236,8 +247,10 @@ impl Engine {
 
     /// Blocks until a catalog change is durable. Catalog changes are synchronous: the gRPC edge
     /// runs them on a blocking thread.
+    /// A catalog change reflects no shard's writes: storage that makes shards durable on logs
+    /// of their own (cluster mode) waits for none of them.
     fn catalog_durable(&self, lsn: Lsn) -> Result<(), Error> {
-        block_on(self.durable_at(lsn))
+        block_on(self.durable_at(lsn, ShardSet::NONE))
     }
 
     /// The engine's clock.
@@ -300,6 +313,11 @@ impl Engine {
         self.inner
             .placement
             .shard(info, partition_key, self.inner.shards.len())
+    }
+
+    /// Whether a collection's commits log their records: for its change feed, or for all.
+    fn logs_changes(&self, info: &CollectionInfo) -> bool {
+        self.inner.log_every_commit || info.settings.change_feed_retention().is_on()
     }
 
     fn shard_for(&self, info: &CollectionInfo, partition_key: &PartitionKeyValue) -> &Shard {
@@ -539,7 +557,7 @@ impl Engine {
                     rules: info.rules(),
                     index,
                     must_live: info.must_live.clone(),
-                    feed: info.settings.change_feed_retention().is_on(),
+                    feed: self.logs_changes(&info),
                 };
                 Ok::<_, Error>(((info, lsn), new, lsn))
             })?;
@@ -562,7 +580,11 @@ impl Engine {
     fn attach_collection(&self, info: &CollectionInfo) {
         let feed_signal = Arc::new(tokio::sync::watch::Sender::new(()));
         for shard in self.shards() {
-            shard.add_collection(info, &*self.inner.clock, &feed_signal);
+            shard.add_collection(
+                info,
+                &*self.inner.clock,
+                (self.logs_changes(info), &feed_signal),
+            );
         }
     }
 

@@ -2,7 +2,7 @@
 //! durable before any client may be told of it.
 
 use super::error::Error;
-use crate::storage::Lsn;
+use crate::storage::{Lsn, ShardSet};
 
 /// A document operation's result, not yet shown to anyone. It may reflect writes that are
 /// applied but not yet durable: its own, or the version it read. [`super::Engine::settle`]
@@ -15,12 +15,24 @@ pub struct Outcome<T> {
     pub result: Result<T, Error>,
     /// Every write the result reflects is at or before this position.
     pub settle_at: Lsn,
+    /// Every write the result reflects is in these shards (or the catalog).
+    pub shards: ShardSet,
 }
 
 impl<T> Outcome<T> {
     /// A result that reflects writes up to `settle_at`.
+    /// It may reflect any shard, until [`Outcome::within`] says which.
     pub(crate) fn new(result: Result<T, Error>, settle_at: Lsn) -> Self {
-        Outcome { result, settle_at }
+        Outcome {
+            result,
+            settle_at,
+            shards: ShardSet::ALL,
+        }
+    }
+
+    /// The same outcome, known to reflect writes of `shards` only.
+    pub(crate) fn within(self, shards: ShardSet) -> Self {
+        Outcome { shards, ..self }
     }
 
     /// A value that reflects no document state: nothing to wait for.
@@ -28,6 +40,7 @@ impl<T> Outcome<T> {
         Outcome {
             result: Ok(value),
             settle_at: Lsn::ZERO,
+            shards: ShardSet::NONE,
         }
     }
 
@@ -37,6 +50,7 @@ impl<T> Outcome<T> {
         Outcome {
             result: Err(error.into()),
             settle_at: Lsn::ZERO,
+            shards: ShardSet::NONE,
         }
     }
 
@@ -45,6 +59,7 @@ impl<T> Outcome<T> {
         Outcome {
             result: self.result.map(f),
             settle_at: self.settle_at,
+            shards: self.shards,
         }
     }
 }

@@ -318,6 +318,44 @@ impl Lsn {
     pub const ZERO: Lsn = Lsn(0);
 }
 
+/// Some of a backend's shards, for a durability wait that concerns only their writes (see
+/// [`Storage::durable_in`]). Shard `i` is bit `i % 64`: a set stands for every shard congruent
+/// to a member, so it may name more shards than asked, never fewer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShardSet(u64);
+
+impl ShardSet {
+    /// Every shard: the wait for a result that may reflect any of them.
+    pub const ALL: ShardSet = ShardSet(u64::MAX);
+
+    /// No shard: a result that reflects no document state.
+    pub const NONE: ShardSet = ShardSet(0);
+
+    /// Shard `index` (and those congruent to it).
+    pub fn one(index: usize) -> Self {
+        ShardSet(1 << (index % 64))
+    }
+
+    /// The shards of either set.
+    pub fn union(self, other: ShardSet) -> Self {
+        ShardSet(self.0 | other.0)
+    }
+
+    /// Whether the set stands for shard `index`.
+    pub fn contains(self, index: usize) -> bool {
+        self.0 & (1 << (index % 64)) != 0
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn a_shard_set_names_its_shards_and_their_kin_never_fewer() {
+    let set = ShardSet::one(3).union(ShardSet::one(70));
+    assert!(set.contains(3) && set.contains(70) && set.contains(6) && set.contains(67));
+    assert!(!set.contains(4) && !set.contains(0));
+    assert!((0..200).all(|i| ShardSet::ALL.contains(i) && !ShardSet::NONE.contains(i)));
+}
+
 /// A change to databases and collections.
 #[derive(Debug, Clone, Copy)]
 pub enum CatalogChange<'a> {
@@ -426,6 +464,16 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// anyone wait); otherwise a future that resolves once they are. Writers share the flush
     /// that makes them durable.
     fn durable(&self, lsn: Lsn) -> Option<DurableFuture>;
+
+    /// [`Storage::durable`] for a result that reflects writes of `shards` only (and catalog
+    /// changes): a backend that makes each shard durable on its own log (cluster mode, which
+    /// replicates each partition's commits through its own publish queue) waits for those
+    /// shards' writes at or before `lsn`, so that one slow or failed shard holds back only its
+    /// own results. A backend with one log for everything waits for it: the default.
+    fn durable_in(&self, lsn: Lsn, shards: ShardSet) -> Option<DurableFuture> {
+        let _ = shards;
+        self.durable(lsn)
+    }
 
     /// The position of the latest write applied.
     fn last_applied(&self) -> Lsn;

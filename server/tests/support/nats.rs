@@ -79,7 +79,8 @@ fn start_server(binary: &Path, dir: &Path, i: usize, routes: &[String]) -> NatsS
         .map(|r| format!("\"nats-route://{r}\""))
         .collect();
     let config = format!(
-        "server_name: n{i}\nlisten: 127.0.0.1:-1\n\
+        // A commit (a transactional batch of up to 8 MiB) travels in one message.
+        "server_name: n{i}\nlisten: 127.0.0.1:-1\nmax_payload: 16MB\n\
          jetstream {{ store_dir: {store:?}, sync_interval: always }}\n\
          cluster {{ name: mayfly-test, listen: {}, routes: [{}] }}\n",
         routes[i],

@@ -159,6 +159,15 @@ impl Shard {
         key: &DocKey,
         clock: &dyn Clock,
     ) -> Outcome<DocumentView> {
+        self.judged_read(info, key, clock).within(self.set)
+    }
+
+    fn judged_read(
+        &self,
+        info: &CollectionInfo,
+        key: &DocKey,
+        clock: &dyn Clock,
+    ) -> Outcome<DocumentView> {
         let mut reads = 0;
         loop {
             let (version, now, default_ttl, settle_at) = {

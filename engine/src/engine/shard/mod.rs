@@ -48,7 +48,7 @@ use super::{
     ttl::{self, DefaultTtl, DocumentTtl, Rules},
 };
 use crate::storage::{
-    DocKey, DocumentWrite, IndexUpdate, Lsn, RequestRecord, ShardStore, StorageError,
+    DocKey, DocumentWrite, IndexUpdate, Lsn, RequestRecord, ShardSet, ShardStore, StorageError,
     StoredDocument, Term, WriteBatch,
 };
 
@@ -91,11 +91,13 @@ pub(crate) struct Shard {
     indexer_wake: Arc<Notify>,
     /// Every change log position up to this one is durable (as far as a reader has seen).
     durable_log: AtomicU64,
+    /// This shard, for the durability wait of what it answers (see [`crate::storage::Storage::durable_in`]).
+    set: ShardSet,
 }
 
 impl Shard {
     pub(crate) fn new(
-        store: Arc<dyn ShardStore>,
+        (index, store): (usize, Arc<dyn ShardStore>),
         metrics: Arc<EngineMetrics>,
         versions: Arc<AtomicU64>,
         indexer_wake: Arc<Notify>,
@@ -111,6 +113,7 @@ impl Shard {
             versions,
             indexer_wake,
             durable_log: AtomicU64::new(0),
+            set: ShardSet::one(index),
         }
     }
 
@@ -182,7 +185,7 @@ impl Shard {
         &self,
         info: &CollectionInfo,
         clock: &dyn Clock,
-        feed_signal: &Arc<tokio::sync::watch::Sender<()>>,
+        (logged, feed_signal): (bool, &Arc<tokio::sync::watch::Sender<()>>),
     ) {
         let mut state = self.lock();
         let now = state.now(clock);
@@ -206,7 +209,7 @@ impl Shard {
                 index: HashMap::new(),
                 inherit: InheritQueue::default(),
                 head_due: None,
-                feed: info.settings.change_feed_retention().is_on(),
+                feed: logged,
                 feed_signal: feed_signal.clone(),
                 log_tip: (0, Lsn::ZERO),
             },

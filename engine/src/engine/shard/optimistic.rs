@@ -153,6 +153,21 @@ impl Shard {
     where
         W::Output: Answer,
     {
+        // Whatever it answers reflects this shard's writes only.
+        self.optimistic(write, fallback, clock, keyed)
+            .within(self.set)
+    }
+
+    fn optimistic<W: Optimistic>(
+        &self,
+        write: W,
+        fallback: Fallback,
+        clock: &dyn Clock,
+        keyed: Option<Keyed<'_>>,
+    ) -> Outcome<Answered<W::Output>>
+    where
+        W::Output: Answer,
+    {
         let scope = keyed.map(|k| DocKey {
             partition_key: k.partition_key.clone(),
             id: k.request.key.clone(),

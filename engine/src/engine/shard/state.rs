@@ -70,7 +70,8 @@ pub(crate) struct CollectionShard {
     pub(super) purged_docs: u64,
     /// This collection's entry in [`ShardState::heads`].
     pub(super) head_due: Option<Millis>,
-    /// Its changes are logged for its change feed. Replaced with the rules, at the same instant.
+    /// Its changes are logged: for its change feed, or because every commit is (cluster
+    /// mode). Replaced with the rules, at the same instant.
     pub(super) feed: bool,
     /// Tells the collection's feed readers (in every shard) that records were appended.
     pub(super) feed_signal: Arc<tokio::sync::watch::Sender<()>>,

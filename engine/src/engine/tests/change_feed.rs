@@ -451,6 +451,39 @@ async fn a_collection_without_a_feed_logs_nothing_and_refuses_readers() {
     }
 }
 
+#[tokio::test]
+async fn with_every_commit_logged_a_collection_without_a_feed_logs_all_the_same() {
+    // Cluster mode replicates a partition by its log: a commit without records would replicate
+    // nothing. The feed stays off for readers.
+    let config = EngineConfig {
+        log_every_commit: true,
+        ..EngineConfig::new(4)
+    };
+    let f = Fixture::with_config(Some(1), Arc::new(MemoryStorage::new()), config);
+    f.engine
+        .replace_collection(
+            &f.path,
+            SettingsChange {
+                default_ttl: default_ttl(Some(1)),
+                indexing_mode: None,
+                index_paths: None,
+                must_live: None,
+                change_feed_retention: Some(FeedRetention::OFF),
+            },
+        )
+        .expect("feed off");
+    f.create("a", None);
+    f.advance(SEC);
+    assert_eq!(f.engine.purge_now(), 1);
+    let err = f
+        .engine
+        .open_change_feed(&f.path, None, None, ChangeFeedStart::Beginning)
+        .expect_err("no feed");
+    assert!(matches!(err, Error::NoChangeFeed { .. }), "{err}");
+    let tips: u64 = f.engine.shards().iter().map(|s| s.log_tip().seq).sum();
+    assert_eq!(tips, 2, "the create and the expiry are logged");
+}
+
 /// Documents that expired while the server was down get their expiry events after the
 /// restart, once; one whose expiry was logged before the crash is not logged again.
 #[tokio::test]

@@ -1,0 +1,536 @@
+//! A partition's publish queue (docs/cluster.md, "Write path" and "Streams"): the owner's
+//! commits go to the partition's log subject in commit order, with one fenced publish in
+//! flight; the commits queued behind it go out together in the next, as one frame. A commit
+//! is replicated once JetStream has acknowledged the publish holding it: on a quorum of the R3
+//! stream, each server fsynced (`sync_interval: always`).
+//!
+//! Every publish expects the stream sequence of the partition's previous message
+//! (`Nats-Expected-Last-Subject-Sequence`) and carries a message id, so that a publish sent again
+//! after a lost acknowledgement is stored once. A refused expectation is told apart by reading
+//! the subject's last message from the stream leader: this very publish (stored after all), the
+//! queue's own previous message (JetStream's error 10164 while that one is still being applied:
+//! sent again), or another owner's (fenced: the partition fails, and every commit not yet
+//! acknowledged fails with it).
+
+use std::{
+    collections::VecDeque,
+    future::IntoFuture,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use async_nats::jetstream::{
+    self, Context,
+    context::PublishErrorKind,
+    message::PublishMessage,
+    stream::{self, LastRawMessageErrorKind, Stream},
+};
+use bytes::Bytes;
+use mayfly_engine::{
+    model::CollectionUid,
+    storage::{DurableFuture, LogRecord, Lsn, StorageError},
+};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+
+use crate::log_message::{LogMessage, MessageKind, Remembered, decode_frame, encode_frame, link};
+
+/// Log streams: partition `p` is in stream `p % LOG_STREAMS`, so that the streams' Raft leaders
+/// spread over three NATS servers.
+pub const LOG_STREAMS: u32 = 3;
+
+/// A frame stops growing past this many bytes (one commit may exceed it alone).
+pub const MAX_FRAME_BYTES: usize = 512 * 1024;
+
+/// How long one publish waits for its acknowledgement before it is sent again.
+const ACK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a frame is sent again (a NATS server lost, a Raft leader moving) before its
+/// commits' outcome is given up as unknown.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
+
+/// How many times a publish refused while the queue's own previous message is last is sent
+/// again (see the module's note).
+const CONFLICT_RETRIES: u32 = 10;
+
+/// The stream holding partition `partition`'s log.
+pub fn stream_name(partition: u32) -> String {
+    format!("MAYFLY_LOG_{}", partition % LOG_STREAMS)
+}
+
+/// Partition `partition`'s log subject.
+pub fn subject(partition: u32) -> String {
+    format!("mayfly.log.{}.{partition}", partition % LOG_STREAMS)
+}
+
+/// Creates the log streams where missing: R3 (or `replicas`), file storage. Returns them, by
+/// index.
+pub async fn log_streams(js: &Context, replicas: usize) -> Result<Vec<Stream>, StorageError> {
+    let mut out = Vec::new();
+    for g in 0..LOG_STREAMS {
+        let config = stream::Config {
+            name: format!("MAYFLY_LOG_{g}"),
+            subjects: vec![format!("mayfly.log.{g}.*")],
+            num_replicas: replicas,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        };
+        let stream = js
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| StorageError::unavailable(format!("log stream MAYFLY_LOG_{g}: {e}")))?;
+        out.push(stream);
+    }
+    Ok(out)
+}
+
+/// A commit as the owner made it, waiting for its publish.
+#[derive(Debug, Clone)]
+pub struct Commit {
+    /// Where local storage applied it.
+    pub lsn: Lsn,
+    /// The position of its first record; the others follow it.
+    pub first: u64,
+    /// Its change log records, by collection.
+    pub records: Vec<(CollectionUid, LogRecord)>,
+    /// Requests it remembered by their idempotency keys.
+    pub remembered: Vec<Remembered>,
+    /// Every version handed out is below this.
+    pub versions_below: u64,
+}
+
+/// Where a partition's log ends: what the next publish follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogPosition {
+    /// The stream sequence of the partition's last message (0: none), which the next publish
+    /// expects.
+    pub subject_seq: u64,
+    /// The partition's last record position.
+    pub last: u64,
+    /// The chain's link after its last message.
+    pub link: u64,
+    /// The epoch of the owner that wrote its last message.
+    pub epoch: u64,
+}
+
+/// Why a node could not take a partition's log over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeoverError {
+    /// The log holds records this node has not applied (or lacks records it has): it must
+    /// catch up from the log first.
+    NotCaughtUp { log_last: u64, local_last: u64 },
+    /// Another owner published meanwhile.
+    Raced,
+    /// The log's last message is not one this version reads.
+    Unreadable(String),
+    /// NATS did not answer.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for TakeoverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TakeoverError::NotCaughtUp {
+                log_last,
+                local_last,
+            } => write!(
+                f,
+                "the log ends at position {log_last} and this node's copy at {local_last}"
+            ),
+            TakeoverError::Raced => f.write_str("another owner published to the log meanwhile"),
+            TakeoverError::Unreadable(e) => write!(f, "the log's last message: {e}"),
+            TakeoverError::Unavailable(e) => write!(f, "NATS: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for TakeoverError {}
+
+/// Where partition `partition`'s log ends, read from the stream leader.
+pub async fn log_end(stream: &Stream, partition: u32) -> Result<LogPosition, TakeoverError> {
+    let message = match stream
+        .get_last_raw_message_by_subject(&subject(partition))
+        .await
+    {
+        Ok(message) => message,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+            return Ok(LogPosition::default());
+        }
+        Err(e) => return Err(TakeoverError::Unavailable(e.to_string())),
+    };
+    let parts =
+        decode_frame(&message.payload).map_err(|e| TakeoverError::Unreadable(e.to_string()))?;
+    let last = parts.last().expect("a frame holds a message");
+    let decoded = LogMessage::decode(last).map_err(|e| TakeoverError::Unreadable(e.to_string()))?;
+    if decoded.partition != partition {
+        return Err(TakeoverError::Unreadable(format!(
+            "it is partition {}'s",
+            decoded.partition
+        )));
+    }
+    Ok(LogPosition {
+        subject_seq: message.sequence,
+        last: decoded.last(),
+        link: link(decoded.previous_link, last),
+        epoch: decoded.epoch,
+    })
+}
+
+/// Takes partition `partition`'s log over at `epoch`, for a node whose copy ends at position
+/// `local_last`: publishes a `takeover` message at the log's end, so that any earlier owner's
+/// next publish is refused (docs/cluster.md, "Leases and fencing"). Returns where the log ends
+/// after it.
+pub async fn take_over(
+    js: &Context,
+    stream: &Stream,
+    partition: u32,
+    epoch: u64,
+    local_last: u64,
+) -> Result<LogPosition, TakeoverError> {
+    let end = log_end(stream, partition).await?;
+    if end.last != local_last {
+        return Err(TakeoverError::NotCaughtUp {
+            log_last: end.last,
+            local_last,
+        });
+    }
+    let epoch = epoch.max(end.epoch + 1);
+    let message = LogMessage {
+        kind: MessageKind::Takeover,
+        partition,
+        epoch,
+        after: end.last,
+        previous_link: end.link,
+        watermark: wall_ms(),
+        catalog_seq: 0,
+        versions_below: 0,
+        records: Vec::new(),
+        remembered: Vec::new(),
+    }
+    .encode();
+    let frame = Bytes::from(encode_frame(&[&message]));
+    let publish = PublishMessage::build()
+        .payload(frame)
+        .expected_last_subject_sequence(end.subject_seq)
+        .message_id(format!("{partition}:{epoch}:takeover"));
+    let ack = js
+        .send_publish(subject(partition), publish)
+        .await
+        .map_err(|e| TakeoverError::Unavailable(e.to_string()))?;
+    match tokio::time::timeout(ACK_TIMEOUT, ack.into_future()).await {
+        Ok(Ok(ack)) => Ok(LogPosition {
+            subject_seq: ack.sequence,
+            last: end.last,
+            link: link(end.link, &message),
+            epoch,
+        }),
+        Ok(Err(e)) if refused_expectation(&e) => Err(TakeoverError::Raced),
+        Ok(Err(e)) => Err(TakeoverError::Unavailable(e.to_string())),
+        Err(_) => Err(TakeoverError::Unavailable(
+            "no acknowledgement of the takeover".into(),
+        )),
+    }
+}
+
+/// One partition's queue of commits waiting for their publish.
+#[derive(Debug)]
+pub struct PublishQueue {
+    partition: u32,
+    subject: String,
+    queue: Mutex<Queue>,
+    /// Wakes the publisher when a commit is queued.
+    wake: Notify,
+    /// Changed whenever commits are acknowledged or the queue fails.
+    progress: watch::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Queue {
+    /// Commits not yet sent, in commit order.
+    waiting: VecDeque<Commit>,
+    /// Where every commit sent or waiting, not yet acknowledged, was applied locally: in
+    /// order, since the shard lock orders both.
+    unacked: VecDeque<Lsn>,
+    /// The position the next commit's first record must have.
+    next: u64,
+    /// Why the partition's log refuses this node's commits (fenced, or their outcome
+    /// unknown): every commit not acknowledged before fails, and every commit after.
+    failed: Option<StorageError>,
+    /// The publisher has stopped.
+    closed: bool,
+}
+
+impl PublishQueue {
+    /// A queue for partition `partition`, whose log ends at position `last`.
+    pub fn new(partition: u32, last: u64) -> Arc<Self> {
+        Arc::new(PublishQueue {
+            partition,
+            subject: subject(partition),
+            queue: Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                unacked: VecDeque::new(),
+                next: last + 1,
+                failed: None,
+                closed: false,
+            }),
+            wake: Notify::new(),
+            progress: watch::Sender::new(()),
+        })
+    }
+
+    /// Why the partition's log refuses this node's commits, if it does: a write should be
+    /// refused before it is applied.
+    pub fn refusal(&self) -> Option<StorageError> {
+        self.queue.lock().failed.clone()
+    }
+
+    /// Queues a commit (called under the shard lock, in commit order). Its records must follow
+    /// the previous commit's without a gap; a commit queued after the queue failed fails too.
+    pub fn enqueue(&self, commit: Commit) {
+        let mut q = self.queue.lock();
+        if q.failed.is_some() {
+            return;
+        }
+        if commit.first != q.next {
+            let error = StorageError::new(format!(
+                "partition {}: a commit at log position {} where {} was next; positions must follow each other",
+                self.partition, commit.first, q.next
+            ));
+            Self::fail(&mut q, error);
+            drop(q);
+            self.progress.send_replace(());
+            return;
+        }
+        q.next = commit.first + commit.records.len() as u64;
+        q.unacked.push_back(commit.lsn);
+        q.waiting.push_back(commit);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    /// `None` if every commit this queue took at or before `lsn` is acknowledged; else a
+    /// future that resolves once they are, or fails with the queue.
+    pub fn wait(self: &Arc<Self>, lsn: Lsn) -> Option<DurableFuture> {
+        match self.settled(lsn) {
+            Some(Ok(())) => None,
+            Some(Err(e)) => Some(Box::pin(std::future::ready(Err(e)))),
+            None => {
+                let me = self.clone();
+                Some(Box::pin(async move {
+                    // Subscribed before looking: a change after the look wakes it.
+                    let mut changed = me.progress.subscribe();
+                    loop {
+                        if let Some(settled) = me.settled(lsn) {
+                            return settled;
+                        }
+                        // The sender lives in `me`: it cannot be dropped while waited on.
+                        let _ = changed.changed().await;
+                    }
+                }))
+            }
+        }
+    }
+
+    fn settled(&self, lsn: Lsn) -> Option<Result<(), StorageError>> {
+        let q = self.queue.lock();
+        if let Some(e) = &q.failed {
+            return Some(Err(e.clone()));
+        }
+        match q.unacked.front() {
+            Some(&first) if first <= lsn => None,
+            _ => Some(Ok(())),
+        }
+    }
+
+    /// Stops the publisher after what it is sending; commits not yet acknowledged fail.
+    pub fn close(&self) {
+        let mut q = self.queue.lock();
+        q.closed = true;
+        if q.failed.is_none() {
+            let error = StorageError::outcome_unknown(format!(
+                "partition {}: this node stopped publishing its log",
+                self.partition
+            ));
+            Self::fail(&mut q, error);
+        }
+        drop(q);
+        self.progress.send_replace(());
+        self.wake.notify_one();
+    }
+
+    fn fail(q: &mut Queue, error: StorageError) {
+        q.failed = Some(error);
+        q.waiting.clear();
+        q.unacked.clear();
+    }
+
+    /// Publishes queued commits until the queue fails or closes, starting where the log ends
+    /// (`position`, from [`take_over`]). Spawn it on the runtime that runs NATS's client.
+    pub async fn publish(self: Arc<Self>, js: Context, stream: Stream, mut position: LogPosition) {
+        loop {
+            let batch = {
+                let mut q = self.queue.lock();
+                if q.failed.is_some() || q.closed {
+                    return;
+                }
+                let mut bytes = 0;
+                let mut batch = Vec::new();
+                while let Some(commit) = q.waiting.front() {
+                    let size: usize = commit.records.iter().map(|(_, r)| r.len() + 12).sum();
+                    if !batch.is_empty() && bytes + size > MAX_FRAME_BYTES {
+                        break;
+                    }
+                    bytes += size;
+                    batch.push(q.waiting.pop_front().expect("looked at"));
+                }
+                batch
+            };
+            if batch.is_empty() {
+                // A commit queued since the look left a permit: this returns at once.
+                self.wake.notified().await;
+                continue;
+            }
+            let (frame, after) = self.frame(&batch, &position);
+            let id = format!("{}:{}:{}", self.partition, position.epoch, after.last);
+            match self
+                .send(&js, &stream, frame, &id, position.subject_seq)
+                .await
+            {
+                Ok(subject_seq) => {
+                    position = LogPosition {
+                        subject_seq,
+                        ..after
+                    };
+                    let mut q = self.queue.lock();
+                    for _ in 0..batch.len() {
+                        q.unacked.pop_front();
+                    }
+                    drop(q);
+                    self.progress.send_replace(());
+                }
+                Err(error) => {
+                    Self::fail(&mut self.queue.lock(), error);
+                    self.progress.send_replace(());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The frame of `batch`, following `position`, and where the log ends after it.
+    fn frame(&self, batch: &[Commit], position: &LogPosition) -> (Bytes, LogPosition) {
+        let mut after = *position;
+        let watermark = wall_ms();
+        let messages: Vec<Vec<u8>> = batch
+            .iter()
+            .map(|commit| {
+                let message = LogMessage {
+                    kind: MessageKind::Commit,
+                    partition: self.partition,
+                    epoch: after.epoch,
+                    after: after.last,
+                    previous_link: after.link,
+                    watermark,
+                    catalog_seq: 0,
+                    versions_below: commit.versions_below,
+                    records: commit
+                        .records
+                        .iter()
+                        .map(|(c, r)| (*c, r.to_bytes()))
+                        .collect(),
+                    remembered: commit.remembered.clone(),
+                }
+                .encode();
+                after.last += commit.records.len() as u64;
+                after.link = link(after.link, &message);
+                message
+            })
+            .collect();
+        (Bytes::from(encode_frame(&messages)), after)
+    }
+
+    /// Publishes one frame, expecting the subject's last message at `expected`; the stream
+    /// sequence it was stored at, or why its commits fail.
+    async fn send(
+        &self,
+        js: &Context,
+        stream: &Stream,
+        frame: Bytes,
+        id: &str,
+        expected: u64,
+    ) -> Result<u64, StorageError> {
+        let started = Instant::now();
+        let mut conflicts = 0;
+        loop {
+            let publish = PublishMessage::build()
+                .payload(frame.clone())
+                .expected_last_subject_sequence(expected)
+                .message_id(id);
+            let answer = match js.send_publish(self.subject.clone(), publish).await {
+                Ok(ack) => tokio::time::timeout(ACK_TIMEOUT, ack.into_future())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(jetstream::context::PublishError::new(
+                            PublishErrorKind::TimedOut,
+                        ))
+                    }),
+                Err(e) => Err(e),
+            };
+            let why = match answer {
+                Ok(ack) => return Ok(ack.sequence),
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    return Err(StorageError::unavailable(format!(
+                        "partition {}: a commit is larger than the NATS servers take in one message ({e}); raise their max_payload",
+                        self.partition
+                    )));
+                }
+                Err(e) if refused_expectation(&e) => {
+                    // Whose message is last? Asked of the stream leader, not a replica.
+                    match stream.get_last_raw_message_by_subject(&self.subject).await {
+                        Ok(last) if message_id(&last) == Some(id) => return Ok(last.sequence),
+                        Ok(last) if last.sequence == expected && conflicts < CONFLICT_RETRIES => {
+                            conflicts += 1;
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            continue;
+                        }
+                        Ok(last) => {
+                            return Err(StorageError::unavailable(format!(
+                                "partition {}: another owner has taken over its log (its last message, at stream sequence {}, is not this node's); this node no longer serves it",
+                                self.partition, last.sequence
+                            )));
+                        }
+                        Err(e) => e.to_string(),
+                    }
+                }
+                Err(e) => e.to_string(),
+            };
+            if started.elapsed() > GIVE_UP_AFTER {
+                return Err(StorageError::outcome_unknown(format!(
+                    "partition {}: NATS did not acknowledge a publish of its log within {} s ({why}); the commits in it may or may not be in the log",
+                    self.partition,
+                    GIVE_UP_AFTER.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Whether a publish was refused for its expected sequence: error 10071, or 10164, which
+/// async-nats reports as another error (see `docs/cluster.md`, "Streams").
+fn refused_expectation(e: &jetstream::context::PublishError) -> bool {
+    e.kind() == PublishErrorKind::WrongLastSequence || format!("{e:?}").contains("10164")
+}
+
+fn message_id(message: &jetstream::message::StreamMessage) -> Option<&str> {
+    message
+        .headers
+        .get(async_nats::header::NATS_MESSAGE_ID)
+        .map(|v| v.as_str())
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,260 @@
+//! An owner's storage in cluster mode: the node's own storage (its fjall, or memory), with each
+//! shard's commits also sent to the shard's partition log (docs/cluster.md, "Write path"). A
+//! commit is applied locally first, under the shard lock, and queued for its publish in the
+//! same hold; it is durable, for the engine and so for any client, once the local write is
+//! durable **and** JetStream has acknowledged the publish holding it. The waits are per shard:
+//! one partition's slow or refused publish holds back only what reflects that partition.
+//!
+//! What a commit ships is what it logs: its change log records (the engine logs every commit
+//! in cluster mode: `EngineConfig::log_every_commit`), the requests it remembered and the
+//! version floor. Index entries, terms and the purge's deletes are derived: every replica
+//! recomputes them from the records.
+
+use std::{fmt, sync::Arc};
+
+use mayfly_engine::{
+    engine::Placement,
+    model::{CollectionUid, DatabaseId, DatabaseUid, DocKey},
+    storage::{
+        CatalogChange, ChangeLog, DocumentWrite, DurableFuture, IndexEntry, IndexRange, Lsn,
+        RequestRecord, ScanRange, ShardSet, ShardStore, Storage, StorageError, StoredCatalog,
+        StoredDocument, StoredMeta, StoredTerms, WriteBatch,
+    },
+};
+
+use crate::{
+    log_message::Remembered,
+    publish_queue::{Commit, PublishQueue},
+};
+
+/// A node's storage whose shards replicate through their partitions' publish queues.
+pub struct ReplicatedStorage {
+    inner: Arc<dyn Storage>,
+    shards: Box<[Arc<ReplicatedShard>]>,
+}
+
+impl fmt::Debug for ReplicatedStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicatedStorage")
+            .field("inner", &self.inner)
+            .field("partitions", &self.shards.len())
+            .finish()
+    }
+}
+
+impl ReplicatedStorage {
+    /// `inner`'s shards, shard `i` publishing through `queues[i]` (partition `i`).
+    pub fn new(inner: Arc<dyn Storage>, queues: Vec<Arc<PublishQueue>>) -> Self {
+        let shards = queues
+            .into_iter()
+            .enumerate()
+            .map(|(i, queue)| {
+                Arc::new(ReplicatedShard {
+                    inner: inner.shard(i),
+                    queue,
+                })
+            })
+            .collect();
+        ReplicatedStorage { inner, shards }
+    }
+
+    /// Waits for the local write at `lsn` and for the publishes of the shards in `shards`.
+    fn wait(&self, lsn: Lsn, shards: ShardSet) -> Option<DurableFuture> {
+        let mut waits: Vec<DurableFuture> = self.inner.durable(lsn).into_iter().collect();
+        for (i, shard) in self.shards.iter().enumerate() {
+            if shards.contains(i) {
+                waits.extend(shard.queue.wait(lsn));
+            }
+        }
+        all(waits)
+    }
+}
+
+/// One future for every wait in `waits`, which proceed together (a local flush and a publish
+/// overlap); the first failure fails it.
+fn all(mut waits: Vec<DurableFuture>) -> Option<DurableFuture> {
+    match waits.len() {
+        0 => None,
+        1 => waits.pop(),
+        _ => Some(Box::pin(async move {
+            futures_util::future::try_join_all(waits).await?;
+            Ok(())
+        })),
+    }
+}
+
+impl Storage for ReplicatedStorage {
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
+        self.shards[index].clone()
+    }
+
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
+        self.inner.write_catalog(change)
+    }
+
+    fn put_database(&self, database: &DatabaseId, uid: DatabaseUid) -> Result<Lsn, StorageError> {
+        self.inner.put_database(database, uid)
+    }
+
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
+        self.inner.load_catalog()
+    }
+
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        self.wait(lsn, ShardSet::ALL)
+    }
+
+    fn durable_in(&self, lsn: Lsn, shards: ShardSet) -> Option<DurableFuture> {
+        self.wait(lsn, shards)
+    }
+
+    fn last_applied(&self) -> Lsn {
+        self.inner.last_applied()
+    }
+
+    fn failure(&self) -> Option<StorageError> {
+        self.inner.failure()
+    }
+
+    fn reopen_ready(&self) -> Result<(), StorageError> {
+        self.inner.reopen_ready()
+    }
+
+    fn reads_may_block(&self) -> bool {
+        self.inner.reads_may_block()
+    }
+
+    fn placement(&self) -> Placement {
+        self.inner.placement()
+    }
+}
+
+/// A shard whose commits are queued for their partition's log.
+struct ReplicatedShard {
+    inner: Arc<dyn ShardStore>,
+    queue: Arc<PublishQueue>,
+}
+
+impl fmt::Debug for ReplicatedShard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicatedShard")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a storage batch ships: its records, the requests it remembered, its version floor.
+/// `None` for a batch with no record (derived writes: index entries, the purge's deletes).
+fn commit_of(lsn: Lsn, batch: &WriteBatch<'_>) -> Option<Commit> {
+    let mut first = None;
+    let mut records = Vec::new();
+    let mut remembered = Vec::new();
+    for write in batch.writes {
+        match *write {
+            DocumentWrite::Append {
+                collection,
+                seq,
+                record,
+            } => {
+                first.get_or_insert(seq);
+                records.push((collection, record.clone()));
+            }
+            DocumentWrite::Remember {
+                collection,
+                key,
+                record,
+            } => remembered.push(Remembered {
+                collection,
+                key: key.clone(),
+                record,
+            }),
+            _ => {}
+        }
+    }
+    Some(Commit {
+        lsn,
+        first: first?,
+        records,
+        remembered,
+        versions_below: batch.versions_below,
+    })
+}
+
+impl ShardStore for ReplicatedShard {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
+        // A partition this node may no longer own takes nothing more.
+        if let Some(refusal) = self.queue.refusal() {
+            return Err(refusal);
+        }
+        let lsn = self.inner.write(batch)?;
+        if let Some(commit) = commit_of(lsn, &batch) {
+            self.queue.enqueue(commit);
+        }
+        Ok(lsn)
+    }
+
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        let local = self.inner.durable(lsn);
+        all(local.into_iter().chain(self.queue.wait(lsn)).collect())
+    }
+
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
+        self.inner.load(each)
+    }
+
+    fn load_terms(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
+    ) -> Result<(), StorageError> {
+        self.inner.load_terms(each)
+    }
+
+    fn load_requests(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, RequestRecord),
+    ) -> Result<(), StorageError> {
+        self.inner.load_requests(each)
+    }
+
+    fn get_terms(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<StoredTerms>, StorageError> {
+        self.inner.get_terms(collection, key)
+    }
+
+    fn scan_index(
+        &self,
+        collection: CollectionUid,
+        range: IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, StorageError> {
+        self.inner.scan_index(collection, range, limit)
+    }
+
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        self.inner.get(collection, key)
+    }
+
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        self.inner.scan(collection, range, limit)
+    }
+
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
+        self.inner.drop_collection(collection)
+    }
+
+    fn change_log(&self) -> &dyn ChangeLog {
+        self.inner.change_log()
+    }
+}
