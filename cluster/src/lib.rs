@@ -9,6 +9,7 @@
 
 pub mod assignment;
 pub mod chain;
+pub mod follower;
 pub mod lease;
 pub mod lease_store;
 pub mod log_message;
@@ -17,6 +18,7 @@ pub mod replicated_storage;
 
 pub use assignment::{Assignment, NodeId, Replicas, assign};
 pub use chain::{Chain, Divergence};
+pub use follower::{CatchUpError, Followed, become_owner, catch_up};
 pub use lease::{LeaseTiming, OwnerLease};
 pub use lease_store::{Clocks, Held, LeaseError, LeaseRecord, Leases, SystemClocks, Watch};
 pub use log_message::{DecodeError, LogMessage, MessageKind, Remembered};

@@ -251,8 +251,9 @@ struct Queue {
     /// Where every commit sent or waiting, not yet acknowledged, was applied locally: in
     /// order, since the shard lock orders both.
     unacked: VecDeque<Lsn>,
-    /// The position the next commit's first record must have.
-    next: u64,
+    /// The position the next commit's first record must have; `None` while this node follows
+    /// the partition (its commits are not sent).
+    next: Option<u64>,
     /// Why the partition's log refuses this node's commits (fenced, or their outcome
     /// unknown): every commit not acknowledged before fails, and every commit after.
     failed: Option<StorageError>,
@@ -261,15 +262,16 @@ struct Queue {
 }
 
 impl PublishQueue {
-    /// A queue for partition `partition`, whose log ends at position `last`.
-    pub fn new(partition: u32, last: u64) -> Arc<Self> {
+    /// A queue for partition `partition`, which this node follows until [`PublishQueue::start`]:
+    /// meanwhile its shard's writes are the owner's commits being applied, and are not sent.
+    pub fn new(partition: u32) -> Arc<Self> {
         Arc::new(PublishQueue {
             partition,
             subject: subject(partition),
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
                 unacked: VecDeque::new(),
-                next: last + 1,
+                next: None,
                 failed: None,
                 closed: false,
             }),
@@ -278,30 +280,42 @@ impl PublishQueue {
         })
     }
 
+    /// This node owns the partition from here, its log ending at `position` (from
+    /// [`take_over`]): its shard's commits are queued from now on, and [`PublishQueue::publish`]
+    /// sends them.
+    pub fn start(&self, position: &LogPosition) {
+        self.queue.lock().next = Some(position.last + 1);
+    }
+
     /// Why the partition's log refuses this node's commits, if it does: a write should be
     /// refused before it is applied.
     pub fn refusal(&self) -> Option<StorageError> {
         self.queue.lock().failed.clone()
     }
 
-    /// Queues a commit (called under the shard lock, in commit order). Its records must follow
-    /// the previous commit's without a gap; a commit queued after the queue failed fails too.
+    /// Queues a commit (called under the shard lock, in commit order) once this node owns the
+    /// partition. Its records must follow the previous commit's without a gap; a commit queued
+    /// after the queue failed fails too.
     pub fn enqueue(&self, commit: Commit) {
         let mut q = self.queue.lock();
+        let Some(next) = q.next else {
+            // Following: the commit is the owner's, applied here.
+            return;
+        };
         if q.failed.is_some() {
             return;
         }
-        if commit.first != q.next {
+        if commit.first != next {
             let error = StorageError::new(format!(
-                "partition {}: a commit at log position {} where {} was next; positions must follow each other",
-                self.partition, commit.first, q.next
+                "partition {}: a commit at log position {} where {next} was next; positions must follow each other",
+                self.partition, commit.first
             ));
             Self::fail(&mut q, error);
             drop(q);
             self.progress.send_replace(());
             return;
         }
-        q.next = commit.first + commit.records.len() as u64;
+        q.next = Some(commit.first + commit.records.len() as u64);
         q.unacked.push_back(commit.lsn);
         q.waiting.push_back(commit);
         drop(q);

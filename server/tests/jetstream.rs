@@ -16,7 +16,8 @@ use async_nats::{
 };
 use bytes::Bytes;
 use mayfly_cluster::{
-    Chain, LeaseTiming, Leases, MessageKind, PublishQueue, ReplicatedStorage, SystemClocks, Watch,
+    CatchUpError, Chain, Followed, LeaseTiming, Leases, MessageKind, PublishQueue,
+    ReplicatedStorage, SystemClocks, Watch, become_owner,
     lease_store::renew_interval,
     log_message::decode_frame,
     publish_queue::{self, log_end, log_streams, take_over},
@@ -300,9 +301,11 @@ async fn a_lease_passes_only_after_its_owner_has_stopped_serving() {
 /// Partitions of the commit-path tests' engine.
 const PARTITIONS: u32 = 4;
 
-/// An owner of every partition at `epoch`: an engine logging every commit, over memory
-/// storage whose shards publish to their partitions' logs; and its queues.
-async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>) {
+/// A node owning every partition at `epoch`: an engine logging every commit, over memory
+/// storage whose shards publish to their partitions' logs, with the test's collection; it
+/// caught up with each partition's log and published its takeover before serving it. And its
+/// publish queues.
+async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>, CollectionPath) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let streams = loop {
         match log_streams(js, 3).await {
@@ -314,30 +317,39 @@ async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>) {
             Err(e) => panic!("no log streams within 20 s: {e}"),
         }
     };
-    let mut queues = Vec::new();
-    for p in 0..PARTITIONS {
-        let stream = streams[(p % publish_queue::LOG_STREAMS) as usize].clone();
-        let position = loop {
-            match take_over(js, &stream, p, epoch, 0).await {
-                Ok(position) => break position,
-                Err(e) if Instant::now() < deadline => {
-                    eprintln!("partition {p} not taken over yet ({e}); retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => panic!("partition {p} not taken over within 20 s: {e}"),
-            }
-        };
-        let queue = PublishQueue::new(p, position.last);
-        tokio::spawn(queue.clone().publish(js.clone(), stream, position));
-        queues.push(queue);
-    }
+    let queues: Vec<_> = (0..PARTITIONS).map(PublishQueue::new).collect();
     let storage = ReplicatedStorage::new(Arc::new(MemoryStorage::new()), queues.clone());
     let config = EngineConfig {
         log_every_commit: true,
         ..EngineConfig::new(PARTITIONS as usize)
     };
     let engine = Engine::new(config, Arc::new(storage), Arc::new(SystemClock));
-    (engine, queues)
+    // The catalog first (the catalog stream's job in a cluster, made here the same way on
+    // every node, so that uids agree), then the partitions.
+    let path = collection(&engine);
+    for p in 0..PARTITIONS {
+        let stream = &streams[(p % publish_queue::LOG_STREAMS) as usize];
+        let mut followed = Followed::new(p);
+        loop {
+            match become_owner(
+                js,
+                stream,
+                &engine,
+                (&queues[p as usize], p, epoch),
+                &mut followed,
+            )
+            .await
+            {
+                Ok(_) => break,
+                Err(CatchUpError::Takeover(e)) if Instant::now() < deadline => {
+                    eprintln!("partition {p} not taken over yet ({e}); retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("partition {p} not taken over: {e}"),
+            }
+        }
+    }
+    (engine, queues, path)
 }
 
 /// Database `db`, collection `c` (partitioned on `/pk`) with its change feed off: in cluster
@@ -418,8 +430,7 @@ async fn read_logs(js: &Context) -> Vec<(u32, ChangeOp, String)> {
 async fn an_owners_acknowledged_writes_are_on_its_partitions_logs_in_order() {
     let cluster = NatsCluster::start(3);
     let js = client(&cluster).await;
-    let (engine, _queues) = owner(&js, 1).await;
-    let path = collection(&engine);
+    let (engine, _queues, path) = owner(&js, 1).await;
 
     // Writers in parallel, so that commits queue behind each publish and go out together.
     let mut writers = Vec::new();
@@ -485,8 +496,7 @@ async fn an_owners_acknowledged_writes_are_on_its_partitions_logs_in_order() {
 async fn a_fenced_partition_fails_its_writes_and_only_its_own() {
     let cluster = NatsCluster::start(3);
     let js = client(&cluster).await;
-    let (engine, queues) = owner(&js, 1).await;
-    let path = collection(&engine);
+    let (engine, queues, path) = owner(&js, 1).await;
     let info = engine.get_collection(&path).expect("collection");
     let partition_of = |pk: &str| {
         Placement::Xxh3.shard(
@@ -552,4 +562,81 @@ async fn a_fenced_partition_fails_its_writes_and_only_its_own() {
     }
     let after = logged.iter().filter(|(_, _, id)| id.starts_with("after-"));
     assert_eq!(after.count(), 40 - fenced);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_catches_up_from_the_log_and_serves_every_acknowledged_write() {
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    let (a, a_queues, path) = owner(&js, 1).await;
+
+    // Writers on node a until it dies under them.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let (a, path, stop) = (a.clone(), path.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let (mut acked, mut unknown) = (Vec::new(), 0);
+            for i in 0..400 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let id = format!("w{w}-{i}");
+                let created = a.create_document(&path, document(&id, &format!("t{i}")), None);
+                match a.settle(created).await {
+                    Ok(_) => acked.push(id),
+                    // Its publish was cut off: it may or may not be in the log.
+                    Err(_) => unknown += 1,
+                }
+            }
+            (acked, unknown)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // a dies: its publishers stop where they are, failing what they had not sent.
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for q in &a_queues {
+        q.close();
+    }
+    let (mut acked, mut unknown) = (Vec::new(), 0);
+    for writer in writers {
+        let (ids, n) = writer.await.expect("writer");
+        acked.extend(ids);
+        unknown += n;
+    }
+    assert!(
+        acked.len() >= 20,
+        "only {} writes acknowledged",
+        acked.len()
+    );
+
+    // b catches up from the log alone (memory storage: it starts empty) and takes over.
+    let started = Instant::now();
+    let (b, _b_queues, _) = owner(&js, 2).await;
+    eprintln!(
+        "node b caught up with {} acknowledged writes ({unknown} of unknown outcome) and took 4 partitions over in {:?}",
+        acked.len(),
+        started.elapsed()
+    );
+    for id in &acked {
+        let i = id.rsplit('-').next().expect("index");
+        let key = DocKey {
+            partition_key: PartitionKeyValue::String(format!("t{i}").into()),
+            id: ResourceId::parse(IdKind::Document, id).expect("id"),
+        };
+        let read = b.read_document(&path, &key);
+        let view = b
+            .settle(read)
+            .await
+            .unwrap_or_else(|e| panic!("{id} lost: {e}"));
+        assert_eq!(view.body_map()["id"], serde_json::json!(id));
+    }
+    // b serves writes; a can no longer acknowledge any.
+    let created = b.create_document(&path, document("after", "t0"), None);
+    b.settle(created).await.expect("b takes writes");
+    let created = a.create_document(&path, document("stale", "t0"), None);
+    assert!(
+        a.settle(created).await.is_err(),
+        "a acknowledged a write after b took over"
+    );
 }

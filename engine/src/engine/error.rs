@@ -66,6 +66,10 @@ pub enum Error {
     ReadBudgetSpent,
     /// The request's client went away before its work was done; nobody sees this.
     Cancelled,
+    /// This node does not serve the document's partition now: in cluster mode it follows the
+    /// partition's owner elsewhere. Nothing was changed; the request may be retried, through
+    /// a client that routes it to the owner.
+    NotOwner { partition: usize },
     /// The server began shutting down before the request's work was done; nothing was
     /// changed, and a feed or query resumes from its last continuation on a running server.
     ShuttingDown,
@@ -169,6 +173,10 @@ impl fmt::Display for Error {
                 f.write_str("internal: a query tried on an async worker was not run again off it")
             }
             Error::Cancelled => f.write_str("the request was cancelled by its client"),
+            Error::NotOwner { partition } => write!(
+                f,
+                "this node does not serve partition {partition} now (it follows the partition's owner); nothing was changed: retry, through a client that routes to the owner"
+            ),
             Error::ShuttingDown => f.write_str(
                 "the server is shutting down; retry on a running server (a feed or query resumes from its last continuation)",
             ),

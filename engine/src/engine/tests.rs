@@ -2818,3 +2818,4 @@ mod optimistic;
 mod ordered_review;
 mod patch_create;
 mod placement;
+mod replicated;

@@ -173,6 +173,11 @@ impl Shard {
             let (version, now, default_ttl, settle_at) = {
                 let mut state = self.lock();
                 let st = &mut *state;
+                if st.following {
+                    return Outcome::failed(Error::NotOwner {
+                        partition: self.index,
+                    });
+                }
                 let now = st.now(clock);
                 let slot = match live_slot(st, info, key, now) {
                     Ok(slot) => slot,

@@ -38,6 +38,22 @@ impl LogAppends {
         }
     }
 
+    /// Records made elsewhere (an owner's, applied by a follower) after position `last`, in
+    /// order, and the documents whose expiry they log (slot, position).
+    pub(super) fn given(
+        last: u64,
+        records: Vec<(CollectionUid, u64, LogRecord)>,
+        expired: Vec<(u32, u64)>,
+    ) -> Self {
+        LogAppends {
+            last: records.last().map_or(last, |r| r.1),
+            now: 0,
+            expired_slots: expired.iter().copied().collect(),
+            expired,
+            records,
+        }
+    }
+
     fn push(&mut self, collection: CollectionUid, record: &ChangeRecord) -> u64 {
         self.last += 1;
         self.records

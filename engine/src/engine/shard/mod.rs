@@ -15,7 +15,10 @@ mod log_appends;
 mod optimistic;
 pub(super) mod purge_batch;
 mod rebuild;
+mod replicated;
 mod slab;
+
+pub use replicated::ReplicatedCommit;
 mod state;
 mod tracking;
 
@@ -48,8 +51,8 @@ use super::{
     ttl::{self, DefaultTtl, DocumentTtl, Rules},
 };
 use crate::storage::{
-    DocKey, DocumentWrite, IndexUpdate, Lsn, RequestRecord, ShardSet, ShardStore, StorageError,
-    StoredDocument, Term, WriteBatch,
+    DocKey, DocumentWrite, IndexUpdate, LogRecord, Lsn, RequestRecord, ShardSet, ShardStore,
+    StorageError, StoredDocument, Term, WriteBatch,
 };
 
 #[cfg(test)]
@@ -65,7 +68,8 @@ pub(super) use self::{
     optimistic::Keyed,
     slab::{DocMeta, DocSlab, TermsRef, Tracking},
     state::{
-        Change, CollectionShard, IndexChange, IndexSettings, RemoveCause, ShardRules, ShardState,
+        Change, CollectionShard, GivenLog, IndexChange, IndexSettings, RemoveCause, ShardRules,
+        ShardState,
     },
     tracking::{attach, detach, time_own_ttl},
 };
@@ -91,6 +95,8 @@ pub(crate) struct Shard {
     indexer_wake: Arc<Notify>,
     /// Every change log position up to this one is durable (as far as a reader has seen).
     durable_log: AtomicU64,
+    /// Its index among the engine's shards (in cluster mode, its partition).
+    index: usize,
     /// This shard, for the durability wait of what it answers (see [`crate::storage::Storage::durable_in`]).
     set: ShardSet,
 }
@@ -113,6 +119,7 @@ impl Shard {
             versions,
             indexer_wake,
             durable_log: AtomicU64::new(0),
+            index,
             set: ShardSet::one(index),
         }
     }

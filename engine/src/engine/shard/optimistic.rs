@@ -177,6 +177,11 @@ impl Shard {
         let mut waiting: Option<std::time::Instant> = None;
         let (state, seen, read, now, remember) = loop {
             let mut state = self.lock();
+            if state.following {
+                return Outcome::failed(Error::NotOwner {
+                    partition: self.index,
+                });
+            }
             let now = state.now(clock);
             let remember = match (keyed, &scope) {
                 (Some(k), Some(scope)) => {

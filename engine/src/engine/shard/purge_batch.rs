@@ -56,6 +56,17 @@ impl Shard {
         budget: usize,
     ) -> (PurgeReport, Option<Undurable>) {
         let mut state = self.lock();
+        if state.following {
+            // Only an owner purges; promotion wakes the purge again.
+            let now = state.now(clock);
+            let report = PurgeReport {
+                now,
+                purged: 0,
+                next_due: None,
+                failed: false,
+            };
+            return (report, None);
+        }
         let (now, mut candidates) = gather(&mut state, clock, budget);
         // Expiries are logged as soon as they are found, before the slower delete below (which
         // releases the lock to read terms): a write committed meanwhile comes after them.

@@ -29,6 +29,9 @@ pub(crate) struct ShardState {
     pub(in crate::engine) requests: RequestTable,
     /// The last change log position this shard appended at (see [`LogAppends`]).
     pub(super) log_seq: u64,
+    /// It follows an owner elsewhere (cluster mode): its purge does not run, and nothing is
+    /// decided by its clock (see `replicated.rs`).
+    pub(super) following: bool,
     /// Where the latest commit that appended to the change log is in storage.
     pub(super) log_lsn: Lsn,
 }
@@ -169,6 +172,17 @@ pub(in crate::engine) enum RemoveCause {
     Expired { at: Millis },
 }
 
+/// An owner's change log records for a follower's commit (see [`ShardState::commit_logged`]).
+#[derive(Debug)]
+pub(in crate::engine) struct GivenLog {
+    /// The records, by collection, at their positions, in order.
+    pub(in crate::engine) records: Vec<(CollectionUid, u64, LogRecord)>,
+    /// Each change's record position (0: none), as [`ShardState::log_change`] would give.
+    pub(in crate::engine) seqs: Vec<u64>,
+    /// The documents whose expiry the records log (slot, position).
+    pub(in crate::engine) expired: Vec<(u32, u64)>,
+}
+
 /// Expiries a commit logs before its own changes, at most (see [`ShardState::drain_due`]).
 const DRAIN_BUDGET: usize = 256;
 
@@ -195,6 +209,7 @@ impl ShardState {
             client_lsn: Lsn::ZERO,
             last_now: now,
             log_seq: 0,
+            following: false,
             log_lsn: Lsn::ZERO,
         }
     }
@@ -275,7 +290,23 @@ impl ShardState {
         metrics: &EngineMetrics,
         versions: &AtomicU64,
     ) -> Result<(Option<Millis>, Lsn), StorageError> {
-        let drained = self.drain_due();
+        self.commit_logged(store, changes, None, (metrics, versions))
+    }
+
+    /// [`ShardState::commit`], with the change log records `given` (an owner's, applied by a
+    /// follower: see `replicated.rs`) instead of records made from the changes, and no drain
+    /// of what is due by this shard's clock (only an owner decides expiries).
+    pub(in crate::engine) fn commit_logged(
+        &mut self,
+        store: &dyn ShardStore,
+        changes: &[Change],
+        given: Option<GivenLog>,
+        (metrics, versions): (&EngineMetrics, &AtomicU64),
+    ) -> Result<(Option<Millis>, Lsn), StorageError> {
+        let drained = match given {
+            None => self.drain_due(),
+            Some(_) => Vec::new(),
+        };
         if changes.is_empty() && drained.is_empty() {
             return Ok((None, Lsn::ZERO));
         }
@@ -288,22 +319,31 @@ impl ShardState {
             Some(now) => self.requests.due(now),
             None => Vec::new(),
         };
-        let mut log = LogAppends::after(self.log_seq, self.last_now);
-        for &(slot, at) in &drained {
-            let meta = self.docs.get(slot);
-            if self
-                .collections
-                .get(&meta.collection)
-                .is_some_and(|c| c.feed)
-            {
-                log.expire(slot, meta, at);
-            }
-        }
         // Each change's record position (0: none).
-        let seqs: Vec<u64> = changes
-            .iter()
-            .map(|c| self.log_change(c, &mut log))
-            .collect();
+        let (log, seqs) = match given {
+            Some(given) => (
+                LogAppends::given(self.log_seq, given.records, given.expired),
+                given.seqs,
+            ),
+            None => {
+                let mut log = LogAppends::after(self.log_seq, self.last_now);
+                for &(slot, at) in &drained {
+                    let meta = self.docs.get(slot);
+                    if self
+                        .collections
+                        .get(&meta.collection)
+                        .is_some_and(|c| c.feed)
+                    {
+                        log.expire(slot, meta, at);
+                    }
+                }
+                let seqs = changes
+                    .iter()
+                    .map(|c| self.log_change(c, &mut log))
+                    .collect();
+                (log, seqs)
+            }
+        };
         let mut writes: Vec<DocumentWrite<'_>> = changes
             .iter()
             .zip(&seqs)

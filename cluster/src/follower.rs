@@ -1,0 +1,203 @@
+//! A node catching up with a partition's log, and becoming its owner (docs/cluster.md,
+//! "Standbys and catch-up", "Leases and fencing"): every message after the node's copy is read
+//! from the stream in order, checked against the chain of those before it, and applied through
+//! the engine; then the node publishes its `takeover` at the log's end, and its shard serves.
+//!
+//! Built so far: catch-up from the start of the subject (snapshots come later) and a takeover
+//! at a given epoch. The lease that decides who takes over is `lease_store.rs`'s; wiring the
+//! two together in the server is the next step.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    Context,
+    consumer::{DeliverPolicy, pull::OrderedConfig},
+    stream::Stream,
+};
+use futures_util::StreamExt;
+use mayfly_engine::{
+    engine::{Engine, ReplicatedCommit},
+    storage::LogRecord,
+};
+
+use crate::{
+    chain::{Chain, Divergence},
+    log_message::{MessageKind, decode_frame},
+    publish_queue::{LogPosition, PublishQueue, TakeoverError, log_end, subject, take_over},
+};
+
+/// How long a catch-up waits for the next message before asking where the log ends again.
+const QUIET: Duration = Duration::from_secs(2);
+
+/// Why a node could not catch up with a partition's log or take it over.
+#[derive(Debug)]
+pub enum CatchUpError {
+    /// The log does not continue the history before it (see [`Divergence`]): the partition
+    /// must not be served from it.
+    Diverged(Divergence),
+    /// The engine refused a commit (its copy does not fit the log, or its catalog is behind).
+    Refused(String),
+    /// NATS did not answer, or the log moved on while the node took over.
+    Takeover(TakeoverError),
+}
+
+impl std::fmt::Display for CatchUpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CatchUpError::Diverged(d) => write!(f, "the log diverged: {d}"),
+            CatchUpError::Refused(e) => write!(f, "the engine refused a commit: {e}"),
+            CatchUpError::Takeover(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for CatchUpError {}
+
+impl From<TakeoverError> for CatchUpError {
+    fn from(e: TakeoverError) -> Self {
+        CatchUpError::Takeover(e)
+    }
+}
+
+/// A partition's log as a node has applied it: the chain of its messages, and the stream
+/// sequence of the last one.
+#[derive(Debug, Clone)]
+pub struct Followed {
+    pub chain: Chain,
+    pub subject_seq: u64,
+}
+
+impl Followed {
+    /// Nothing applied yet.
+    pub fn new(partition: u32) -> Self {
+        Followed {
+            chain: Chain::new(partition),
+            subject_seq: 0,
+        }
+    }
+}
+
+/// Applies to `engine`'s shard `partition` (following it) every message of the partition's
+/// log after `followed`, up to where the log ended when asked.
+pub async fn catch_up(
+    stream: &Stream,
+    engine: &Engine,
+    partition: u32,
+    followed: &mut Followed,
+) -> Result<(), CatchUpError> {
+    let end = log_end(stream, partition).await?;
+    if end.subject_seq <= followed.subject_seq {
+        return Ok(());
+    }
+    let config = OrderedConfig {
+        filter_subject: subject(partition),
+        deliver_policy: match followed.subject_seq {
+            0 => DeliverPolicy::All,
+            seq => DeliverPolicy::ByStartSequence {
+                start_sequence: seq + 1,
+            },
+        },
+        ..Default::default()
+    };
+    let unavailable = |e: &dyn std::fmt::Display| TakeoverError::Unavailable(e.to_string());
+    let consumer = stream
+        .create_consumer(config)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let mut messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+    while followed.subject_seq < end.subject_seq {
+        let message = match tokio::time::timeout(QUIET, messages.next()).await {
+            Ok(Some(Ok(message))) => message,
+            Ok(Some(Err(e))) => return Err(unavailable(&e).into()),
+            Ok(None) | Err(_) => {
+                return Err(TakeoverError::Unavailable(format!(
+                    "the log of partition {partition} stopped at stream sequence {} before its end at {}",
+                    followed.subject_seq, end.subject_seq
+                ))
+                .into());
+            }
+        };
+        let seq = message.info().map_err(|e| unavailable(&e))?.stream_sequence;
+        let parts = decode_frame(&message.payload)
+            .map_err(|e| CatchUpError::Diverged(Divergence::Corrupt(e)))?;
+        for part in parts {
+            let mut next = followed.chain;
+            let m = next.accept(&part).map_err(CatchUpError::Diverged)?;
+            match m.kind {
+                MessageKind::Commit => {
+                    let records: Vec<_> = m
+                        .records
+                        .iter()
+                        .map(|(c, bytes)| (*c, LogRecord::whole(bytes.clone())))
+                        .collect();
+                    let remembered: Vec<_> = m
+                        .remembered
+                        .iter()
+                        .map(|r| (r.collection, r.key.clone(), r.record))
+                        .collect();
+                    engine
+                        .apply_replicated(
+                            partition as usize,
+                            ReplicatedCommit {
+                                after: m.after,
+                                records: &records,
+                                remembered: &remembered,
+                                versions_below: m.versions_below,
+                            },
+                        )
+                        .map_err(|e| CatchUpError::Refused(e.to_string()))?;
+                }
+                MessageKind::Takeover => {}
+                MessageKind::Rebase { snapshot } => {
+                    return Err(CatchUpError::Refused(format!(
+                        "a rebase onto snapshot {snapshot}, which this version cannot load yet"
+                    )));
+                }
+            }
+            followed.chain = next;
+        }
+        followed.subject_seq = seq;
+    }
+    Ok(())
+}
+
+/// Makes this node the owner of `engine`'s shard `partition` at `epoch` (or above the log's
+/// last): catches up with the log, publishes the `takeover` at its end, starts `queue`'s
+/// publisher and promotes the shard. Returns where the log ends.
+pub async fn become_owner(
+    js: &Context,
+    stream: &Stream,
+    engine: &Engine,
+    (queue, partition, epoch): (&std::sync::Arc<PublishQueue>, u32, u64),
+    followed: &mut Followed,
+) -> Result<LogPosition, CatchUpError> {
+    engine.set_following(partition as usize, true);
+    loop {
+        catch_up(stream, engine, partition, followed).await?;
+        match take_over(
+            js,
+            stream,
+            partition,
+            epoch,
+            engine.log_end(partition as usize),
+        )
+        .await
+        {
+            Ok(position) => {
+                queue.start(&position);
+                tokio::spawn(queue.clone().publish(js.clone(), stream.clone(), position));
+                engine.set_following(partition as usize, false);
+                return Ok(position);
+            }
+            // The old owner wrote meanwhile: read on, and try again.
+            Err(TakeoverError::Raced) => continue,
+            Err(TakeoverError::NotCaughtUp {
+                log_last,
+                local_last,
+            }) if log_last > local_last => continue,
+            // This copy holds commits the log does not: never acknowledged to anyone, but
+            // cutting them off is not built yet (docs/cluster.md, "Write path", 5).
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

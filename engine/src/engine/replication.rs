@@ -1,0 +1,30 @@
+//! What cluster mode asks of the engine (docs/cluster.md): a shard that follows an owner
+//! elsewhere applies the owner's commits from the partition's log, and serves once promoted.
+//! The engine knows nothing of NATS: the cluster crate reads the log and calls these.
+
+use super::{Engine, error::Error, shard::ReplicatedCommit};
+use crate::storage::Lsn;
+
+impl Engine {
+    /// Makes shard `shard` follow an owner elsewhere (its purge stops, nothing is decided by
+    /// its clock), or, with `false`, promotes it to owner.
+    pub fn set_following(&self, shard: usize, following: bool) {
+        self.inner.shards[shard].set_following(following);
+    }
+
+    /// Applies an owner's commit to shard `shard` (which should be following); returns where
+    /// local storage applied it (durable once storage says so). Refuses, changing nothing, a
+    /// commit that does not continue the shard's log or does not fit its documents.
+    pub fn apply_replicated(
+        &self,
+        shard: usize,
+        commit: ReplicatedCommit<'_>,
+    ) -> Result<Lsn, Error> {
+        self.inner.shards[shard].apply_replicated(commit)
+    }
+
+    /// The last change log position of shard `shard` (0: none).
+    pub fn log_end(&self, shard: usize) -> u64 {
+        self.inner.shards[shard].log_tip().seq
+    }
+}

@@ -1,0 +1,440 @@
+//! Cluster mode's follower (`shard/replicated.rs`): an owner's commits, applied in order to
+//! another engine, leave it holding what the owner holds (documents, versions, write instants,
+//! index entries, remembered requests, the change log at the same positions), deciding no
+//! expiry of its own while it follows, and purging what the owner expired once promoted.
+
+use std::sync::Mutex as StdMutex;
+
+use super::*;
+use crate::engine::{ReplicatedCommit, idempotency::RequestKey};
+use crate::storage::{
+    ChangeLog, DocumentWrite, IndexEntry, IndexRange, LogRecord, RequestRecord, StoredTerms,
+};
+
+/// One commit as the owner's storage saw it: what cluster mode ships.
+#[derive(Debug, Clone)]
+struct Shipped {
+    shard: usize,
+    after: u64,
+    records: Vec<(CollectionUid, LogRecord)>,
+    remembered: Vec<(CollectionUid, DocKey, RequestRecord)>,
+    versions_below: u64,
+}
+
+/// Memory storage that keeps every commit with change log records, as an owner ships them.
+#[derive(Debug, Default)]
+struct Shipping {
+    inner: MemoryStorage,
+    shipped: Arc<StdMutex<Vec<Shipped>>>,
+}
+
+#[derive(Debug)]
+struct ShippingShard {
+    index: usize,
+    inner: Arc<dyn ShardStore>,
+    shipped: Arc<StdMutex<Vec<Shipped>>>,
+}
+
+impl Storage for Shipping {
+    fn placement(&self) -> crate::engine::Placement {
+        self.inner.placement()
+    }
+    fn shard(&self, index: usize) -> Arc<dyn ShardStore> {
+        Arc::new(ShippingShard {
+            index,
+            inner: self.inner.shard(index),
+            shipped: self.shipped.clone(),
+        })
+    }
+    fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
+        self.inner.write_catalog(change)
+    }
+    fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
+        self.inner.load_catalog()
+    }
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        self.inner.durable(lsn)
+    }
+    fn last_applied(&self) -> Lsn {
+        self.inner.last_applied()
+    }
+    fn failure(&self) -> Option<StorageError> {
+        None
+    }
+}
+
+impl ShardStore for ShippingShard {
+    fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
+        let mut first = None;
+        let mut records = Vec::new();
+        let mut remembered = Vec::new();
+        for write in batch.writes {
+            match *write {
+                DocumentWrite::Append {
+                    collection,
+                    seq,
+                    record,
+                } => {
+                    first.get_or_insert(seq);
+                    records.push((collection, record.clone()));
+                }
+                DocumentWrite::Remember {
+                    collection,
+                    key,
+                    record,
+                } => remembered.push((collection, key.clone(), record)),
+                _ => {}
+            }
+        }
+        let lsn = self.inner.write(batch)?;
+        if let Some(first) = first {
+            self.shipped.lock().expect("not poisoned").push(Shipped {
+                shard: self.index,
+                after: first - 1,
+                records,
+                remembered,
+                versions_below: batch.versions_below,
+            });
+        }
+        Ok(lsn)
+    }
+    fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
+        self.inner.durable(lsn)
+    }
+    fn load(&self, each: &mut dyn FnMut(StoredMeta)) -> Result<(), StorageError> {
+        self.inner.load(each)
+    }
+    fn load_terms(
+        &self,
+        each: &mut dyn FnMut(CollectionUid, DocKey, StoredTerms),
+    ) -> Result<(), StorageError> {
+        self.inner.load_terms(each)
+    }
+    fn get_terms(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<StoredTerms>, StorageError> {
+        self.inner.get_terms(collection, key)
+    }
+    fn scan_index(
+        &self,
+        collection: CollectionUid,
+        range: IndexRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, StorageError> {
+        self.inner.scan_index(collection, range, limit)
+    }
+    fn get(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Option<Arc<StoredDocument>>, StorageError> {
+        self.inner.get(collection, key)
+    }
+    fn scan(
+        &self,
+        collection: CollectionUid,
+        range: ScanRange<'_>,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredDocument>>, StorageError> {
+        self.inner.scan(collection, range, limit)
+    }
+    fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
+        self.inner.drop_collection(collection)
+    }
+    fn change_log(&self) -> &dyn ChangeLog {
+        self.inner.change_log()
+    }
+}
+
+const SHARDS: usize = 4;
+
+fn cluster_config() -> EngineConfig {
+    EngineConfig {
+        log_every_commit: true,
+        ..EngineConfig::new(SHARDS)
+    }
+}
+
+/// An engine and its storage.
+struct Node {
+    f: Fixture,
+    storage: Arc<dyn Storage>,
+}
+
+/// An owner whose commits are shipped, and a follower of every shard (its catalog made the
+/// same way, so its uids are the owner's: the catalog stream's job in a cluster).
+fn owner_and_follower() -> (Node, Arc<StdMutex<Vec<Shipped>>>, Node) {
+    let storage = Shipping::default();
+    let shipped = storage.shipped.clone();
+    let storage: Arc<dyn Storage> = Arc::new(storage);
+    let owner = Node {
+        f: Fixture::with_config(Some(100), storage.clone(), cluster_config()),
+        storage,
+    };
+    let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
+    let follower = Node {
+        f: Fixture::with_config(Some(100), storage.clone(), cluster_config()),
+        storage,
+    };
+    for shard in 0..SHARDS {
+        follower.f.engine.set_following(shard, true);
+    }
+    (owner, shipped, follower)
+}
+
+/// Applies what the owner shipped since the last call, in order.
+fn ship(shipped: &StdMutex<Vec<Shipped>>, follower: &Engine) -> usize {
+    let commits = std::mem::take(&mut *shipped.lock().expect("not poisoned"));
+    for c in &commits {
+        follower
+            .apply_replicated(
+                c.shard,
+                ReplicatedCommit {
+                    after: c.after,
+                    records: &c.records,
+                    remembered: &c.remembered,
+                    versions_below: c.versions_below,
+                },
+            )
+            .expect("the follower takes the owner's commit");
+    }
+    commits.len()
+}
+
+fn in_partition(id: &str, pk: &str, extra: Value) -> DocumentBody {
+    let mut v = json!({"id": id, "pk": pk, "tag": format!("t-{id}")});
+    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+        m.extend(e);
+    }
+    body(v)
+}
+
+/// What a read of `id` in `pk` answers, in a form two engines can be compared by.
+fn seen(f: &Fixture, id: &str, pk: &str) -> Option<(u64, Millis, Option<String>, String)> {
+    match f.engine.read_document(&f.path, &key(pk, id)).result {
+        Ok(view) => Some((
+            view.etag.0,
+            view.last_write,
+            view.ttl.map(|t| format!("{t:?}")),
+            serde_json::to_string(&view.body_map()).expect("json"),
+        )),
+        Err(Error::DocumentNotFound { .. }) => None,
+        Err(e) => panic!("read {id}: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn a_follower_applying_an_owners_commits_holds_what_the_owner_holds() {
+    let (owner_node, shipped, follower_node) = owner_and_follower();
+    let (owner, follower) = (&owner_node.f, &follower_node.f);
+    let uid = owner.engine.get_collection(&owner.path).expect("c").uid;
+    assert_eq!(
+        follower
+            .engine
+            .get_collection(&follower.path)
+            .expect("c")
+            .uid,
+        uid
+    );
+    let docs = [
+        ("a", "p1"),
+        ("b", "p2"),
+        ("c", "p3"),
+        ("d", "p4"),
+        ("e", "p5"),
+        ("f", "p6"),
+    ];
+
+    for (i, &(id, pk)) in docs.iter().enumerate() {
+        let ttl = match id {
+            "b" | "e" => json!({"ttl": 5}),
+            "c" => json!({"ttl": -1}),
+            _ => json!({"n": i}),
+        };
+        owner
+            .engine
+            .create_document(&owner.path, in_partition(id, pk, ttl), None)
+            .result
+            .expect("create");
+        owner.advance(10);
+    }
+    owner
+        .engine
+        .replace_document(
+            &owner.path,
+            key("p1", "a"),
+            in_partition("a", "p1", json!({"n": 9})),
+            None,
+        )
+        .result
+        .expect("replace");
+    owner
+        .engine
+        .patch_document(
+            &owner.path,
+            &key("p3", "c"),
+            &[PatchOp::Set {
+                path: "/x".into(),
+                value: json!(1),
+            }],
+            None,
+            None,
+        )
+        .result
+        .expect("patch");
+    owner
+        .engine
+        .delete_document(&owner.path, &key("p4", "d"), None)
+        .result
+        .expect("delete");
+    let request = RequestKey {
+        key: ResourceId::parse(IdKind::IdempotencyKey, "once").expect("key"),
+        fingerprint: [7; 16],
+    };
+    owner
+        .engine
+        .keyed(Some(&request))
+        .create_document(&owner.path, in_partition("g", "p7", json!({})), None)
+        .result
+        .expect("keyed create");
+    // b and e expire; the owner's purge logs it. b is written again after.
+    owner.advance(6_000);
+    assert_eq!(owner.engine.purge_now(), 2);
+    owner
+        .engine
+        .create_document(
+            &owner.path,
+            in_partition("b", "p2", json!({"again": true})),
+            None,
+        )
+        .result
+        .expect("create again");
+
+    assert!(ship(&shipped, &follower.engine) >= 9);
+    follower.clock.set(owner.clock.now());
+    // Following, it decides nothing by its clock, and serves no client.
+    assert_eq!(follower.engine.purge_now(), 0);
+    let read = follower
+        .engine
+        .read_document(&follower.path, &key("p1", "a"));
+    assert!(
+        matches!(read.result, Err(Error::NotOwner { .. })),
+        "{:?}",
+        read.result
+    );
+    let write =
+        follower
+            .engine
+            .create_document(&follower.path, in_partition("z", "p1", json!({})), None);
+    assert!(
+        matches!(write.result, Err(Error::NotOwner { .. })),
+        "{:?}",
+        write.result
+    );
+    for shard in 0..SHARDS {
+        assert_eq!(follower.engine.log_end(shard), owner.engine.log_end(shard));
+        let log = |n: &Node| {
+            n.storage
+                .shard(shard)
+                .change_log()
+                .read_log(uid, 0, 1000)
+                .expect("log")
+        };
+        assert_eq!(
+            log(&follower_node),
+            log(&owner_node),
+            "shard {shard}'s change log"
+        );
+        // e waits, dead, for the purge it gets once promoted (below).
+        for &(id, pk) in docs.iter().filter(|(id, _)| *id != "e") {
+            let terms = |n: &Node| {
+                n.storage
+                    .shard(shard)
+                    .get_terms(uid, &key(pk, id))
+                    .expect("terms")
+            };
+            assert_eq!(
+                terms(&follower_node),
+                terms(&owner_node),
+                "{id}'s index entries"
+            );
+        }
+    }
+    for shard in 0..SHARDS {
+        follower.engine.set_following(shard, false);
+    }
+    for &(id, pk) in docs.iter().chain([("g", "p7")].iter()) {
+        assert_eq!(seen(follower, id, pk), seen(owner, id, pk), "{id}");
+    }
+    assert!(seen(follower, "d", "p4").is_none() && seen(follower, "e", "p5").is_none());
+    assert!(
+        seen(follower, "z", "p1").is_none(),
+        "the refused write changed nothing"
+    );
+    // The remembered request is known on the follower: a retry after a failover is not applied
+    // twice. Its answer is not shipped, so it is refused as applied, as after a restart.
+    let before = seen(follower, "g", "p7");
+    let retried = follower
+        .engine
+        .keyed(Some(&request))
+        .create_document(&follower.path, in_partition("g", "p7", json!({})), None)
+        .result;
+    assert!(
+        matches!(retried, Err(Error::RequestApplied { .. })),
+        "{retried:?}"
+    );
+    assert_eq!(seen(follower, "g", "p7"), before);
+
+    // Promoted: what the owner expired is purged (its record logged once, not again), and new
+    // versions are above every version the owner handed out.
+    let ends: Vec<u64> = (0..SHARDS).map(|s| follower.engine.log_end(s)).collect();
+    assert_eq!(
+        follower.engine.purge_now(),
+        1,
+        "e, whose expiry the owner logged"
+    );
+    assert_eq!(
+        (0..SHARDS)
+            .map(|s| follower.engine.log_end(s))
+            .collect::<Vec<_>>(),
+        ends,
+        "nothing logged twice"
+    );
+    let newer = follower
+        .engine
+        .create_document(&follower.path, in_partition("h", "p8", json!({})), None)
+        .result
+        .expect("create on the promoted follower");
+    let owner_newest = seen(owner, "b", "p2").expect("b").0;
+    assert!(newer.etag.0 > owner_newest);
+}
+
+#[tokio::test]
+async fn a_commit_that_does_not_continue_the_log_changes_nothing() {
+    let (owner_node, shipped, follower_node) = owner_and_follower();
+    let (owner, follower) = (&owner_node.f, &follower_node.f);
+    owner.create("a", None);
+    owner.create("b", None);
+    let commits = std::mem::take(&mut *shipped.lock().expect("not poisoned"));
+    assert_eq!(commits.len(), 2);
+    let second = &commits[1];
+    // Applied before the first: a gap.
+    let err = follower
+        .engine
+        .apply_replicated(
+            second.shard,
+            ReplicatedCommit {
+                after: second.after,
+                records: &second.records,
+                remembered: &second.remembered,
+                versions_below: second.versions_below,
+            },
+        )
+        .expect_err("a gap");
+    assert!(err.to_string().contains("does not fit"), "{err}");
+    assert_eq!(follower.engine.log_end(second.shard), 0);
+    follower.engine.set_following(second.shard, false);
+    assert!(!follower.visible("b"));
+}
