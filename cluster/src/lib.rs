@@ -8,6 +8,7 @@
 //! (applying the log) come next, in the note's build order.
 
 pub mod assignment;
+pub mod catalog_log;
 pub mod chain;
 pub mod follower;
 pub mod lease;
@@ -17,6 +18,7 @@ pub mod publish_queue;
 pub mod replicated_storage;
 
 pub use assignment::{Assignment, NodeId, Replicas, assign};
+pub use catalog_log::{Apply, CatalogError, CatalogLog};
 pub use chain::{Chain, Divergence};
 pub use follower::{CatchUpError, Followed, become_owner, catch_up};
 pub use lease::{LeaseTiming, OwnerLease};

@@ -16,8 +16,8 @@ use async_nats::{
 };
 use bytes::Bytes;
 use mayfly_cluster::{
-    CatchUpError, Chain, Followed, LeaseTiming, Leases, MessageKind, PublishQueue,
-    ReplicatedStorage, SystemClocks, Watch, become_owner,
+    Apply, CatalogLog, CatchUpError, Chain, Followed, LeaseTiming, Leases, MessageKind,
+    PublishQueue, ReplicatedStorage, SystemClocks, Watch, become_owner,
     lease_store::renew_interval,
     log_message::decode_frame,
     publish_queue::{self, log_end, log_streams, take_over},
@@ -639,4 +639,112 @@ async fn a_new_owner_catches_up_from_the_log_and_serves_every_acknowledged_write
         a.settle(created).await.is_err(),
         "a acknowledged a write after b took over"
     );
+}
+
+/// A node of the catalog test: an engine and its catalog log, applying entries of the test's
+/// own format (`db NAME`, `coll DB NAME`), answering each with the uid made or the refusal.
+async fn catalog_node(js: &Context, node: &str) -> (Engine, Arc<CatalogLog<Result<u64, String>>>) {
+    let engine = Engine::new(
+        EngineConfig::new(2),
+        Arc::new(MemoryStorage::new()),
+        Arc::new(SystemClock),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        match CatalogLog::open(js, 3, node, 0).await {
+            Ok(log) => break log,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("catalog log not opened yet ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no catalog log within 20 s: {e}"),
+        }
+    };
+    let applier = engine.clone();
+    let apply: Apply<Result<u64, String>> = Arc::new(move |_seq, entry: Bytes| {
+        let engine = applier.clone();
+        Box::pin(async move {
+            let text = String::from_utf8(entry.to_vec()).map_err(|e| e.to_string())?;
+            let words: Vec<&str> = text.split(' ').collect();
+            let id = |kind, raw: &str| ResourceId::parse(kind, raw).map_err(|e| e.to_string());
+            match words.as_slice() {
+                ["db", name] => engine
+                    .create_database(id(IdKind::Database, name)?)
+                    .map(|uid| uid.0)
+                    .map_err(|e| e.to_string()),
+                ["coll", db, name] => {
+                    let settings =
+                        CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent)
+                            .map_err(|e| e.to_string())?;
+                    engine
+                        .create_collection(
+                            &id(IdKind::Database, db)?,
+                            id(IdKind::Collection, name)?,
+                            PartitionKeyPath::parse("/pk").map_err(|e| e.to_string())?,
+                            settings,
+                            Default::default(),
+                        )
+                        .map(|info| info.uid.0)
+                        .map_err(|e| e.to_string())
+                }
+                _ => Err(format!("not an entry: {text}")),
+            }
+        })
+    });
+    tokio::spawn(log.clone().follow(apply));
+    (engine, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_applies_the_catalog_log_in_one_order_with_one_answer() {
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    let (a, a_log) = catalog_node(&js, "a").await;
+    let (b, b_log) = catalog_node(&js, "b").await;
+
+    // Both create database `shop` at once: one is first in the log, on every node.
+    let (from_a, from_b) = tokio::join!(
+        a_log.propose(Bytes::from_static(b"db shop")),
+        b_log.propose(Bytes::from_static(b"db shop"))
+    );
+    let (from_a, from_b) = (from_a.expect("answered"), from_b.expect("answered"));
+    assert!(
+        from_a.is_ok() != from_b.is_ok(),
+        "exactly one creates it: {from_a:?} {from_b:?}"
+    );
+    let refused = from_a
+        .clone()
+        .err()
+        .or(from_b.clone().err())
+        .expect("one refusal");
+    assert!(refused.contains("exists"), "{refused}");
+
+    let (carts, orders) = tokio::join!(
+        a_log.propose(Bytes::from_static(b"coll shop carts")),
+        b_log.propose(Bytes::from_static(b"coll shop orders"))
+    );
+    let carts = carts.expect("answered").expect("created");
+    let orders = orders.expect("answered").expect("created");
+    assert_ne!(carts, orders);
+    let bad = a_log
+        .propose(Bytes::from_static(b"coll nowhere x"))
+        .await
+        .expect("answered");
+    assert!(bad.is_err(), "a collection in a missing database");
+
+    // Both nodes hold the same catalog, uids included.
+    let end = a_log.end().await.expect("end");
+    a_log.applied_to(end).await;
+    b_log.applied_to(end).await;
+    let shop = ResourceId::parse(IdKind::Database, "shop").expect("id");
+    for engine in [&a, &b] {
+        assert_eq!(engine.list_databases(), vec![shop.clone()]);
+        for (name, uid) in [("carts", carts), ("orders", orders)] {
+            let path = CollectionPath {
+                database: shop.clone(),
+                collection: ResourceId::parse(IdKind::Collection, name).expect("id"),
+            };
+            assert_eq!(engine.get_collection(&path).expect("collection").uid.0, uid);
+        }
+    }
 }
