@@ -15,6 +15,13 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> Millis;
 }
 
+/// The clock a cluster node times its partition leases by (monotonic milliseconds, from any
+/// origin): a shard whose lease ends serves nothing more (see [`super::Engine::serve_until`]).
+pub trait LeaseClock: Send + Sync + fmt::Debug {
+    /// Now, in the clock's milliseconds.
+    fn now_ms(&self) -> u64;
+}
+
 /// The wall clock.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;

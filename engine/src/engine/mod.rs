@@ -52,7 +52,7 @@ pub use change_feed::{
     ChangeFeedStart, ChangeOp, ChangeRecord, FeedRange, MAX_FEED_RANGES, RetentionGuard,
     partition_hash,
 };
-pub use clock::{Clock, ManualClock, Millis, SystemClock};
+pub use clock::{Clock, LeaseClock, ManualClock, Millis, SystemClock};
 pub use condition::{MAX_CONDITION_BYTES, PatchCondition};
 pub use cursor::QueryCursor;
 pub use document::{DocumentView, Etag, UpsertOutcome};
@@ -120,6 +120,10 @@ pub struct EngineConfig {
     /// would replicate nothing (docs/cluster.md, "What is replicated"). A collection's feed
     /// retention then says only what its feed serves.
     pub log_every_commit: bool,
+    /// What partition leases are timed by, in cluster mode: a shard given a lease end
+    /// ([`Engine::serve_until`]) refuses every request from that reading on. `None`: no shard
+    /// has a lease (single node).
+    pub lease_clock: Option<Arc<dyn LeaseClock>>,
 }
 
 impl EngineConfig {
@@ -131,6 +135,7 @@ impl EngineConfig {
             page_bytes: MAX_PAGE_BYTES,
             idempotency: IdempotencyConfig::default(),
             log_every_commit: false,
+            lease_clock: None,
         }
     }
 }
@@ -184,7 +189,7 @@ impl Engine {
         let shards = (0..config.shards.max(1))
             .map(|i| {
                 Arc::new(Shard::new(
-                    (i, storage.shard(i)),
+                    (i, storage.shard(i), config.lease_clock.clone()),
                     metrics.clone(),
                     versions.clone(),
                     indexer_wake.clone(),

@@ -23,6 +23,14 @@ impl Engine {
         self.inner.shards[shard].apply_replicated(commit)
     }
 
+    /// Bounds what shard `shard` serves by its partition lease: every request from reading
+    /// `until` of the lease clock ([`super::EngineConfig::lease_clock`]) on is refused
+    /// `NOT_OWNER`, until a renewal moves it. Checked under the shard lock in the hold that
+    /// answers, so an owner paused past its lease answers nothing when it wakes.
+    pub fn serve_until(&self, shard: usize, until: u64) {
+        self.inner.shards[shard].serve_until(until);
+    }
+
     /// The last change log position of shard `shard` (0: none).
     pub fn log_end(&self, shard: usize) -> u64 {
         self.inner.shards[shard].log_tip().seq

@@ -173,10 +173,8 @@ impl Shard {
             let (version, now, default_ttl, settle_at) = {
                 let mut state = self.lock();
                 let st = &mut *state;
-                if st.following {
-                    return Outcome::failed(Error::NotOwner {
-                        partition: self.index,
-                    });
+                if let Some(refused) = self.not_serving(st) {
+                    return Outcome::failed(refused);
                 }
                 let now = st.now(clock);
                 let slot = match live_slot(st, info, key, now) {

@@ -37,7 +37,7 @@ use tokio::sync::Notify;
 
 use super::{
     CollectionInfo, CollectionUid, IndexPaths, IndexingMode, MustLive, Outcome,
-    clock::{Clock, Millis},
+    clock::{Clock, LeaseClock, Millis},
     document::{DocumentView, Etag, WriteMode},
     error::Error,
     expiry::{
@@ -97,13 +97,15 @@ pub(crate) struct Shard {
     durable_log: AtomicU64,
     /// Its index among the engine's shards (in cluster mode, its partition).
     index: usize,
+    /// What its lease end is read against (cluster mode).
+    lease_clock: Option<Arc<dyn LeaseClock>>,
     /// This shard, for the durability wait of what it answers (see [`crate::storage::Storage::durable_in`]).
     set: ShardSet,
 }
 
 impl Shard {
     pub(crate) fn new(
-        (index, store): (usize, Arc<dyn ShardStore>),
+        (index, store, lease_clock): (usize, Arc<dyn ShardStore>, Option<Arc<dyn LeaseClock>>),
         metrics: Arc<EngineMetrics>,
         versions: Arc<AtomicU64>,
         indexer_wake: Arc<Notify>,
@@ -120,6 +122,7 @@ impl Shard {
             indexer_wake,
             durable_log: AtomicU64::new(0),
             index,
+            lease_clock,
             set: ShardSet::one(index),
         }
     }

@@ -177,10 +177,8 @@ impl Shard {
         let mut waiting: Option<std::time::Instant> = None;
         let (state, seen, read, now, remember) = loop {
             let mut state = self.lock();
-            if state.following {
-                return Outcome::failed(Error::NotOwner {
-                    partition: self.index,
-                });
+            if let Some(refused) = self.not_serving(&state) {
+                return Outcome::failed(refused);
             }
             let now = state.now(clock);
             let remember = match (keyed, &scope) {

@@ -42,6 +42,26 @@ impl Shard {
         }
     }
 
+    /// Bounds what this shard serves by its partition lease: nothing from reading `until` of
+    /// the engine's lease clock on, until a renewal moves it.
+    pub(crate) fn serve_until(&self, until: u64) {
+        self.lock().serve_until = Some(until);
+    }
+
+    /// Why this shard answers no client now, if it does not: it follows an owner elsewhere, or
+    /// its lease has ended. Read under the lock, in the hold that answers.
+    pub(super) fn not_serving(&self, st: &ShardState) -> Option<Error> {
+        let lapsed = match (st.serve_until, &self.lease_clock) {
+            (None, _) => false,
+            (Some(until), Some(clock)) => clock.now_ms() >= until,
+            // A lease end without a clock to read it by: nothing can be shown to be in time.
+            (Some(_), None) => true,
+        };
+        (st.following || lapsed).then_some(Error::NotOwner {
+            partition: self.index,
+        })
+    }
+
     /// Applies an owner's commit; the position local storage applied it at. Refuses, changing
     /// nothing, a commit that does not start at this shard's log end, names a collection this
     /// node does not have, or does not fit the documents held (a diverged history).

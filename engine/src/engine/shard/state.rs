@@ -32,6 +32,9 @@ pub(crate) struct ShardState {
     /// It follows an owner elsewhere (cluster mode): its purge does not run, and nothing is
     /// decided by its clock (see `replicated.rs`).
     pub(super) following: bool,
+    /// Its partition lease ends at this reading of the engine's lease clock (cluster mode);
+    /// `None`: no lease bounds it.
+    pub(super) serve_until: Option<u64>,
     /// Where the latest commit that appended to the change log is in storage.
     pub(super) log_lsn: Lsn,
 }
@@ -210,6 +213,7 @@ impl ShardState {
             last_now: now,
             log_seq: 0,
             following: false,
+            serve_until: None,
             log_lsn: Lsn::ZERO,
         }
     }

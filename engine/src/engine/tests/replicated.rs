@@ -438,3 +438,38 @@ async fn a_commit_that_does_not_continue_the_log_changes_nothing() {
     follower.engine.set_following(second.shard, false);
     assert!(!follower.visible("b"));
 }
+
+/// A lease clock the test moves by hand.
+#[derive(Debug, Default)]
+struct HandLeaseClock(std::sync::atomic::AtomicU64);
+
+impl crate::engine::LeaseClock for HandLeaseClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn a_shard_whose_lease_ended_answers_nothing_until_it_is_renewed() {
+    let lease = Arc::new(HandLeaseClock::default());
+    let config = EngineConfig {
+        lease_clock: Some(lease.clone()),
+        ..cluster_config()
+    };
+    let f = Fixture::with_config(Some(100), Arc::new(MemoryStorage::new()), config);
+    f.create("a", None);
+    let shard = f
+        .engine
+        .shard_index(&f.engine.get_collection(&f.path).expect("c"), &pk("p"));
+    f.engine.serve_until(shard, 100);
+    lease.0.store(99, std::sync::atomic::Ordering::SeqCst);
+    assert!(f.visible("a"), "served within its lease");
+    // An owner paused past its lease wakes here: its first answer is a refusal.
+    lease.0.store(100, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(f.read("a"), Err(Error::NotOwner { .. })));
+    let write = f.engine.create_document(&f.path, doc("b", None), None);
+    assert!(matches!(write.result, Err(Error::NotOwner { .. })));
+    f.engine.serve_until(shard, 200);
+    assert!(f.visible("a"));
+    assert!(!f.visible("b"), "the refused write changed nothing");
+}
