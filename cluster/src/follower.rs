@@ -22,7 +22,7 @@ use mayfly_engine::{
 
 use crate::{
     chain::{Chain, Divergence},
-    log_message::{MessageKind, decode_frame},
+    log_message::{LogMessage, MessageKind, decode_frame},
     publish_queue::{LogPosition, PublishQueue, TakeoverError, log_end, subject, take_over},
 };
 
@@ -64,7 +64,11 @@ impl From<TakeoverError> for CatchUpError {
 #[derive(Debug, Clone)]
 pub struct Followed {
     pub chain: Chain,
+    /// The stream sequence of the last message applied whole.
     pub subject_seq: u64,
+    /// A message applied part-way (a commit in it refused): its stream sequence, and how many
+    /// of its commits were applied.
+    partial: Option<(u64, usize)>,
 }
 
 impl Followed {
@@ -73,6 +77,7 @@ impl Followed {
         Followed {
             chain: Chain::new(partition),
             subject_seq: 0,
+            partial: None,
         }
     }
 }
@@ -120,33 +125,16 @@ pub async fn catch_up(
         let seq = message.info().map_err(|e| unavailable(&e))?.stream_sequence;
         let parts = decode_frame(&message.payload)
             .map_err(|e| CatchUpError::Diverged(Divergence::Corrupt(e)))?;
-        for part in parts {
+        // A frame delivered again after a refusal part-way: its applied messages are skipped.
+        let done = match followed.partial {
+            Some((at, done)) if at == seq => done,
+            _ => 0,
+        };
+        for (i, part) in parts.into_iter().enumerate().skip(done) {
             let mut next = followed.chain;
             let m = next.accept(&part).map_err(CatchUpError::Diverged)?;
             match m.kind {
-                MessageKind::Commit => {
-                    let records: Vec<_> = m
-                        .records
-                        .iter()
-                        .map(|(c, bytes)| (*c, LogRecord::whole(bytes.clone())))
-                        .collect();
-                    let remembered: Vec<_> = m
-                        .remembered
-                        .iter()
-                        .map(|r| (r.collection, r.key.clone(), r.record))
-                        .collect();
-                    engine
-                        .apply_replicated(
-                            partition as usize,
-                            ReplicatedCommit {
-                                after: m.after,
-                                records: &records,
-                                remembered: &remembered,
-                                versions_below: m.versions_below,
-                            },
-                        )
-                        .map_err(|e| CatchUpError::Refused(e.to_string()))?;
-                }
+                MessageKind::Commit => apply(engine, partition, m).await?,
                 MessageKind::Takeover => {}
                 MessageKind::Rebase { snapshot } => {
                     return Err(CatchUpError::Refused(format!(
@@ -155,10 +143,44 @@ pub async fn catch_up(
                 }
             }
             followed.chain = next;
+            followed.partial = Some((seq, i + 1));
         }
+        followed.partial = None;
         followed.subject_seq = seq;
     }
     Ok(())
+}
+
+/// Applies one commit to the engine, off the async workers (it writes storage).
+async fn apply(engine: &Engine, partition: u32, m: LogMessage) -> Result<(), CatchUpError> {
+    let engine = engine.clone();
+    let applied = tokio::task::spawn_blocking(move || {
+        let records: Vec<_> = m
+            .records
+            .iter()
+            .map(|(c, bytes)| (*c, LogRecord::whole(bytes.clone())))
+            .collect();
+        let remembered: Vec<_> = m
+            .remembered
+            .iter()
+            .map(|r| (r.collection, r.key.clone(), r.record))
+            .collect();
+        engine.apply_replicated(
+            partition as usize,
+            ReplicatedCommit {
+                after: m.after,
+                records: &records,
+                remembered: &remembered,
+                versions_below: m.versions_below,
+            },
+        )
+    })
+    .await;
+    match applied {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(CatchUpError::Refused(e.to_string())),
+        Err(e) => Err(CatchUpError::Refused(format!("the apply task failed: {e}"))),
+    }
 }
 
 /// Makes this node the owner of `engine`'s shard `partition` at `epoch` (or above the log's

@@ -50,7 +50,7 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(2);
 const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
 
 /// How many times a publish refused while the queue's own previous message is last is sent
-/// again (see the module's note).
+/// again at once (see the module's note); after that, every 50 ms until [`GIVE_UP_AFTER`].
 const CONFLICT_RETRIES: u32 = 10;
 
 /// The stream holding partition `partition`'s log.
@@ -89,8 +89,9 @@ pub async fn log_streams(js: &Context, replicas: usize) -> Result<Vec<Stream>, S
 pub struct Commit {
     /// Where local storage applied it.
     pub lsn: Lsn,
-    /// The position of its first record; the others follow it.
-    pub first: u64,
+    /// The position of its first record, the others following it; `None` for a commit without
+    /// records (it remembered requests, or kept the version floor).
+    pub first: Option<u64>,
     /// Its change log records, by collection.
     pub records: Vec<(CollectionUid, LogRecord)>,
     /// Requests it remembered by their idempotency keys.
@@ -194,7 +195,9 @@ pub async fn take_over(
             local_last,
         });
     }
-    let epoch = epoch.max(end.epoch + 1);
+    let epoch = epoch.max(end.epoch.checked_add(1).ok_or_else(|| {
+        TakeoverError::Unreadable("the log's last epoch is the largest there is".into())
+    })?);
     let message = LogMessage {
         kind: MessageKind::Takeover,
         partition,
@@ -293,6 +296,11 @@ impl PublishQueue {
         self.queue.lock().failed.clone()
     }
 
+    /// Whether this node owns the partition's log ([`PublishQueue::start`] was called).
+    pub fn owns(&self) -> bool {
+        self.queue.lock().next.is_some()
+    }
+
     /// Queues a commit (called under the shard lock, in commit order) once this node owns the
     /// partition. Its records must follow the previous commit's without a gap; a commit queued
     /// after the queue failed fails too.
@@ -305,9 +313,9 @@ impl PublishQueue {
         if q.failed.is_some() {
             return;
         }
-        if commit.first != next {
+        if commit.first.is_some_and(|first| first != next) {
             let error = StorageError::new(format!(
-                "partition {}: a commit at log position {} where {next} was next; positions must follow each other",
+                "partition {}: a commit at log position {:?} where {next} was next; positions must follow each other",
                 self.partition, commit.first
             ));
             Self::fail(&mut q, error);
@@ -315,7 +323,7 @@ impl PublishQueue {
             self.progress.send_replace(());
             return;
         }
-        q.next = Some(commit.first + commit.records.len() as u64);
+        q.next = Some(next + commit.records.len() as u64);
         q.unacked.push_back(commit.lsn);
         q.waiting.push_back(commit);
         drop(q);
@@ -502,10 +510,16 @@ impl PublishQueue {
                     // Whose message is last? Asked of the stream leader, not a replica.
                     match stream.get_last_raw_message_by_subject(&self.subject).await {
                         Ok(last) if message_id(&last) == Some(id) => return Ok(last.sequence),
-                        Ok(last) if last.sequence == expected && conflicts < CONFLICT_RETRIES => {
+                        // Still this queue's previous message: a conflict with it being
+                        // applied (10164, common while a Raft leader moves), not a fence. Sent
+                        // again, soon at first, then every 50 ms until the give-up below.
+                        Ok(last) if last.sequence == expected => {
                             conflicts += 1;
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                            continue;
+                            if conflicts < CONFLICT_RETRIES {
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                                continue;
+                            }
+                            "the subject's last message is still this node's".to_string()
                         }
                         Ok(last) => {
                             return Err(StorageError::unavailable(format!(

@@ -23,7 +23,7 @@ use mayfly_engine::{
 };
 
 use crate::{
-    log_message::Remembered,
+    log_message::Remembered as Remember,
     publish_queue::{Commit, PublishQueue},
 };
 
@@ -43,8 +43,13 @@ impl fmt::Debug for ReplicatedStorage {
 }
 
 impl ReplicatedStorage {
-    /// `inner`'s shards, shard `i` publishing through `queues[i]` (partition `i`).
-    pub fn new(inner: Arc<dyn Storage>, queues: Vec<Arc<PublishQueue>>) -> Self {
+    /// `inner`'s shards, shard `i` publishing through `queues[i]` (partition `i`), to NATS
+    /// servers that take messages of up to `max_message_bytes` (their `max_payload`).
+    pub fn new(
+        inner: Arc<dyn Storage>,
+        queues: Vec<Arc<PublishQueue>>,
+        max_message_bytes: usize,
+    ) -> Self {
         let shards = queues
             .into_iter()
             .enumerate()
@@ -52,6 +57,7 @@ impl ReplicatedStorage {
                 Arc::new(ReplicatedShard {
                     inner: inner.shard(i),
                     queue,
+                    max_message_bytes,
                 })
             })
             .collect();
@@ -133,6 +139,8 @@ impl Storage for ReplicatedStorage {
 struct ReplicatedShard {
     inner: Arc<dyn ShardStore>,
     queue: Arc<PublishQueue>,
+    /// The largest message the NATS servers take.
+    max_message_bytes: usize,
 }
 
 impl fmt::Debug for ReplicatedShard {
@@ -144,8 +152,12 @@ impl fmt::Debug for ReplicatedShard {
 }
 
 /// What a storage batch ships: its records, the requests it remembered, its version floor.
-/// `None` for a batch with no record (derived writes: index entries, the purge's deletes).
+/// `None` for a batch that ships nothing: derived writes (index entries, the purge's deletes),
+/// and an owner's commit applied here from the log.
 fn commit_of(lsn: Lsn, batch: &WriteBatch<'_>) -> Option<Commit> {
+    if batch.replicated {
+        return None;
+    }
     let mut first = None;
     let mut records = Vec::new();
     let mut remembered = Vec::new();
@@ -163,7 +175,7 @@ fn commit_of(lsn: Lsn, batch: &WriteBatch<'_>) -> Option<Commit> {
                 collection,
                 key,
                 record,
-            } => remembered.push(Remembered {
+            } => remembered.push(Remember {
                 collection,
                 key: key.clone(),
                 record,
@@ -171,20 +183,56 @@ fn commit_of(lsn: Lsn, batch: &WriteBatch<'_>) -> Option<Commit> {
             _ => {}
         }
     }
+    // A commit without records still ships the keys it remembered (a keyed batch that only
+    // read) and a raised version floor (a batch that created and deleted its documents).
+    if records.is_empty() && remembered.is_empty() && !batch.keep_floor {
+        return None;
+    }
     Some(Commit {
         lsn,
-        first: first?,
+        first,
         records,
         remembered,
         versions_below: batch.versions_below,
     })
 }
 
+/// Bytes a commit takes in its log message, about: what must fit a NATS message.
+fn commit_bytes(batch: &WriteBatch<'_>) -> usize {
+    batch
+        .writes
+        .iter()
+        .map(|w| match w {
+            DocumentWrite::Append { record, .. } => record.len() + 12,
+            DocumentWrite::Remember { key, .. } => key.id.as_str().len() + 64,
+            _ => 0,
+        })
+        .sum::<usize>()
+        + 128
+}
+
 impl ShardStore for ReplicatedShard {
     fn write(&self, batch: WriteBatch<'_>) -> Result<Lsn, StorageError> {
-        // A partition this node may no longer own takes nothing more.
-        if let Some(refusal) = self.queue.refusal() {
-            return Err(refusal);
+        if !batch.replicated {
+            // A partition this node does not own, or may no longer own, takes nothing of its
+            // own: every write it makes must reach the log.
+            if let Some(refusal) = self.queue.refusal() {
+                return Err(refusal);
+            }
+            if !self.queue.owns() && commit_of(Lsn::ZERO, &batch).is_some() {
+                return Err(StorageError::unavailable(
+                    "this node does not own the partition; retry through its owner",
+                ));
+            }
+            // Refused before it is applied: a commit the log cannot take would leave this copy
+            // ahead of the log.
+            if commit_bytes(&batch) > self.max_message_bytes {
+                return Err(StorageError::unavailable(format!(
+                    "the commit takes about {} bytes in its log message, more than the NATS servers take ({} bytes, their max_payload); raise max_payload or write less at once",
+                    commit_bytes(&batch),
+                    self.max_message_bytes
+                )));
+            }
         }
         let lsn = self.inner.write(batch)?;
         if let Some(commit) = commit_of(lsn, &batch) {

@@ -256,6 +256,18 @@ impl RequestTable {
         self.insert((collection, scope), record, lsn, Kept::Pending);
     }
 
+    /// A key an owner remembered elsewhere, applied here from its partition's log (cluster
+    /// mode): remembered, its answer not shipped.
+    pub(crate) fn remember_applied(
+        &mut self,
+        collection: CollectionUid,
+        scope: DocKey,
+        record: RequestRecord,
+        lsn: Lsn,
+    ) {
+        self.insert((collection, scope), record, lsn, Kept::Gone);
+    }
+
     /// A key recovered from storage: remembered, its answer gone.
     pub(crate) fn recover(
         &mut self,

@@ -23,6 +23,7 @@ fn append(shard: &dyn ShardStore, records: &[(CollectionUid, u64, &[u8])]) {
             writes: &writes,
             versions_below: 1,
             keep_floor: false,
+            replicated: false,
         })
         .expect("appends");
 }

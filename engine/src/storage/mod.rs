@@ -210,6 +210,9 @@ pub struct WriteBatch<'a> {
     /// batch created and deleted them): `versions_below` must be kept even if nothing is
     /// deleted.
     pub keep_floor: bool,
+    /// The batch applies an owner's commit from its partition's log (cluster mode): storage
+    /// that replicates commits does not send it again.
+    pub replicated: bool,
 }
 
 /// What a backend keeps of a document in memory at start: everything but the body.

@@ -7,11 +7,16 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{blocking, caller, convert, status::to_status};
+use super::{
+    caller,
+    catalog_change::{CatalogAnswer, CatalogChange, CatalogRoute},
+    convert,
+    databases::unexpected,
+    status::to_status,
+};
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
-    engine::{CollectionSettings, DefaultTtl, FeedRetention, PartitionKeyPath, SettingsChange},
 };
 
 /// Serves collections from the engine.
@@ -19,12 +24,22 @@ use crate::{
 pub struct CollectionsService {
     engine: CurrentEngine,
     auth: Authenticator,
+    catalog: CatalogRoute,
 }
 
 impl CollectionsService {
     /// A service over whichever engine `engine` holds, for callers `auth` accepts.
     pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
-        CollectionsService { engine, auth }
+        CollectionsService {
+            engine,
+            auth,
+            catalog: CatalogRoute::Local,
+        }
+    }
+
+    /// The same service, its changes going `catalog`'s way (a cluster's catalog log).
+    pub fn with_catalog(self, catalog: CatalogRoute) -> Self {
+        CollectionsService { catalog, ..self }
     }
 }
 
@@ -35,44 +50,17 @@ impl server::Collections for CollectionsService {
         request: Request<CreateCollectionRequest>,
     ) -> Result<Response<Collection>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let CreateCollectionRequest {
-            database,
-            id,
-            partition_key_path,
-            default_ttl,
-            indexing_mode,
-            indexing_paths,
-            must_live,
-            change_feed_retention,
-        } = request.into_inner();
+        let request = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
-        caller.allow(Action::Manage, Target::Database(&database), &engine)?;
-        let database = convert::database_id(&database).map_err(to_status)?;
-        let id = convert::new_collection_id(&id).map_err(to_status)?;
-        let path = PartitionKeyPath::parse(&partition_key_path).map_err(to_status)?;
-        let mode = convert::indexing_mode(indexing_mode)
-            .map_err(to_status)?
-            .unwrap_or_default();
-        let retention = change_feed_retention
-            .map(FeedRetention::from_secs)
-            .transpose()
-            .map_err(to_status)?
-            .unwrap_or_default();
-        let settings =
-            CollectionSettings::new(DefaultTtl::from_raw(default_ttl).map_err(to_status)?, mode)
-                .map_err(to_status)?
-                .with_change_feed_retention(retention);
-        let paths = convert::index_paths(indexing_paths)
-            .map_err(to_status)?
-            .unwrap_or_default();
-        let must_live = convert::must_live(must_live)
-            .map_err(to_status)?
-            .unwrap_or_default();
-        let info = blocking(move || {
-            engine.create_collection_with(&database, id, path, settings, paths, must_live)
-        })
-        .await?;
-        Ok(Response::new(convert::collection(&info)))
+        caller.allow(Action::Manage, Target::Database(&request.database), &engine)?;
+        match self
+            .catalog
+            .run(engine, CatalogChange::CreateCollection(request))
+            .await?
+        {
+            CatalogAnswer::Collection(collection) => Ok(Response::new(collection)),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn get_collection(
@@ -110,30 +98,18 @@ impl server::Collections for CollectionsService {
         request: Request<ReplaceCollectionRequest>,
     ) -> Result<Response<Collection>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let ReplaceCollectionRequest {
-            database,
-            id,
-            default_ttl,
-            indexing_mode,
-            indexing_paths,
-            must_live,
-            change_feed_retention,
-        } = request.into_inner();
+        let request = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
-        caller.allow(Action::Manage, Target::collection(&database, &id), &engine)?;
-        let path = convert::collection_path(&database, &id).map_err(to_status)?;
-        let change = SettingsChange {
-            default_ttl: convert::default_ttl_change(default_ttl).map_err(to_status)?,
-            indexing_mode: convert::indexing_mode(indexing_mode).map_err(to_status)?,
-            index_paths: convert::index_paths(indexing_paths).map_err(to_status)?,
-            must_live: convert::must_live(must_live).map_err(to_status)?,
-            change_feed_retention: change_feed_retention
-                .map(FeedRetention::from_secs)
-                .transpose()
-                .map_err(to_status)?,
-        };
-        let info = blocking(move || engine.replace_collection(&path, change)).await?;
-        Ok(Response::new(convert::collection(&info)))
+        let target = Target::collection(&request.database, &request.id);
+        caller.allow(Action::Manage, target, &engine)?;
+        match self
+            .catalog
+            .run(engine, CatalogChange::ReplaceCollection(request))
+            .await?
+        {
+            CatalogAnswer::Collection(collection) => Ok(Response::new(collection)),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn delete_collection(
@@ -141,11 +117,13 @@ impl server::Collections for CollectionsService {
         request: Request<DeleteCollectionRequest>,
     ) -> Result<Response<DeleteCollectionResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let DeleteCollectionRequest { database, id } = request.into_inner();
+        let request = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
-        caller.allow(Action::Manage, Target::collection(&database, &id), &engine)?;
-        let path = convert::collection_path(&database, &id).map_err(to_status)?;
-        blocking(move || engine.delete_collection(&path)).await?;
+        let target = Target::collection(&request.database, &request.id);
+        caller.allow(Action::Manage, target, &engine)?;
+        self.catalog
+            .run(engine, CatalogChange::DeleteCollection(request))
+            .await?;
         Ok(Response::new(DeleteCollectionResponse {}))
     }
 }

@@ -6,7 +6,12 @@ use mayfly_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{blocking, caller, convert, status::to_status};
+use super::{
+    caller,
+    catalog_change::{CatalogAnswer, CatalogChange, CatalogRoute},
+    convert,
+    status::to_status,
+};
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
@@ -17,12 +22,22 @@ use crate::{
 pub struct DatabasesService {
     engine: CurrentEngine,
     auth: Authenticator,
+    catalog: CatalogRoute,
 }
 
 impl DatabasesService {
     /// A service over whichever engine `engine` holds, for callers `auth` accepts.
     pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
-        DatabasesService { engine, auth }
+        DatabasesService {
+            engine,
+            auth,
+            catalog: CatalogRoute::Local,
+        }
+    }
+
+    /// The same service, its changes going `catalog`'s way (a cluster's catalog log).
+    pub fn with_catalog(self, catalog: CatalogRoute) -> Self {
+        DatabasesService { catalog, ..self }
     }
 }
 
@@ -33,12 +48,18 @@ impl server::Databases for DatabasesService {
         request: Request<CreateDatabaseRequest>,
     ) -> Result<Response<Database>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let CreateDatabaseRequest { id } = request.into_inner();
-        let database = convert::new_database_id(&id).map_err(to_status)?;
+        let request = request.into_inner();
+        convert::new_database_id(&request.id).map_err(to_status)?;
         let engine = self.engine.get().map_err(to_status)?;
-        caller.allow(Action::Manage, Target::Database(&id), &engine)?;
-        blocking(move || engine.create_database(database)).await?;
-        Ok(Response::new(Database { id }))
+        caller.allow(Action::Manage, Target::Database(&request.id), &engine)?;
+        match self
+            .catalog
+            .run(engine, CatalogChange::CreateDatabase(request))
+            .await?
+        {
+            CatalogAnswer::Database(database) => Ok(Response::new(database)),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn get_database(
@@ -76,11 +97,18 @@ impl server::Databases for DatabasesService {
         request: Request<DeleteDatabaseRequest>,
     ) -> Result<Response<DeleteDatabaseResponse>, Status> {
         let caller = caller(&self.auth, &request)?;
-        let DeleteDatabaseRequest { id } = request.into_inner();
-        let database = convert::database_id(&id).map_err(to_status)?;
+        let request = request.into_inner();
+        convert::database_id(&request.id).map_err(to_status)?;
         let engine = self.engine.get().map_err(to_status)?;
-        caller.allow(Action::Manage, Target::Database(&id), &engine)?;
-        blocking(move || engine.delete_database(&database)).await?;
+        caller.allow(Action::Manage, Target::Database(&request.id), &engine)?;
+        self.catalog
+            .run(engine, CatalogChange::DeleteDatabase(request))
+            .await?;
         Ok(Response::new(DeleteDatabaseResponse {}))
     }
+}
+
+/// A catalog answer of another kind than the change asked for: a bug, said so.
+pub(super) fn unexpected(answer: CatalogAnswer) -> Status {
+    Status::internal(format!("a catalog change answered {answer:?}"))
 }

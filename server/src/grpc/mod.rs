@@ -3,6 +3,7 @@
 
 mod admin;
 mod batch;
+pub mod catalog_change;
 mod change_feed;
 mod collections;
 pub(crate) mod convert;
@@ -17,6 +18,7 @@ mod stream;
 mod tests;
 
 pub use admin::AdminService;
+pub use catalog_change::{CatalogAnswer, CatalogChange, CatalogRoute};
 pub use collections::CollectionsService;
 pub use databases::DatabasesService;
 

@@ -114,6 +114,9 @@ impl Shard {
         read_at: Millis,
     ) -> Result<(u64, Lsn), Error> {
         let state = self.lock();
+        if let Some(refused) = self.not_serving(&state) {
+            return Err(refused);
+        }
         let cs = state
             .collections
             .get(&info.uid)
@@ -137,6 +140,9 @@ impl Shard {
         let (mut live, mut settle_at, mut next) = (0, Lsn::ZERO, 0);
         loop {
             let state = self.lock();
+            if let Some(refused) = self.not_serving(&state) {
+                return Err(refused);
+            }
             let cs = state
                 .collections
                 .get(&info.uid)
@@ -228,6 +234,10 @@ impl Shard {
         reading: Reading<'_>,
     ) -> Result<JudgedBatch, Error> {
         let mut state = self.lock();
+        // Every document a query or feed shows is judged here.
+        if let Some(refused) = self.not_serving(&state) {
+            return Err(refused);
+        }
         let now = match reading {
             Reading::Clock(clock) => state.now(clock),
             Reading::At(at) => at,

@@ -10,7 +10,12 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
-use super::{Change, GivenLog, IndexChange, RemoveCause, Shard, ShardState, detach};
+use std::collections::HashMap;
+
+use super::{
+    Change, CollectionShard, GivenLog, IndexChange, IndexPaths, RemoveCause, Shard, ShardState,
+    detach, documents::same_policy,
+};
 use crate::engine::{
     CollectionUid,
     change_feed::{ChangeOp, ChangeRecord},
@@ -64,8 +69,12 @@ impl Shard {
 
     /// Applies an owner's commit; the position local storage applied it at. Refuses, changing
     /// nothing, a commit that does not start at this shard's log end, names a collection this
-    /// node does not have, or does not fit the documents held (a diverged history).
+    /// node does not have, or does not fit the documents held (a diverged history). Records
+    /// are decoded and their index terms computed before the lock is taken.
     pub(crate) fn apply_replicated(&self, commit: ReplicatedCommit<'_>) -> Result<Lsn, Error> {
+        let decoded = decode(&commit)?;
+        let policies = self.policies(&decoded);
+        let terms = new_terms(&decoded, &policies)?;
         let mut state = self.lock();
         let st = &mut *state;
         if commit.after != st.log_seq {
@@ -74,22 +83,35 @@ impl Shard {
                 commit.after, st.log_seq
             )));
         }
-        let mut changes = Vec::with_capacity(commit.records.len());
+        let mut changes = Vec::with_capacity(decoded.len() + commit.remembered.len());
         let mut given = GivenLog {
-            records: Vec::with_capacity(commit.records.len()),
+            records: Vec::with_capacity(decoded.len()),
             seqs: Vec::new(),
             expired: Vec::new(),
         };
-        for (i, (collection, bytes)) in commit.records.iter().enumerate() {
+        let mut expiries = Vec::new();
+        for (i, ((collection, record), terms)) in decoded.iter().zip(terms).enumerate() {
             let seq = commit.after + 1 + i as u64;
-            let record = ChangeRecord::decode_log(bytes).map_err(Error::Storage)?;
-            let change = self.change_of(st, *collection, &record, seq)?;
-            if let Change::Expire { slot, .. } = change {
+            let cs = st
+                .collections
+                .get(collection)
+                .ok_or_else(|| unknown_collection(*collection))?;
+            // Computed under another policy (a settings change came between): again, here.
+            let now = Indexing::of(cs);
+            let terms = match policies.get(collection) {
+                Some(used) if used.same(&now) => terms,
+                _ => now.terms(record)?,
+            };
+            let change = self.change_of(st, *collection, record, seq, terms)?;
+            if let Change::Expire { slot, at } = change {
                 given.expired.push((slot, seq));
+                expiries.push((slot, seq, at));
             }
             changes.push(change);
             given.seqs.push(seq);
-            given.records.push((*collection, seq, bytes.clone()));
+            given
+                .records
+                .push((*collection, seq, commit.records[i].1.clone()));
         }
         for (collection, key, record) in commit.remembered {
             if !st.collections.contains_key(collection) {
@@ -103,9 +125,11 @@ impl Shard {
             given.seqs.push(0);
         }
         // Versions are the owner's: none of them is handed out here again after a promotion.
-        self.versions
-            .fetch_max(commit.versions_below, Ordering::SeqCst);
-        let expired = given.expired.clone();
+        let floor = decoded
+            .iter()
+            .map(|(_, r)| r.version.saturating_add(1))
+            .fold(commit.versions_below, u64::max);
+        self.versions.fetch_max(floor, Ordering::SeqCst);
         let (_, lsn) = st
             .commit_logged(
                 &*self.store,
@@ -117,7 +141,7 @@ impl Shard {
         st.client_lsn = lsn;
         // A logged expiry is final: dead at once, deleted by the purge once promoted. Unless
         // the same commit wrote the document again (its position moved on).
-        for (slot, seq) in expired {
+        for (slot, seq, at) in expiries {
             let r = st.docs.current_ref(slot);
             let meta = st.docs.get(slot);
             if meta.seq != seq || meta.dead {
@@ -129,20 +153,34 @@ impl Shard {
                 .expect("checked above");
             detach(&mut st.docs, &mut st.wheel, cs, slot);
             st.docs.get_mut(slot).dead = true;
-            st.pending.push_back((r, meta_expiry(&changes, slot)));
+            st.pending.push_back((r, at));
         }
         Ok(lsn)
     }
 
-    /// The change that wrote `record` at position `seq`. A commit holds each document once, but
-    /// for an expiry logged before the write that re-creates it, which finds the expired
-    /// version's slot as the owner did.
+    /// How each collection of `decoded` is indexed now.
+    fn policies(
+        &self,
+        decoded: &[(CollectionUid, ChangeRecord)],
+    ) -> HashMap<CollectionUid, Indexing> {
+        let st = self.lock();
+        decoded
+            .iter()
+            .filter_map(|(c, _)| Some((*c, Indexing::of(st.collections.get(c)?))))
+            .collect()
+    }
+
+    /// The change that wrote `record` at position `seq`, with `terms` its new index terms
+    /// (`None`: the indexer owes them). A commit holds each document once, but for an expiry
+    /// logged before the write that re-creates it, which finds the expired version's slot as
+    /// the owner did.
     fn change_of(
         &self,
         st: &ShardState,
         collection: CollectionUid,
         record: &ChangeRecord,
         seq: u64,
+        terms: Option<Vec<Term>>,
     ) -> Result<Change, Error> {
         let cs = st
             .collections
@@ -163,24 +201,17 @@ impl Shard {
                     .body
                     .clone()
                     .ok_or_else(|| diverged(format!("the write at position {seq} has no body")))?;
-                self.versions
-                    .fetch_max(record.version + 1, Ordering::SeqCst);
-                let index = if cs.lazy && cs.policy.is_some() {
-                    IndexChange::Owed
-                } else {
-                    let old = match slot {
-                        Some(s) if st.docs.get(s).indexed => {
-                            self.stored_terms_of(collection, &record.key)?
-                        }
-                        _ => Vec::new(),
-                    };
-                    let new = match &cs.policy {
-                        Some(policy) => {
-                            bounded_document_terms(&mayfly_json::decode(&body), policy)?
-                        }
-                        None => Vec::new(),
-                    };
-                    IndexChange::Replace(old, new)
+                let index = match terms {
+                    None => IndexChange::Owed,
+                    new => {
+                        let old = match slot {
+                            Some(s) if st.docs.get(s).indexed => {
+                                self.stored_terms_of(collection, &record.key)?
+                            }
+                            _ => Vec::new(),
+                        };
+                        IndexChange::Replace(old, new.unwrap_or_default())
+                    }
                 };
                 Change::Put {
                     slot,
@@ -226,15 +257,90 @@ impl Shard {
     }
 }
 
-/// The instant the commit's expiry of `slot` names.
-fn meta_expiry(changes: &[Change], slot: u32) -> u64 {
-    changes
+/// The commit's records, decoded. Refuses bytes that are not records, and a document named
+/// twice but for an expiry followed by the write that re-creates it (what an owner's commit
+/// can hold): applying those would free a slot and then use it.
+fn decode(commit: &ReplicatedCommit<'_>) -> Result<Vec<(CollectionUid, ChangeRecord)>, Error> {
+    let mut seen: HashMap<(CollectionUid, &DocKey), ChangeOp> = HashMap::new();
+    let decoded: Vec<(CollectionUid, ChangeRecord)> = commit
+        .records
         .iter()
-        .find_map(|c| match *c {
-            Change::Expire { slot: s, at } if s == slot => Some(at),
-            _ => None,
+        .map(|(c, bytes)| Ok((*c, ChangeRecord::decode_log(bytes).map_err(Error::Storage)?)))
+        .collect::<Result<_, Error>>()?;
+    for (i, (collection, record)) in decoded.iter().enumerate() {
+        if record.op.is_write() && record.body.is_none() {
+            return Err(diverged(format!(
+                "the write at position {} has no body",
+                commit.after + 1 + i as u64
+            )));
+        }
+        match seen.insert((*collection, &record.key), record.op) {
+            None => {}
+            Some(ChangeOp::Expire) if record.op.is_write() => {}
+            Some(_) => {
+                return Err(diverged(format!(
+                    "one commit names document {:?} twice",
+                    record.key.id.as_str()
+                )));
+            }
+        }
+    }
+    Ok(decoded)
+}
+
+/// How a collection's writes get their index entries.
+#[derive(Debug, Clone)]
+enum Indexing {
+    /// The background indexer owes them (a lazy collection with a policy).
+    Owed,
+    /// With the write, under this policy (`None`: no entries).
+    Eager(Option<Arc<IndexPaths>>),
+}
+
+impl Indexing {
+    fn of(cs: &CollectionShard) -> Self {
+        match &cs.policy {
+            Some(_) if cs.lazy => Indexing::Owed,
+            policy => Indexing::Eager(policy.clone()),
+        }
+    }
+
+    fn same(&self, other: &Indexing) -> bool {
+        match (self, other) {
+            (Indexing::Owed, Indexing::Owed) => true,
+            (Indexing::Eager(a), Indexing::Eager(b)) => same_policy(a.as_ref(), b.as_ref()),
+            _ => false,
+        }
+    }
+
+    /// A record's new terms (`None`: owed, or not a write).
+    fn terms(&self, record: &ChangeRecord) -> Result<Option<Vec<Term>>, Error> {
+        let (Indexing::Eager(policy), Some(body)) = (self, &record.body) else {
+            return Ok(None);
+        };
+        if !record.op.is_write() {
+            return Ok(None);
+        }
+        Ok(Some(match policy {
+            Some(policy) => bounded_document_terms(&mayfly_json::decode(body), policy)?,
+            None => Vec::new(),
+        }))
+    }
+}
+
+/// The new index terms of each record under `policies` (`None`: owed, or not a write).
+fn new_terms(
+    decoded: &[(CollectionUid, ChangeRecord)],
+    policies: &HashMap<CollectionUid, Indexing>,
+) -> Result<Vec<Option<Vec<Term>>>, Error> {
+    decoded
+        .iter()
+        .map(|(c, record)| match policies.get(c) {
+            Some(indexing) => indexing.terms(record),
+            // Unknown here: refused under the lock.
+            None => Ok(None),
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 fn diverged(what: String) -> Error {

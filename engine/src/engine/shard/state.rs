@@ -307,9 +307,11 @@ impl ShardState {
         given: Option<GivenLog>,
         (metrics, versions): (&EngineMetrics, &AtomicU64),
     ) -> Result<(Option<Millis>, Lsn), StorageError> {
+        let applying = given.is_some();
+        // Only an owner decides what is due by its clock; a follower applies what it decided.
         let drained = match given {
-            None => self.drain_due(),
-            Some(_) => Vec::new(),
+            None if !self.following => self.drain_due(),
+            _ => Vec::new(),
         };
         if changes.is_empty() && drained.is_empty() {
             return Ok((None, Lsn::ZERO));
@@ -431,6 +433,7 @@ impl ShardState {
             writes: &writes,
             versions_below: versions.load(Ordering::SeqCst),
             keep_floor,
+            replicated: applying,
         })?;
         drop(writes);
         self.requests.forget(&forgotten);
@@ -550,9 +553,16 @@ impl ShardState {
                     collection,
                     scope,
                     record,
-                } => self
-                    .requests
-                    .remember(*collection, scope.clone(), *record, lsn),
+                } => {
+                    if applying {
+                        // The owner's answer is not shipped: a retry here is refused as applied.
+                        self.requests
+                            .remember_applied(*collection, scope.clone(), *record, lsn);
+                    } else {
+                        self.requests
+                            .remember(*collection, scope.clone(), *record, lsn);
+                    }
+                }
                 Change::Remove { slot, cause, terms } => {
                     let collection = self.docs.get(*slot).collection;
                     // Documents of a collection being deleted belong to its cleanup, which

@@ -473,3 +473,27 @@ async fn a_shard_whose_lease_ended_answers_nothing_until_it_is_renewed() {
     assert!(f.visible("a"));
     assert!(!f.visible("b"), "the refused write changed nothing");
 }
+
+#[tokio::test]
+async fn a_commit_naming_a_document_twice_is_refused() {
+    let (owner_node, shipped, follower_node) = owner_and_follower();
+    let (owner, follower) = (&owner_node.f, &follower_node.f);
+    owner.create("a", None);
+    let mut commits = std::mem::take(&mut *shipped.lock().expect("not poisoned"));
+    let mut c = commits.remove(0);
+    c.records.push(c.records[0].clone());
+    let err = follower
+        .engine
+        .apply_replicated(
+            c.shard,
+            ReplicatedCommit {
+                after: c.after,
+                records: &c.records,
+                remembered: &c.remembered,
+                versions_below: c.versions_below,
+            },
+        )
+        .expect_err("refused");
+    assert!(err.to_string().contains("twice"), "{err}");
+    assert_eq!(follower.engine.log_end(c.shard), 0);
+}

@@ -1093,6 +1093,7 @@ mod tests {
                     ],
                     versions_below: 9,
                     keep_floor: false,
+                    replicated: false,
                 })
                 .expect("writes");
             let deleted = shard
@@ -1104,6 +1105,7 @@ mod tests {
                     }],
                     versions_below: 20,
                     keep_floor: false,
+                    replicated: false,
                 })
                 .expect("deletes");
             wait_durable(&*shard, deleted).await;
@@ -1134,6 +1136,7 @@ mod tests {
                 writes: &[],
                 versions_below: 30,
                 keep_floor: true,
+                replicated: false,
             })
             .expect("writes");
         wait_durable(&*shard, kept).await;
@@ -1164,6 +1167,7 @@ mod tests {
                     }],
                     versions_below: 2,
                     keep_floor: false,
+                    replicated: false,
                 })
                 .expect("writes");
             wait_durable(&*shard, first).await;
@@ -1179,6 +1183,7 @@ mod tests {
                     }],
                     versions_below: 3,
                     keep_floor: false,
+                    replicated: false,
                 })
                 .expect("applied before the sync fails");
             if durability == Durability::Fsync {
@@ -1219,6 +1224,7 @@ mod tests {
                     }],
                     versions_below: 4,
                     keep_floor: false,
+                    replicated: false,
                 })
                 .expect_err("refused");
             assert_eq!(refused.kind(), StorageErrorKind::Unavailable);
@@ -1339,6 +1345,7 @@ mod tests {
                 }],
                 versions_below: 2,
                 keep_floor: false,
+                replicated: false,
             })
             .expect("writes");
         wait_durable(&*storage.shard(0), written).await;
@@ -1362,6 +1369,7 @@ mod tests {
                 writes,
                 versions_below: 100,
                 keep_floor: false,
+                replicated: false,
             })
             .expect("writes");
     }

@@ -500,6 +500,7 @@ mod tests {
                 }],
                 versions_below: 1,
                 keep_floor: false,
+                replicated: false,
             })
             .expect("appends");
         let collections = shard.collections.lock();

@@ -1,0 +1,264 @@
+//! A change to databases and collections as one value: made from a client's request, checked,
+//! applied to an engine, and, in a cluster, carried by the catalog log (`mayfly_cluster::
+//! CatalogLog`) to every node, which applies it in the log's order (docs/cluster.md). The
+//! entry is the request's protobuf encoding after a one-byte kind: what every node decodes and
+//! applies the same way.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mayfly_cluster::{CatalogError, CatalogLog};
+use mayfly_proto::v1::{
+    Collection, CreateCollectionRequest, CreateDatabaseRequest, Database, DeleteCollectionRequest,
+    DeleteDatabaseRequest, ReplaceCollectionRequest,
+};
+use prost::Message;
+use tonic::Status;
+
+use super::{convert, status::to_status};
+use crate::{
+    engine::{
+        CollectionPath, CollectionSettings, DefaultTtl, Engine, Error, FeedRetention,
+        PartitionKeyPath, SettingsChange,
+    },
+    storage::StorageError,
+};
+
+/// A catalog change a client asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CatalogChange {
+    CreateDatabase(CreateDatabaseRequest),
+    DeleteDatabase(DeleteDatabaseRequest),
+    CreateCollection(CreateCollectionRequest),
+    ReplaceCollection(ReplaceCollectionRequest),
+    DeleteCollection(DeleteCollectionRequest),
+}
+
+/// What a catalog change answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CatalogAnswer {
+    Database(Database),
+    Collection(Collection),
+    Deleted,
+}
+
+/// A change checked and converted: what the engine is asked to do.
+enum Planned {
+    CreateDatabase(crate::engine::DatabaseId, String),
+    DeleteDatabase(crate::engine::DatabaseId),
+    CreateCollection {
+        database: crate::engine::DatabaseId,
+        id: crate::engine::CollectionId,
+        path: PartitionKeyPath,
+        settings: CollectionSettings,
+        paths: Arc<crate::engine::IndexPaths>,
+        must_live: Arc<crate::engine::MustLive>,
+    },
+    ReplaceCollection(CollectionPath, SettingsChange),
+    DeleteCollection(CollectionPath),
+}
+
+impl CatalogChange {
+    fn kind(&self) -> u8 {
+        match self {
+            CatalogChange::CreateDatabase(_) => 1,
+            CatalogChange::DeleteDatabase(_) => 2,
+            CatalogChange::CreateCollection(_) => 3,
+            CatalogChange::ReplaceCollection(_) => 4,
+            CatalogChange::DeleteCollection(_) => 5,
+        }
+    }
+
+    /// The catalog log's entry.
+    pub fn encode(&self) -> Bytes {
+        let mut out = vec![self.kind()];
+        match self {
+            CatalogChange::CreateDatabase(r) => r.encode(&mut out),
+            CatalogChange::DeleteDatabase(r) => r.encode(&mut out),
+            CatalogChange::CreateCollection(r) => r.encode(&mut out),
+            CatalogChange::ReplaceCollection(r) => r.encode(&mut out),
+            CatalogChange::DeleteCollection(r) => r.encode(&mut out),
+        }
+        .expect("a Vec grows as needed");
+        out.into()
+    }
+
+    /// Reads an entry back; a refusal names what is wrong with it.
+    pub fn decode(entry: &[u8]) -> Result<Self, Status> {
+        let (&kind, body) = entry
+            .split_first()
+            .ok_or_else(|| Status::internal("an empty catalog log entry"))?;
+        let bad = |e: prost::DecodeError| Status::internal(format!("a catalog log entry: {e}"));
+        Ok(match kind {
+            1 => CatalogChange::CreateDatabase(Message::decode(body).map_err(bad)?),
+            2 => CatalogChange::DeleteDatabase(Message::decode(body).map_err(bad)?),
+            3 => CatalogChange::CreateCollection(Message::decode(body).map_err(bad)?),
+            4 => CatalogChange::ReplaceCollection(Message::decode(body).map_err(bad)?),
+            5 => CatalogChange::DeleteCollection(Message::decode(body).map_err(bad)?),
+            _ => {
+                return Err(Status::internal(format!(
+                    "a catalog log entry of kind {kind}, which this version does not know"
+                )));
+            }
+        })
+    }
+
+    /// Checks the request as the engine will take it, without applying it: a proposer refuses
+    /// bad input before it reaches the log.
+    pub fn check(&self) -> Result<(), Status> {
+        self.clone().plan().map(|_| ())
+    }
+
+    fn plan(self) -> Result<Planned, Status> {
+        Ok(match self {
+            CatalogChange::CreateDatabase(CreateDatabaseRequest { id }) => {
+                Planned::CreateDatabase(convert::new_database_id(&id).map_err(to_status)?, id)
+            }
+            CatalogChange::DeleteDatabase(DeleteDatabaseRequest { id }) => {
+                Planned::DeleteDatabase(convert::database_id(&id).map_err(to_status)?)
+            }
+            CatalogChange::CreateCollection(CreateCollectionRequest {
+                database,
+                id,
+                partition_key_path,
+                default_ttl,
+                indexing_mode,
+                indexing_paths,
+                must_live,
+                change_feed_retention,
+            }) => {
+                let mode = convert::indexing_mode(indexing_mode)
+                    .map_err(to_status)?
+                    .unwrap_or_default();
+                let retention = change_feed_retention
+                    .map(FeedRetention::from_secs)
+                    .transpose()
+                    .map_err(to_status)?
+                    .unwrap_or_default();
+                let default_ttl = DefaultTtl::from_raw(default_ttl).map_err(to_status)?;
+                Planned::CreateCollection {
+                    database: convert::database_id(&database).map_err(to_status)?,
+                    id: convert::new_collection_id(&id).map_err(to_status)?,
+                    path: PartitionKeyPath::parse(&partition_key_path).map_err(to_status)?,
+                    settings: CollectionSettings::new(default_ttl, mode)
+                        .map_err(to_status)?
+                        .with_change_feed_retention(retention),
+                    paths: convert::index_paths(indexing_paths)
+                        .map_err(to_status)?
+                        .unwrap_or_default(),
+                    must_live: convert::must_live(must_live)
+                        .map_err(to_status)?
+                        .unwrap_or_default(),
+                }
+            }
+            CatalogChange::ReplaceCollection(ReplaceCollectionRequest {
+                database,
+                id,
+                default_ttl,
+                indexing_mode,
+                indexing_paths,
+                must_live,
+                change_feed_retention,
+            }) => Planned::ReplaceCollection(
+                convert::collection_path(&database, &id).map_err(to_status)?,
+                SettingsChange {
+                    default_ttl: convert::default_ttl_change(default_ttl).map_err(to_status)?,
+                    indexing_mode: convert::indexing_mode(indexing_mode).map_err(to_status)?,
+                    index_paths: convert::index_paths(indexing_paths).map_err(to_status)?,
+                    must_live: convert::must_live(must_live).map_err(to_status)?,
+                    change_feed_retention: change_feed_retention
+                        .map(FeedRetention::from_secs)
+                        .transpose()
+                        .map_err(to_status)?,
+                },
+            ),
+            CatalogChange::DeleteCollection(DeleteCollectionRequest { database, id }) => {
+                Planned::DeleteCollection(
+                    convert::collection_path(&database, &id).map_err(to_status)?,
+                )
+            }
+        })
+    }
+
+    /// Applies the change to `engine`. Blocks until it is durable: call it off the async
+    /// workers.
+    pub fn apply(self, engine: &Engine) -> Result<CatalogAnswer, Status> {
+        Ok(match self.plan()? {
+            Planned::CreateDatabase(database, id) => {
+                engine.create_database(database).map_err(to_status)?;
+                CatalogAnswer::Database(Database { id })
+            }
+            Planned::DeleteDatabase(database) => {
+                engine.delete_database(&database).map_err(to_status)?;
+                CatalogAnswer::Deleted
+            }
+            Planned::CreateCollection {
+                database,
+                id,
+                path,
+                settings,
+                paths,
+                must_live,
+            } => {
+                let info = engine
+                    .create_collection_with(&database, id, path, settings, paths, must_live)
+                    .map_err(to_status)?;
+                CatalogAnswer::Collection(convert::collection(&info))
+            }
+            Planned::ReplaceCollection(path, change) => {
+                let info = engine
+                    .replace_collection(&path, change)
+                    .map_err(to_status)?;
+                CatalogAnswer::Collection(convert::collection(&info))
+            }
+            Planned::DeleteCollection(path) => {
+                engine.delete_collection(&path).map_err(to_status)?;
+                CatalogAnswer::Deleted
+            }
+        })
+    }
+}
+
+/// The catalog log's answers on this node: what a change got where it was applied.
+pub type CatalogLogAnswer = Result<CatalogAnswer, Status>;
+
+/// Where catalog changes go: applied to this node's engine, or, in a cluster, proposed to the
+/// catalog log that every node applies.
+#[derive(Debug, Clone, Default)]
+pub enum CatalogRoute {
+    #[default]
+    Local,
+    Log(Arc<CatalogLog<CatalogLogAnswer>>),
+}
+
+impl CatalogRoute {
+    /// Makes `change`, checked first, and answers as the engine did.
+    pub async fn run(
+        &self,
+        engine: Engine,
+        change: CatalogChange,
+    ) -> Result<CatalogAnswer, Status> {
+        change.check()?;
+        match self {
+            CatalogRoute::Local => {
+                match tokio::task::spawn_blocking(move || change.apply(&engine)).await {
+                    Ok(answer) => answer,
+                    Err(e) => Err(Status::internal(format!("catalog task failed: {e}"))),
+                }
+            }
+            CatalogRoute::Log(log) => match log.propose(change.encode()).await {
+                Ok(answer) => answer,
+                Err(CatalogError::Unavailable(e)) => {
+                    Err(to_status(Error::Storage(StorageError::unavailable(
+                        format!("the cluster's catalog log did not take the change: {e}"),
+                    ))))
+                }
+                Err(CatalogError::OutcomeUnknown(e)) => Err(to_status(Error::Storage(
+                    StorageError::outcome_unknown(format!(
+                        "{e}; it applies on every node or on none: read the catalog before trying again"
+                    )),
+                ))),
+            },
+        }
+    }
+}
