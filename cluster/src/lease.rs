@@ -87,6 +87,11 @@ impl OwnerLease {
         self.serves_until = None;
     }
 
+    /// Until when (monotonic, exclusive) the partition may be served; `None`: not held.
+    pub fn serves_until(&self) -> Option<u64> {
+        self.serves_until
+    }
+
     /// Whether the partition may be served at monotonic time `now_ms`.
     pub fn serves(&self, now_ms: u64) -> bool {
         self.serves_until.is_some_and(|until| now_ms < until)

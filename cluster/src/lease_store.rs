@@ -113,6 +113,11 @@ pub struct Held {
 }
 
 impl Held {
+    /// Until when (monotonic ms, exclusive) the partition may be served; `None`: no longer.
+    pub fn serves_until(&self) -> Option<u64> {
+        self.lease.serves_until()
+    }
+
     /// Whether the partition may be served now.
     pub fn serves(&self, clocks: &dyn Clocks) -> bool {
         self.lease.serves(clocks.monotonic_ms())

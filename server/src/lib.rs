@@ -7,6 +7,7 @@
 //! paths. [`RunningServer`] assembles them; the `mayfly` binary only parses flags and calls it.
 
 pub mod auth;
+pub mod cluster_node;
 pub mod current_engine;
 /// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test; only
 /// with the `fuzzing` feature (which the tests of this package turn on), never in a server.
@@ -22,6 +23,7 @@ mod server;
 /// the server has always used.
 pub use mayfly_engine::{engine, model, storage};
 
+pub use cluster_node::ClusterConfig;
 pub use current_engine::CurrentEngine;
 pub use net::MAX_MESSAGE_BYTES;
 pub use server::{AuthConfig, Config, Network, RunningServer, ServeError, StorageConfig, serve};

@@ -11,9 +11,10 @@ use tower_layer::Layer as _;
 
 use crate::{
     auth::{Authenticator, KeyRing, SecretsDir, random_secret, secret_bytes},
+    cluster_node::{self, ClusterConfig, ClusterNode},
     current_engine::CurrentEngine,
     engine::{self, Engine, EngineConfig, EngineMetrics, IdempotencyConfig, SystemClock, TokenKey},
-    grpc::{AdminService, CollectionsService, DatabasesService, DocumentsService},
+    grpc::{AdminService, CatalogRoute, CollectionsService, DatabasesService, DocumentsService},
     metrics_http,
     net::{
         self, Budgets, Limits, MAX_MESSAGE_BYTES, OPEN_MESSAGE_BYTES, RequestLimitsLayer,
@@ -42,6 +43,9 @@ pub struct Config {
     pub limits: Limits,
     /// Serve reflection (grpcurl's view of the API); it stays open to callers without keys.
     pub reflection: bool,
+    /// Join a cluster on NATS JetStream instead of serving alone (docs/cluster.md); the
+    /// storage must then be memory (see `cluster_node`).
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// How the gRPC listener meets its clients.
@@ -109,6 +113,7 @@ impl Default for Config {
             tls: None,
             limits: Limits::default(),
             reflection: true,
+            cluster: None,
         }
     }
 }
@@ -160,6 +165,8 @@ pub struct RunningServer {
     tls: Option<Arc<ServerTls>>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), ServeError>>,
+    /// A cluster node's background work (leases, the catalog log), stopped with the server.
+    _cluster: Option<ClusterNode>,
 }
 
 impl RunningServer {
@@ -176,8 +183,25 @@ impl RunningServer {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let engine =
-            open_engine_blocking(&config.storage, (&config.limits).into(), Arc::default()).await?;
+        let (engine, catalog, cluster) = match &config.cluster {
+            None => (
+                open_engine_blocking(&config.storage, (&config.limits).into(), Arc::default())
+                    .await?,
+                CatalogRoute::Local,
+                None,
+            ),
+            Some(cluster) => {
+                if !matches!(config.storage, StorageConfig::Memory { .. }) {
+                    return Err(ServeError::Config(
+                        "cluster mode keeps this node's partitions in memory for now (the log on the NATS servers is what persists): use memory storage (--storage memory)".into(),
+                    ));
+                }
+                let settings = EngineSettings::from(&config.limits);
+                let (engine, catalog, node) =
+                    cluster_node::join(cluster, settings.config(cluster.partitions)).await?;
+                (engine, catalog, Some(node))
+            }
+        };
         // After the storage: the data directory is created and locked by then.
         let auth = authenticator(&config.auth, &config.storage)?;
         let engine = CurrentEngine::new(engine);
@@ -187,11 +211,11 @@ impl RunningServer {
             .map(TcpListener::local_addr)
             .transpose()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(
+        let task = tokio::spawn(serve_routed(
             listener,
             metrics_listener,
             engine.clone(),
-            config.storage,
+            (config.storage, catalog),
             auth,
             Network {
                 tls: tls.clone(),
@@ -210,6 +234,7 @@ impl RunningServer {
             tls,
             stop: Some(stop),
             task,
+            _cluster: cluster,
         })
     }
 
@@ -415,6 +440,28 @@ pub async fn serve(
     network: Network,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_routed(
+        listener,
+        metrics_listener,
+        current,
+        (storage, CatalogRoute::Local),
+        auth,
+        network,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`], with catalog changes going `catalog`'s way (a cluster's catalog log).
+async fn serve_routed(
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    current: CurrentEngine,
+    (storage, catalog): (StorageConfig, CatalogRoute),
+    auth: Authenticator,
+    network: Network,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let Network {
         tls,
         limits,
@@ -496,12 +543,16 @@ pub async fn serve(
         // (with a reason), so that tonic's own refusal (OUT_OF_RANGE, no reason) never comes
         // first.
         .add_service(
-            DatabasesServer::new(DatabasesService::new(current.clone(), auth.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            DatabasesServer::new(
+                DatabasesService::new(current.clone(), auth.clone()).with_catalog(catalog.clone()),
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
-            CollectionsServer::new(CollectionsService::new(current.clone(), auth.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            CollectionsServer::new(
+                CollectionsService::new(current.clone(), auth.clone()).with_catalog(catalog),
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
             AdminServer::new(AdminService::new(current.clone(), auth.clone()))

@@ -4,7 +4,7 @@ use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, tim
 
 use clap::{Parser, ValueEnum};
 use mayfly_server::{
-    AuthConfig, Config, RunningServer, StorageConfig,
+    AuthConfig, ClusterConfig, Config, RunningServer, StorageConfig,
     auth::MIN_GIVEN_KEY_CHARS,
     engine::IdempotencyConfig,
     net::{Limits, TlsFiles},
@@ -59,6 +59,21 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (off by default).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Join a cluster on NATS JetStream: the NATS servers' URLs, comma-separated (each server
+    /// run with `sync_interval: always`; see docs/cluster.md). Needs --node-id and, for now,
+    /// --storage memory.
+    #[arg(long, value_delimiter = ',', requires = "node_id")]
+    cluster: Option<Vec<String>>,
+    /// This node's id in the cluster (unique among its nodes).
+    #[arg(long, requires = "cluster")]
+    node_id: Option<String>,
+    /// The cluster's partitions, fixed when it is made (every node gives the same number; in
+    /// cluster mode they are the engine's shards).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    partitions: u16,
+    /// Replicas of the cluster's streams on the NATS servers: 3, or 1 for a single server.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=5))]
+    cluster_replicas: u8,
     /// Serve every caller without a key. Without keys a server listens on loopback only,
     /// unless this is given.
     #[arg(long, conflicts_with_all = ["primary_key", "secondary_key", "primary_readonly_key", "secondary_readonly_key"])]
@@ -178,6 +193,32 @@ impl Args {
                 answer_bytes: self.idempotency_answers_mb.saturating_mul(1024 * 1024),
             },
         }
+    }
+
+    /// The cluster to join, if any. Its partitions are the engine's shards: `--shards`, if
+    /// given, must say the same.
+    fn cluster_config(&self) -> Result<Option<ClusterConfig>, String> {
+        let (Some(urls), Some(node_id)) = (&self.cluster, &self.node_id) else {
+            return Ok(None);
+        };
+        if self.shards.is_some_and(|s| s != self.partitions) {
+            return Err(format!(
+                "in cluster mode the shards are the partitions: --shards {} differs from --partitions {}",
+                self.shards.unwrap_or_default(),
+                self.partitions
+            ));
+        }
+        if !matches!(self.storage, StorageKind::Memory) {
+            return Err(
+                "cluster mode keeps this node's partitions in memory for now (the log on the NATS servers is what persists): add --storage memory".into(),
+            );
+        }
+        Ok(Some(ClusterConfig {
+            urls: urls.clone(),
+            node_id: node_id.clone(),
+            partitions: usize::from(self.partitions),
+            replicas: usize::from(self.cluster_replicas),
+        }))
     }
 
     fn tls(&self) -> Result<Option<TlsFiles>, String> {
@@ -330,6 +371,13 @@ async fn main() -> ExitCode {
         Some(_) => "TLS",
         None => "plaintext",
     };
+    let cluster = match args.cluster_config() {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            eprintln!("mayfly: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
         listen: args.listen,
         storage,
@@ -338,6 +386,7 @@ async fn main() -> ExitCode {
         tls,
         limits: args.limits(descriptors.max_connections),
         reflection: !args.no_reflection,
+        cluster,
     };
     // Handlers first: a supervisor may signal as soon as it reads the address line, and a
     // signal arriving before them would kill the process instead of stopping it gracefully.

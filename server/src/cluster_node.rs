@@ -1,0 +1,338 @@
+//! A node of a Mayfly cluster (docs/cluster.md): it joins through NATS JetStream, applies the
+//! catalog log, contends for the partitions' leases and serves the partitions it holds.
+//!
+//! What this version does and does not do yet (the note's build order): a node keeps its
+//! partitions in memory and rebuilds each from its log when it takes the partition over (the
+//! log, on a quorum of fsyncing NATS servers, is what persists; the node's own fjall copy comes
+//! later); a request for a partition another node owns is refused `NOT_OWNER` (forwarding and
+//! the SDK's routing come later); a node that loses a partition's lease does not take it again
+//! until it restarts (its copy may hold commits the log refused).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use async_nats::jetstream::{self, Context, stream::Stream};
+use mayfly_cluster::{
+    Apply, CatalogLog, CatchUpError, Clocks, Followed, Held, LeaseTiming, Leases, PublishQueue,
+    ReplicatedStorage, SystemClocks, Watch, become_owner,
+    lease_store::renew_interval,
+    publish_queue::{LOG_STREAMS, log_streams},
+};
+use tokio::task::JoinHandle;
+use tonic::Status;
+
+use crate::{
+    ServeError,
+    engine::{Engine, EngineConfig, LeaseClock, SystemClock},
+    grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer},
+    storage::MemoryStorage,
+};
+
+/// How a node joins a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The NATS servers' client URLs.
+    pub urls: Vec<String>,
+    /// This node's id, unique in the cluster.
+    pub node_id: String,
+    /// The cluster's partitions: fixed when the cluster is made, the same on every node.
+    pub partitions: usize,
+    /// Replicas of the cluster's streams and buckets: 3 (1 for a single NATS server).
+    pub replicas: usize,
+}
+
+/// How long joining waits for NATS JetStream to take the cluster's streams and buckets (a
+/// NATS cluster starting at the same time elects its leaders first).
+const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The clock partition leases are timed by, for the engine to read lease ends against.
+#[derive(Debug)]
+struct BootClock;
+
+impl LeaseClock for BootClock {
+    fn now_ms(&self) -> u64 {
+        SystemClocks.monotonic_ms()
+    }
+}
+
+/// A node's work in the background: its partitions' leases and the catalog log. Stops when
+/// dropped.
+#[derive(Debug)]
+pub struct ClusterNode {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> ServeError {
+    ServeError::Config(format!("cluster: {what}: {e}"))
+}
+
+/// Retries `attempt` until it succeeds or [`JOIN_TIMEOUT`] has passed.
+async fn patiently<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, ServeError> {
+    let deadline = Instant::now() + JOIN_TIMEOUT;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(e) if Instant::now() < deadline => {
+                tracing::info!(error = %e, "cluster: {what}: not yet; retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(failed(what, e)),
+        }
+    }
+}
+
+/// Joins the cluster: an engine whose shards are the partitions, each following until this
+/// node wins its lease; the catalog applied up to the log's end; a task per partition
+/// contending for its lease and serving it while held.
+pub async fn join(
+    config: &ClusterConfig,
+    mut engine_config: EngineConfig,
+) -> Result<(Engine, CatalogRoute, ClusterNode), ServeError> {
+    let client = async_nats::connect(config.urls.clone())
+        .await
+        .map_err(|e| failed(&format!("connecting to {}", config.urls.join(",")), e))?;
+    let js = jetstream::new(client.clone());
+    agree_on_partitions(&js, config).await?;
+    let streams = patiently("creating the log streams", || {
+        log_streams(&js, config.replicas)
+    })
+    .await?;
+    let partitions = config.partitions;
+    let queues: Vec<_> = (0..partitions)
+        .map(|p| PublishQueue::new(p as u32))
+        .collect();
+    let storage = ReplicatedStorage::new(
+        Arc::new(MemoryStorage::new()),
+        queues.clone(),
+        client.server_info().max_payload,
+    );
+    engine_config.shards = partitions;
+    engine_config.log_every_commit = true;
+    engine_config.lease_clock = Some(Arc::new(BootClock));
+    let engine = Engine::new(engine_config, Arc::new(storage), Arc::new(SystemClock));
+    for p in 0..partitions {
+        engine.set_following(p, true);
+    }
+
+    let catalog = patiently("opening the catalog log", || {
+        CatalogLog::<CatalogLogAnswer>::open(&js, config.replicas, &config.node_id, 0)
+    })
+    .await?;
+    let mut tasks = vec![follow_catalog(&catalog, &engine)];
+    let end = patiently("reading the catalog log's end", || catalog.end()).await?;
+    tokio::time::timeout(JOIN_TIMEOUT, catalog.applied_to(end))
+        .await
+        .map_err(|_| {
+            failed(
+                "applying the catalog log",
+                "it did not reach its end in time",
+            )
+        })?;
+
+    let leases = Arc::new(
+        patiently("opening the partition leases", || {
+            Leases::open(&js, config.replicas, LeaseTiming::DEFAULT)
+        })
+        .await?,
+    );
+    for (p, queue) in queues.into_iter().enumerate() {
+        let partition = Partition {
+            p: p as u32,
+            node: config.node_id.clone(),
+            engine: engine.clone(),
+            js: js.clone(),
+            stream: streams[p % LOG_STREAMS as usize].clone(),
+            leases: leases.clone(),
+            queue,
+        };
+        tasks.push(tokio::spawn(partition.serve()));
+    }
+    tracing::info!(
+        node = %config.node_id,
+        partitions,
+        catalog_entries = end,
+        "joined the cluster"
+    );
+    Ok((engine, CatalogRoute::Log(catalog), ClusterNode { tasks }))
+}
+
+/// Every node must place documents over the same number of partitions: the first node to
+/// join records it, and a node that says otherwise is refused.
+async fn agree_on_partitions(js: &Context, config: &ClusterConfig) -> Result<(), ServeError> {
+    let kv = patiently("opening the cluster's settings", || {
+        js.create_key_value(jetstream::kv::Config {
+            bucket: "mayfly-cluster".to_string(),
+            history: 1,
+            num_replicas: config.replicas,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+    })
+    .await?;
+    let ours = config.partitions.to_string();
+    // Whoever creates the key first decides; everyone else reads it.
+    let _ = kv.create("partitions", ours.clone().into()).await;
+    let stored = kv
+        .get("partitions")
+        .await
+        .map_err(|e| failed("reading the cluster's partition count", e))?
+        .ok_or_else(|| failed("reading the cluster's partition count", "it is missing"))?;
+    let stored = String::from_utf8_lossy(&stored).to_string();
+    if stored != ours {
+        return Err(failed(
+            "joining",
+            format!(
+                "the cluster has {stored} partitions and this node was started with --partitions {ours}; start it with --partitions {stored}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Applies the catalog log on this node, for as long as it runs.
+fn follow_catalog(catalog: &Arc<CatalogLog<CatalogLogAnswer>>, engine: &Engine) -> JoinHandle<()> {
+    let applier = engine.clone();
+    let apply: Apply<CatalogLogAnswer> = Arc::new(move |_seq, entry| {
+        let engine = applier.clone();
+        Box::pin(async move {
+            let change = CatalogChange::decode(&entry)?;
+            match tokio::task::spawn_blocking(move || change.apply(&engine)).await {
+                Ok(answer) => answer,
+                Err(e) => Err(Status::internal(format!("catalog task failed: {e}"))),
+            }
+        })
+    });
+    let log = catalog.clone();
+    tokio::spawn(async move {
+        let why = log.follow(apply).await;
+        tracing::error!(error = %why, "the catalog log stopped: catalog changes are no longer applied on this node; restart it");
+    })
+}
+
+/// One partition, as this node contends for it and serves it.
+struct Partition {
+    p: u32,
+    node: String,
+    engine: Engine,
+    js: Context,
+    stream: Stream,
+    leases: Arc<Leases>,
+    queue: Arc<PublishQueue>,
+}
+
+impl Partition {
+    /// Waits for the partition's lease, takes the partition over and serves it while the
+    /// lease is renewed.
+    async fn serve(self) {
+        let clocks = SystemClocks;
+        let interval = renew_interval(&LeaseTiming::DEFAULT);
+        let mut watch = Watch::default();
+        let held = loop {
+            match self
+                .leases
+                .try_acquire(self.p, &self.node, &mut watch, &clocks)
+                .await
+            {
+                Ok(Some(held)) => break held,
+                Ok(None) => {}
+                Err(e) => tracing::debug!(partition = self.p, error = %e, "lease not read"),
+            }
+            tokio::time::sleep(interval).await;
+        };
+        // Served only within the lease from here; renewed while the node catches up.
+        self.lease_end(&held);
+        let epoch = held.epoch;
+        let renewing = tokio::spawn(self.renew(held));
+        let mut followed = Followed::new(self.p);
+        loop {
+            match become_owner(
+                &self.js,
+                &self.stream,
+                &self.engine,
+                (&self.queue, self.p, epoch),
+                &mut followed,
+            )
+            .await
+            {
+                Ok(position) => {
+                    tracing::info!(
+                        partition = self.p,
+                        epoch = position.epoch,
+                        log_end = position.last,
+                        "serving the partition"
+                    );
+                    break;
+                }
+                Err(CatchUpError::Takeover(e)) if !renewing.is_finished() => {
+                    tracing::info!(partition = self.p, error = %e, "taking the partition over: retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => {
+                    // Unrenewed, the lease lapses and another node takes the partition.
+                    tracing::error!(partition = self.p, error = %e, "cannot serve the partition");
+                    renewing.abort();
+                    self.engine.set_following(self.p as usize, true);
+                    return;
+                }
+            }
+        }
+        let _ = renewing.await;
+    }
+
+    fn lease_end(&self, held: &Held) {
+        self.engine
+            .serve_until(self.p as usize, held.serves_until().unwrap_or(0));
+    }
+
+    /// Renews the lease every quarter lease; on losing it, stops serving the partition.
+    fn renew(&self, mut held: Held) -> impl Future<Output = ()> + Send + 'static {
+        let (leases, engine, queue, node, p) = (
+            self.leases.clone(),
+            self.engine.clone(),
+            self.queue.clone(),
+            self.node.clone(),
+            self.p,
+        );
+        async move {
+            let clocks = SystemClocks;
+            let interval = renew_interval(&LeaseTiming::DEFAULT);
+            loop {
+                tokio::time::sleep(interval).await;
+                match leases.renew(&mut held, &node, &clocks).await {
+                    Ok(true) => {
+                        engine.serve_until(p as usize, held.serves_until().unwrap_or(0));
+                        continue;
+                    }
+                    Ok(false) => {}
+                    // The engine stops serving at the lease's end by itself; renewals go on
+                    // until then.
+                    Err(e) if held.serves(&clocks) => {
+                        tracing::warn!(partition = p, error = %e, "lease not renewed; retrying");
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(partition = p, error = %e, "lease not renewed"),
+                }
+                tracing::warn!(
+                    partition = p,
+                    "lost the partition's lease: another node serves it now; this node takes it again only after a restart"
+                );
+                engine.set_following(p as usize, true);
+                queue.close();
+                return;
+            }
+        }
+    }
+}
