@@ -4,8 +4,8 @@
 //! What this version does and does not do yet (the note's build order): a node keeps its
 //! partitions in memory and rebuilds each from its log when it takes the partition over (the
 //! log, on a quorum of fsyncing NATS servers, is what persists; the node's own fjall copy comes
-//! later); a request for a partition another node owns is refused `NOT_OWNER` (forwarding and
-//! the SDK's routing come later); a node that loses a partition's lease does not take it again
+//! later); a request for a partition another node owns is forwarded there, once (unary
+//! document calls; `grpc/forward.rs`); a node that loses a partition's lease does not take it again
 //! until it restarts (its copy may hold commits the log refused).
 
 use std::{
@@ -26,7 +26,11 @@ use tonic::Status;
 use crate::{
     ServeError,
     engine::{Engine, EngineConfig, LeaseClock, SystemClock},
-    grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer},
+    grpc::{
+        CatalogChange, CatalogRoute,
+        catalog_change::CatalogLogAnswer,
+        forward::{Forwarder, Owners},
+    },
     storage::MemoryStorage,
 };
 
@@ -100,7 +104,8 @@ async fn patiently<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
 pub async fn join(
     config: &ClusterConfig,
     mut engine_config: EngineConfig,
-) -> Result<(Engine, CatalogRoute, ClusterNode), ServeError> {
+    advertise: &str,
+) -> Result<(Engine, CatalogRoute, Forwarder, ClusterNode), ServeError> {
     let client = async_nats::connect(config.urls.clone())
         .await
         .map_err(|e| failed(&format!("connecting to {}", config.urls.join(",")), e))?;
@@ -160,13 +165,38 @@ pub async fn join(
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
+    let nodes = patiently("opening the node directory", || {
+        js.create_key_value(jetstream::kv::Config {
+            bucket: "mayfly-nodes".to_string(),
+            history: 1,
+            num_replicas: config.replicas,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+    })
+    .await?;
+    nodes
+        .put(&config.node_id, advertise.to_string().into())
+        .await
+        .map_err(|e| failed("registering in the node directory", e))?;
+    let owners = Directory {
+        node: config.node_id.clone(),
+        leases,
+        nodes,
+    };
     tracing::info!(
         node = %config.node_id,
+        address = advertise,
         partitions,
         catalog_entries = end,
         "joined the cluster"
     );
-    Ok((engine, CatalogRoute::Log(catalog), ClusterNode { tasks }))
+    Ok((
+        engine,
+        CatalogRoute::Log(catalog),
+        Forwarder::new(Arc::new(owners)),
+        ClusterNode { tasks },
+    ))
 }
 
 /// Every node must place documents over the same number of partitions: the first node to
@@ -220,6 +250,37 @@ fn follow_catalog(catalog: &Arc<CatalogLog<CatalogLogAnswer>>, engine: &Engine) 
         let why = log.follow(apply).await;
         tracing::error!(error = %why, "the catalog log stopped: catalog changes are no longer applied on this node; restart it");
     })
+}
+
+/// Where partitions are served: their leases' owners, and the nodes' addresses.
+struct Directory {
+    node: String,
+    leases: Arc<Leases>,
+    nodes: jetstream::kv::Store,
+}
+
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Directory")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+#[tonic::async_trait]
+impl Owners for Directory {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    async fn owner_address(&self, partition: u32) -> Option<String> {
+        let (lease, _) = self.leases.read(partition).await.ok()??;
+        if lease.owner == self.node {
+            return None;
+        }
+        let address = self.nodes.get(&lease.owner).await.ok()??;
+        String::from_utf8(address.to_vec()).ok()
+    }
 }
 
 /// One partition, as this node contends for it and serves it.

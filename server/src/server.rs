@@ -14,7 +14,10 @@ use crate::{
     cluster_node::{self, ClusterConfig, ClusterNode},
     current_engine::CurrentEngine,
     engine::{self, Engine, EngineConfig, EngineMetrics, IdempotencyConfig, SystemClock, TokenKey},
-    grpc::{AdminService, CatalogRoute, CollectionsService, DatabasesService, DocumentsService},
+    grpc::{
+        AdminService, CatalogRoute, CollectionsService, DatabasesService, DocumentsService,
+        forward::Forwarder,
+    },
     metrics_http,
     net::{
         self, Budgets, Limits, MAX_MESSAGE_BYTES, OPEN_MESSAGE_BYTES, RequestLimitsLayer,
@@ -183,11 +186,12 @@ impl RunningServer {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let (engine, catalog, cluster) = match &config.cluster {
+        let local_addr = listener.local_addr()?;
+        let (engine, routes, cluster) = match &config.cluster {
             None => (
                 open_engine_blocking(&config.storage, (&config.limits).into(), Arc::default())
                     .await?,
-                CatalogRoute::Local,
+                (CatalogRoute::Local, None),
                 None,
             ),
             Some(cluster) => {
@@ -197,15 +201,18 @@ impl RunningServer {
                     ));
                 }
                 let settings = EngineSettings::from(&config.limits);
-                let (engine, catalog, node) =
-                    cluster_node::join(cluster, settings.config(cluster.partitions)).await?;
-                (engine, catalog, Some(node))
+                let advertise = format!("http://{local_addr}");
+                let (engine, catalog, forwarder, node) =
+                    cluster_node::join(cluster, settings.config(cluster.partitions), &advertise)
+                        .await?;
+                // Forwarding speaks plaintext gRPC to the other nodes for now.
+                let forwarder = tls.is_none().then_some(forwarder);
+                (engine, (catalog, forwarder), Some(node))
             }
         };
         // After the storage: the data directory is created and locked by then.
         let auth = authenticator(&config.auth, &config.storage)?;
         let engine = CurrentEngine::new(engine);
-        let local_addr = listener.local_addr()?;
         let metrics_addr = metrics_listener
             .as_ref()
             .map(TcpListener::local_addr)
@@ -215,7 +222,7 @@ impl RunningServer {
             listener,
             metrics_listener,
             engine.clone(),
-            (config.storage, catalog),
+            (config.storage, routes),
             auth,
             Network {
                 tls: tls.clone(),
@@ -444,7 +451,7 @@ pub async fn serve(
         listener,
         metrics_listener,
         current,
-        (storage, CatalogRoute::Local),
+        (storage, (CatalogRoute::Local, None)),
         auth,
         network,
         shutdown,
@@ -457,7 +464,7 @@ async fn serve_routed(
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     current: CurrentEngine,
-    (storage, catalog): (StorageConfig, CatalogRoute),
+    (storage, (catalog, forwarder)): (StorageConfig, (CatalogRoute, Option<Forwarder>)),
     auth: Authenticator,
     network: Network,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -522,9 +529,12 @@ async fn serve_routed(
         ))
     });
 
-    let documents = DocumentsService::new(current.clone(), auth.clone())
+    let mut documents = DocumentsService::new(current.clone(), auth.clone())
         .with_budget(budgets.responses.clone())
         .counting_feed_streams(feed_streams);
+    if let Some(forwarder) = forwarder {
+        documents = documents.forwarding(forwarder);
+    }
     // Streams and queries still running stop with the server, not after it.
     let stop_streams = documents.stop_signal();
     let shutdown = async move {

@@ -825,21 +825,39 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         .await;
         acked.push((id, format!("p{i}")));
     }
-    // b serves none of them while a holds the leases.
+    // b owns none of them while a holds the leases: it forwards to a, one hop.
     let mut on_b = connect(&b).await;
-    let (id, pk) = &acked[0];
     let read = |id: &str, pk: &str| ReadDocumentRequest {
         database: "d".into(),
         collection: "c".into(),
         id: id.into(),
         partition_key: Some(string_pk(pk)),
     };
-    let refused = on_b
-        .documents
-        .read_document(read(id, pk))
+    for (id, pk) in &acked {
+        let doc = on_b
+            .documents
+            .read_document(read(id, pk))
+            .await
+            .unwrap_or_else(|e| panic!("{id} through b: {e}"));
+        assert_eq!(
+            doc.into_inner().body.expect("a body").into_map()["id"],
+            serde_json::json!(id)
+        );
+    }
+    let body = serde_json::json!({"id": "through-b", "pk": "p0"});
+    let serde_json::Value::Object(body) = body else {
+        unreachable!()
+    };
+    on_b.documents
+        .create_document(CreateDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            body: Some(JsonObject::new(body)),
+            ..Default::default()
+        })
         .await
-        .expect_err("b does not own it");
-    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+        .expect("a write through b, forwarded to a");
+    acked.push(("through-b".into(), "p0".into()));
 
     // a dies. b takes its partitions once their leases lapse, rebuilt from their logs.
     let killed = Instant::now();

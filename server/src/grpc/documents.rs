@@ -58,271 +58,96 @@ impl server::Documents for DocumentsService {
         &self,
         request: Request<CreateDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        let mut request = request.into_inner();
-        let key = mem::take(&mut request.idempotency_key);
-        let request_key = idempotency::request_key("CreateDocument", key, &request)?;
-        let CreateDocumentRequest {
-            database,
-            collection,
-            body,
-            partition_key,
-            ttl,
-            idempotency_key: _,
-        } = request;
-        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
-        let body = convert::document_body(body, ttl).map_err(to_status)?;
-        let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
-        let engine = self.engine()?;
-        caller.allow(
-            Action::Write,
-            Target::documents(&database, &collection, partition_key.as_ref()),
-            &engine,
-        )?;
-        let answer = settle(&engine, |e| {
-            e.keyed(request_key.as_ref())
-                .create_document(&path, body, partition_key)
-        })
-        .await?;
-        let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, convert::document))
+        self.routed(
+            request,
+            |r| self.create_document_here(r),
+            |mut c, r| async move { c.create_document(r).await },
+        )
+        .await
     }
 
     async fn upsert_document(
         &self,
         request: Request<UpsertDocumentRequest>,
     ) -> Result<Response<UpsertDocumentResponse>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        let mut request = request.into_inner();
-        let key = mem::take(&mut request.idempotency_key);
-        let request_key = idempotency::request_key("UpsertDocument", key, &request)?;
-        let UpsertDocumentRequest {
-            database,
-            collection,
-            body,
-            partition_key,
-            ttl,
-            if_match: etag,
-            idempotency_key: _,
-        } = request;
-        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
-        let body = convert::document_body(body, ttl).map_err(to_status)?;
-        let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
-        let engine = self.engine()?;
-        caller.allow(
-            Action::Write,
-            Target::documents(&database, &collection, partition_key.as_ref()),
-            &engine,
-        )?;
-        let answer = settle(&engine, |e| {
-            e.keyed(request_key.as_ref()).upsert_document(
-                &path,
-                body,
-                partition_key,
-                if_match(&etag),
-            )
-        })
-        .await?;
-        let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, |(outcome, view)| {
-            let outcome = match outcome {
-                engine::UpsertOutcome::Created => UpsertOutcome::Created,
-                engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
-            };
-            UpsertDocumentResponse {
-                document: Some(convert::document(view)),
-                outcome: outcome as i32,
-            }
-        }))
+        self.routed(
+            request,
+            |r| self.upsert_document_here(r),
+            |mut c, r| async move { c.upsert_document(r).await },
+        )
+        .await
     }
 
     async fn replace_document(
         &self,
         request: Request<ReplaceDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        let mut request = request.into_inner();
-        let key = mem::take(&mut request.idempotency_key);
-        let request_key = idempotency::request_key("ReplaceDocument", key, &request)?;
-        let ReplaceDocumentRequest {
-            database,
-            collection,
-            id,
-            partition_key,
-            body,
-            ttl,
-            if_match: etag,
-            idempotency_key: _,
-        } = request;
-        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
-        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
-        let engine = self.engine()?;
-        caller.allow(
-            Action::Write,
-            Target::documents(&database, &collection, Some(&key.partition_key)),
-            &engine,
-        )?;
-        let body = convert::document_body(body, ttl).map_err(to_status)?;
-        let answer = settle(&engine, |e| {
-            e.keyed(request_key.as_ref())
-                .replace_document(&path, key, body, if_match(&etag))
-        })
-        .await?;
-        let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, convert::document))
+        self.routed(
+            request,
+            |r| self.replace_document_here(r),
+            |mut c, r| async move { c.replace_document(r).await },
+        )
+        .await
     }
 
     async fn read_document(
         &self,
         request: Request<ReadDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        let ReadDocumentRequest {
-            database,
-            collection,
-            id,
-            partition_key,
-        } = request.into_inner();
-        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
-        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
-        let engine = self.engine()?;
-        caller.allow(
-            Action::Read,
-            Target::documents(&database, &collection, Some(&key.partition_key)),
-            &engine,
-        )?;
-        let view = settle(&engine, |e| e.read_document(&path, &key)).await?;
-        Ok(Response::new(convert::document(view)))
+        self.routed(
+            request,
+            |r| self.read_document_here(r),
+            |mut c, r| async move { c.read_document(r).await },
+        )
+        .await
     }
 
     async fn delete_document(
         &self,
         request: Request<DeleteDocumentRequest>,
     ) -> Result<Response<DeleteDocumentResponse>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        let mut request = request.into_inner();
-        let key = mem::take(&mut request.idempotency_key);
-        let request_key = idempotency::request_key("DeleteDocument", key, &request)?;
-        let DeleteDocumentRequest {
-            database,
-            collection,
-            id,
-            partition_key,
-            if_match: etag,
-            idempotency_key: _,
-        } = request;
-        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
-        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
-        let engine = self.engine()?;
-        caller.allow(
-            Action::Write,
-            Target::documents(&database, &collection, Some(&key.partition_key)),
-            &engine,
-        )?;
-        let answer = settle(&engine, |e| {
-            e.keyed(request_key.as_ref())
-                .delete_document(&path, &key, if_match(&etag))
-        })
-        .await?;
-        let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, |()| {
-            DeleteDocumentResponse {}
-        }))
+        self.routed(
+            request,
+            |r| self.delete_document_here(r),
+            |mut c, r| async move { c.delete_document(r).await },
+        )
+        .await
     }
 
     async fn touch_document(
         &self,
         request: Request<TouchDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        let mut request = request.into_inner();
-        let key = mem::take(&mut request.idempotency_key);
-        let request_key = idempotency::request_key("TouchDocument", key, &request)?;
-        let TouchDocumentRequest {
-            database,
-            collection,
-            id,
-            partition_key,
-            if_match: etag,
-            idempotency_key: _,
-        } = request;
-        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
-        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
-        let engine = self.engine()?;
-        caller.allow(
-            Action::Write,
-            Target::documents(&database, &collection, Some(&key.partition_key)),
-            &engine,
-        )?;
-        let answer = settle(&engine, |e| {
-            e.keyed(request_key.as_ref())
-                .touch_document(&path, &key, if_match(&etag))
-        })
-        .await?;
-        let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, convert::document))
+        self.routed(
+            request,
+            |r| self.touch_document_here(r),
+            |mut c, r| async move { c.touch_document(r).await },
+        )
+        .await
     }
 
     async fn patch_document(
         &self,
         request: Request<PatchDocumentRequest>,
     ) -> Result<Response<Document>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        let mut request = request.into_inner();
-        let key = mem::take(&mut request.idempotency_key);
-        let request_key = idempotency::request_key("PatchDocument", key, &request)?;
-        let PatchDocumentRequest {
-            database,
-            collection,
-            id,
-            partition_key,
-            operations,
-            if_match: etag,
-            condition,
-            create_if_missing,
-            create_parents,
-            idempotency_key: _,
-        } = request;
-        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
-        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
-        let engine = self.engine()?;
-        caller.allow(
-            Action::Write,
-            Target::documents(&database, &collection, Some(&key.partition_key)),
-            &engine,
-        )?;
-        let ops = patch::operations(operations).map_err(to_status)?;
-        let condition = patch::condition(&condition).map_err(to_status)?;
-        let options = patch::options(create_if_missing, create_parents).map_err(to_status)?;
-        // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
-        // to 9 attempts under contention, the last holding its shard's lock.
-        let keyed = request_key.is_some();
-        let answer = settle_blocking(engine, move |e| {
-            let patch = (ops.as_slice(), condition.as_deref());
-            e.keyed(request_key.as_ref()).patch_document_with(
-                &path,
-                &key,
-                patch,
-                if_match(&etag),
-                &options,
-            )
-        })
-        .await?;
-        let created = answer.value.1;
-        let mut response =
-            idempotency::response(keyed, answer, |(view, _)| convert::document(view));
-        response
-            .metadata_mut()
-            .insert(patch::CREATED_HEADER, patch::created_value(created));
-        Ok(response)
+        self.routed(
+            request,
+            |r| self.patch_document_here(r),
+            |mut c, r| async move { c.patch_document(r).await },
+        )
+        .await
     }
 
     async fn execute_batch(
         &self,
         request: Request<ExecuteBatchRequest>,
     ) -> Result<Response<ExecuteBatchResponse>, Status> {
-        let caller = caller(&self.auth, &request)?;
-        self.run_batch(&caller, request.into_inner()).await
+        self.routed(
+            request,
+            |r| self.execute_batch_here(r),
+            |mut c, r| async move { c.execute_batch(r).await },
+        )
+        .await
     }
 
     type ReadFeedStream = PageStream<ReadFeedPage>;
@@ -453,5 +278,279 @@ fn feed_message(page: engine::FeedPage) -> ReadFeedPage {
     ReadFeedPage {
         documents: page.documents.into_iter().map(convert::document).collect(),
         continuation: page.continuation.unwrap_or_default(),
+    }
+}
+
+/// The document calls answered on this node (see [`DocumentsService::routed`]).
+impl DocumentsService {
+    async fn create_document_here(
+        &self,
+        request: Request<CreateDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("CreateDocument", key, &request)?;
+        let CreateDocumentRequest {
+            database,
+            collection,
+            body,
+            partition_key,
+            ttl,
+            idempotency_key: _,
+        } = request;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let body = convert::document_body(body, ttl).map_err(to_status)?;
+        let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, partition_key.as_ref()),
+            &engine,
+        )?;
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .create_document(&path, body, partition_key)
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, convert::document))
+    }
+
+    async fn upsert_document_here(
+        &self,
+        request: Request<UpsertDocumentRequest>,
+    ) -> Result<Response<UpsertDocumentResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("UpsertDocument", key, &request)?;
+        let UpsertDocumentRequest {
+            database,
+            collection,
+            body,
+            partition_key,
+            ttl,
+            if_match: etag,
+            idempotency_key: _,
+        } = request;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let body = convert::document_body(body, ttl).map_err(to_status)?;
+        let partition_key = convert::partition_key_value(partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, partition_key.as_ref()),
+            &engine,
+        )?;
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref()).upsert_document(
+                &path,
+                body,
+                partition_key,
+                if_match(&etag),
+            )
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, |(outcome, view)| {
+            let outcome = match outcome {
+                engine::UpsertOutcome::Created => UpsertOutcome::Created,
+                engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
+            };
+            UpsertDocumentResponse {
+                document: Some(convert::document(view)),
+                outcome: outcome as i32,
+            }
+        }))
+    }
+
+    async fn replace_document_here(
+        &self,
+        request: Request<ReplaceDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("ReplaceDocument", key, &request)?;
+        let ReplaceDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            body,
+            ttl,
+            if_match: etag,
+            idempotency_key: _,
+        } = request;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
+        )?;
+        let body = convert::document_body(body, ttl).map_err(to_status)?;
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .replace_document(&path, key, body, if_match(&etag))
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, convert::document))
+    }
+
+    async fn read_document_here(
+        &self,
+        request: Request<ReadDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let ReadDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+        } = request.into_inner();
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
+        caller.allow(
+            Action::Read,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
+        )?;
+        let view = settle(&engine, |e| e.read_document(&path, &key)).await?;
+        Ok(Response::new(convert::document(view)))
+    }
+
+    async fn delete_document_here(
+        &self,
+        request: Request<DeleteDocumentRequest>,
+    ) -> Result<Response<DeleteDocumentResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("DeleteDocument", key, &request)?;
+        let DeleteDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            if_match: etag,
+            idempotency_key: _,
+        } = request;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
+        )?;
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .delete_document(&path, &key, if_match(&etag))
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, |()| {
+            DeleteDocumentResponse {}
+        }))
+    }
+
+    async fn touch_document_here(
+        &self,
+        request: Request<TouchDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("TouchDocument", key, &request)?;
+        let TouchDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            if_match: etag,
+            idempotency_key: _,
+        } = request;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
+        )?;
+        let answer = settle(&engine, |e| {
+            e.keyed(request_key.as_ref())
+                .touch_document(&path, &key, if_match(&etag))
+        })
+        .await?;
+        let keyed = request_key.is_some();
+        Ok(idempotency::response(keyed, answer, convert::document))
+    }
+
+    async fn patch_document_here(
+        &self,
+        request: Request<PatchDocumentRequest>,
+    ) -> Result<Response<Document>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let mut request = request.into_inner();
+        let key = mem::take(&mut request.idempotency_key);
+        let request_key = idempotency::request_key("PatchDocument", key, &request)?;
+        let PatchDocumentRequest {
+            database,
+            collection,
+            id,
+            partition_key,
+            operations,
+            if_match: etag,
+            condition,
+            create_if_missing,
+            create_parents,
+            idempotency_key: _,
+        } = request;
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let key = convert::doc_key(&id, partition_key).map_err(to_status)?;
+        let engine = self.engine()?;
+        caller.allow(
+            Action::Write,
+            Target::documents(&database, &collection, Some(&key.partition_key)),
+            &engine,
+        )?;
+        let ops = patch::operations(operations).map_err(to_status)?;
+        let condition = patch::condition(&condition).map_err(to_status)?;
+        let options = patch::options(create_if_missing, create_parents).map_err(to_status)?;
+        // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
+        // to 9 attempts under contention, the last holding its shard's lock.
+        let keyed = request_key.is_some();
+        let answer = settle_blocking(engine, move |e| {
+            let patch = (ops.as_slice(), condition.as_deref());
+            e.keyed(request_key.as_ref()).patch_document_with(
+                &path,
+                &key,
+                patch,
+                if_match(&etag),
+                &options,
+            )
+        })
+        .await?;
+        let created = answer.value.1;
+        let mut response =
+            idempotency::response(keyed, answer, |(view, _)| convert::document(view));
+        response
+            .metadata_mut()
+            .insert(patch::CREATED_HEADER, patch::created_value(created));
+        Ok(response)
+    }
+
+    async fn execute_batch_here(
+        &self,
+        request: Request<ExecuteBatchRequest>,
+    ) -> Result<Response<ExecuteBatchResponse>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        self.run_batch(&caller, request.into_inner()).await
     }
 }

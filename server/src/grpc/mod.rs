@@ -9,6 +9,7 @@ mod collections;
 pub(crate) mod convert;
 mod databases;
 mod documents;
+pub mod forward;
 mod idempotency;
 mod patch;
 mod query;
@@ -55,6 +56,8 @@ pub struct DocumentsService {
     pub(super) feed_streams: Gauge,
     /// Change feed pages computed on blocking threads at once (see [`blocking_pages`]).
     pub(super) blocking_pages: Arc<tokio::sync::Semaphore>,
+    /// In a cluster: sends requests for other nodes' partitions on to them.
+    pub(super) forwarder: Option<forward::Forwarder>,
 }
 
 /// How many change feed pages run on blocking threads at once: enough to keep the cores and
@@ -80,7 +83,14 @@ impl DocumentsService {
             queries: Arc::default(),
             feed_streams: Gauge::default(),
             blocking_pages: Arc::new(tokio::sync::Semaphore::new(blocking_pages())),
+            forwarder: None,
         }
+    }
+
+    /// The service forwarding requests for partitions other nodes own (cluster mode).
+    pub fn forwarding(mut self, forwarder: forward::Forwarder) -> Self {
+        self.forwarder = Some(forwarder);
+        self
     }
 
     /// The service counting its open change feed streams in `gauge`.

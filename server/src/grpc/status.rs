@@ -153,7 +153,15 @@ pub(crate) fn to_status(error: impl Into<Error>) -> Status {
     if let Error::KeysFull { retry_after_ms, .. } = &error {
         details.set_retry_info(Some(std::time::Duration::from_millis(*retry_after_ms)));
     }
-    Status::with_error_details(code, bounded(error.to_string()), details)
+    let mut status = Status::with_error_details(code, bounded(error.to_string()), details);
+    if let Error::NotOwner { partition } = &error {
+        // Where a forwarding node (or a client) finds which partition moved.
+        status.metadata_mut().insert(
+            super::forward::PARTITION,
+            partition.to_string().parse().expect("digits"),
+        );
+    }
+    status
 }
 
 impl From<Denied> for Status {

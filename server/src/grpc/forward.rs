@@ -1,0 +1,135 @@
+//! Forwarding in a cluster (docs/cluster.md, "Request routing"): a node answers any request;
+//! a document request for a partition another node owns is sent on to that node, once, with
+//! the caller's credentials, and its answer returned as is. A forwarded request carries
+//! `mayfly-forwarded: <node>`; a node that does not own its partition either answers
+//! `NOT_OWNER` rather than forwarding again (the map moved meanwhile: the client retries).
+//!
+//! Unary document calls are forwarded; queries and feeds across nodes come later.
+
+use std::{collections::HashMap, future::Future, sync::Arc};
+
+use mayfly_proto::v1::client::DocumentsClient;
+use parking_lot::Mutex;
+use tonic::{
+    Request, Response, Status,
+    metadata::{MetadataMap, MetadataValue},
+    transport::{Channel, Endpoint},
+};
+
+use super::DocumentsService;
+
+/// Metadata naming the node that forwarded a request.
+pub const FORWARDED: &str = "mayfly-forwarded";
+
+/// The longest a forwarded call waits for the owner.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Metadata of a `NOT_OWNER` status: the partition the request is for.
+pub const PARTITION: &str = "mayfly-partition";
+
+/// Where a partition is served: the cluster's map of owners and node addresses.
+#[tonic::async_trait]
+pub trait Owners: Send + Sync + std::fmt::Debug {
+    /// This node's id.
+    fn node(&self) -> &str;
+
+    /// The gRPC address (`http://host:port`) of the node that owns `partition` now, if it is
+    /// known and is not this node.
+    async fn owner_address(&self, partition: u32) -> Option<String>;
+}
+
+/// Sends requests on to the nodes that own their partitions.
+#[derive(Debug, Clone)]
+pub struct Forwarder {
+    owners: Arc<dyn Owners>,
+    /// One connection per node address.
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Forwarder {
+    pub fn new(owners: Arc<dyn Owners>) -> Self {
+        Forwarder {
+            owners,
+            channels: Arc::default(),
+        }
+    }
+
+    fn channel(&self, address: &str) -> Result<Channel, Status> {
+        let mut channels = self.channels.lock();
+        if let Some(channel) = channels.get(address) {
+            return Ok(channel.clone());
+        }
+        // A paused or unreachable owner fails the call in bounded time (the caller's deadline
+        // travels with it too, as `grpc-timeout`): the client retries, and finds the new
+        // owner once the lease has moved.
+        let channel = Endpoint::from_shared(address.to_string())
+            .map_err(|e| Status::internal(format!("node address {address}: {e}")))?
+            .connect_timeout(FORWARD_TIMEOUT)
+            .timeout(FORWARD_TIMEOUT)
+            .connect_lazy();
+        channels.insert(address.to_string(), channel.clone());
+        Ok(channel)
+    }
+}
+
+/// The partition a `NOT_OWNER` status names.
+fn not_owned(status: &Status) -> Option<u32> {
+    status
+        .metadata()
+        .get(PARTITION)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// What a forwarded request keeps of the caller's: credentials and deadline.
+fn forwarded_metadata(from: &MetadataMap, node: &str) -> MetadataMap {
+    let mut out = MetadataMap::new();
+    for key in ["authorization", "grpc-timeout"] {
+        if let Some(value) = from.get(key) {
+            out.insert(key, value.clone());
+        }
+    }
+    if let Ok(node) = MetadataValue::try_from(node) {
+        out.insert(FORWARDED, node);
+    }
+    out
+}
+
+impl DocumentsService {
+    /// Answers `request` here, or, when its partition is another node's, there.
+    pub(super) async fn routed<T, U, Here, There, ThereFuture>(
+        &self,
+        request: Request<T>,
+        here: impl FnOnce(Request<T>) -> Here,
+        there: There,
+    ) -> Result<Response<U>, Status>
+    where
+        T: Clone,
+        Here: Future<Output = Result<Response<U>, Status>>,
+        There: FnOnce(DocumentsClient<Channel>, Request<T>) -> ThereFuture,
+        ThereFuture: Future<Output = Result<Response<U>, Status>>,
+    {
+        let Some(forwarder) = &self.forwarder else {
+            return here(request).await;
+        };
+        // A forwarded request is answered here or refused: never sent on again.
+        let copy = (request.metadata().get(FORWARDED).is_none())
+            .then(|| (request.metadata().clone(), request.get_ref().clone()));
+        let answer = here(request).await;
+        let (Err(status), Some((metadata, message))) = (&answer, copy) else {
+            return answer;
+        };
+        let Some(partition) = not_owned(status) else {
+            return answer;
+        };
+        let Some(address) = forwarder.owners.owner_address(partition).await else {
+            return answer;
+        };
+        let client = DocumentsClient::new(forwarder.channel(&address)?);
+        let mut forwarded = Request::new(message);
+        *forwarded.metadata_mut() = forwarded_metadata(&metadata, forwarder.owners.node());
+        there(client, forwarded).await
+    }
+}
