@@ -17,6 +17,7 @@ mod changefeed;
 mod counter;
 mod cpu;
 mod etcd;
+mod failover;
 mod metrics;
 mod payload;
 mod query;
@@ -64,6 +65,10 @@ enum Workload {
     Expiry,
     /// Load --documents into a new --data-dir, SIGKILL, restart: measure recovery.
     Recovery,
+    /// Cluster mode: kill the node owning every partition --rounds times beside a new node;
+    /// time from the kill to the first write through the new node (needs --nats and
+    /// --server-bin).
+    Failover,
     /// Preload, then run each query shape (indexed equality, ORDER BY TOP 10, COUNT, a
     /// full-scan filter) at --concurrency and at 1 in flight.
     Query,
@@ -204,6 +209,18 @@ struct Args {
     /// A new data directory for recovery.
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// `failover`: the NATS servers' URLs, comma-separated.
+    #[arg(long)]
+    nats: Option<String>,
+    /// `failover`: how many times the owner is killed.
+    #[arg(long, default_value_t = 20)]
+    rounds: u32,
+    /// `failover`: documents written before each kill.
+    #[arg(long, default_value_t = 1000)]
+    round_writes: u64,
+    /// `failover`: the cluster's partitions.
+    #[arg(long, default_value_t = 8)]
+    partitions: u16,
     /// Key sent as `authorization: Bearer <key>` (a disk server's is in its data directory,
     /// `keys/primary`).
     #[arg(long, env = "MAYFLY_KEY", hide_env_values = true)]
@@ -270,6 +287,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.workload == Workload::Recovery {
         return recovery::run(args).await;
     }
+    if args.workload == Workload::Failover {
+        return failover::run(args).await;
+    }
     if args.workload == Workload::Soak {
         return soak::run(args).await;
     }
@@ -307,8 +327,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         | Workload::RedisSet
         | Workload::RedisGet
         | Workload::Recovery
+        | Workload::Failover
         | Workload::Soak => {
-            unreachable!("etcd, redis, recovery and soak workloads return before connecting")
+            unreachable!(
+                "etcd, redis, recovery, failover and soak workloads return before connecting"
+            )
         }
     }
     // Leave the server as it was.

@@ -14,9 +14,10 @@ use std::{
 };
 
 use async_nats::jetstream::{self, Context, stream::Stream};
+use futures_util::StreamExt;
 use mayfly_cluster::{
     Apply, CatalogLog, CatchUpError, Clocks, Followed, Held, LeaseTiming, Leases, PublishQueue,
-    ReplicatedStorage, SystemClocks, Watch, become_owner,
+    ReplicatedStorage, SystemClocks, Watch, assign, become_owner,
     lease_store::renew_interval,
     publish_queue::{LOG_STREAMS, log_streams},
 };
@@ -50,6 +51,10 @@ pub struct ClusterConfig {
 /// How long joining waits for NATS JetStream to take the cluster's streams and buckets (a
 /// NATS cluster starting at the same time elects its leaders first).
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a joining node waits, once in the node directory, before it contends: nodes
+/// started together see each other.
+const NODE_SETTLE: Duration = Duration::from_secs(1);
 
 /// The clock partition leases are timed by, for the engine to read lease ends against.
 #[derive(Debug)]
@@ -110,9 +115,14 @@ pub async fn join(
         .await
         .map_err(|e| failed(&format!("connecting to {}", config.urls.join(",")), e))?;
     let js = jetstream::new(client.clone());
-    agree_on_partitions(&js, config).await?;
+    // Joining asks often and briefly while a NATS cluster that starts at the same time elects
+    // its leaders (each step is retried; see `patiently`).
+    let mut impatient = js.clone();
+    impatient.set_timeout(Duration::from_secs(2));
+    let js_join = &impatient;
+    agree_on_partitions(js_join, config).await?;
     let streams = patiently("creating the log streams", || {
-        log_streams(&js, config.replicas)
+        log_streams(js_join, config.replicas)
     })
     .await?;
     let partitions = config.partitions;
@@ -153,18 +163,6 @@ pub async fn join(
         })
         .await?,
     );
-    for (p, queue) in queues.into_iter().enumerate() {
-        let partition = Partition {
-            p: p as u32,
-            node: config.node_id.clone(),
-            engine: engine.clone(),
-            js: js.clone(),
-            stream: streams[p % LOG_STREAMS as usize].clone(),
-            leases: leases.clone(),
-            queue,
-        };
-        tasks.push(tokio::spawn(partition.serve()));
-    }
     let nodes = patiently("opening the node directory", || {
         js.create_key_value(jetstream::kv::Config {
             bucket: "mayfly-nodes".to_string(),
@@ -175,10 +173,29 @@ pub async fn join(
         })
     })
     .await?;
-    nodes
-        .put(&config.node_id, advertise.to_string().into())
-        .await
-        .map_err(|e| failed("registering in the node directory", e))?;
+    patiently("registering in the node directory", || {
+        nodes.put(&config.node_id, advertise.to_string().into())
+    })
+    .await?;
+    // Nodes starting together split the partitions: each contends at once for those the
+    // assignment over the nodes it sees gives it, and for the rest only once they have gone
+    // unowned a while (their node is absent, or gone).
+    tokio::time::sleep(NODE_SETTLE).await;
+    let members = node_ids(&nodes).await?;
+    let preferred = assign(None, partitions, &members, 0);
+    for (p, queue) in queues.into_iter().enumerate() {
+        let partition = Partition {
+            preferred: preferred.partitions[p].owner == config.node_id,
+            p: p as u32,
+            node: config.node_id.clone(),
+            engine: engine.clone(),
+            js: js.clone(),
+            stream: streams[p % LOG_STREAMS as usize].clone(),
+            leases: leases.clone(),
+            queue,
+        };
+        tasks.push(tokio::spawn(partition.serve()));
+    }
     let owners = Directory {
         node: config.node_id.clone(),
         leases,
@@ -213,14 +230,17 @@ async fn agree_on_partitions(js: &Context, config: &ClusterConfig) -> Result<(),
     })
     .await?;
     let ours = config.partitions.to_string();
-    // Whoever creates the key first decides; everyone else reads it.
-    let _ = kv.create("partitions", ours.clone().into()).await;
-    let stored = kv
-        .get("partitions")
-        .await
-        .map_err(|e| failed("reading the cluster's partition count", e))?
-        .ok_or_else(|| failed("reading the cluster's partition count", "it is missing"))?;
-    let stored = String::from_utf8_lossy(&stored).to_string();
+    // Whoever creates the key first decides; everyone else reads it. Retried while the
+    // bucket's stream elects its leader (reads find no responder until then).
+    let stored = patiently("reading the cluster's partition count", || async {
+        let _ = kv.create("partitions", ours.clone().into()).await;
+        match kv.get("partitions").await {
+            Ok(Some(stored)) => Ok(String::from_utf8_lossy(&stored).to_string()),
+            Ok(None) => Err("it is missing".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
     if stored != ours {
         return Err(failed(
             "joining",
@@ -283,9 +303,25 @@ impl Owners for Directory {
     }
 }
 
+/// The nodes in the directory, in order.
+async fn node_ids(nodes: &jetstream::kv::Store) -> Result<Vec<String>, ServeError> {
+    let mut keys = nodes
+        .keys()
+        .await
+        .map_err(|e| failed("reading the node directory", e))?;
+    let mut out = Vec::new();
+    while let Some(key) = keys.next().await {
+        out.push(key.map_err(|e| failed("reading the node directory", e))?);
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// One partition, as this node contends for it and serves it.
 struct Partition {
     p: u32,
+    /// The assignment at join gave it to this node: it contends at once.
+    preferred: bool,
     node: String,
     engine: Engine,
     js: Context,
@@ -301,6 +337,12 @@ impl Partition {
         let clocks = SystemClocks;
         let interval = renew_interval(&LeaseTiming::DEFAULT);
         let mut watch = Watch::default();
+        // A free partition goes first to the node the assignment gives it; one with an owner
+        // goes to whoever finds its lease lapsed first.
+        let free = matches!(self.leases.read(self.p).await, Ok(None));
+        if !self.preferred && free {
+            tokio::time::sleep(Duration::from_millis(2 * LeaseTiming::DEFAULT.length_ms)).await;
+        }
         let held = loop {
             match self
                 .leases
