@@ -858,6 +858,31 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         .await
         .expect("a write through b, forwarded to a");
     acked.push(("through-b".into(), "p0".into()));
+    // A query across partitions is not run across nodes yet: b refuses it rather than answer
+    // from the partitions it does not hold.
+    let query = on_b
+        .documents
+        .query(mayfly_proto::v1::QueryRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            query: "SELECT * FROM c".into(),
+            ..Default::default()
+        })
+        .await;
+    let refused = match query {
+        Err(status) => status,
+        Ok(stream) => {
+            let mut stream = stream.into_inner();
+            loop {
+                match stream.message().await {
+                    Err(status) => break status,
+                    Ok(Some(_)) => {}
+                    Ok(None) => panic!("b answered a query over partitions it does not own"),
+                }
+            }
+        }
+    };
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
 
     // a dies. b takes its partitions once their leases lapse, rebuilt from their logs.
     let killed = Instant::now();

@@ -345,6 +345,8 @@ impl Engine {
         reads: &mut QueryReads,
     ) -> Result<(u64, bool), Error> {
         let s = &self.inner.shards[shard];
+        // A partition this node does not serve (cluster mode) holds none of its changes.
+        s.check_serving()?;
         let durable = s.durable_log_seq();
         let mut next = from;
         while next <= durable {

@@ -67,6 +67,14 @@ impl Shard {
         })
     }
 
+    /// [`Shard::not_serving`], taking the lock for it.
+    pub(crate) fn check_serving(&self) -> Result<(), Error> {
+        match self.not_serving(&self.lock()) {
+            Some(refused) => Err(refused),
+            None => Ok(()),
+        }
+    }
+
     /// Applies an owner's commit; the position local storage applied it at. Refuses, changing
     /// nothing, a commit that does not start at this shard's log end, names a collection this
     /// node does not have, or does not fit the documents held (a diverged history). Records
