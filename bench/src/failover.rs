@@ -47,6 +47,8 @@ async fn until_written(channel: &Channel, id: &str, pk: &str) -> Result<Duration
     loop {
         match write(channel, id, pk).await {
             Ok(()) => return Ok(started.elapsed()),
+            // An earlier try was applied, its answer lost (the owner died): written.
+            Err(e) if e.code() == tonic::Code::AlreadyExists => return Ok(started.elapsed()),
             Err(_) if started.elapsed() < Duration::from_secs(60) => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -56,6 +58,9 @@ async fn until_written(channel: &Channel, id: &str, pk: &str) -> Result<Duration
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.rounds == 0 {
+        return Err("failover needs --rounds of at least 1".into());
+    }
     let bin = args
         .server_bin
         .clone()

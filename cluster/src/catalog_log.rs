@@ -76,6 +76,20 @@ pub struct CatalogLog<R> {
     /// Numbers this node's message ids.
     proposals: AtomicU64,
     node: String,
+    /// When this process opened the log (ns since the epoch): part of its message ids.
+    boot: u128,
+}
+
+/// Forgets a proposal's waiter when its wait ends.
+struct Forget<'a, R> {
+    waiting: &'a Mutex<HashMap<String, oneshot::Sender<R>>>,
+    id: &'a str,
+}
+
+impl<R> Drop for Forget<'_, R> {
+    fn drop(&mut self) {
+        self.waiting.lock().remove(self.id);
+    }
 }
 
 impl<R> std::fmt::Debug for CatalogLog<R> {
@@ -113,6 +127,9 @@ impl<R: Send + 'static> CatalogLog<R> {
             waiting: Mutex::new(HashMap::new()),
             proposals: AtomicU64::new(0),
             node: node.to_string(),
+            boot: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
         }))
     }
 
@@ -141,12 +158,17 @@ impl<R: Send + 'static> CatalogLog<R> {
     /// Proposes `entry`: publishes it and returns the answer this node's applier got for it.
     pub async fn propose(&self, entry: Bytes) -> Result<R, CatalogError> {
         let n = self.proposals.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{}:{}:{n}", self.node, std::process::id());
+        // Unique across restarts too: JetStream drops a message id it saw in the last two
+        // minutes, and a restarted process may have the same pid.
+        let id = format!("{}:{}:{n}", self.node, self.boot);
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().insert(id.clone(), tx);
-        let answer = self.publish_and_wait(entry, &id, rx).await;
-        self.waiting.lock().remove(&id);
-        answer
+        // Removed however the wait ends, a caller that went away included.
+        let _forget = Forget {
+            waiting: &self.waiting,
+            id: &id,
+        };
+        self.publish_and_wait(entry, &id, rx).await
     }
 
     async fn publish_and_wait(
@@ -180,9 +202,18 @@ impl<R: Send + 'static> CatalogLog<R> {
         }
     }
 
-    /// Applies every entry after the last applied one, in order, as they come, until the
-    /// stream fails; then returns why. Run it for as long as the node serves.
-    pub async fn follow(self: Arc<Self>, apply: Apply<R>) -> CatalogError {
+    /// Applies every entry after the last applied one, in order, as they come, for as long as
+    /// it runs: a consumer that fails (a NATS leader moving) is made again from where it got
+    /// to.
+    pub async fn follow(self: Arc<Self>, apply: Apply<R>) {
+        loop {
+            let why = self.clone().follow_once(apply.clone()).await;
+            tracing::warn!(error = %why, applied = self.applied(), "catalog log: following again");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn follow_once(self: Arc<Self>, apply: Apply<R>) -> CatalogError {
         let config = OrderedConfig {
             filter_subject: CATALOG_SUBJECT.to_string(),
             deliver_policy: DeliverPolicy::ByStartSequence {

@@ -39,6 +39,8 @@ pub enum CatchUpError {
     Refused(String),
     /// NATS did not answer, or the log moved on while the node took over.
     Takeover(TakeoverError),
+    /// The node's lease on the partition ended before it took the partition over.
+    LeaseLost,
 }
 
 impl std::fmt::Display for CatchUpError {
@@ -47,6 +49,7 @@ impl std::fmt::Display for CatchUpError {
             CatchUpError::Diverged(d) => write!(f, "the log diverged: {d}"),
             CatchUpError::Refused(e) => write!(f, "the engine refused a commit: {e}"),
             CatchUpError::Takeover(e) => write!(f, "{e}"),
+            CatchUpError::LeaseLost => f.write_str("the partition's lease ended first"),
         }
     }
 }
@@ -191,11 +194,15 @@ pub async fn become_owner(
     stream: &Stream,
     engine: &Engine,
     (queue, partition, epoch): (&std::sync::Arc<PublishQueue>, u32, u64),
-    followed: &mut Followed,
+    (followed, held): (&mut Followed, &(dyn Fn() -> bool + Sync)),
 ) -> Result<LogPosition, CatchUpError> {
     engine.set_following(partition as usize, true);
     loop {
         catch_up(stream, engine, partition, followed).await?;
+        // A lease lost during the catch-up: no takeover, which would fence the new owner.
+        if !held() {
+            return Err(CatchUpError::LeaseLost);
+        }
         match take_over(
             js,
             stream,
@@ -208,7 +215,11 @@ pub async fn become_owner(
             Ok(position) => {
                 queue.start(&position);
                 tokio::spawn(queue.clone().publish(js.clone(), stream.clone(), position));
-                engine.set_following(partition as usize, false);
+                // Serving is bounded by the lease end the engine was given; promoted only
+                // while the lease is still this node's.
+                if held() {
+                    engine.set_following(partition as usize, false);
+                }
                 return Ok(position);
             }
             // The old owner wrote meanwhile: read on, and try again.

@@ -122,6 +122,8 @@ pub enum TakeoverError {
     NotCaughtUp { log_last: u64, local_last: u64 },
     /// Another owner published meanwhile.
     Raced,
+    /// The log's last message is of a later owner than this node's lease.
+    Superseded { log_epoch: u64, epoch: u64 },
     /// The log's last message is not one this version reads.
     Unreadable(String),
     /// NATS did not answer.
@@ -139,6 +141,10 @@ impl std::fmt::Display for TakeoverError {
                 "the log ends at position {log_last} and this node's copy at {local_last}"
             ),
             TakeoverError::Raced => f.write_str("another owner published to the log meanwhile"),
+            TakeoverError::Superseded { log_epoch, epoch } => write!(
+                f,
+                "the log's last message is of owner epoch {log_epoch}, later than this node's lease ({epoch})"
+            ),
             TakeoverError::Unreadable(e) => write!(f, "the log's last message: {e}"),
             TakeoverError::Unavailable(e) => write!(f, "NATS: {e}"),
         }
@@ -177,8 +183,8 @@ pub async fn log_end(stream: &Stream, partition: u32) -> Result<LogPosition, Tak
     })
 }
 
-/// Takes partition `partition`'s log over at `epoch`, for a node whose copy ends at position
-/// `local_last`: publishes a `takeover` message at the log's end, so that any earlier owner's
+/// Takes partition `partition`'s log over at `epoch` (this node's lease's; refused if the log
+/// names a later one), for a node whose copy ends at position `local_last`: publishes a `takeover` message at the log's end, so that any earlier owner's
 /// next publish is refused (docs/cluster.md, "Leases and fencing"). Returns where the log ends
 /// after it.
 pub async fn take_over(
@@ -195,9 +201,14 @@ pub async fn take_over(
             local_last,
         });
     }
-    let epoch = epoch.max(end.epoch.checked_add(1).ok_or_else(|| {
-        TakeoverError::Unreadable("the log's last epoch is the largest there is".into())
-    })?);
+    // The log names a later owner: this node's lease is older than the log's, and it must not
+    // fence that owner.
+    if end.epoch > epoch {
+        return Err(TakeoverError::Superseded {
+            log_epoch: end.epoch,
+            epoch,
+        });
+    }
     let message = LogMessage {
         kind: MessageKind::Takeover,
         partition,

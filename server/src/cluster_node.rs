@@ -9,7 +9,10 @@
 //! until it restarts (its copy may hold commits the log refused).
 
 use std::{
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -258,18 +261,15 @@ fn follow_catalog(catalog: &Arc<CatalogLog<CatalogLogAnswer>>, engine: &Engine) 
     let apply: Apply<CatalogLogAnswer> = Arc::new(move |_seq, entry| {
         let engine = applier.clone();
         Box::pin(async move {
-            let change = CatalogChange::decode(&entry)?;
-            match tokio::task::spawn_blocking(move || change.apply(&engine)).await {
+            let (change, at) = CatalogChange::decode(&entry)?;
+            match tokio::task::spawn_blocking(move || change.apply(&engine, Some(at))).await {
                 Ok(answer) => answer,
                 Err(e) => Err(Status::internal(format!("catalog task failed: {e}"))),
             }
         })
     });
     let log = catalog.clone();
-    tokio::spawn(async move {
-        let why = log.follow(apply).await;
-        tracing::error!(error = %why, "the catalog log stopped: catalog changes are no longer applied on this node; restart it");
-    })
+    tokio::spawn(log.follow(apply))
 }
 
 /// Where partitions are served: their leases' owners, and the nodes' addresses.
@@ -358,15 +358,18 @@ impl Partition {
         // Served only within the lease from here; renewed while the node catches up.
         self.lease_end(&held);
         let epoch = held.epoch;
-        let renewing = tokio::spawn(self.renew(held));
+        let lost = Arc::new(AtomicBool::new(false));
+        let renewing = tokio::spawn(self.renew(held, lost.clone()));
+        let still_held = || !lost.load(Ordering::SeqCst);
         let mut followed = Followed::new(self.p);
+        let mut refusals = 0;
         loop {
             match become_owner(
                 &self.js,
                 &self.stream,
                 &self.engine,
                 (&self.queue, self.p, epoch),
-                &mut followed,
+                (&mut followed, &still_held),
             )
             .await
             {
@@ -379,8 +382,16 @@ impl Partition {
                     );
                     break;
                 }
-                Err(CatchUpError::Takeover(e)) if !renewing.is_finished() => {
+                Err(CatchUpError::Takeover(e)) if still_held() => {
                     tracing::info!(partition = self.p, error = %e, "taking the partition over: retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                // A commit naming a collection this node's catalog has not reached yet: the
+                // catalog log catches up meanwhile. Given up after about 10 s (the lease then
+                // lapses, and another node tries).
+                Err(CatchUpError::Refused(e)) if still_held() && refusals < 40 => {
+                    refusals += 1;
+                    tracing::info!(partition = self.p, error = %e, "a commit was refused: retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
                 Err(e) => {
@@ -400,8 +411,13 @@ impl Partition {
             .serve_until(self.p as usize, held.serves_until().unwrap_or(0));
     }
 
-    /// Renews the lease every quarter lease; on losing it, stops serving the partition.
-    fn renew(&self, mut held: Held) -> impl Future<Output = ()> + Send + 'static {
+    /// Renews the lease every quarter lease; on losing it, stops serving the partition and
+    /// raises `lost`.
+    fn renew(
+        &self,
+        mut held: Held,
+        lost: Arc<AtomicBool>,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let (leases, engine, queue, node, p) = (
             self.leases.clone(),
             self.engine.clone(),
@@ -432,6 +448,7 @@ impl Partition {
                     partition = p,
                     "lost the partition's lease: another node serves it now; this node takes it again only after a restart"
                 );
+                lost.store(true, Ordering::SeqCst);
                 engine.set_following(p as usize, true);
                 queue.close();
                 return;

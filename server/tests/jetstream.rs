@@ -338,7 +338,7 @@ async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>, Col
                 stream,
                 &engine,
                 (&queues[p as usize], p, epoch),
-                &mut followed,
+                (&mut followed, &|| true),
             )
             .await
             {

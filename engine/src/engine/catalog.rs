@@ -101,6 +101,11 @@ impl Catalog {
         self.next_uid
     }
 
+    /// The highest uid handed out so far (0: none).
+    pub(crate) fn last_uid(&self) -> u64 {
+        self.next_uid
+    }
+
     /// Makes sure uids up to `last` are never handed out again.
     pub(crate) fn restore_last_uid(&mut self, last: u64) {
         self.next_uid = self.next_uid.max(last);

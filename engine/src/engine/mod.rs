@@ -493,6 +493,19 @@ impl Engine {
         path: &CollectionPath,
         change: SettingsChange,
     ) -> Result<Arc<CollectionInfo>, Error> {
+        self.replace_collection_at(path, change, None)
+    }
+
+    /// [`Engine::replace_collection`], switching at instant `at` if given rather than at the
+    /// shards' time: a cluster's nodes apply a settings change from the catalog log at the
+    /// instant its proposer gave it, whenever each applies it (a node joining hours later
+    /// included), so that every node judges the same documents expired.
+    pub fn replace_collection_at(
+        &self,
+        path: &CollectionPath,
+        change: SettingsChange,
+        at: Option<Millis>,
+    ) -> Result<Arc<CollectionInfo>, Error> {
         let _ddl = self.inner.ddl.lock();
         let current = self.get_collection(path)?;
         let mode = change
@@ -534,7 +547,7 @@ impl Engine {
         // Every shard switches at one instant, so the marks below cover everything the old
         // default expired up to that instant.
         let ((info, lsn), turned_on) =
-            Shard::switch_rules(self.shards(), &*self.inner.clock, current.uid, |at| {
+            Shard::switch_rules(self.shards(), (&*self.inner.clock, at), current.uid, |at| {
                 let was_on = current.settings.change_feed_retention().is_on();
                 let since = if !was_on && settings.change_feed_retention().is_on() {
                     at

@@ -14,13 +14,16 @@ impl Engine {
 
     /// Applies an owner's commit to shard `shard` (which should be following); returns where
     /// local storage applied it (durable once storage says so). Refuses, changing nothing, a
-    /// commit that does not continue the shard's log or does not fit its documents.
+    /// commit that does not continue the shard's log or does not fit its documents. Records of
+    /// a collection deleted since (its uid was handed out here, and it is gone) are passed
+    /// over: their positions are taken, nothing is applied.
     pub fn apply_replicated(
         &self,
         shard: usize,
         commit: ReplicatedCommit<'_>,
     ) -> Result<Lsn, Error> {
-        self.inner.shards[shard].apply_replicated(commit)
+        let handed_out = self.inner.catalog.read().last_uid();
+        self.inner.shards[shard].apply_replicated(commit, handed_out)
     }
 
     /// Bounds what shard `shard` serves by its partition lease: every request from reading

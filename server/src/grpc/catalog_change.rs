@@ -69,9 +69,11 @@ impl CatalogChange {
         }
     }
 
-    /// The catalog log's entry.
-    pub fn encode(&self) -> Bytes {
+    /// The catalog log's entry, made at instant `at` (Unix ms): every node applies a settings
+    /// change at that instant.
+    pub fn encode(&self, at: u64) -> Bytes {
         let mut out = vec![self.kind()];
+        out.extend_from_slice(&at.to_be_bytes());
         match self {
             CatalogChange::CreateDatabase(r) => r.encode(&mut out),
             CatalogChange::DeleteDatabase(r) => r.encode(&mut out),
@@ -83,13 +85,18 @@ impl CatalogChange {
         out.into()
     }
 
-    /// Reads an entry back; a refusal names what is wrong with it.
-    pub fn decode(entry: &[u8]) -> Result<Self, Status> {
-        let (&kind, body) = entry
+    /// Reads an entry back, with the instant it was made at; a refusal names what is wrong
+    /// with it.
+    pub fn decode(entry: &[u8]) -> Result<(Self, u64), Status> {
+        let (&kind, rest) = entry
             .split_first()
             .ok_or_else(|| Status::internal("an empty catalog log entry"))?;
+        let (at, body) = rest
+            .split_first_chunk::<8>()
+            .ok_or_else(|| Status::internal("a catalog log entry without its instant"))?;
+        let at = u64::from_be_bytes(*at);
         let bad = |e: prost::DecodeError| Status::internal(format!("a catalog log entry: {e}"));
-        Ok(match kind {
+        let change = match kind {
             1 => CatalogChange::CreateDatabase(Message::decode(body).map_err(bad)?),
             2 => CatalogChange::DeleteDatabase(Message::decode(body).map_err(bad)?),
             3 => CatalogChange::CreateCollection(Message::decode(body).map_err(bad)?),
@@ -100,7 +107,8 @@ impl CatalogChange {
                     "a catalog log entry of kind {kind}, which this version does not know"
                 )));
             }
-        })
+        };
+        Ok((change, at))
     }
 
     /// Checks the request as the engine will take it, without applying it: a proposer refuses
@@ -127,6 +135,11 @@ impl CatalogChange {
                 must_live,
                 change_feed_retention,
             }) => {
+                // Checked in the order a single node always checked them: which status a
+                // request with several faults gets does not change.
+                let database = convert::database_id(&database).map_err(to_status)?;
+                let id = convert::new_collection_id(&id).map_err(to_status)?;
+                let path = PartitionKeyPath::parse(&partition_key_path).map_err(to_status)?;
                 let mode = convert::indexing_mode(indexing_mode)
                     .map_err(to_status)?
                     .unwrap_or_default();
@@ -135,14 +148,17 @@ impl CatalogChange {
                     .transpose()
                     .map_err(to_status)?
                     .unwrap_or_default();
-                let default_ttl = DefaultTtl::from_raw(default_ttl).map_err(to_status)?;
+                let settings = CollectionSettings::new(
+                    DefaultTtl::from_raw(default_ttl).map_err(to_status)?,
+                    mode,
+                )
+                .map_err(to_status)?
+                .with_change_feed_retention(retention);
                 Planned::CreateCollection {
-                    database: convert::database_id(&database).map_err(to_status)?,
-                    id: convert::new_collection_id(&id).map_err(to_status)?,
-                    path: PartitionKeyPath::parse(&partition_key_path).map_err(to_status)?,
-                    settings: CollectionSettings::new(default_ttl, mode)
-                        .map_err(to_status)?
-                        .with_change_feed_retention(retention),
+                    database,
+                    id,
+                    path,
+                    settings,
                     paths: convert::index_paths(indexing_paths)
                         .map_err(to_status)?
                         .unwrap_or_default(),
@@ -180,9 +196,9 @@ impl CatalogChange {
         })
     }
 
-    /// Applies the change to `engine`. Blocks until it is durable: call it off the async
-    /// workers.
-    pub fn apply(self, engine: &Engine) -> Result<CatalogAnswer, Status> {
+    /// Applies the change to `engine`, a settings change at instant `at` if given (the
+    /// catalog log's; else now). Blocks until it is durable: call it off the async workers.
+    pub fn apply(self, engine: &Engine, at: Option<u64>) -> Result<CatalogAnswer, Status> {
         Ok(match self.plan()? {
             Planned::CreateDatabase(database, id) => {
                 engine.create_database(database).map_err(to_status)?;
@@ -207,7 +223,7 @@ impl CatalogChange {
             }
             Planned::ReplaceCollection(path, change) => {
                 let info = engine
-                    .replace_collection(&path, change)
+                    .replace_collection_at(&path, change, at)
                     .map_err(to_status)?;
                 CatalogAnswer::Collection(convert::collection(&info))
             }
@@ -241,24 +257,52 @@ impl CatalogRoute {
         change.check()?;
         match self {
             CatalogRoute::Local => {
-                match tokio::task::spawn_blocking(move || change.apply(&engine)).await {
+                match tokio::task::spawn_blocking(move || change.apply(&engine, None)).await {
                     Ok(answer) => answer,
                     Err(e) => Err(Status::internal(format!("catalog task failed: {e}"))),
                 }
             }
-            CatalogRoute::Log(log) => match log.propose(change.encode()).await {
-                Ok(answer) => answer,
-                Err(CatalogError::Unavailable(e)) => {
-                    Err(to_status(Error::Storage(StorageError::unavailable(
-                        format!("the cluster's catalog log did not take the change: {e}"),
-                    ))))
+            CatalogRoute::Log(log) => {
+                match log.propose(change.encode(engine.clock().now())).await {
+                    Ok(answer) => answer,
+                    Err(CatalogError::Unavailable(e)) => {
+                        Err(to_status(Error::Storage(StorageError::unavailable(
+                            format!("the cluster's catalog log did not take the change: {e}"),
+                        ))))
+                    }
+                    Err(CatalogError::OutcomeUnknown(e)) => Err(to_status(Error::Storage(
+                        StorageError::outcome_unknown(format!(
+                            "{e}; it applies on every node or on none: read the catalog before trying again"
+                        )),
+                    ))),
                 }
-                Err(CatalogError::OutcomeUnknown(e)) => Err(to_status(Error::Storage(
-                    StorageError::outcome_unknown(format!(
-                        "{e}; it applies on every node or on none: read the catalog before trying again"
-                    )),
-                ))),
-            },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_with_their_instant_and_junk_is_refused() {
+        let change = CatalogChange::DeleteCollection(DeleteCollectionRequest {
+            database: "d".into(),
+            id: "c".into(),
+        });
+        let entry = change.encode(1_764_000_000_123);
+        assert_eq!(
+            CatalogChange::decode(&entry).expect("decodes"),
+            (change, 1_764_000_000_123)
+        );
+        for junk in [
+            &b""[..],
+            &[3][..],
+            &[3, 0, 0][..],
+            &[9, 0, 0, 0, 0, 0, 0, 0, 0][..],
+        ] {
+            assert!(CatalogChange::decode(junk).is_err(), "{junk:?}");
         }
     }
 }

@@ -127,7 +127,10 @@ impl DocumentsService {
         let Some(address) = forwarder.owners.owner_address(partition).await else {
             return answer;
         };
-        let client = DocumentsClient::new(forwarder.channel(&address)?);
+        // Whatever this node takes and answers, the owner's answer passes through.
+        let client = DocumentsClient::new(forwarder.channel(&address)?)
+            .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut forwarded = Request::new(message);
         *forwarded.metadata_mut() = forwarded_metadata(&metadata, forwarder.owners.node());
         there(client, forwarded).await

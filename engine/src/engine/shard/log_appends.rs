@@ -38,15 +38,15 @@ impl LogAppends {
         }
     }
 
-    /// Records made elsewhere (an owner's, applied by a follower) after position `last`, in
-    /// order, and the documents whose expiry they log (slot, position).
+    /// Records made elsewhere (an owner's, applied by a follower), in order, ending the commit
+    /// at position `last`, and the documents whose expiry they log (slot, position).
     pub(super) fn given(
         last: u64,
         records: Vec<(CollectionUid, u64, LogRecord)>,
         expired: Vec<(u32, u64)>,
     ) -> Self {
         LogAppends {
-            last: records.last().map_or(last, |r| r.1),
+            last,
             now: 0,
             expired_slots: expired.iter().copied().collect(),
             expired,

@@ -165,16 +165,18 @@ impl Shard {
     /// whatever `change` does. Returns its decision and, per shard, whether TTL was turned on.
     pub(crate) fn switch_rules<T, E>(
         shards: &[Arc<Shard>],
-        clock: &dyn Clock,
+        (clock, given): (&dyn Clock, Option<Millis>),
         uid: CollectionUid,
         change: impl FnOnce(Millis) -> Result<(T, ShardRules, Lsn), E>,
     ) -> Result<(T, Vec<bool>), E> {
         let mut states: Vec<_> = shards.iter().map(|s| s.lock()).collect();
-        let at = states
+        let now = states
             .iter_mut()
             .map(|st| st.now(clock))
             .max()
             .unwrap_or_default();
+        // An instant given (a cluster's catalog log) is every node's: the same on each.
+        let at = given.unwrap_or(now);
         let (decided, new, lsn) = change(at)?;
         let turned_on = states
             .iter_mut()

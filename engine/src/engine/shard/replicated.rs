@@ -79,7 +79,13 @@ impl Shard {
     /// nothing, a commit that does not start at this shard's log end, names a collection this
     /// node does not have, or does not fit the documents held (a diverged history). Records
     /// are decoded and their index terms computed before the lock is taken.
-    pub(crate) fn apply_replicated(&self, commit: ReplicatedCommit<'_>) -> Result<Lsn, Error> {
+    /// `handed_out`: the highest uid the catalog has handed out; a record of a collection at
+    /// or below it that this shard does not have is of a deleted collection, and passed over.
+    pub(crate) fn apply_replicated(
+        &self,
+        commit: ReplicatedCommit<'_>,
+        handed_out: u64,
+    ) -> Result<Lsn, Error> {
         let decoded = decode(&commit)?;
         let policies = self.policies(&decoded);
         let terms = new_terms(&decoded, &policies)?;
@@ -92,7 +98,9 @@ impl Shard {
             )));
         }
         let mut changes = Vec::with_capacity(decoded.len() + commit.remembered.len());
+        let last = commit.after + decoded.len() as u64;
         let mut given = GivenLog {
+            last,
             records: Vec::with_capacity(decoded.len()),
             seqs: Vec::new(),
             expired: Vec::new(),
@@ -100,10 +108,13 @@ impl Shard {
         let mut expiries = Vec::new();
         for (i, ((collection, record), terms)) in decoded.iter().zip(terms).enumerate() {
             let seq = commit.after + 1 + i as u64;
-            let cs = st
-                .collections
-                .get(collection)
-                .ok_or_else(|| unknown_collection(*collection))?;
+            let Some(cs) = st.collections.get(collection) else {
+                if collection.0 <= handed_out {
+                    // Deleted since: nothing of it is kept, its position is passed.
+                    continue;
+                }
+                return Err(unknown_collection(*collection));
+            };
             // Computed under another policy (a settings change came between): again, here.
             let now = Indexing::of(cs);
             let terms = match policies.get(collection) {
@@ -123,6 +134,9 @@ impl Shard {
         }
         for (collection, key, record) in commit.remembered {
             if !st.collections.contains_key(collection) {
+                if collection.0 <= handed_out {
+                    continue;
+                }
                 return Err(unknown_collection(*collection));
             }
             changes.push(Change::Remember {
@@ -138,6 +152,11 @@ impl Shard {
             .map(|(_, r)| r.version.saturating_add(1))
             .fold(commit.versions_below, u64::max);
         self.versions.fetch_max(floor, Ordering::SeqCst);
+        if changes.is_empty() {
+            // Every record was of a deleted collection: the positions are passed.
+            st.log_seq = last;
+            return Ok(Lsn::ZERO);
+        }
         let (_, lsn) = st
             .commit_logged(
                 &*self.store,

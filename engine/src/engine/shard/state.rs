@@ -178,6 +178,9 @@ pub(in crate::engine) enum RemoveCause {
 /// An owner's change log records for a follower's commit (see [`ShardState::commit_logged`]).
 #[derive(Debug)]
 pub(in crate::engine) struct GivenLog {
+    /// The commit's last position (records of deleted collections are passed over: the last
+    /// record given may be before it).
+    pub(in crate::engine) last: u64,
     /// The records, by collection, at their positions, in order.
     pub(in crate::engine) records: Vec<(CollectionUid, u64, LogRecord)>,
     /// Each change's record position (0: none), as [`ShardState::log_change`] would give.
@@ -328,7 +331,7 @@ impl ShardState {
         // Each change's record position (0: none).
         let (log, seqs) = match given {
             Some(given) => (
-                LogAppends::given(self.log_seq, given.records, given.expired),
+                LogAppends::given(given.last, given.records, given.expired),
                 given.seqs,
             ),
             None => {

@@ -497,3 +497,64 @@ async fn a_commit_naming_a_document_twice_is_refused() {
     assert!(err.to_string().contains("twice"), "{err}");
     assert_eq!(follower.engine.log_end(c.shard), 0);
 }
+
+#[tokio::test]
+async fn the_records_of_a_collection_deleted_since_are_passed_over() {
+    // A new owner replays the log against today's catalog: a collection deleted after it was
+    // written to must not stop the replay.
+    let (owner_node, shipped, follower_node) = owner_and_follower();
+    let (owner, follower) = (&owner_node.f, &follower_node.f);
+    let (_, gone) = owner.collection("gone", IndexingMode::Consistent, IndexPaths::default());
+    owner
+        .engine
+        .create_document(&gone, in_partition("x", "p", json!({})), None)
+        .result
+        .expect("create");
+    owner.create("kept", None);
+    owner.engine.delete_collection(&gone).expect("delete");
+    // The follower's catalog went the same way (the catalog log's job).
+    let (_, follower_gone) =
+        follower.collection("gone", IndexingMode::Consistent, IndexPaths::default());
+    follower
+        .engine
+        .delete_collection(&follower_gone)
+        .expect("delete");
+    ship(&shipped, &follower.engine);
+    for shard in 0..SHARDS {
+        assert_eq!(follower.engine.log_end(shard), owner.engine.log_end(shard));
+        follower.engine.set_following(shard, false);
+    }
+    assert!(follower.visible("kept"));
+}
+
+#[tokio::test]
+async fn a_settings_change_applied_late_at_its_given_instant_judges_as_it_did_on_time() {
+    // Two nodes apply "default TTL off" from the catalog log: one at once, one (a node that
+    // joined later and replays the log) 500 s on. At the change's own instant the document,
+    // which inherits 100 s, was live: it stays live on both.
+    let on_time = Fixture::new(Some(100));
+    let late = Fixture::new(Some(100));
+    for f in [&on_time, &late] {
+        f.create("a", None);
+    }
+    let instant = on_time.clock.now() + 10_000;
+    on_time.advance(10_000);
+    late.advance(500_000);
+    let off = || SettingsChange {
+        default_ttl: DefaultTtl::Off,
+        indexing_mode: None,
+        index_paths: None,
+        must_live: None,
+        change_feed_retention: None,
+    };
+    for f in [&on_time, &late] {
+        f.engine
+            .replace_collection_at(&f.path, off(), Some(instant))
+            .expect("replace");
+    }
+    assert!(on_time.visible("a"));
+    assert!(
+        late.visible("a"),
+        "the late node expired what the change kept"
+    );
+}
