@@ -167,13 +167,7 @@ pub async fn join(
         .await?,
     );
     let nodes = patiently("opening the node directory", || {
-        js.create_key_value(jetstream::kv::Config {
-            bucket: "mayfly-nodes".to_string(),
-            history: 1,
-            num_replicas: config.replicas,
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
+        bucket(js_join, "mayfly-nodes", config.replicas)
     })
     .await?;
     patiently("registering in the node directory", || {
@@ -219,17 +213,27 @@ pub async fn join(
     ))
 }
 
+/// A KV bucket of the cluster's (made where missing): one value per key, replicated, on disk.
+async fn bucket(
+    js: &Context,
+    name: &str,
+    replicas: usize,
+) -> Result<jetstream::kv::Store, jetstream::context::CreateKeyValueError> {
+    js.create_key_value(jetstream::kv::Config {
+        bucket: name.to_string(),
+        history: 1,
+        num_replicas: replicas,
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+}
+
 /// Every node must place documents over the same number of partitions: the first node to
 /// join records it, and a node that says otherwise is refused.
 async fn agree_on_partitions(js: &Context, config: &ClusterConfig) -> Result<(), ServeError> {
     let kv = patiently("opening the cluster's settings", || {
-        js.create_key_value(jetstream::kv::Config {
-            bucket: "mayfly-cluster".to_string(),
-            history: 1,
-            num_replicas: config.replicas,
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
+        bucket(js, "mayfly-cluster", config.replicas)
     })
     .await?;
     let ours = config.partitions.to_string();

@@ -184,21 +184,24 @@ fn owner_and_follower() -> (Node, Arc<StdMutex<Vec<Shipped>>>, Node) {
     (owner, shipped, follower)
 }
 
+/// Applies one shipped commit to `follower`.
+fn apply(follower: &Engine, c: &Shipped) -> Result<Lsn, Error> {
+    follower.apply_replicated(
+        c.shard,
+        ReplicatedCommit {
+            after: c.after,
+            records: &c.records,
+            remembered: &c.remembered,
+            versions_below: c.versions_below,
+        },
+    )
+}
+
 /// Applies what the owner shipped since the last call, in order.
 fn ship(shipped: &StdMutex<Vec<Shipped>>, follower: &Engine) -> usize {
     let commits = std::mem::take(&mut *shipped.lock().expect("not poisoned"));
     for c in &commits {
-        follower
-            .apply_replicated(
-                c.shard,
-                ReplicatedCommit {
-                    after: c.after,
-                    records: &c.records,
-                    remembered: &c.remembered,
-                    versions_below: c.versions_below,
-                },
-            )
-            .expect("the follower takes the owner's commit");
+        apply(follower, c).expect("the follower takes the owner's commit");
     }
     commits.len()
 }
@@ -421,18 +424,7 @@ async fn a_commit_that_does_not_continue_the_log_changes_nothing() {
     assert_eq!(commits.len(), 2);
     let second = &commits[1];
     // Applied before the first: a gap.
-    let err = follower
-        .engine
-        .apply_replicated(
-            second.shard,
-            ReplicatedCommit {
-                after: second.after,
-                records: &second.records,
-                remembered: &second.remembered,
-                versions_below: second.versions_below,
-            },
-        )
-        .expect_err("a gap");
+    let err = apply(&follower.engine, second).expect_err("a gap");
     assert!(err.to_string().contains("does not fit"), "{err}");
     assert_eq!(follower.engine.log_end(second.shard), 0);
     follower.engine.set_following(second.shard, false);
@@ -482,18 +474,7 @@ async fn a_commit_naming_a_document_twice_is_refused() {
     let mut commits = std::mem::take(&mut *shipped.lock().expect("not poisoned"));
     let mut c = commits.remove(0);
     c.records.push(c.records[0].clone());
-    let err = follower
-        .engine
-        .apply_replicated(
-            c.shard,
-            ReplicatedCommit {
-                after: c.after,
-                records: &c.records,
-                remembered: &c.remembered,
-                versions_below: c.versions_below,
-            },
-        )
-        .expect_err("refused");
+    let err = apply(&follower.engine, &c).expect_err("refused");
     assert!(err.to_string().contains("twice"), "{err}");
     assert_eq!(follower.engine.log_end(c.shard), 0);
 }
