@@ -49,6 +49,8 @@ pub struct ClusterConfig {
     pub partitions: usize,
     /// Replicas of the cluster's streams and buckets: 3 (1 for a single NATS server).
     pub replicas: usize,
+    /// Where the other nodes reach this one (`host:port`); `None`: the address it listens on.
+    pub advertise: Option<String>,
 }
 
 /// How long joining waits for NATS JetStream to take the cluster's streams and buckets (a

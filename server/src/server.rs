@@ -201,7 +201,15 @@ impl RunningServer {
                     ));
                 }
                 let settings = EngineSettings::from(&config.limits);
-                let advertise = format!("http://{local_addr}");
+                let advertise = match &cluster.advertise {
+                    Some(address) => format!("http://{address}"),
+                    None if local_addr.ip().is_unspecified() => {
+                        return Err(ServeError::Config(format!(
+                            "cluster mode listening on {local_addr}: give --advertise HOST:PORT, the address the other nodes reach this one at"
+                        )));
+                    }
+                    None => format!("http://{local_addr}"),
+                };
                 let (engine, catalog, forwarder, node) =
                     cluster_node::join(cluster, settings.config(cluster.partitions), &advertise)
                         .await?;

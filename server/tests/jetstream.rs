@@ -904,3 +904,93 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         acked.len()
     );
 }
+
+/// Creates `d/c` document `id` in partition `pk` through `documents`, retrying while the
+/// partition is not served (UNAVAILABLE) for up to 20 s.
+async fn create_through(
+    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+    id: &str,
+    pk: &str,
+) {
+    let serde_json::Value::Object(body) = serde_json::json!({"id": id, "pk": pk}) else {
+        unreachable!()
+    };
+    let request = mayfly_proto::v1::CreateDocumentRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        body: Some(mayfly_proto::json::JsonObject::new(body)),
+        ..Default::default()
+    };
+    when_served(&format!("write {id}"), || {
+        let (mut documents, request) = (documents.clone(), request.clone());
+        async move {
+            match documents.create_document(request).await {
+                // An earlier try was applied and its answer lost (a NATS server died).
+                Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
+                other => other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_writes_on_with_a_nats_server_killed_which_catches_up_when_restarted() {
+    use support::clients::{connect, database_and_collection, string_pk};
+
+    let mut nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let mut written = Vec::new();
+    for phase in ["before", "while-down", "after-restart"] {
+        match phase {
+            "while-down" => nats.kill9(0),
+            "after-restart" => nats.restart(0),
+            _ => {}
+        }
+        for i in 0..10 {
+            let (id, pk) = (format!("{phase}-{i}"), format!("p{i}"));
+            create_through(&on_a.documents, &id, &pk).await;
+            written.push((id, pk));
+        }
+    }
+    // The restarted server catches up: every replica of every log stream is current.
+    let js = client(&nats).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for g in 0..publish_queue::LOG_STREAMS {
+        let mut stream = js
+            .get_stream(format!("MAYFLY_LOG_{g}"))
+            .await
+            .expect("stream");
+        loop {
+            let info = stream.info().await.expect("info");
+            let replicas = info.cluster.clone().map(|c| c.replicas).unwrap_or_default();
+            if replicas.len() == 2 && replicas.iter().all(|r| r.current && !r.offline) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "MAYFLY_LOG_{g} did not catch up in 30 s: {replicas:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for (id, pk) in &written {
+        let doc = on_a
+            .documents
+            .read_document(mayfly_proto::v1::ReadDocumentRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                id: id.clone(),
+                partition_key: Some(string_pk(pk)),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(
+            doc.into_inner().body.expect("a body").into_map()["id"],
+            serde_json::json!(id)
+        );
+    }
+}

@@ -71,6 +71,10 @@ struct Args {
     /// cluster mode they are the engine's shards).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
     partitions: u16,
+    /// Where the other nodes of the cluster reach this one (HOST:PORT; default: --listen, which
+    /// must then not be 0.0.0.0 or [::]).
+    #[arg(long, requires = "cluster")]
+    advertise: Option<String>,
     /// Replicas of the cluster's streams on the NATS servers: 3, or 1 for a single server.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=5))]
     cluster_replicas: u8,
@@ -208,6 +212,13 @@ impl Args {
                 self.partitions
             ));
         }
+        // A key of the cluster's buckets and part of message ids: kept to what NATS takes.
+        let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if node_id.is_empty() || node_id.len() > 64 || !node_id.chars().all(valid) {
+            return Err(format!(
+                "--node-id {node_id:?}: 1 to 64 letters, digits, '-' or '_'"
+            ));
+        }
         if !matches!(self.storage, StorageKind::Memory) {
             return Err(
                 "cluster mode keeps this node's partitions in memory for now (the log on the NATS servers is what persists): add --storage memory".into(),
@@ -218,6 +229,7 @@ impl Args {
             node_id: node_id.clone(),
             partitions: usize::from(self.partitions),
             replicas: usize::from(self.cluster_replicas),
+            advertise: self.advertise.clone(),
         }))
     }
 

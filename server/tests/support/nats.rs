@@ -43,7 +43,9 @@ impl Drop for NatsServer {
 /// Three (or `n`) JetStream servers routed to each other.
 pub(crate) struct NatsCluster {
     pub(crate) servers: Vec<NatsServer>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    binary: PathBuf,
+    routes: Vec<String>,
 }
 
 impl NatsCluster {
@@ -57,7 +59,24 @@ impl NatsCluster {
         let servers = (0..n)
             .map(|i| start_server(&binary, dir.path(), i, &routes))
             .collect();
-        NatsCluster { servers, _dir: dir }
+        NatsCluster {
+            servers,
+            dir,
+            binary,
+            routes,
+        }
+    }
+
+    /// SIGKILL to server `i`: no chance to flush (it runs with `sync_interval: always`).
+    pub(crate) fn kill9(&mut self, i: usize) {
+        let _ = self.servers[i].child.kill();
+        let _ = self.servers[i].child.wait();
+    }
+
+    /// Starts server `i` again on its store, after [`NatsCluster::kill9`]: it rejoins the
+    /// cluster and catches up. Its client port is a new one.
+    pub(crate) fn restart(&mut self, i: usize) {
+        self.servers[i] = start_server(&self.binary, self.dir.path(), i, &self.routes);
     }
 
     /// Every server's client URL.
