@@ -344,6 +344,10 @@ impl PublishQueue {
     /// `None` if every commit this queue took at or before `lsn` is acknowledged; else a
     /// future that resolves once they are, or fails with the queue.
     pub fn wait(self: &Arc<Self>, lsn: Lsn) -> Option<DurableFuture> {
+        // Reflecting nothing (a refusal, say), it waits for nothing: not even on a failed queue.
+        if lsn == Lsn::ZERO {
+            return None;
+        }
         match self.settled(lsn) {
             Some(Ok(())) => None,
             Some(Err(e)) => Some(Box::pin(std::future::ready(Err(e)))),

@@ -28,9 +28,43 @@ use crate::{
 };
 
 /// A node's storage whose shards replicate through their partitions' publish queues.
+///
+/// Its positions are its own, one counter over every write (a backend that is durable at once
+/// may give every write position 0, and a publish queue tells its commits apart by position):
+/// a position is durable once every local write applied before it was made is (asked of the
+/// inner storage at its latest position, which may wait for a little more) and the
+/// partitions' publishes up to it are acknowledged.
 pub struct ReplicatedStorage {
     inner: Arc<dyn Storage>,
     shards: Box<[Arc<ReplicatedShard>]>,
+    positions: Arc<Positions>,
+}
+
+/// The positions a [`ReplicatedStorage`] hands out.
+#[derive(Debug, Default)]
+struct Positions {
+    /// The last position handed out.
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Positions {
+    /// The next position, for a write the inner storage just applied.
+    fn next(&self) -> Lsn {
+        Lsn(self.last.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1)
+    }
+
+    fn last(&self) -> Lsn {
+        Lsn(self.last.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+/// The inner storage's wait for a write at this storage's position `lsn`: everything the
+/// inner storage applied by now, which covers it (`None` for nothing to wait for).
+fn local_wait(inner: &dyn Storage, lsn: Lsn) -> Option<DurableFuture> {
+    if lsn == Lsn::ZERO {
+        return None;
+    }
+    inner.durable(inner.last_applied())
 }
 
 impl fmt::Debug for ReplicatedStorage {
@@ -50,23 +84,30 @@ impl ReplicatedStorage {
         queues: Vec<Arc<PublishQueue>>,
         max_message_bytes: usize,
     ) -> Self {
+        let positions = Arc::new(Positions::default());
         let shards = queues
             .into_iter()
             .enumerate()
             .map(|(i, queue)| {
                 Arc::new(ReplicatedShard {
                     inner: inner.shard(i),
+                    storage: inner.clone(),
                     queue,
                     max_message_bytes,
+                    positions: positions.clone(),
                 })
             })
             .collect();
-        ReplicatedStorage { inner, shards }
+        ReplicatedStorage {
+            inner,
+            shards,
+            positions,
+        }
     }
 
-    /// Waits for the local write at `lsn` and for the publishes of the shards in `shards`.
+    /// Waits for the local writes up to `lsn` and for the publishes of the shards in `shards`.
     fn wait(&self, lsn: Lsn, shards: ShardSet) -> Option<DurableFuture> {
-        let mut waits: Vec<DurableFuture> = self.inner.durable(lsn).into_iter().collect();
+        let mut waits: Vec<DurableFuture> = local_wait(&*self.inner, lsn).into_iter().collect();
         for (i, shard) in self.shards.iter().enumerate() {
             if shards.contains(i) {
                 waits.extend(shard.queue.wait(lsn));
@@ -95,11 +136,13 @@ impl Storage for ReplicatedStorage {
     }
 
     fn write_catalog(&self, change: CatalogChange<'_>) -> Result<Lsn, StorageError> {
-        self.inner.write_catalog(change)
+        self.inner.write_catalog(change)?;
+        Ok(self.positions.next())
     }
 
     fn put_database(&self, database: &DatabaseId, uid: DatabaseUid) -> Result<Lsn, StorageError> {
-        self.inner.put_database(database, uid)
+        self.inner.put_database(database, uid)?;
+        Ok(self.positions.next())
     }
 
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
@@ -115,7 +158,7 @@ impl Storage for ReplicatedStorage {
     }
 
     fn last_applied(&self) -> Lsn {
-        self.inner.last_applied()
+        self.positions.last()
     }
 
     fn failure(&self) -> Option<StorageError> {
@@ -138,6 +181,10 @@ impl Storage for ReplicatedStorage {
 /// A shard whose commits are queued for their partition's log.
 struct ReplicatedShard {
     inner: Arc<dyn ShardStore>,
+    /// The inner storage, for its durability waits.
+    storage: Arc<dyn Storage>,
+    /// The positions handed out, shared by every shard.
+    positions: Arc<Positions>,
     queue: Arc<PublishQueue>,
     /// The largest message the NATS servers take.
     max_message_bytes: usize,
@@ -234,7 +281,9 @@ impl ShardStore for ReplicatedShard {
                 )));
             }
         }
-        let lsn = self.inner.write(batch)?;
+        self.inner.write(batch)?;
+        // Handed out under the shard lock: a queue's commits are in position order.
+        let lsn = self.positions.next();
         if let Some(commit) = commit_of(lsn, &batch) {
             self.queue.enqueue(commit);
         }
@@ -242,7 +291,7 @@ impl ShardStore for ReplicatedShard {
     }
 
     fn durable(&self, lsn: Lsn) -> Option<DurableFuture> {
-        let local = self.inner.durable(lsn);
+        let local = local_wait(&*self.storage, lsn);
         all(local.into_iter().chain(self.queue.wait(lsn)).collect())
     }
 

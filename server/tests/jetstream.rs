@@ -994,3 +994,107 @@ async fn a_node_writes_on_with_a_nats_server_killed_which_catches_up_when_restar
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
+    use mayfly_proto::v1::{ReadDocumentRequest, ReplaceDocumentRequest};
+    use support::clients::{connect, database_and_collection, string_pk};
+
+    let nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let b = cluster_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    create_through(&on_a.documents, "x", "p1").await;
+
+    // a stops (SIGSTOP) past its lease; b takes the partition over and writes a new version.
+    a.signal("STOP");
+    let body = |v: i64| {
+        let serde_json::Value::Object(body) = serde_json::json!({"id": "x", "pk": "p1", "v": v})
+        else {
+            unreachable!()
+        };
+        Some(mayfly_proto::json::JsonObject::new(body))
+    };
+    when_served("replace through b", || {
+        let mut documents = on_b.documents.clone();
+        let request = ReplaceDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            id: "x".into(),
+            body: body(2),
+            partition_key: Some(string_pk("p1")),
+            ..Default::default()
+        };
+        async move { documents.replace_document(request).await.map(|_| ()) }
+    })
+    .await;
+
+    // a wakes: its lease ended while it was stopped. Whatever it answers at once is the new
+    // version, never the one it held (it refuses, or forwards to b), and no write of its
+    // own is acknowledged.
+    a.signal("CONT");
+    let read = ReadDocumentRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        id: "x".into(),
+        partition_key: Some(string_pk("p1")),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut answers = 0;
+    while answers < 20 {
+        match on_a.documents.read_document(read.clone()).await {
+            Ok(doc) => {
+                let v = doc.into_inner().body.expect("a body").into_map()["v"].clone();
+                assert_eq!(
+                    v,
+                    serde_json::json!(2),
+                    "a served a stale version after waking"
+                );
+                answers += 1;
+            }
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unavailable, "{s}");
+                assert!(Instant::now() < deadline, "a answered nothing in 20 s: {s}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // A write through a lands on b's history (forwarded) or is refused; the partition's
+    // history is b's either way.
+    let through_a = on_a
+        .documents
+        .replace_document(ReplaceDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            id: "x".into(),
+            body: body(3),
+            partition_key: Some(string_pk("p1")),
+            ..Default::default()
+        })
+        .await;
+    let latest = on_b
+        .documents
+        .clone()
+        .read_document(read.clone())
+        .await
+        .expect("read through b")
+        .into_inner()
+        .body
+        .expect("a body")
+        .into_map()["v"]
+        .clone();
+    match through_a {
+        Ok(_) => assert_eq!(latest, serde_json::json!(3), "an acknowledged write is b's"),
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s}");
+            assert_eq!(
+                latest,
+                serde_json::json!(2),
+                "a refused write changed nothing"
+            );
+        }
+    }
+}

@@ -21,8 +21,13 @@ use super::DocumentsService;
 /// Metadata naming the node that forwarded a request.
 pub const FORWARDED: &str = "mayfly-forwarded";
 
-/// The longest a forwarded call waits for the owner.
-const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The longest a forwarded call waits for the owner: a few leases, so that a call sent to an
+/// owner that has stopped answering (dead, or paused) gives way to a retry that finds the
+/// partition's next owner.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The longest a forwarding node waits to connect to an owner.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Metadata of a `NOT_OWNER` status: the partition the request is for.
 pub const PARTITION: &str = "mayfly-partition";
@@ -64,7 +69,7 @@ impl Forwarder {
         // owner once the lease has moved.
         let channel = Endpoint::from_shared(address.to_string())
             .map_err(|e| Status::internal(format!("node address {address}: {e}")))?
-            .connect_timeout(FORWARD_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
             .timeout(FORWARD_TIMEOUT)
             .connect_lazy();
         channels.insert(address.to_string(), channel.clone());
@@ -133,6 +138,18 @@ impl DocumentsService {
             .max_encoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut forwarded = Request::new(message);
         *forwarded.metadata_mut() = forwarded_metadata(&metadata, forwarder.owners.node());
-        there(client, forwarded).await
+        there(client, forwarded).await.map_err(|status| match status.code() {
+            // The owner did not answer in time (this node's timeout, not the caller's): what it
+            // did is unknown, and a retry finds the partition's owner again.
+            tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => super::status::to_status(
+                crate::engine::Error::Storage(crate::storage::StorageError::outcome_unknown(
+                    format!(
+                        "partition {partition}'s owner at {address} did not answer within {} s (it may be stopped or gone): the call may or may not have been applied; retry",
+                        FORWARD_TIMEOUT.as_secs()
+                    ),
+                )),
+            ),
+            _ => status,
+        })
     }
 }

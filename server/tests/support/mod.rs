@@ -131,6 +131,15 @@ impl Mayfly {
         let _ = self.child.wait();
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
+    pub(crate) fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal}");
+    }
+
     /// SIGTERM, then waits (bounded) for the exit status.
     pub(crate) fn terminate(mut self) -> ExitStatus {
         let status = Command::new("kill")
