@@ -33,6 +33,11 @@ pub mod v1 {
         GetFeedRangesRequest, GetFeedRangesResponse,
     };
     pub use crate::generated::{
+        ClusterNode, CreateResourceTokenRequest, GetPartitionMapRequest, KeyKind, PartitionMap,
+        PartitionOwner, RegenerateKeyRequest, RegenerateKeyResponse, ResourceToken,
+        TokenPermission,
+    };
+    pub use crate::generated::{
         Collection, CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
         Database, DefaultTtl, DeleteCollectionRequest, DeleteCollectionResponse,
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
@@ -42,10 +47,6 @@ pub mod v1 {
         ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest,
         ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest,
         UpsertDocumentResponse, UpsertOutcome,
-    };
-    pub use crate::generated::{
-        CreateResourceTokenRequest, KeyKind, RegenerateKeyRequest, RegenerateKeyResponse,
-        ResourceToken, TokenPermission,
     };
     pub use crate::query_page::QueryPage;
 

@@ -30,11 +30,7 @@ use tonic::Status;
 use crate::{
     ServeError,
     engine::{Engine, EngineConfig, LeaseClock, SystemClock},
-    grpc::{
-        CatalogChange, CatalogRoute,
-        catalog_change::CatalogLogAnswer,
-        forward::{Forwarder, Owners},
-    },
+    grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
     storage::MemoryStorage,
 };
 
@@ -115,7 +111,7 @@ pub async fn join(
     config: &ClusterConfig,
     mut engine_config: EngineConfig,
     advertise: &str,
-) -> Result<(Engine, CatalogRoute, Forwarder, ClusterNode), ServeError> {
+) -> Result<(Engine, CatalogRoute, Arc<dyn Owners>, ClusterNode), ServeError> {
     let client = async_nats::connect(config.urls.clone())
         .await
         .map_err(|e| failed(&format!("connecting to {}", config.urls.join(",")), e))?;
@@ -210,7 +206,7 @@ pub async fn join(
     Ok((
         engine,
         CatalogRoute::Log(catalog),
-        Forwarder::new(Arc::new(owners)),
+        Arc::new(owners),
         ClusterNode { tasks },
     ))
 }
@@ -297,6 +293,32 @@ impl std::fmt::Debug for Directory {
 impl Owners for Directory {
     fn node(&self) -> &str {
         &self.node
+    }
+
+    async fn nodes(&self) -> Result<Vec<(String, String)>, Status> {
+        let unavailable = |e: &dyn std::fmt::Display| {
+            Status::unavailable(format!("the cluster's node directory: {e}"))
+        };
+        let mut out = Vec::new();
+        for id in node_ids(&self.nodes).await.map_err(|e| unavailable(&e))? {
+            let address = self.nodes.get(&id).await.map_err(|e| unavailable(&e))?;
+            let address = address.map(|a| String::from_utf8_lossy(&a).to_string());
+            out.push((id, address.unwrap_or_default()));
+        }
+        Ok(out)
+    }
+
+    async fn leases(&self, partitions: u32) -> Result<Vec<(String, u64)>, Status> {
+        let mut out = Vec::new();
+        for p in 0..partitions {
+            let lease = self
+                .leases
+                .read(p)
+                .await
+                .map_err(|e| Status::unavailable(format!("the lease of partition {p}: {e}")))?;
+            out.push(lease.map_or((String::new(), 0), |(l, _)| (l.owner, l.epoch)));
+        }
+        Ok(out)
     }
 
     async fn owner_address(&self, partition: u32) -> Option<String> {

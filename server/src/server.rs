@@ -16,7 +16,7 @@ use crate::{
     engine::{self, Engine, EngineConfig, EngineMetrics, IdempotencyConfig, SystemClock, TokenKey},
     grpc::{
         AdminService, CatalogRoute, CollectionsService, DatabasesService, DocumentsService,
-        forward::Forwarder,
+        forward::{Forwarder, Owners},
     },
     metrics_http,
     net::{
@@ -191,7 +191,7 @@ impl RunningServer {
             None => (
                 open_engine_blocking(&config.storage, (&config.limits).into(), Arc::default())
                     .await?,
-                (CatalogRoute::Local, None),
+                (CatalogRoute::Local, None, None),
                 None,
             ),
             Some(cluster) => {
@@ -210,12 +210,12 @@ impl RunningServer {
                     }
                     None => format!("http://{local_addr}"),
                 };
-                let (engine, catalog, forwarder, node) =
+                let (engine, catalog, owners, node) =
                     cluster_node::join(cluster, settings.config(cluster.partitions), &advertise)
                         .await?;
                 // Forwarding speaks plaintext gRPC to the other nodes for now.
-                let forwarder = tls.is_none().then_some(forwarder);
-                (engine, (catalog, forwarder), Some(node))
+                let forwarder = tls.is_none().then(|| Forwarder::new(owners.clone()));
+                (engine, (catalog, forwarder, Some(owners)), Some(node))
             }
         };
         // After the storage: the data directory is created and locked by then.
@@ -459,7 +459,7 @@ pub async fn serve(
         listener,
         metrics_listener,
         current,
-        (storage, (CatalogRoute::Local, None)),
+        (storage, (CatalogRoute::Local, None, None)),
         auth,
         network,
         shutdown,
@@ -467,12 +467,16 @@ pub async fn serve(
     .await
 }
 
+/// Where a cluster node's calls go: catalog changes, documents of other nodes' partitions,
+/// and the partition map (a single server: here, here, its own).
+type ClusterRoutes = (CatalogRoute, Option<Forwarder>, Option<Arc<dyn Owners>>);
+
 /// [`serve`], with catalog changes going `catalog`'s way (a cluster's catalog log).
 async fn serve_routed(
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     current: CurrentEngine,
-    (storage, (catalog, forwarder)): (StorageConfig, (CatalogRoute, Option<Forwarder>)),
+    (storage, (catalog, forwarder, owners)): (StorageConfig, ClusterRoutes),
     auth: Authenticator,
     network: Network,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -573,8 +577,11 @@ async fn serve_routed(
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
-            AdminServer::new(AdminService::new(current.clone(), auth.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            AdminServer::new(match owners {
+                Some(owners) => AdminService::new(current.clone(), auth.clone()).in_cluster(owners),
+                None => AdminService::new(current.clone(), auth.clone()),
+            })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
             DocumentsServer::new(documents)

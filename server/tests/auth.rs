@@ -53,6 +53,7 @@ enum Rpc {
     GetFeedRanges,
     RegenerateKey,
     CreateResourceToken,
+    GetPartitionMap,
 }
 
 /// What an RPC needs.
@@ -63,7 +64,7 @@ enum Needs {
     Manage,
 }
 
-const EVERY_RPC: [(Rpc, Needs); 23] = [
+const EVERY_RPC: [(Rpc, Needs); 24] = [
     (Rpc::CreateDatabase, Needs::Manage),
     (Rpc::GetDatabase, Needs::Read),
     (Rpc::ListDatabases, Needs::Read),
@@ -87,6 +88,7 @@ const EVERY_RPC: [(Rpc, Needs); 23] = [
     (Rpc::GetFeedRanges, Needs::Read),
     (Rpc::RegenerateKey, Needs::Manage),
     (Rpc::CreateResourceToken, Needs::Manage),
+    (Rpc::GetPartitionMap, Needs::Read),
 ];
 
 fn key(data_dir: &Path, name: &str) -> String {
@@ -420,6 +422,22 @@ async fn call(
             ))
             .await
             .map(drop),
+        Rpc::GetPartitionMap => c
+            .admin
+            .get_partition_map(with(cred, mayfly_proto::v1::GetPartitionMapRequest {}))
+            .await
+            .map(|map| {
+                // A single server: its shards, every one its own, placed by the specified hash.
+                let map = map.into_inner();
+                assert_eq!(map.node, "local");
+                assert_eq!(map.placement, "xxh3-64");
+                assert_eq!(map.owners.len(), map.partitions as usize);
+                assert!(
+                    map.owners
+                        .iter()
+                        .all(|o| o.owner == "local" && o.served_here)
+                );
+            }),
     }
 }
 

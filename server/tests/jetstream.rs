@@ -884,6 +884,30 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
     };
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
 
+    // The partition map, asked of b: a owns every partition, b serves none.
+    let map = on_b
+        .admin
+        .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+        .await
+        .expect("partition map")
+        .into_inner();
+    assert_eq!((map.node.as_str(), map.partitions), ("b", 4));
+    assert_eq!(map.placement, "xxh3-64");
+    let ids: Vec<&str> = map.nodes.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert!(
+        map.nodes
+            .iter()
+            .all(|n| n.address.starts_with("http://127.0.0.1:"))
+    );
+    assert!(
+        map.owners
+            .iter()
+            .all(|o| o.owner == "a" && o.epoch == 1 && !o.served_here),
+        "{:?}",
+        map.owners
+    );
+
     // a dies. b takes its partitions once their leases lapse, rebuilt from their logs.
     let killed = Instant::now();
     a.kill9();
@@ -898,6 +922,19 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         let body = doc.into_inner().body.expect("a body").into_map();
         assert_eq!(body["id"], serde_json::json!(id));
     }
+    let map = on_b
+        .admin
+        .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+        .await
+        .expect("partition map")
+        .into_inner();
+    assert!(
+        map.owners
+            .iter()
+            .all(|o| o.owner == "b" && o.epoch == 2 && o.served_here),
+        "{:?}",
+        map.owners
+    );
     eprintln!(
         "b served its first read {:?} after a was killed; all {} acknowledged writes present",
         first.expect("read"),

@@ -34,6 +34,16 @@ impl Engine {
         self.inner.shards[shard].serve_until(until);
     }
 
+    /// Whether shard `shard` serves clients now (not following, its lease, if any, running).
+    pub fn serves(&self, shard: usize) -> bool {
+        self.inner.shards[shard].check_serving().is_ok()
+    }
+
+    /// How documents are placed over the shards.
+    pub fn placement(&self) -> super::Placement {
+        self.inner.placement
+    }
+
     /// The last change log position of shard `shard` (0: none).
     pub fn log_end(&self, shard: usize) -> u64 {
         self.inner.shards[shard].log_tip().seq

@@ -1,12 +1,15 @@
 //! `mayfly.v1.Admin`: account keys and resource tokens, for read-write keys only.
 
 use mayfly_proto::v1::{
-    CreateResourceTokenRequest, KeyKind, RegenerateKeyRequest, RegenerateKeyResponse,
+    ClusterNode, CreateResourceTokenRequest, GetPartitionMapRequest, KeyKind, PartitionMap,
+    PartitionOwner, RegenerateKeyRequest, RegenerateKeyResponse,
     ResourceToken as ResourceTokenProto, TokenPermission, server,
 };
 use tonic::{Request, Response, Status};
 
-use super::{caller, convert, status::to_status};
+use std::sync::Arc;
+
+use super::{caller, convert, forward::Owners, status::to_status};
 use crate::{
     auth::{
         Action, Authenticator, DEFAULT_TOKEN_SECS, Denied, KeyAdminError, KeySlot, MAX_TOKEN_SECS,
@@ -16,17 +19,31 @@ use crate::{
     engine::InvalidInput,
 };
 
-/// Serves key regeneration and token minting.
+/// Serves key regeneration, token minting and the partition map.
 #[derive(Debug, Clone)]
 pub struct AdminService {
     engine: CurrentEngine,
     auth: Authenticator,
+    /// In a cluster: who owns what, and this node's id.
+    cluster: Option<Arc<dyn Owners>>,
 }
 
 impl AdminService {
     /// A service minting tokens for the resources of `engine`, for callers `auth` accepts.
     pub fn new(engine: CurrentEngine, auth: Authenticator) -> Self {
-        AdminService { engine, auth }
+        AdminService {
+            engine,
+            auth,
+            cluster: None,
+        }
+    }
+
+    /// The same service, answering the partition map from `owners` (cluster mode).
+    pub fn in_cluster(self, owners: Arc<dyn Owners>) -> Self {
+        AdminService {
+            cluster: Some(owners),
+            ..self
+        }
     }
 }
 
@@ -154,6 +171,53 @@ impl server::Admin for AdminService {
         Ok(Response::new(ResourceTokenProto {
             token,
             expires_at: Some(convert::timestamp(expires_at)),
+        }))
+    }
+
+    async fn get_partition_map(
+        &self,
+        request: Request<GetPartitionMapRequest>,
+    ) -> Result<Response<PartitionMap>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let engine = self.engine.get().map_err(to_status)?;
+        caller.allow(Action::Read, Target::Account, &engine)?;
+        let partitions = engine.shard_count() as u32;
+        let placement = match engine.placement() {
+            crate::engine::Placement::Xxh3 => "xxh3-64",
+            crate::engine::Placement::Format1 => "format-1",
+        };
+        let (node, nodes, leases) = match &self.cluster {
+            Some(cluster) => (
+                cluster.node().to_string(),
+                cluster.nodes().await?,
+                cluster.leases(partitions).await?,
+            ),
+            None => (
+                "local".to_string(),
+                Vec::new(),
+                vec![("local".to_string(), 0); partitions as usize],
+            ),
+        };
+        let owners = leases
+            .into_iter()
+            .enumerate()
+            .map(|(p, (owner, epoch))| PartitionOwner {
+                partition: p as u32,
+                owner,
+                epoch,
+                log_end: engine.log_end(p),
+                served_here: engine.serves(p),
+            })
+            .collect();
+        Ok(Response::new(PartitionMap {
+            node,
+            partitions,
+            placement: placement.to_string(),
+            nodes: nodes
+                .into_iter()
+                .map(|(id, address)| ClusterNode { id, address })
+                .collect(),
+            owners,
         }))
     }
 }

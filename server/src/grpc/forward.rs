@@ -41,6 +41,12 @@ pub trait Owners: Send + Sync + std::fmt::Debug {
     /// The gRPC address (`http://host:port`) of the node that owns `partition` now, if it is
     /// known and is not this node.
     async fn owner_address(&self, partition: u32) -> Option<String>;
+
+    /// The nodes of the cluster: (id, address), in id order.
+    async fn nodes(&self) -> Result<Vec<(String, String)>, Status>;
+
+    /// Each of `partitions` partitions' lease: (owner, epoch); an empty owner for none.
+    async fn leases(&self, partitions: u32) -> Result<Vec<(String, u64)>, Status>;
 }
 
 /// Sends requests on to the nodes that own their partitions.
