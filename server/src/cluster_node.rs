@@ -72,13 +72,28 @@ impl LeaseClock for BootClock {
 #[derive(Debug)]
 pub struct ClusterNode {
     tasks: Vec<JoinHandle<()>>,
+    /// The partitions' publish queues: closed with the node, which stops their publishers.
+    queues: Vec<Arc<PublishQueue>>,
 }
 
 impl Drop for ClusterNode {
     fn drop(&mut self) {
+        // The partition tasks end their renewals as they are dropped (see `Partition::serve`).
         for task in &self.tasks {
             task.abort();
         }
+        for queue in &self.queues {
+            queue.close();
+        }
+    }
+}
+
+/// Aborts a task when dropped: a partition task's renewals end with it.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -178,7 +193,7 @@ pub async fn join(
     tokio::time::sleep(NODE_SETTLE).await;
     let members = node_ids(&nodes).await?;
     let preferred = assign(None, partitions, &members, 0);
-    for (p, queue) in queues.into_iter().enumerate() {
+    for (p, queue) in queues.iter().cloned().enumerate() {
         let partition = Partition {
             preferred: preferred.partitions[p].owner == config.node_id,
             p: p as u32,
@@ -207,7 +222,7 @@ pub async fn join(
         engine,
         CatalogRoute::Log(catalog),
         Arc::new(owners),
-        ClusterNode { tasks },
+        ClusterNode { tasks, queues },
     ))
 }
 
@@ -387,7 +402,7 @@ impl Partition {
         self.lease_end(&held);
         let epoch = held.epoch;
         let lost = Arc::new(AtomicBool::new(false));
-        let renewing = tokio::spawn(self.renew(held, lost.clone()));
+        let mut renewing = AbortOnDrop(tokio::spawn(self.renew(held, lost.clone())));
         let still_held = || !lost.load(Ordering::SeqCst);
         let mut followed = Followed::new(self.p);
         let mut refusals = 0;
@@ -425,13 +440,13 @@ impl Partition {
                 Err(e) => {
                     // Unrenewed, the lease lapses and another node takes the partition.
                     tracing::error!(partition = self.p, error = %e, "cannot serve the partition");
-                    renewing.abort();
+                    renewing.0.abort();
                     self.engine.set_following(self.p as usize, true);
                     return;
                 }
             }
         }
-        let _ = renewing.await;
+        let _ = (&mut renewing.0).await;
     }
 
     fn lease_end(&self, held: &Held) {
