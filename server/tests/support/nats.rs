@@ -46,13 +46,21 @@ pub(crate) struct NatsCluster {
     dir: tempfile::TempDir,
     binary: PathBuf,
     routes: Vec<String>,
+    /// One cluster at a time per test process: three fsyncing servers electing Raft leaders,
+    /// and the nodes on them, are what these tests time; a dozen at once on two cores made
+    /// elections and takeovers take longer than the tests' bounds.
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl NatsCluster {
     /// Starts `n` servers. Each picks its client port itself; route ports must be known to
     /// every server's configuration before it starts (a JetStream cluster refuses to start
     /// without routes), so they are ports the OS just handed out and freed.
     pub(crate) fn start(n: usize) -> Self {
+        // A test that failed while holding it leaves nothing behind to protect.
+        let one_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().expect("temp dir");
         let binary = nats_server();
         let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
@@ -64,6 +72,7 @@ impl NatsCluster {
             dir,
             binary,
             routes,
+            _one_at_a_time: one_at_a_time,
         }
     }
 
