@@ -25,6 +25,16 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::{Args, recovery};
 
+/// A node this workload started: killed when dropped, so that no error leaves one running.
+struct Node(recovery::Server);
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
 /// A write of document `id` in partition `pk` through `channel`.
 async fn write(channel: &Channel, id: &str, pk: &str) -> Result<(), tonic::Status> {
     let serde_json::Value::Object(body) = json!({"id": id, "pk": pk, "v": "x".repeat(200)}) else {
@@ -71,7 +81,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("failover needs --nats (the NATS servers' URLs, comma-separated)")?;
     let partitions = args.partitions.to_string();
     let dir = tempfile::tempdir()?;
-    let start = |node: String| -> Result<(recovery::Server, Channel), Box<dyn std::error::Error>> {
+    let start = |node: String| -> Result<(Node, Channel), Box<dyn std::error::Error>> {
         let data: PathBuf = dir.path().join(&node);
         let server = recovery::start(
             &bin,
@@ -93,7 +103,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let channel = Endpoint::from_shared(format!("http://{}", server.addr))?
             .timeout(Duration::from_secs(5))
             .connect_lazy();
-        Ok((server, channel))
+        Ok((Node(server), channel))
     };
     let run_id = std::process::id();
     let (mut owner, owner_channel) = start(format!("f{run_id}-0"))?;
@@ -135,8 +145,8 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         logged += args.round_writes;
         let killed = Instant::now();
-        owner.child.kill()?;
-        owner.child.wait()?;
+        owner.0.child.kill()?;
+        owner.0.child.wait()?;
         let _ = until_written(
             &channel,
             &format!("{run_id}-after-{round}"),
@@ -149,7 +159,6 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         times.push(took);
         owner = next;
     }
-    let _ = owner.child.kill();
     times.sort();
     let at = |q: f64| times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1];
     println!(
