@@ -45,8 +45,9 @@ pub const MAX_FRAME_BYTES: usize = 512 * 1024;
 /// How long one publish waits for its acknowledgement before it is sent again.
 const ACK_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long a frame is sent again (a NATS server lost, a Raft leader moving) before its
-/// commits' outcome is given up as unknown.
+/// How long a frame is sent again (a NATS server lost, a Raft leader moving) before the
+/// requests waiting on its commits are answered that their outcome is unknown. The publisher
+/// goes on sending it: it is stored once NATS answers, or refused if another owner took over.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
 
 /// How many times a publish refused while the queue's own previous message is last is sent
@@ -268,9 +269,13 @@ struct Queue {
     /// The position the next commit's first record must have; `None` while this node follows
     /// the partition (its commits are not sent).
     next: Option<u64>,
-    /// Why the partition's log refuses this node's commits (fenced, or their outcome
-    /// unknown): every commit not acknowledged before fails, and every commit after.
+    /// Why the partition's log refuses this node's commits (fenced, or the node stopped
+    /// publishing): every commit not acknowledged before fails, and every commit after.
     failed: Option<StorageError>,
+    /// Why NATS has not acknowledged the frame being sent for longer than [`GIVE_UP_AFTER`]:
+    /// while it is set, waits on commits not acknowledged answer that their outcome is
+    /// unknown. Cleared by the next acknowledgement.
+    stalled: Option<StorageError>,
     /// The publisher has stopped.
     closed: bool,
 }
@@ -287,6 +292,7 @@ impl PublishQueue {
                 unacked: VecDeque::new(),
                 next: None,
                 failed: None,
+                stalled: None,
                 closed: false,
             }),
             wake: Notify::new(),
@@ -374,7 +380,7 @@ impl PublishQueue {
             return Some(Err(e.clone()));
         }
         match q.unacked.front() {
-            Some(&first) if first <= lsn => None,
+            Some(&first) if first <= lsn => q.stalled.clone().map(Err),
             _ => Some(Ok(())),
         }
     }
@@ -442,6 +448,7 @@ impl PublishQueue {
                     for _ in 0..batch.len() {
                         q.unacked.pop_front();
                     }
+                    q.stalled = None;
                     drop(q);
                     self.progress.send_replace(());
                 }
@@ -486,8 +493,10 @@ impl PublishQueue {
         (Bytes::from(encode_frame(&messages)), after)
     }
 
-    /// Publishes one frame, expecting the subject's last message at `expected`; the stream
-    /// sequence it was stored at, or why its commits fail.
+    /// Publishes one frame, expecting the subject's last message at `expected`, until it is
+    /// stored (its stream sequence), refused for good or the queue closes (why its commits
+    /// fail). A frame never stored while another owner may have taken over is refused by
+    /// its expectation, so sending it on is safe however long NATS is away.
     async fn send(
         &self,
         js: &Context,
@@ -547,12 +556,25 @@ impl PublishQueue {
                 }
                 Err(e) => e.to_string(),
             };
-            if started.elapsed() > GIVE_UP_AFTER {
-                return Err(StorageError::outcome_unknown(format!(
-                    "partition {}: NATS did not acknowledge a publish of its log within {} s ({why}); the commits in it may or may not be in the log",
-                    self.partition,
-                    GIVE_UP_AFTER.as_secs()
-                )));
+            let stalls = {
+                let mut q = self.queue.lock();
+                if q.closed {
+                    return Err(q.failed.clone().unwrap_or_else(|| {
+                        StorageError::outcome_unknown("the node stopped publishing")
+                    }));
+                }
+                let stalls = q.stalled.is_none() && started.elapsed() > GIVE_UP_AFTER;
+                if stalls {
+                    q.stalled = Some(StorageError::outcome_unknown(format!(
+                        "partition {}: NATS did not acknowledge a publish of its log within {} s ({why}); the commit may or may not be in the log",
+                        self.partition,
+                        GIVE_UP_AFTER.as_secs()
+                    )));
+                }
+                stalls
+            };
+            if stalls {
+                self.progress.send_replace(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

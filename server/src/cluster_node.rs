@@ -479,13 +479,19 @@ impl Partition {
                         continue;
                     }
                     Ok(false) => {}
-                    // The engine stops serving at the lease's end by itself; renewals go on
-                    // until then.
-                    Err(e) if held.serves(&clocks) => {
-                        tracing::warn!(partition = p, error = %e, "lease not renewed; retrying");
+                    // NATS away (a server lost, a Raft leader moving): the engine stops serving
+                    // at the lease's end by itself, and renewals go on. One that succeeds
+                    // later, however late, proves no other node took the key meanwhile (it
+                    // changes only by compare-and-set), and serving resumes.
+                    Err(e) => {
+                        tracing::warn!(
+                            partition = p,
+                            serving = held.serves(&clocks),
+                            error = %e,
+                            "lease not renewed; retrying"
+                        );
                         continue;
                     }
-                    Err(e) => tracing::warn!(partition = p, error = %e, "lease not renewed"),
                 }
                 tracing::warn!(
                     partition = p,

@@ -943,7 +943,7 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
 }
 
 /// Creates `d/c` document `id` in partition `pk` through `documents`, retrying while the
-/// partition is not served (UNAVAILABLE) for up to 20 s.
+/// partition is not served (UNAVAILABLE), within [`when_served`]'s bound.
 async fn create_through(
     documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
     id: &str,
@@ -973,7 +973,7 @@ async fn create_through(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_writes_on_with_a_nats_server_killed_which_catches_up_when_restarted() {
-    use support::clients::{connect, database_and_collection, string_pk};
+    use support::clients::{connect, database_and_collection};
 
     let mut nats = NatsCluster::start(3);
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1014,22 +1014,87 @@ async fn a_node_writes_on_with_a_nats_server_killed_which_catches_up_when_restar
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    for (id, pk) in &written {
-        let doc = on_a
-            .documents
-            .read_document(mayfly_proto::v1::ReadDocumentRequest {
-                database: "d".into(),
-                collection: "c".into(),
-                id: id.clone(),
-                partition_key: Some(string_pk(pk)),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{id}: {e}"));
+    assert_present(&on_a.documents, &written).await;
+}
+
+/// Reads each `d/c` document of `written` (id, partition key) through `documents`.
+async fn assert_present(
+    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+    written: &[(String, String)],
+) {
+    for (id, pk) in written {
+        let request = mayfly_proto::v1::ReadDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            id: id.clone(),
+            partition_key: Some(support::clients::string_pk(pk)),
+        };
+        let doc = when_served(&format!("read {id}"), || {
+            let (mut documents, request) = (documents.clone(), request.clone());
+            async move { documents.read_document(request).await }
+        })
+        .await;
         assert_eq!(
             doc.into_inner().body.expect("a body").into_map()["id"],
             serde_json::json!(id)
         );
     }
+}
+
+/// A NATS power failure: every server killed (SIGKILL; they fsync every write), then started
+/// again on its store. Meanwhile the node acknowledges nothing (its lease cannot be renewed nor
+/// its log written); once NATS answers again it serves on, by itself, with every acknowledged
+/// write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_serves_on_with_every_write_after_all_nats_servers_are_killed_and_restarted() {
+    use support::clients::{connect, database_and_collection};
+
+    let mut nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let mut written = Vec::new();
+    for i in 0..8 {
+        let (id, pk) = (format!("before-{i}"), format!("p{i}"));
+        create_through(&on_a.documents, &id, &pk).await;
+        written.push((id, pk));
+    }
+    for i in 0..3 {
+        nats.kill9(i);
+    }
+    let serde_json::Value::Object(body) = serde_json::json!({"id": "during", "pk": "p1"}) else {
+        unreachable!()
+    };
+    let during = mayfly_proto::v1::CreateDocumentRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        body: Some(mayfly_proto::json::JsonObject::new(body)),
+        ..Default::default()
+    };
+    let answer = tokio::time::timeout(
+        Duration::from_secs(3),
+        on_a.documents.clone().create_document(during),
+    )
+    .await;
+    assert!(
+        !matches!(answer, Ok(Ok(_))),
+        "a write was acknowledged with every NATS server down"
+    );
+    // Past the lease: the node has stopped serving by its own clock.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..3 {
+        nats.restart(i);
+    }
+    // Applied or not before the outage, it is written once now (ALREADY_EXISTS if it was).
+    create_through(&on_a.documents, "during", "p1").await;
+    written.push(("during".into(), "p1".into()));
+    for i in 0..8 {
+        let (id, pk) = (format!("after-{i}"), format!("p{i}"));
+        create_through(&on_a.documents, &id, &pk).await;
+        written.push((id, pk));
+    }
+    assert_present(&on_a.documents, &written).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,7 +65,7 @@ impl NatsCluster {
         let binary = nats_server();
         let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
         let servers = (0..n)
-            .map(|i| start_server(&binary, dir.path(), i, &routes))
+            .map(|i| start_server(&binary, dir.path(), (i, "127.0.0.1:-1"), &routes))
             .collect();
         NatsCluster {
             servers,
@@ -82,10 +82,12 @@ impl NatsCluster {
         let _ = self.servers[i].child.wait();
     }
 
-    /// Starts server `i` again on its store, after [`NatsCluster::kill9`]: it rejoins the
-    /// cluster and catches up. Its client port is a new one.
+    /// Starts server `i` again on its store and client port, after [`NatsCluster::kill9`]: it
+    /// rejoins the cluster and catches up, and clients reconnect to it where they knew it.
     pub(crate) fn restart(&mut self, i: usize) {
-        self.servers[i] = start_server(&self.binary, self.dir.path(), i, &self.routes);
+        let port = self.servers[i].url.rsplit(':').next().map(str::to_string);
+        let listen = format!("127.0.0.1:{}", port.as_deref().unwrap_or("-1"));
+        self.servers[i] = start_server(&self.binary, self.dir.path(), (i, &listen), &self.routes);
     }
 
     /// Every server's client URL.
@@ -100,7 +102,13 @@ fn free_port() -> String {
     listener.local_addr().expect("address").to_string()
 }
 
-fn start_server(binary: &Path, dir: &Path, i: usize, routes: &[String]) -> NatsServer {
+/// Starts server `i` listening for clients on `listen` (port -1: one it picks).
+fn start_server(
+    binary: &Path,
+    dir: &Path,
+    (i, listen): (usize, &str),
+    routes: &[String],
+) -> NatsServer {
     let store = dir.join(format!("n{i}"));
     let route_urls: Vec<String> = routes
         .iter()
@@ -108,7 +116,7 @@ fn start_server(binary: &Path, dir: &Path, i: usize, routes: &[String]) -> NatsS
         .collect();
     let config = format!(
         // A commit (a transactional batch of up to 8 MiB) travels in one message.
-        "server_name: n{i}\nlisten: 127.0.0.1:-1\nmax_payload: 16MB\n\
+        "server_name: n{i}\nlisten: {listen}\nmax_payload: 16MB\n\
          jetstream {{ store_dir: {store:?}, sync_interval: always }}\n\
          cluster {{ name: mayfly-test, listen: {}, routes: [{}] }}\n",
         routes[i],
