@@ -136,6 +136,9 @@ pub async fn catch_up(
         for (i, part) in parts.into_iter().enumerate().skip(done) {
             let mut next = followed.chain;
             let m = next.accept(&part).map_err(CatchUpError::Diverged)?;
+            // Every time an owner acted on is at or below a watermark it logged since (or
+            // its lease's end): this copy's time starts there if it is promoted.
+            engine.raise_time(partition as usize, m.watermark);
             match m.kind {
                 MessageKind::Commit => apply(engine, partition, m).await?,
                 MessageKind::Takeover => {}
@@ -189,11 +192,17 @@ async fn apply(engine: &Engine, partition: u32, m: LogMessage) -> Result<(), Cat
 /// Makes this node the owner of `engine`'s shard `partition` at `epoch` (or above the log's
 /// last): catches up with the log, publishes the `takeover` at its end, starts `queue`'s
 /// publisher and promotes the shard. Returns where the log ends.
+///
+/// `floor`: the `lease_until` of the lease this node's replaced (0 if none), the latest wall
+/// clock reading the previous owner could have acted on. The shard's time starts at least
+/// there, and at the log's last watermark, and the takeover logs it as its watermark, so that
+/// a document any earlier owner may have reported expired is expired here too, even with this
+/// node's clock behind theirs (docs/cluster.md, "Expiry across owners").
 pub async fn become_owner(
     js: &Context,
     stream: &Stream,
     engine: &Engine,
-    (queue, partition, epoch): (&std::sync::Arc<PublishQueue>, u32, u64),
+    (queue, partition, epoch, floor): (&std::sync::Arc<PublishQueue>, u32, u64, u64),
     (followed, held): (&mut Followed, &(dyn Fn() -> bool + Sync)),
 ) -> Result<LogPosition, CatchUpError> {
     engine.set_following(partition as usize, true);
@@ -203,17 +212,19 @@ pub async fn become_owner(
         if !held() {
             return Err(CatchUpError::LeaseLost);
         }
+        engine.raise_time(partition as usize, floor);
+        let watermark = engine.shard_time(partition as usize);
         match take_over(
             js,
             stream,
             partition,
-            epoch,
+            (epoch, watermark),
             engine.log_end(partition as usize),
         )
         .await
         {
             Ok(position) => {
-                queue.start(&position);
+                queue.start(&position, watermark);
                 tokio::spawn(queue.clone().publish(js.clone(), stream.clone(), position));
                 // Serving is bounded by the lease end the engine was given; promoted only
                 // while the lease is still this node's.

@@ -110,9 +110,26 @@ pub struct Held {
     pub epoch: u64,
     revision: u64,
     lease: OwnerLease,
+    /// The `lease_until` of the record this node's last confirmed write put in the key: the
+    /// latest wall clock reading it may act on (a later, unconfirmed write may only raise it).
+    lease_until: u64,
+    /// The `lease_until` of the record the acquiring write replaced (0: the key was free).
+    replaced_until: u64,
 }
 
 impl Held {
+    /// The largest wall clock reading (Unix ms) the partition's shard may act on: what the
+    /// next owner will start its time from.
+    pub fn time_cap(&self) -> u64 {
+        self.lease_until
+    }
+
+    /// The previous owner's last `lease_until`: the latest wall clock reading it could have
+    /// acted on, where this owner's time starts.
+    pub fn replaced_until(&self) -> u64 {
+        self.replaced_until
+    }
+
     /// Until when (monotonic ms, exclusive) the partition may be served; `None`: no longer.
     pub fn serves_until(&self) -> Option<u64> {
         self.lease.serves_until()
@@ -215,11 +232,8 @@ impl Leases {
         };
         let Some((held_by, revision)) = current else {
             lease.sending(clocks.monotonic_ms());
-            return match self
-                .kv
-                .create(Self::key(partition), record(1).encode())
-                .await
-            {
+            let record = record(1);
+            return match self.kv.create(Self::key(partition), record.encode()).await {
                 Ok(revision) => {
                     lease.confirmed();
                     Ok(Some(Held {
@@ -227,6 +241,8 @@ impl Leases {
                         epoch: 1,
                         revision,
                         lease,
+                        lease_until: record.lease_until,
+                        replaced_until: 0,
                     }))
                 }
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists || wrong_revision(&e) => {
@@ -248,9 +264,13 @@ impl Leases {
         }
         let epoch = held_by.epoch + 1;
         lease.sending(clocks.monotonic_ms());
+        let mut record = record(epoch);
+        // Never below the replaced one's: the cap on this owner's time starts above the
+        // floor it takes over.
+        record.lease_until = record.lease_until.max(held_by.lease_until);
         match self
             .kv
-            .update(Self::key(partition), record(epoch).encode(), revision)
+            .update(Self::key(partition), record.encode(), revision)
             .await
         {
             Ok(revision) => {
@@ -260,6 +280,8 @@ impl Leases {
                     epoch,
                     revision,
                     lease,
+                    lease_until: record.lease_until,
+                    replaced_until: held_by.lease_until,
                 }))
             }
             Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || wrong_revision(&e) => {
@@ -282,7 +304,9 @@ impl Leases {
         let record = LeaseRecord {
             owner: node.to_string(),
             epoch: held.epoch,
-            lease_until: clocks.wall_ms() + self.timing.length_ms,
+            // Never below a value written before, though the wall clock step back: the shard
+            // may have acted on times up to it.
+            lease_until: (clocks.wall_ms() + self.timing.length_ms).max(held.lease_until),
         };
         match self
             .kv
@@ -292,6 +316,7 @@ impl Leases {
             Ok(revision) => {
                 held.revision = revision;
                 held.lease.confirmed();
+                held.lease_until = record.lease_until;
                 Ok(true)
             }
             Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || wrong_revision(&e) => {
@@ -305,6 +330,7 @@ impl Leases {
                     {
                         held.revision = revision;
                         held.lease.confirmed();
+                        held.lease_until = held.lease_until.max(r.lease_until);
                         Ok(true)
                     }
                     _ => {

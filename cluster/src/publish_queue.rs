@@ -185,14 +185,15 @@ pub async fn log_end(stream: &Stream, partition: u32) -> Result<LogPosition, Tak
 }
 
 /// Takes partition `partition`'s log over at `epoch` (this node's lease's; refused if the log
-/// names a later one), for a node whose copy ends at position `local_last`: publishes a `takeover` message at the log's end, so that any earlier owner's
-/// next publish is refused (docs/cluster.md, "Leases and fencing"). Returns where the log ends
-/// after it.
+/// names a later one), for a node whose copy ends at position `local_last`: publishes a
+/// `takeover` message at the log's end, so that any earlier owner's next publish is refused
+/// (docs/cluster.md, "Leases and fencing"). It carries `watermark`, the time the new owner's
+/// shard starts from. Returns where the log ends after it.
 pub async fn take_over(
     js: &Context,
     stream: &Stream,
     partition: u32,
-    epoch: u64,
+    (epoch, watermark): (u64, u64),
     local_last: u64,
 ) -> Result<LogPosition, TakeoverError> {
     let end = log_end(stream, partition).await?;
@@ -216,7 +217,7 @@ pub async fn take_over(
         epoch,
         after: end.last,
         previous_link: end.link,
-        watermark: wall_ms(),
+        watermark,
         catalog_seq: 0,
         versions_below: 0,
         records: Vec::new(),
@@ -278,6 +279,10 @@ struct Queue {
     stalled: Option<StorageError>,
     /// The publisher has stopped.
     closed: bool,
+    /// The latest watermark logged: messages carry the wall clock at their publish, never
+    /// below the time the shard started from at takeover (an earlier owner's), so the log's
+    /// last watermark is at or above every time this owner acted on before its lease's end.
+    watermark: u64,
 }
 
 impl PublishQueue {
@@ -294,6 +299,7 @@ impl PublishQueue {
                 failed: None,
                 stalled: None,
                 closed: false,
+                watermark: 0,
             }),
             wake: Notify::new(),
             progress: watch::Sender::new(()),
@@ -301,10 +307,12 @@ impl PublishQueue {
     }
 
     /// This node owns the partition from here, its log ending at `position` (from
-    /// [`take_over`]): its shard's commits are queued from now on, and [`PublishQueue::publish`]
-    /// sends them.
-    pub fn start(&self, position: &LogPosition) {
-        self.queue.lock().next = Some(position.last + 1);
+    /// [`take_over`], which logged `watermark`): its shard's commits are queued from now on,
+    /// and [`PublishQueue::publish`] sends them.
+    pub fn start(&self, position: &LogPosition, watermark: u64) {
+        let mut q = self.queue.lock();
+        q.next = Some(position.last + 1);
+        q.watermark = q.watermark.max(watermark);
     }
 
     /// Why the partition's log refuses this node's commits, if it does: a write should be
@@ -464,7 +472,11 @@ impl PublishQueue {
     /// The frame of `batch`, following `position`, and where the log ends after it.
     fn frame(&self, batch: &[Commit], position: &LogPosition) -> (Bytes, LogPosition) {
         let mut after = *position;
-        let watermark = wall_ms();
+        let watermark = {
+            let mut q = self.queue.lock();
+            q.watermark = q.watermark.max(wall_ms());
+            q.watermark
+        };
         let messages: Vec<Vec<u8>> = batch
             .iter()
             .map(|commit| {

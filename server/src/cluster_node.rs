@@ -400,7 +400,7 @@ impl Partition {
         };
         // Served only within the lease from here; renewed while the node catches up.
         self.lease_end(&held);
-        let epoch = held.epoch;
+        let (epoch, floor) = (held.epoch, held.replaced_until());
         let lost = Arc::new(AtomicBool::new(false));
         let mut renewing = AbortOnDrop(tokio::spawn(self.renew(held, lost.clone())));
         let still_held = || !lost.load(Ordering::SeqCst);
@@ -411,7 +411,7 @@ impl Partition {
                 &self.js,
                 &self.stream,
                 &self.engine,
-                (&self.queue, self.p, epoch),
+                (&self.queue, self.p, epoch, floor),
                 (&mut followed, &still_held),
             )
             .await
@@ -450,8 +450,11 @@ impl Partition {
     }
 
     fn lease_end(&self, held: &Held) {
-        self.engine
-            .serve_until(self.p as usize, held.serves_until().unwrap_or(0));
+        self.engine.serve_until(
+            self.p as usize,
+            held.serves_until().unwrap_or(0),
+            held.time_cap(),
+        );
     }
 
     /// Renews the lease every quarter lease; on losing it, stops serving the partition and
@@ -475,7 +478,11 @@ impl Partition {
                 tokio::time::sleep(interval).await;
                 match leases.renew(&mut held, &node, &clocks).await {
                     Ok(true) => {
-                        engine.serve_until(p as usize, held.serves_until().unwrap_or(0));
+                        engine.serve_until(
+                            p as usize,
+                            held.serves_until().unwrap_or(0),
+                            held.time_cap(),
+                        );
                         continue;
                     }
                     Ok(false) => {}

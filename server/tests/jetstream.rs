@@ -337,7 +337,7 @@ async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>, Col
                 js,
                 stream,
                 &engine,
-                (&queues[p as usize], p, epoch),
+                (&queues[p as usize], p, epoch, 0),
                 (&mut followed, &|| true),
             )
             .await
@@ -523,7 +523,7 @@ async fn a_fenced_partition_fails_its_writes_and_only_its_own() {
         .await
         .expect("stream");
     let end = log_end(&stream, 0).await.expect("log end");
-    let taken = take_over(&js, &stream, 0, 2, end.last)
+    let taken = take_over(&js, &stream, 0, (2, 0), end.last)
         .await
         .expect("takes over");
     assert_eq!(taken.epoch, 2);
@@ -1199,4 +1199,255 @@ async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
             );
         }
     }
+}
+
+/// One node's clocks in the skew test: the test's time line, less how far the node's clock is
+/// behind; its wall clock, its lease clock and its engine's clock all read it, and they move
+/// only when the test moves the line.
+#[derive(Debug)]
+struct Skewed {
+    line: Arc<std::sync::atomic::AtomicU64>,
+    behind: u64,
+}
+
+impl Skewed {
+    fn read(&self) -> u64 {
+        self.line.load(std::sync::atomic::Ordering::SeqCst) - self.behind
+    }
+}
+
+impl mayfly_cluster::Clocks for Skewed {
+    fn monotonic_ms(&self) -> u64 {
+        self.read()
+    }
+    fn wall_ms(&self) -> u64 {
+        self.read()
+    }
+}
+
+impl mayfly_server::engine::Clock for Skewed {
+    fn now(&self) -> u64 {
+        self.read()
+    }
+}
+
+impl mayfly_server::engine::LeaseClock for Skewed {
+    fn now_ms(&self) -> u64 {
+        self.read()
+    }
+}
+
+/// A node of the skew test: an engine on `clock` logging every commit to the partitions' logs,
+/// with database `db` and collection `c` (TTL on, no default), following every partition.
+async fn skewed_node(
+    js: &Context,
+    clock: Arc<Skewed>,
+) -> (Engine, Vec<Arc<PublishQueue>>, CollectionPath) {
+    let queues: Vec<_> = (0..PARTITIONS).map(PublishQueue::new).collect();
+    let max_payload = js.client().server_info().max_payload;
+    let storage =
+        ReplicatedStorage::new(Arc::new(MemoryStorage::new()), queues.clone(), max_payload);
+    let config = EngineConfig {
+        log_every_commit: true,
+        lease_clock: Some(clock.clone()),
+        ..EngineConfig::new(PARTITIONS as usize)
+    };
+    let engine = Engine::new(config, Arc::new(storage), clock);
+    let db = ResourceId::parse(IdKind::Database, "db").expect("id");
+    engine.create_database(db.clone()).expect("database");
+    let settings = CollectionSettings::new(DefaultTtl::NoDefault, IndexingMode::Consistent)
+        .expect("settings")
+        .with_change_feed_retention(FeedRetention::OFF);
+    let id = ResourceId::parse(IdKind::Collection, "c").expect("id");
+    engine
+        .create_collection(
+            &db,
+            id.clone(),
+            PartitionKeyPath::parse("/pk").expect("path"),
+            settings,
+            Default::default(),
+        )
+        .expect("collection");
+    for p in 0..PARTITIONS {
+        engine.set_following(p as usize, true);
+    }
+    let path = CollectionPath {
+        database: db,
+        collection: id,
+    };
+    (engine, queues, path)
+}
+
+/// Takes partition `p` of `engine` over with lease `held`, as a node's partition task does:
+/// served within the lease, time capped by it and raised to the lease it replaced.
+async fn own_partition(
+    js: &Context,
+    engine: &Engine,
+    queue: &Arc<PublishQueue>,
+    held: &mayfly_cluster::Held,
+) {
+    let p = held.partition;
+    let stream = js
+        .get_stream(publish_queue::stream_name(p))
+        .await
+        .expect("stream");
+    engine.serve_until(
+        p as usize,
+        held.serves_until().expect("held"),
+        held.time_cap(),
+    );
+    let mut followed = Followed::new(p);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match become_owner(
+            js,
+            &stream,
+            engine,
+            (queue, p, held.epoch, held.replaced_until()),
+            (&mut followed, &|| true),
+        )
+        .await
+        {
+            Ok(_) => return,
+            Err(CatchUpError::Takeover(e)) if Instant::now() < deadline => {
+                eprintln!("partition {p} not taken over yet ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("partition {p} not taken over: {e}"),
+        }
+    }
+}
+
+/// The test: a document the old owner reported expired is expired on the new owner,
+/// whose clock is 500 ms behind. The window is real: the old owner serves until 1,930 ms after
+/// its last renewal, the new one from 2,001 ms after it saw that renewal, by then reading 500 ms
+/// less, so a document due in between is one the old owner may have reported expired and the
+/// new one's clock says is alive. Nothing logged its expiry (reads do not commit, and no purge
+/// ran): the lease's `lease_until`, where the new owner's time starts, is what keeps it expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_is_final_across_a_failover_to_a_node_whose_clock_is_500_ms_behind() {
+    use mayfly_server::engine::Error as EngineError;
+
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    // Created once the cluster takes replicated writes (creation retries until it does).
+    replicated_stream(&js, "READY", "ready.>").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = log_streams(&js, 3).await {
+        assert!(Instant::now() < deadline, "no log streams within 20 s: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let leases = Leases::open(&js, 3, LeaseTiming::DEFAULT)
+        .await
+        .expect("bucket");
+    let t0 = mayfly_server::engine::Clock::now(&SystemClock);
+    let line = Arc::new(std::sync::atomic::AtomicU64::new(t0));
+    let at = |ms: u64| line.store(t0 + ms, std::sync::atomic::Ordering::SeqCst);
+    let a_clock = Arc::new(Skewed {
+        line: line.clone(),
+        behind: 0,
+    });
+    let b_clock = Arc::new(Skewed {
+        line: line.clone(),
+        behind: 500,
+    });
+    let (a, a_queues, path) = skewed_node(&js, a_clock.clone()).await;
+    let (b, b_queues, _) = skewed_node(&js, b_clock.clone()).await;
+    let info = a.get_collection(&path).expect("collection");
+    let p = Placement::Xxh3.shard(
+        &info,
+        &PartitionKeyValue::String("k".into()),
+        PARTITIONS as usize,
+    ) as u32;
+
+    // a takes the partition at 0 and writes x (ttl 2 s: due at 2,300) and y (no ttl) at 300.
+    let mut a_lease = leases
+        .try_acquire(p, "a", &mut Watch::default(), &*a_clock)
+        .await
+        .expect("answers")
+        .expect("free");
+    own_partition(&js, &a, &a_queues[p as usize], &a_lease).await;
+    at(300);
+    for body in [
+        serde_json::json!({"id": "x", "pk": "k", "ttl": 2}),
+        serde_json::json!({"id": "y", "pk": "k"}),
+    ] {
+        let serde_json::Value::Object(map) = body else {
+            unreachable!()
+        };
+        let created = a.create_document(
+            &path,
+            DocumentBody::parse(Arc::new(map), None).expect("body"),
+            None,
+        );
+        a.settle(created).await.expect("acknowledged");
+    }
+    // a renews at 500 (serving until 2,430); b sees that renewal at once.
+    at(500);
+    assert!(
+        leases
+            .renew(&mut a_lease, "a", &*a_clock)
+            .await
+            .expect("answers")
+    );
+    a.serve_until(
+        p as usize,
+        a_lease.serves_until().expect("held"),
+        a_lease.time_cap(),
+    );
+    let mut b_watch = Watch::default();
+    let early = leases.try_acquire(p, "b", &mut b_watch, &*b_clock).await;
+    assert!(early.expect("answers").is_none(), "taken while renewed");
+
+    let key = |id: &str| DocKey {
+        partition_key: PartitionKeyValue::String("k".into()),
+        id: ResourceId::parse(IdKind::Document, id).expect("id"),
+    };
+    let read = |engine: &Engine, id: &str| {
+        let engine = engine.clone();
+        let read = engine.read_document(&path, &key(id));
+        async move { engine.settle(read).await }
+    };
+    at(2_290);
+    assert!(read(&a, "x").await.is_ok(), "x is alive before 2,300");
+    // a reports x expired at 2,310, within its lease; then it dies.
+    at(2_310);
+    assert!(
+        matches!(
+            read(&a, "x").await,
+            Err(EngineError::DocumentNotFound { .. })
+        ),
+        "a reports x expired"
+    );
+    for q in &a_queues {
+        q.close();
+    }
+
+    // b takes over at 2,501 (its lease clock: 2,001 after it saw a's renewal); its clock reads
+    // 2,001, before x's expiry.
+    at(2_501);
+    let b_lease = leases
+        .try_acquire(p, "b", &mut b_watch, &*b_clock)
+        .await
+        .expect("answers")
+        .expect("a's lease has lapsed for b");
+    assert_eq!(b_lease.epoch, 2);
+    assert!(
+        !a_lease.serves(&*a_clock),
+        "a still served when b took over"
+    );
+    assert!(b_clock.read() < t0 + 2_300, "b's own clock says x is alive");
+    own_partition(&js, &b, &b_queues[p as usize], &b_lease).await;
+    assert!(
+        b.shard_time(p as usize) >= t0 + 2_310,
+        "b's time starts at a's lease end"
+    );
+    assert!(read(&b, "y").await.is_ok(), "b caught up with a's writes");
+    assert!(
+        matches!(
+            read(&b, "x").await,
+            Err(EngineError::DocumentNotFound { .. })
+        ),
+        "x, reported expired by a, is alive on b"
+    );
 }

@@ -2,7 +2,7 @@
 //! elsewhere applies the owner's commits from the partition's log, and serves once promoted.
 //! The engine knows nothing of NATS: the cluster crate reads the log and calls these.
 
-use super::{Engine, error::Error, shard::ReplicatedCommit};
+use super::{Engine, Millis, error::Error, shard::ReplicatedCommit};
 use crate::storage::Lsn;
 
 impl Engine {
@@ -30,8 +30,24 @@ impl Engine {
     /// `until` of the lease clock ([`super::EngineConfig::lease_clock`]) on is refused
     /// `NOT_OWNER`, until a renewal moves it. Checked under the shard lock in the hold that
     /// answers, so an owner paused past its lease answers nothing when it wakes.
-    pub fn serve_until(&self, shard: usize, until: u64) {
-        self.inner.shards[shard].serve_until(until);
+    /// `time_cap`: the largest wall clock reading the lease lets the shard act on (see
+    /// docs/cluster.md, "Expiry across owners"): its time holds there rather than pass it.
+    pub fn serve_until(&self, shard: usize, until: u64, time_cap: Millis) {
+        self.inner.shards[shard].serve_until(until, time_cap);
+    }
+
+    /// Moves shard `shard`'s time forward to at least `floor`: a follower raises it to each
+    /// logged commit's watermark, and a new owner to its predecessor's last `lease_until`,
+    /// before it serves, so that nothing an earlier owner may have reported expired is alive
+    /// here, whatever this node's clock says.
+    pub fn raise_time(&self, shard: usize, floor: Millis) {
+        self.inner.shards[shard].raise_time(floor);
+    }
+
+    /// Shard `shard`'s time now: the engine's clock, never behind a time the shard acted on
+    /// or was raised to, nor past its cap.
+    pub fn shard_time(&self, shard: usize) -> Millis {
+        self.inner.shards[shard].reading(&*self.inner.clock)
     }
 
     /// Whether shard `shard` serves clients now (not following, its lease, if any, running).

@@ -17,7 +17,7 @@ use super::{
     detach, documents::same_policy,
 };
 use crate::engine::{
-    CollectionUid,
+    CollectionUid, Millis,
     change_feed::{ChangeOp, ChangeRecord},
     error::Error,
     index::terms::bounded_document_terms,
@@ -48,9 +48,16 @@ impl Shard {
     }
 
     /// Bounds what this shard serves by its partition lease: nothing from reading `until` of
-    /// the engine's lease clock on, until a renewal moves it.
-    pub(crate) fn serve_until(&self, until: u64) {
-        self.lock().serve_until = Some(until);
+    /// the engine's lease clock on, and no time past `time_cap`, until a renewal moves them.
+    pub(crate) fn serve_until(&self, until: u64, time_cap: Millis) {
+        let mut st = self.lock();
+        st.serve_until = Some(until);
+        st.time_cap = Some(time_cap);
+    }
+
+    /// Moves this shard's time forward to at least `floor` (an earlier owner's time).
+    pub(crate) fn raise_time(&self, floor: Millis) {
+        self.lock().advance_to(floor);
     }
 
     /// Why this shard answers no client now, if it does not: it follows an owner elsewhere, or

@@ -35,6 +35,11 @@ pub(crate) struct ShardState {
     /// Its partition lease ends at this reading of the engine's lease clock (cluster mode);
     /// `None`: no lease bounds it.
     pub(super) serve_until: Option<u64>,
+    /// The largest wall clock reading its lease lets it act on (cluster mode: the
+    /// `lease_until` its owner last wrote, which the next owner starts its time from, so that
+    /// nothing this owner judged expired is alive there). `None`: no cap; with one, shard time
+    /// never follows the wall clock back either.
+    pub(super) time_cap: Option<Millis>,
     /// Where the latest commit that appended to the change log is in storage.
     pub(super) log_lsn: Lsn,
 }
@@ -217,6 +222,7 @@ impl ShardState {
             log_seq: 0,
             following: false,
             serve_until: None,
+            time_cap: None,
             log_lsn: Lsn::ZERO,
         }
     }
@@ -228,10 +234,10 @@ impl ShardState {
     /// clock, so a single reading (or a stored write) from far in the future cannot freeze
     /// shard time. By then the purge has made what expired in the gap final, up to its lag.
     pub(in crate::engine) fn now(&mut self, clock: &dyn Clock) -> Millis {
-        let wall = clock.now();
+        let wall = clock.now().min(self.time_cap.unwrap_or(Millis::MAX));
         if wall >= self.last_now {
             self.last_now = wall;
-        } else if self.last_now - wall > MAX_CLOCK_STEP_BACK {
+        } else if self.time_cap.is_none() && self.last_now - wall > MAX_CLOCK_STEP_BACK {
             tracing::warn!(
                 behind_ms = self.last_now - wall,
                 "the wall clock is far behind the latest time this shard acted on; following it back"

@@ -453,7 +453,7 @@ async fn a_shard_whose_lease_ended_answers_nothing_until_it_is_renewed() {
     let shard = f
         .engine
         .shard_index(&f.engine.get_collection(&f.path).expect("c"), &pk("p"));
-    f.engine.serve_until(shard, 100);
+    f.engine.serve_until(shard, 100, u64::MAX);
     lease.0.store(99, std::sync::atomic::Ordering::SeqCst);
     assert!(f.visible("a"), "served within its lease");
     // An owner paused past its lease wakes here: its first answer is a refusal.
@@ -461,7 +461,7 @@ async fn a_shard_whose_lease_ended_answers_nothing_until_it_is_renewed() {
     assert!(matches!(f.read("a"), Err(Error::NotOwner { .. })));
     let write = f.engine.create_document(&f.path, doc("b", None), None);
     assert!(matches!(write.result, Err(Error::NotOwner { .. })));
-    f.engine.serve_until(shard, 200);
+    f.engine.serve_until(shard, 200, u64::MAX);
     assert!(f.visible("a"));
     assert!(!f.visible("b"), "the refused write changed nothing");
 }
@@ -538,4 +538,35 @@ async fn a_settings_change_applied_late_at_its_given_instant_judges_as_it_did_on
         late.visible("a"),
         "the late node expired what the change kept"
     );
+}
+
+#[tokio::test]
+async fn a_leased_shard_acts_on_no_time_past_its_cap_nor_below_a_raised_floor() {
+    let lease = Arc::new(HandLeaseClock::default());
+    let config = EngineConfig {
+        lease_clock: Some(lease.clone()),
+        ..cluster_config()
+    };
+    let f = Fixture::with_config(Some(-1), Arc::new(MemoryStorage::new()), config);
+    f.create("a", Some(1));
+    let shard = f
+        .engine
+        .shard_index(&f.engine.get_collection(&f.path).expect("c"), &pk("p"));
+    // The lease lets the shard act on times up to T0 + 500: its time holds there, so "a"
+    // (due at T0 + 1,000) is not judged expired by a clock its lease does not cover.
+    f.engine.serve_until(shard, u64::MAX, T0 + 500);
+    f.advance(2_000);
+    assert_eq!(f.engine.shard_time(shard), T0 + 500);
+    assert!(f.visible("a"));
+    // A renewal moves the cap: the time catches up with the clock.
+    f.engine.serve_until(shard, u64::MAX, T0 + 4_000);
+    assert!(!f.visible("a"));
+    // Under a lease, shard time never follows the clock back, however far (the next owner
+    // starts where this one's lease ended, and this one must not go back below what it did).
+    f.clock.set(T0 - 60_000);
+    assert_eq!(f.engine.shard_time(shard), T0 + 2_000);
+    assert!(!f.visible("a"));
+    // A floor (an earlier owner's lease end) moves it forward at once.
+    f.engine.raise_time(shard, T0 + 3_000);
+    assert_eq!(f.engine.shard_time(shard), T0 + 3_000);
 }
