@@ -1451,3 +1451,276 @@ async fn expired_is_final_across_a_failover_to_a_node_whose_clock_is_500_ms_behi
         "x, reported expired by a, is alive on b"
     );
 }
+
+/// One event of a recorded history: a client thread invoking an operation on a key, or the
+/// answer it got. Recorded in the order they happened (an invocation before the request is
+/// sent, an answer after it arrived: each operation's interval only widens).
+#[derive(Debug, Clone)]
+enum Event {
+    Invoke(
+        u64,
+        stateright::semantics::register::RegisterOp<Option<i64>>,
+    ),
+    Return(
+        u64,
+        stateright::semantics::register::RegisterRet<Option<i64>>,
+    ),
+}
+
+/// The linearizability test: clients read and write two documents through both nodes
+/// while the owner of every partition is paused (SIGSTOP) past its lease, the other node takes
+/// over, and the paused one resumes. Each document's history, as the clients saw it, must be
+/// linearizable as a register, checked by stateright's `LinearizabilityTester`. An operation
+/// that failed or timed out may or may not have taken effect: it stays in flight (its client
+/// thread goes on as a new one), which the checker may place anywhere after its invocation or
+/// nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documents_history_is_linearizable_across_a_paused_owner() {
+    use mayfly_proto::v1::{ReadDocumentRequest, UpsertDocumentRequest};
+    use stateright::semantics::register::{RegisterOp, RegisterRet};
+    use support::clients::{connect, database_and_collection, string_pk};
+
+    let nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    // a owns every partition (it joined alone); b joins, finds them held, and stands by.
+    let b = cluster_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    let keys = ["k0", "k1"];
+    for key in keys {
+        // Served before the clock starts, so that the history begins with a served partition.
+        let read = ReadDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            id: key.into(),
+            partition_key: Some(string_pk(key)),
+        };
+        let _ = when_served("first read", || {
+            let (mut documents, read) = (on_a.documents.clone(), read.clone());
+            async move {
+                match documents.read_document(read).await {
+                    Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            }
+        })
+        .await;
+    }
+
+    let history: Arc<std::sync::Mutex<Vec<(usize, Event)>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let thread_ids = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        for w in 0..3u64 {
+            let nodes = [on_a.documents.clone(), on_b.documents.clone()];
+            let (history, stop, thread_ids) = (history.clone(), stop.clone(), thread_ids.clone());
+            let key = key.to_string();
+            workers.push(tokio::spawn(async move {
+                let record = |e: Event| history.lock().expect("history").push((k, e));
+                let mut thread = thread_ids.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut n = 0i64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    n += 1;
+                    let mut documents = nodes[(n as usize + w as usize) % 2].clone();
+                    let write = n % 2 == 0;
+                    let value = (w as i64) * 1_000_000 + n;
+                    let answer = if write {
+                        record(Event::Invoke(thread, RegisterOp::Write(Some(value))));
+                        let serde_json::Value::Object(body) =
+                            serde_json::json!({"id": key, "pk": key, "v": value})
+                        else {
+                            unreachable!()
+                        };
+                        let request = UpsertDocumentRequest {
+                            database: "d".into(),
+                            collection: "c".into(),
+                            body: Some(mayfly_proto::json::JsonObject::new(body)),
+                            ..Default::default()
+                        };
+                        let call = documents.upsert_document(request);
+                        match tokio::time::timeout(Duration::from_secs(2), call).await {
+                            Ok(Ok(_)) => Some(RegisterRet::WriteOk),
+                            _ => None,
+                        }
+                    } else {
+                        record(Event::Invoke(thread, RegisterOp::Read));
+                        let request = ReadDocumentRequest {
+                            database: "d".into(),
+                            collection: "c".into(),
+                            id: key.clone(),
+                            partition_key: Some(string_pk(&key)),
+                        };
+                        let call = documents.read_document(request);
+                        match tokio::time::timeout(Duration::from_secs(2), call).await {
+                            Ok(Ok(doc)) => {
+                                let body = doc.into_inner().body.expect("a body").into_map();
+                                Some(RegisterRet::ReadOk(body["v"].as_i64()))
+                            }
+                            Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
+                                Some(RegisterRet::ReadOk(None))
+                            }
+                            _ => None,
+                        }
+                    };
+                    match answer {
+                        Some(ret) => record(Event::Return(thread, ret)),
+                        // Its outcome unknown: left in flight, and this client goes on as a
+                        // new thread.
+                        None => {
+                            thread = thread_ids.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    a.signal("STOP");
+    // Past its lease and b's takeover.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.signal("CONT");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+
+    // b took every partition over while a was stopped: the history spans the failover.
+    let map = on_b
+        .admin
+        .clone()
+        .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+        .await
+        .expect("partition map")
+        .into_inner();
+    assert!(
+        map.owners.iter().all(|o| o.owner == "b" && o.epoch == 2),
+        "{:?}",
+        map.owners
+    );
+    let history = history.lock().expect("history").clone();
+    for (k, key) in keys.iter().enumerate() {
+        let events: Vec<_> = history
+            .iter()
+            .filter(|(of, _)| *of == k)
+            .map(|(_, e)| e.clone())
+            .collect();
+        let checked = check_register(&events);
+        eprintln!(
+            "{key}: {} operations, {} of unknown outcome, {} reads of a written value",
+            checked.operations, checked.in_flight, checked.reads_of_writes
+        );
+        assert!(
+            checked.reads_of_writes > 10,
+            "{key}: too few reads saw a write for the check to mean anything"
+        );
+        assert!(
+            checked.linearizable,
+            "{key}: the history is not linearizable: {events:?}"
+        );
+    }
+}
+
+/// What [`check_register`] found.
+struct Checked {
+    linearizable: bool,
+    operations: usize,
+    in_flight: usize,
+    reads_of_writes: usize,
+}
+
+/// Whether `events`, one key's history, is linearizable as a register that starts absent.
+fn check_register(events: &[Event]) -> Checked {
+    use stateright::semantics::{
+        ConsistencyTester, LinearizabilityTester,
+        register::{Register, RegisterRet},
+    };
+
+    let mut tester = LinearizabilityTester::new(Register(None));
+    let mut checked = Checked {
+        linearizable: false,
+        operations: 0,
+        in_flight: 0,
+        reads_of_writes: 0,
+    };
+    for event in events {
+        match event {
+            Event::Invoke(t, op) => {
+                checked.operations += 1;
+                checked.in_flight += 1;
+                tester
+                    .on_invoke(*t, op.clone())
+                    .expect("a well-formed history");
+            }
+            Event::Return(t, ret) => {
+                checked.in_flight -= 1;
+                if matches!(ret, RegisterRet::ReadOk(Some(_))) {
+                    checked.reads_of_writes += 1;
+                }
+                tester
+                    .on_return(*t, ret.clone())
+                    .expect("a well-formed history");
+            }
+        }
+    }
+    checked.linearizable = tester.is_consistent();
+    checked
+}
+
+/// The checker can fail: a read that returns an overwritten value after the overwrite was
+/// acknowledged (a stale read from a deposed owner) is found, and so is a read of a value
+/// whose write was refused; a write of unknown outcome may explain a read, or not have
+/// happened.
+#[test]
+fn the_history_checker_finds_a_stale_read() {
+    use Event::{Invoke, Return};
+    use stateright::semantics::register::{RegisterOp::*, RegisterRet::*};
+
+    let stale = [
+        Invoke(0, Write(Some(1))),
+        Return(0, WriteOk),
+        Invoke(1, Write(Some(2))),
+        Return(1, WriteOk),
+        Invoke(0, Read),
+        Return(0, ReadOk(Some(1))),
+    ];
+    assert!(!check_register(&stale).linearizable);
+    let concurrent = [
+        Invoke(0, Write(Some(1))),
+        Invoke(1, Write(Some(2))),
+        Return(1, WriteOk),
+        Invoke(2, Read),
+        Return(0, WriteOk),
+        Return(2, ReadOk(Some(1))),
+    ];
+    assert!(
+        check_register(&concurrent).linearizable,
+        "ordered 2, 1, read"
+    );
+    // Thread 0's write never answered: it may have happened (the read of 1) ...
+    let unknown = [
+        Invoke(0, Write(Some(1))),
+        Invoke(1, Read),
+        Return(1, ReadOk(Some(1))),
+        Invoke(2, Read),
+        Return(2, ReadOk(None)),
+    ];
+    assert!(
+        !check_register(&unknown).linearizable,
+        "1 then absent again"
+    );
+    assert!(check_register(&unknown[..3]).linearizable);
+    assert!(
+        check_register(&[
+            Invoke(0, Write(Some(1))),
+            Invoke(1, Read),
+            Return(1, ReadOk(None))
+        ])
+        .linearizable
+    );
+}
