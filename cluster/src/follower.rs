@@ -83,6 +83,21 @@ impl Followed {
             partial: None,
         }
     }
+
+    /// A copy that is the log up to `position`: an owner's that stopped with every commit
+    /// acknowledged ([`PublishQueue::stop`]).
+    pub fn at(partition: u32, position: &LogPosition) -> Self {
+        Followed {
+            chain: Chain {
+                partition,
+                last: position.last,
+                link: position.link,
+                epoch: position.epoch,
+            },
+            subject_seq: position.subject_seq,
+            partial: None,
+        }
+    }
 }
 
 /// Applies to `engine`'s shard `partition` (following it) every message of the partition's
@@ -224,8 +239,12 @@ pub async fn become_owner(
         .await
         {
             Ok(position) => {
-                queue.start(&position, watermark);
-                tokio::spawn(queue.clone().publish(js.clone(), stream.clone(), position));
+                let generation = queue.start(&position, watermark);
+                tokio::spawn(queue.clone().publish(
+                    js.clone(),
+                    stream.clone(),
+                    (position, generation),
+                ));
                 // Serving is bounded by the lease end the engine was given; promoted only
                 // while the lease is still this node's.
                 if held() {

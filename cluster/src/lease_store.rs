@@ -29,24 +29,37 @@ pub struct LeaseRecord {
     pub epoch: u64,
     /// The owner's wall clock at its last renewal plus a lease (Unix ms).
     pub lease_until: u64,
+    /// Handed over by the previous owner, which has stopped serving, and not taken yet: the
+    /// node it names takes it at once, without waiting for a lapse.
+    pub handed: bool,
 }
 
 impl LeaseRecord {
     fn encode(&self) -> Bytes {
-        format!("{} {} {}", self.epoch, self.lease_until, self.owner).into()
+        let handed = if self.handed { " handed" } else { "" };
+        format!("{} {} {}{handed}", self.epoch, self.lease_until, self.owner).into()
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, LeaseError> {
         let bad = || LeaseError::Corrupt(String::from_utf8_lossy(bytes).into_owned());
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
-        let mut parts = text.splitn(3, ' ');
+        let mut parts = text.split(' ');
         let epoch = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let lease_until = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let owner = parts.next().filter(|o| !o.is_empty()).ok_or_else(bad)?;
+        let handed = match parts.next() {
+            None => false,
+            Some("handed") => true,
+            Some(_) => return Err(bad()),
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
         Ok(LeaseRecord {
             owner: owner.to_string(),
             epoch,
             lease_until,
+            handed,
         })
     }
 }
@@ -229,6 +242,7 @@ impl Leases {
             owner: node.to_string(),
             epoch,
             lease_until: clocks.wall_ms() + self.timing.length_ms,
+            handed: false,
         };
         let Some((held_by, revision)) = current else {
             lease.sending(clocks.monotonic_ms());
@@ -259,10 +273,17 @@ impl Leases {
                 now
             }
         };
-        if now < self.timing.lapsed_at(first_seen) {
+        // Handed to this node: its previous owner stopped serving before it wrote the key, so
+        // it is taken at once, at the epoch the handover gave it.
+        let handed_here = held_by.handed && held_by.owner == node;
+        if !handed_here && now < self.timing.lapsed_at(first_seen) {
             return Ok(None);
         }
-        let epoch = held_by.epoch + 1;
+        let epoch = if handed_here {
+            held_by.epoch
+        } else {
+            held_by.epoch + 1
+        };
         lease.sending(clocks.monotonic_ms());
         let mut record = record(epoch);
         // Never below the replaced one's: the cap on this owner's time starts above the
@@ -307,6 +328,7 @@ impl Leases {
             // Never below a value written before, though the wall clock step back: the shard
             // may have acted on times up to it.
             lease_until: (clocks.wall_ms() + self.timing.length_ms).max(held.lease_until),
+            handed: false,
         };
         match self
             .kv
@@ -344,6 +366,45 @@ impl Leases {
     }
 }
 
+impl Leases {
+    /// Hands a held lease to `to` (a planned handover, docs/cluster.md "Leases and fencing"):
+    /// the caller has stopped serving the partition and stopped renewing, and every commit it
+    /// made is on the log. The key names `to` at the next epoch, marked handed, so that `to`
+    /// takes it at once; its `lease_until` stays, the time the next owner starts from.
+    /// `false`: the key is not this node's at this epoch any more (it lapsed and was taken).
+    pub async fn hand_over(&self, held: &Held, node: &str, to: &str) -> Result<bool, LeaseError> {
+        let record = LeaseRecord {
+            owner: to.to_string(),
+            epoch: held.epoch + 1,
+            lease_until: held.lease_until,
+            handed: true,
+        };
+        // The revision this node last wrote, or a later one of its own (a renewal whose answer
+        // was lost).
+        let revision = match self.read(held.partition).await? {
+            Some((r, revision)) if r.owner == node && r.epoch == held.epoch && !r.handed => {
+                revision
+            }
+            _ => return Ok(false),
+        };
+        match self
+            .kv
+            .update(Self::key(held.partition), record.encode(), revision)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || wrong_revision(&e) => {
+                // Applied after all (an answer lost), or taken by another node.
+                Ok(matches!(
+                    self.read(held.partition).await?,
+                    Some((r, _)) if r == record
+                ))
+            }
+            Err(e) => Err(nats(e)),
+        }
+    }
+}
+
 /// How often an owner renews: four times a lease.
 pub fn renew_interval(timing: &LeaseTiming) -> Duration {
     Duration::from_millis(timing.length_ms / 4)
@@ -362,13 +423,26 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_junk_is_refused() {
-        let r = LeaseRecord {
-            owner: "node a".into(),
+        let mut r = LeaseRecord {
+            owner: "node-a".into(),
             epoch: 7,
             lease_until: 1_764_000_000_000,
+            handed: false,
         };
         assert_eq!(LeaseRecord::decode(&r.encode()).expect("decodes"), r);
-        for junk in ["", "7", "7 8", "7 8 ", "x 8 a", "7 y a"] {
+        r.handed = true;
+        assert_eq!(r.encode(), "7 1764000000000 node-a handed");
+        assert_eq!(LeaseRecord::decode(&r.encode()).expect("decodes"), r);
+        for junk in [
+            "",
+            "7",
+            "7 8",
+            "7 8 ",
+            "x 8 a",
+            "7 y a",
+            "7 8 a b",
+            "7 8 a handed x",
+        ] {
             assert!(LeaseRecord::decode(junk.as_bytes()).is_err(), "{junk:?}");
         }
     }

@@ -283,6 +283,11 @@ struct Queue {
     /// below the time the shard started from at takeover (an earlier owner's), so the log's
     /// last watermark is at or above every time this owner acted on before its lease's end.
     watermark: u64,
+    /// Where the log ended after the last message this node's publisher had acknowledged
+    /// (or its takeover): where it follows on from if it stops owning the partition cleanly.
+    position: Option<LogPosition>,
+    /// One more at each start and stop: a publisher of an earlier ownership stops.
+    generation: u64,
 }
 
 impl PublishQueue {
@@ -300,6 +305,8 @@ impl PublishQueue {
                 stalled: None,
                 closed: false,
                 watermark: 0,
+                position: None,
+                generation: 0,
             }),
             wake: Notify::new(),
             progress: watch::Sender::new(()),
@@ -309,10 +316,68 @@ impl PublishQueue {
     /// This node owns the partition from here, its log ending at `position` (from
     /// [`take_over`], which logged `watermark`): its shard's commits are queued from now on,
     /// and [`PublishQueue::publish`] sends them.
-    pub fn start(&self, position: &LogPosition, watermark: u64) {
+    ///
+    /// Returns the publisher's generation, for [`PublishQueue::publish`].
+    pub fn start(&self, position: &LogPosition, watermark: u64) -> u64 {
         let mut q = self.queue.lock();
         q.next = Some(position.last + 1);
         q.watermark = q.watermark.max(watermark);
+        q.position = Some(*position);
+        q.stalled = None;
+        q.generation += 1;
+        q.generation
+    }
+
+    /// This node stops owning the partition (its shard follows again: nothing more is
+    /// queued), and its publisher stops. If every commit it queued was acknowledged, where the
+    /// log ends after them: this node's copy is the log up to there, and it may follow on and
+    /// own the partition again. `None`: commits were not acknowledged (they fail, their
+    /// outcome unknown), or the queue had failed; this copy may hold what the log does not.
+    pub fn stop(&self) -> Option<LogPosition> {
+        let mut q = self.queue.lock();
+        q.generation += 1;
+        q.next = None;
+        let clean = q.failed.is_none() && q.unacked.is_empty() && q.waiting.is_empty();
+        let position = if clean {
+            q.position.take()
+        } else {
+            if q.failed.is_none() {
+                let error = StorageError::outcome_unknown(format!(
+                    "partition {}: this node stopped owning it before NATS acknowledged the commit",
+                    self.partition
+                ));
+                Self::fail(&mut q, error);
+            }
+            None
+        };
+        drop(q);
+        self.progress.send_replace(());
+        self.wake.notify_one();
+        position
+    }
+
+    /// Waits until every commit queued so far is acknowledged (`true`), the queue fails, or
+    /// `timeout` passes (`false`).
+    pub async fn drained(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changed = self.progress.subscribe();
+        loop {
+            {
+                let q = self.queue.lock();
+                if q.failed.is_some() {
+                    return false;
+                }
+                if q.unacked.is_empty() && q.waiting.is_empty() {
+                    return true;
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
     }
 
     /// Why the partition's log refuses this node's commits, if it does: a write should be
@@ -417,11 +482,17 @@ impl PublishQueue {
 
     /// Publishes queued commits until the queue fails or closes, starting where the log ends
     /// (`position`, from [`take_over`]). Spawn it on the runtime that runs NATS's client.
-    pub async fn publish(self: Arc<Self>, js: Context, stream: Stream, mut position: LogPosition) {
+    /// `generation`: [`PublishQueue::start`]'s; the publisher stops when the queue stops.
+    pub async fn publish(
+        self: Arc<Self>,
+        js: Context,
+        stream: Stream,
+        (mut position, generation): (LogPosition, u64),
+    ) {
         loop {
             let batch = {
                 let mut q = self.queue.lock();
-                if q.failed.is_some() || q.closed {
+                if q.failed.is_some() || q.closed || q.generation != generation {
                     return;
                 }
                 let mut bytes = 0;
@@ -444,7 +515,7 @@ impl PublishQueue {
             let (frame, after) = self.frame(&batch, &position);
             let id = format!("{}:{}:{}", self.partition, position.epoch, after.last);
             match self
-                .send(&js, &stream, frame, &id, position.subject_seq)
+                .send(&js, &stream, frame, (&id, generation), position.subject_seq)
                 .await
             {
                 Ok(subject_seq) => {
@@ -453,15 +524,26 @@ impl PublishQueue {
                         ..after
                     };
                     let mut q = self.queue.lock();
+                    if q.generation != generation {
+                        // Stopped meanwhile: these commits already failed.
+                        return;
+                    }
                     for _ in 0..batch.len() {
                         q.unacked.pop_front();
                     }
                     q.stalled = None;
+                    q.position = Some(position);
                     drop(q);
                     self.progress.send_replace(());
                 }
                 Err(error) => {
-                    Self::fail(&mut self.queue.lock(), error);
+                    let mut q = self.queue.lock();
+                    // A queue stopped meanwhile failed what it had not acknowledged itself,
+                    // and may have started again.
+                    if q.generation == generation {
+                        Self::fail(&mut q, error);
+                    }
+                    drop(q);
                     self.progress.send_replace(());
                     return;
                 }
@@ -514,7 +596,7 @@ impl PublishQueue {
         js: &Context,
         stream: &Stream,
         frame: Bytes,
-        id: &str,
+        (id, generation): (&str, u64),
         expected: u64,
     ) -> Result<u64, StorageError> {
         let started = Instant::now();
@@ -570,7 +652,7 @@ impl PublishQueue {
             };
             let stalls = {
                 let mut q = self.queue.lock();
-                if q.closed {
+                if q.closed || q.failed.is_some() || q.generation != generation {
                     return Err(q.failed.clone().unwrap_or_else(|| {
                         StorageError::outcome_unknown("the node stopped publishing")
                     }));

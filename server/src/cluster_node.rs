@@ -5,8 +5,10 @@
 //! partitions in memory and rebuilds each from its log when it takes the partition over (the
 //! log, on a quorum of fsyncing NATS servers, is what persists; the node's own fjall copy comes
 //! later); a request for a partition another node owns is forwarded there, once (unary
-//! document calls; `grpc/forward.rs`); a node that loses a partition's lease does not take it again
-//! until it restarts (its copy may hold commits the log refused).
+//! document calls; `grpc/forward.rs`); owners hand partitions over to even out the assignment
+//! over the members present ([`rebalance`]); a node that stops owning a partition with commits
+//! NATS had not acknowledged does not take it again until it restarts (its copy may hold
+//! commits the log refused).
 
 use std::{
     sync::{
@@ -17,14 +19,19 @@ use std::{
 };
 
 use async_nats::jetstream::{self, Context, stream::Stream};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use mayfly_cluster::{
-    Apply, CatalogLog, CatchUpError, Clocks, Followed, Held, LeaseTiming, Leases, PublishQueue,
-    ReplicatedStorage, SystemClocks, Watch, assign, become_owner,
+    Apply, Assignment, CatalogLog, CatchUpError, Clocks, Followed, Held, LeaseTiming, Leases,
+    LogPosition, PublishQueue, Replicas, ReplicatedStorage, SystemClocks, Watch, assign,
+    become_owner, catch_up,
     lease_store::renew_interval,
     publish_queue::{LOG_STREAMS, log_streams},
 };
-use tokio::task::JoinHandle;
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore, watch},
+    task::JoinHandle,
+};
 use tonic::Status;
 
 use crate::{
@@ -89,9 +96,9 @@ impl Drop for ClusterNode {
 }
 
 /// Aborts a task when dropped: a partition task's renewals end with it.
-struct AbortOnDrop(JoinHandle<()>);
+struct AbortOnDrop<T>(JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -187,12 +194,51 @@ pub async fn join(
         nodes.put(&config.node_id, advertise.to_string().into())
     })
     .await?;
+    let members = patiently("opening the member list", || {
+        js_join.create_key_value(jetstream::kv::Config {
+            bucket: "mayfly-members".to_string(),
+            history: 1,
+            num_replicas: config.replicas,
+            max_age: MEMBER_TTL,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+    })
+    .await?;
+    patiently("joining the member list", || {
+        members.put(&config.node_id, Bytes::new())
+    })
+    .await?;
+    tasks.push(tokio::spawn(heartbeat(
+        members.clone(),
+        config.node_id.clone(),
+    )));
     // Nodes starting together split the partitions: each contends at once for those the
     // assignment over the nodes it sees gives it, and for the rest only once they have gone
-    // unowned a while (their node is absent, or gone).
+    // unowned a while (their node is absent, or gone). From then on the assignment follows
+    // the members present, and owners hand partitions over to even it out.
     tokio::time::sleep(NODE_SETTLE).await;
-    let members = node_ids(&nodes).await?;
-    let preferred = assign(None, partitions, &members, 0);
+    let live = node_ids(&members).await?;
+    let preferred = Arc::new(assign(None, partitions, &live, 0));
+    let (desired_tx, desired) = watch::channel(preferred.clone());
+    tasks.push(tokio::spawn(rebalance(
+        members,
+        leases.clone(),
+        partitions,
+        desired_tx,
+    )));
+    let handing_over = Arc::new(Semaphore::new(1));
+    let ready = patiently("opening the readiness bucket", || {
+        js_join.create_key_value(jetstream::kv::Config {
+            bucket: "mayfly-ready".to_string(),
+            history: 1,
+            num_replicas: config.replicas,
+            max_age: READY_TTL,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+    })
+    .await?;
     for (p, queue) in queues.iter().cloned().enumerate() {
         let partition = Partition {
             preferred: preferred.partitions[p].owner == config.node_id,
@@ -203,6 +249,9 @@ pub async fn join(
             stream: streams[p % LOG_STREAMS as usize].clone(),
             leases: leases.clone(),
             queue,
+            desired: desired.clone(),
+            handing_over: handing_over.clone(),
+            ready: ready.clone(),
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
@@ -224,6 +273,78 @@ pub async fn join(
         Arc::new(owners),
         ClusterNode { tasks, queues },
     ))
+}
+
+/// How long a node stays in the member list after its last heartbeat: a node gone that long
+/// is left out of the assignment (its partitions lapse to others within a lease anyway).
+const MEMBER_TTL: Duration = Duration::from_secs(10);
+
+/// How often a node renews its membership, and recomputes the assignment.
+const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// Keeps this node in the member list (`mayfly-members`, whose keys expire [`MEMBER_TTL`]
+/// after their last write).
+async fn heartbeat(members: jetstream::kv::Store, node: String) {
+    loop {
+        tokio::time::sleep(HEARTBEAT).await;
+        if let Err(e) = members.put(&node, Bytes::new()).await {
+            tracing::warn!(error = %e, "membership not renewed; retrying");
+        }
+    }
+}
+
+/// Recomputes the assignment the cluster moves to, every [`HEARTBEAT`]: from each
+/// partition's current owner, over the members present (`assign` keeps what it can and
+/// evens ownership out). Every node computes it from the same state; only a partition's
+/// owner acts on it, by handing the partition over.
+async fn rebalance(
+    members: jetstream::kv::Store,
+    leases: Arc<Leases>,
+    partitions: usize,
+    desired: watch::Sender<Arc<Assignment>>,
+) {
+    loop {
+        tokio::time::sleep(HEARTBEAT).await;
+        let live = match node_ids(&members).await {
+            Ok(live) if !live.is_empty() => live,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "member list not read");
+                continue;
+            }
+        };
+        let mut current = Vec::with_capacity(partitions);
+        for p in 0..partitions {
+            match leases.read(p as u32).await {
+                Ok(lease) => current.push(Replicas {
+                    owner: lease.map(|(r, _)| r.owner).unwrap_or_default(),
+                    standbys: Vec::new(),
+                }),
+                Err(e) => {
+                    tracing::debug!(partition = p, error = %e, "lease not read");
+                    break;
+                }
+            }
+        }
+        if current.len() < partitions {
+            continue;
+        }
+        let next = assign(
+            Some(&Assignment {
+                partitions: current,
+            }),
+            partitions,
+            &live,
+            0,
+        );
+        desired.send_if_modified(|d| {
+            let changed = **d != next;
+            if changed {
+                *d = Arc::new(next);
+            }
+            changed
+        });
+    }
 }
 
 /// A KV bucket of the cluster's (made where missing): one value per key, replicated, on disk.
@@ -371,40 +492,100 @@ struct Partition {
     stream: Stream,
     leases: Arc<Leases>,
     queue: Arc<PublishQueue>,
+    /// The assignment the cluster is moving to (see [`rebalance`]).
+    desired: watch::Receiver<Arc<Assignment>>,
+    /// One handover at a time on this node: requests to a partition being handed over wait
+    /// for it, and the cluster moves one partition at a time per node.
+    handing_over: Arc<Semaphore>,
+    /// Which node is caught up with each partition's log and ready to take it (keys expire
+    /// [`READY_TTL`] after they are written): a partition is handed only to a node that says
+    /// so, never to one that died or cannot serve it.
+    ready: jetstream::kv::Store,
 }
 
+/// How long a node's word that it is ready to take a partition holds.
+const READY_TTL: Duration = Duration::from_secs(3);
+
+/// How long a handover waits for the partition's commits to be acknowledged before it gives
+/// up (the partition is then left to lapse, as after a kill).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Partition {
-    /// Waits for the partition's lease, takes the partition over and serves it while the
-    /// lease is renewed.
-    async fn serve(self) {
+    /// Contends for the partition's lease, takes the partition over and serves it while the
+    /// lease is renewed; after losing it or handing it over, contends again, following on from
+    /// the log's end as this node left it, for as long as its copy is the log's.
+    async fn serve(mut self) {
+        let mut followed = Followed::new(self.p);
+        let mut first = true;
+        loop {
+            let held = self.contend(first, &mut followed).await;
+            first = false;
+            if !self.own(held, &mut followed).await {
+                return;
+            }
+        }
+    }
+
+    /// Waits until this node holds the partition's lease. While the assignment gives the
+    /// partition to this node, it keeps its copy caught up with the log meanwhile, so that
+    /// a handover finds it ready.
+    async fn contend(&self, first: bool, followed: &mut Followed) -> Held {
         let clocks = SystemClocks;
         let interval = renew_interval(&LeaseTiming::DEFAULT);
         let mut watch = Watch::default();
         // A free partition goes first to the node the assignment gives it; one with an owner
         // goes to whoever finds its lease lapsed first.
         let free = matches!(self.leases.read(self.p).await, Ok(None));
-        if !self.preferred && free {
+        if first && !self.preferred && free {
             tokio::time::sleep(Duration::from_millis(2 * LeaseTiming::DEFAULT.length_ms)).await;
         }
-        let held = loop {
+        loop {
             match self
                 .leases
                 .try_acquire(self.p, &self.node, &mut watch, &clocks)
                 .await
             {
-                Ok(Some(held)) => break held,
+                Ok(Some(held)) => return held,
                 Ok(None) => {}
                 Err(e) => tracing::debug!(partition = self.p, error = %e, "lease not read"),
             }
+            if self.desired_owner().as_deref() == Some(self.node.as_str()) {
+                match catch_up(&self.stream, &self.engine, self.p, followed).await {
+                    Ok(()) => {
+                        let key = format!("p.{}", self.p);
+                        if let Err(e) = self.ready.put(key, self.node.clone().into()).await {
+                            tracing::debug!(partition = self.p, error = %e, "readiness not said");
+                        }
+                    }
+                    Err(e) => tracing::debug!(partition = self.p, error = %e, "not caught up yet"),
+                }
+            }
             tokio::time::sleep(interval).await;
-        };
+        }
+    }
+
+    /// The node the assignment gives the partition to.
+    fn desired_owner(&self) -> Option<String> {
+        let desired = self.desired.borrow();
+        desired
+            .partitions
+            .get(self.p as usize)
+            .map(|r| r.owner.clone())
+            .filter(|o| !o.is_empty())
+    }
+
+    /// Takes the partition over with `held` and serves it until the lease is lost or the
+    /// partition handed over; then `followed` is where this node's copy stands in the log.
+    /// `false`: it cannot serve the partition again (its copy may hold what the log does not,
+    /// or the log diverged).
+    async fn own(&mut self, held: Held, followed: &mut Followed) -> bool {
         // Served only within the lease from here; renewed while the node catches up.
         self.lease_end(&held);
         let (epoch, floor) = (held.epoch, held.replaced_until());
         let lost = Arc::new(AtomicBool::new(false));
-        let mut renewing = AbortOnDrop(tokio::spawn(self.renew(held, lost.clone())));
+        let (stop_renewing, stop) = watch::channel(false);
+        let mut renewing = AbortOnDrop(tokio::spawn(self.renew(held, lost.clone(), stop)));
         let still_held = || !lost.load(Ordering::SeqCst);
-        let mut followed = Followed::new(self.p);
         let mut refusals = 0;
         loop {
             match become_owner(
@@ -412,7 +593,7 @@ impl Partition {
                 &self.stream,
                 &self.engine,
                 (&self.queue, self.p, epoch, floor),
-                (&mut followed, &still_held),
+                (followed, &still_held),
             )
             .await
             {
@@ -437,37 +618,129 @@ impl Partition {
                     tracing::info!(partition = self.p, error = %e, "a commit was refused: retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
+                // Lost before the takeover: nothing was published, and `followed` is still
+                // where this copy stands in the log.
+                Err(
+                    CatchUpError::LeaseLost | CatchUpError::Takeover(_) | CatchUpError::Refused(_),
+                ) if !still_held() => {
+                    tracing::info!(
+                        partition = self.p,
+                        "lost the lease while taking the partition over"
+                    );
+                    let _ = (&mut renewing.0).await;
+                    return true;
+                }
                 Err(e) => {
                     // Unrenewed, the lease lapses and another node takes the partition.
                     tracing::error!(partition = self.p, error = %e, "cannot serve the partition");
                     renewing.0.abort();
                     self.engine.set_following(self.p as usize, true);
-                    return;
+                    return false;
                 }
             }
         }
-        let _ = (&mut renewing.0).await;
+        let position = tokio::select! {
+            // Lost: the renewals stopped serving the partition.
+            _ = &mut renewing.0 => self.queue.stop(),
+            wanted = self.handover_wanted() => {
+                self.hand_over(wanted, &stop_renewing, &mut renewing).await
+            }
+        };
+        match position {
+            Some(position) => {
+                // This copy is the log up to there: it follows on from it.
+                *followed = Followed::at(self.p, &position);
+                true
+            }
+            None => {
+                tracing::warn!(
+                    partition = self.p,
+                    "stopped owning the partition with commits NATS had not acknowledged: this node's copy may hold what the log does not, and it takes the partition again only after a restart"
+                );
+                false
+            }
+        }
+    }
+
+    /// Resolves once the assignment gives the partition to another node, that node says it
+    /// is ready for it, and this node may hand one over (it holds the node's handover
+    /// permit): that node, and the permit.
+    async fn handover_wanted(&mut self) -> (String, OwnedSemaphorePermit) {
+        loop {
+            if let Some(to) = self.desired_owner().filter(|o| *o != self.node)
+                && let Ok(permit) = self.handing_over.clone().try_acquire_owned()
+            {
+                match self.ready.get(format!("p.{}", self.p)).await {
+                    Ok(Some(ready)) if ready.as_ref() == to.as_bytes() => return (to, permit),
+                    _ => drop(permit),
+                }
+            }
+            tokio::select! {
+                changed = self.desired.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+
+    /// Hands the partition to `to` (docs/cluster.md, "Leases and fencing", planned handover):
+    /// stops taking requests for it, waits until its commits are on the log, stops renewing
+    /// and writes the lease over to `to` at the next epoch. Where the log ends after this
+    /// node's commits, if they all made it.
+    async fn hand_over(
+        &self,
+        (to, _permit): (String, OwnedSemaphorePermit),
+        stop_renewing: &watch::Sender<bool>,
+        renewing: &mut AbortOnDrop<Option<Held>>,
+    ) -> Option<LogPosition> {
+        tracing::info!(partition = self.p, to = %to, "handing the partition over");
+        // Requests for it are refused from here (clients retry, and find the new owner).
+        self.engine.set_following(self.p as usize, true);
+        let drained = self.queue.drained(DRAIN_TIMEOUT).await;
+        let _ = stop_renewing.send(true);
+        let held = match (&mut renewing.0).await {
+            Ok(Some(held)) => held,
+            // The lease was lost meanwhile: another node took the partition.
+            _ => return self.queue.stop(),
+        };
+        let position = self.queue.stop();
+        if !drained || position.is_none() {
+            tracing::warn!(
+                partition = self.p,
+                "the partition's commits were not acknowledged in time: it lapses instead of being handed over"
+            );
+            return position;
+        }
+        match self.leases.hand_over(&held, &self.node, &to).await {
+            Ok(true) => tracing::info!(partition = self.p, to = %to, "handed the partition over"),
+            Ok(false) => tracing::info!(
+                partition = self.p,
+                "the lease had moved on before the handover"
+            ),
+            // Unknown: if it was not written, the lease lapses and is taken as after a kill.
+            Err(e) => tracing::warn!(partition = self.p, error = %e, "handover not confirmed"),
+        }
+        position
     }
 
     fn lease_end(&self, held: &Held) {
-        self.engine.serve_until(
-            self.p as usize,
-            held.serves_until().unwrap_or(0),
-            held.time_cap(),
-        );
+        set_serving_bounds(&self.engine, self.p, held);
     }
 
-    /// Renews the lease every quarter lease; on losing it, stops serving the partition and
-    /// raises `lost`.
+    /// Renews the lease every quarter lease until told to stop (returning the lease) or it
+    /// is lost (raising `lost`, stopping the partition's service; `None`).
     fn renew(
         &self,
         mut held: Held,
         lost: Arc<AtomicBool>,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        let (leases, engine, queue, node, p) = (
+        mut stop: watch::Receiver<bool>,
+    ) -> impl Future<Output = Option<Held>> + Send + 'static {
+        let (leases, engine, node, p) = (
             self.leases.clone(),
             self.engine.clone(),
-            self.queue.clone(),
             self.node.clone(),
             self.p,
         );
@@ -475,14 +748,13 @@ impl Partition {
             let clocks = SystemClocks;
             let interval = renew_interval(&LeaseTiming::DEFAULT);
             loop {
-                tokio::time::sleep(interval).await;
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    _ = stop.changed() => return Some(held),
+                }
                 match leases.renew(&mut held, &node, &clocks).await {
                     Ok(true) => {
-                        engine.serve_until(
-                            p as usize,
-                            held.serves_until().unwrap_or(0),
-                            held.time_cap(),
-                        );
+                        set_serving_bounds(&engine, p, &held);
                         continue;
                     }
                     Ok(false) => {}
@@ -502,13 +774,22 @@ impl Partition {
                 }
                 tracing::warn!(
                     partition = p,
-                    "lost the partition's lease: another node serves it now; this node takes it again only after a restart"
+                    "lost the partition's lease: another node serves it now"
                 );
                 lost.store(true, Ordering::SeqCst);
                 engine.set_following(p as usize, true);
-                queue.close();
-                return;
+                return None;
             }
         }
     }
+}
+
+/// Bounds what `engine` serves of partition `p` by `held`: its end by the lease clock, and
+/// the largest wall clock reading it may act on.
+fn set_serving_bounds(engine: &Engine, p: u32, held: &Held) {
+    engine.serve_until(
+        p as usize,
+        held.serves_until().unwrap_or(0),
+        held.time_cap(),
+    );
 }

@@ -788,6 +788,62 @@ async fn when_served<T, F: std::future::Future<Output = Result<T, tonic::Status>
     }
 }
 
+/// The partition map as `admin`'s node has it once ownership has settled over `nodes`: every
+/// partition owned by one of them, evenly (within one), unchanged over 1.5 s (nodes hand
+/// partitions over to even out). Bounded by 45 s.
+async fn settled_map(
+    admin: &mayfly_proto::v1::client::AdminClient<tonic::transport::Channel>,
+    nodes: &[&str],
+) -> mayfly_proto::v1::PartitionMap {
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let read = || {
+        let mut admin = admin.clone();
+        async move {
+            admin
+                .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+                .await
+                .expect("partition map")
+                .into_inner()
+        }
+    };
+    let owners = |m: &mayfly_proto::v1::PartitionMap| -> Vec<(String, u64)> {
+        m.owners
+            .iter()
+            .map(|o| (o.owner.clone(), o.epoch))
+            .collect()
+    };
+    let balanced = |m: &mayfly_proto::v1::PartitionMap| {
+        let counts: Vec<usize> = nodes
+            .iter()
+            .map(|n| m.owners.iter().filter(|o| o.owner == *n).count())
+            .collect();
+        let owned: usize = counts.iter().sum();
+        owned == m.owners.len()
+            && counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) <= 1
+    };
+    loop {
+        let first = read().await;
+        if balanced(&first) {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            let second = read().await;
+            if owners(&first) == owners(&second) {
+                return second;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ownership did not settle over {nodes:?} in 45 s: {:?}",
+            first.owners
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The partition of test document partition key `pk` (of `d`/`c`, over 4 partitions).
+fn partition_of(pk: &str) -> usize {
+    mayfly_server::engine::xxh3_partition("d", "c", &PartitionKeyValue::String(pk.into()), 4)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledged_write() {
     use mayfly_proto::{
@@ -825,8 +881,9 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         .await;
         acked.push((id, format!("p{i}")));
     }
-    // b owns none of them while a holds the leases: it forwards to a, one hop.
+    // a hands half the partitions to b; b forwards what it does not own to a, one hop.
     let mut on_b = connect(&b).await;
+    settled_map(&on_b.admin, &["a", "b"]).await;
     let read = |id: &str, pk: &str| ReadDocumentRequest {
         database: "d".into(),
         collection: "c".into(),
@@ -834,11 +891,11 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         partition_key: Some(string_pk(pk)),
     };
     for (id, pk) in &acked {
-        let doc = on_b
-            .documents
-            .read_document(read(id, pk))
-            .await
-            .unwrap_or_else(|e| panic!("{id} through b: {e}"));
+        let doc = when_served(&format!("{id} through b"), || {
+            let (mut documents, request) = (on_b.documents.clone(), read(id, pk));
+            async move { documents.read_document(request).await }
+        })
+        .await;
         assert_eq!(
             doc.into_inner().body.expect("a body").into_map()["id"],
             serde_json::json!(id)
@@ -848,15 +905,17 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
     let serde_json::Value::Object(body) = body else {
         unreachable!()
     };
-    on_b.documents
-        .create_document(CreateDocumentRequest {
-            database: "d".into(),
-            collection: "c".into(),
-            body: Some(JsonObject::new(body)),
-            ..Default::default()
-        })
-        .await
-        .expect("a write through b, forwarded to a");
+    let request = CreateDocumentRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        body: Some(JsonObject::new(body)),
+        ..Default::default()
+    };
+    when_served("a write through b", || {
+        let (mut documents, request) = (on_b.documents.clone(), request.clone());
+        async move { documents.create_document(request).await }
+    })
+    .await;
     acked.push(("through-b".into(), "p0".into()));
     // A query across partitions is not run across nodes yet: b refuses it rather than answer
     // from the partitions it does not hold.
@@ -884,7 +943,7 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
     };
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
 
-    // The partition map, asked of b: a owns every partition, b serves none.
+    // The partition map, asked of b: a and b own two partitions each; b serves its own.
     let map = on_b
         .admin
         .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
@@ -903,10 +962,11 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
     assert!(
         map.owners
             .iter()
-            .all(|o| o.owner == "a" && o.epoch == 1 && !o.served_here),
+            .all(|o| (o.owner == "a" || o.owner == "b") && o.served_here == (o.owner == "b")),
         "{:?}",
         map.owners
     );
+    assert_eq!(map.owners.iter().filter(|o| o.owner == "b").count(), 2);
 
     // a dies. b takes its partitions once their leases lapse, rebuilt from their logs.
     let killed = Instant::now();
@@ -931,8 +991,8 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
     assert!(
         map.owners
             .iter()
-            .all(|o| o.owner == "b" && o.epoch == 2 && o.served_here),
-        "{:?}",
+            .all(|o| o.owner == "b" && o.epoch >= 2 && o.served_here),
+        "a's partitions by a takeover, b's by a handover: {:?}",
         map.owners
     );
     eprintln!(
@@ -1109,12 +1169,18 @@ async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
     database_and_collection(&mut on_a).await;
     let b = cluster_node(&nats, dir.path(), "b");
     let on_b = connect(&b).await;
-    create_through(&on_a.documents, "x", "p1").await;
+    // Once a has handed half the partitions to b: x goes to one a keeps.
+    let map = settled_map(&on_b.admin, &["a", "b"]).await;
+    let pk = (0..100)
+        .map(|i| format!("p{i}"))
+        .find(|pk| map.owners[partition_of(pk)].owner == "a")
+        .expect("a partition key that a owns");
+    create_through(&on_a.documents, "x", &pk).await;
 
     // a stops (SIGSTOP) past its lease; b takes the partition over and writes a new version.
     a.signal("STOP");
     let body = |v: i64| {
-        let serde_json::Value::Object(body) = serde_json::json!({"id": "x", "pk": "p1", "v": v})
+        let serde_json::Value::Object(body) = serde_json::json!({"id": "x", "pk": pk, "v": v})
         else {
             unreachable!()
         };
@@ -1127,7 +1193,7 @@ async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
             collection: "c".into(),
             id: "x".into(),
             body: body(2),
-            partition_key: Some(string_pk("p1")),
+            partition_key: Some(string_pk(&pk)),
             ..Default::default()
         };
         async move { documents.replace_document(request).await.map(|_| ()) }
@@ -1142,7 +1208,7 @@ async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
         database: "d".into(),
         collection: "c".into(),
         id: "x".into(),
-        partition_key: Some(string_pk("p1")),
+        partition_key: Some(string_pk(&pk)),
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut answers = 0;
@@ -1173,20 +1239,19 @@ async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
             collection: "c".into(),
             id: "x".into(),
             body: body(3),
-            partition_key: Some(string_pk("p1")),
+            partition_key: Some(string_pk(&pk)),
             ..Default::default()
         })
         .await;
-    let latest = on_b
-        .documents
-        .clone()
-        .read_document(read.clone())
-        .await
-        .expect("read through b")
-        .into_inner()
-        .body
-        .expect("a body")
-        .into_map()["v"]
+    let latest = when_served("read through b", || {
+        let (mut documents, read) = (on_b.documents.clone(), read.clone());
+        async move { documents.read_document(read).await }
+    })
+    .await
+    .into_inner()
+    .body
+    .expect("a body")
+    .into_map()["v"]
         .clone();
     match through_a {
         Ok(_) => assert_eq!(latest, serde_json::json!(3), "an acknowledged write is b's"),
@@ -1485,16 +1550,26 @@ async fn every_documents_history_is_linearizable_across_a_paused_owner() {
     let a = cluster_node(&nats, dir.path(), "a");
     let mut on_a = connect(&a).await;
     database_and_collection(&mut on_a).await;
-    // a owns every partition (it joined alone); b joins, finds them held, and stands by.
+    // a owns every partition (it joined alone); b joins, and a hands b half of them. The
+    // documents are in two partitions a keeps.
     let b = cluster_node(&nats, dir.path(), "b");
     let on_b = connect(&b).await;
-    let keys = ["k0", "k1"];
-    for key in keys {
+    let before = settled_map(&on_b.admin, &["a", "b"]).await;
+    let mut keys: Vec<String> = Vec::new();
+    for i in 0..100 {
+        let key = format!("k{i}");
+        let p = partition_of(&key);
+        if before.owners[p].owner == "a" && keys.iter().all(|k| partition_of(k) != p) {
+            keys.push(key);
+        }
+    }
+    assert_eq!(keys.len(), 2, "a owns two partitions");
+    for key in &keys {
         // Served before the clock starts, so that the history begins with a served partition.
         let read = ReadDocumentRequest {
             database: "d".into(),
             collection: "c".into(),
-            id: key.into(),
+            id: key.clone(),
             partition_key: Some(string_pk(key)),
         };
         let _ = when_served("first read", || {
@@ -1590,7 +1665,8 @@ async fn every_documents_history_is_linearizable_across_a_paused_owner() {
         worker.await.expect("worker");
     }
 
-    // b took every partition over while a was stopped: the history spans the failover.
+    // b took the documents' partitions over while a was stopped (a may have had them handed
+    // back since it woke): the history spans the failover.
     let map = on_b
         .admin
         .clone()
@@ -1598,11 +1674,14 @@ async fn every_documents_history_is_linearizable_across_a_paused_owner() {
         .await
         .expect("partition map")
         .into_inner();
-    assert!(
-        map.owners.iter().all(|o| o.owner == "b" && o.epoch == 2),
-        "{:?}",
-        map.owners
-    );
+    for key in &keys {
+        let p = partition_of(key);
+        assert!(
+            map.owners[p].epoch > before.owners[p].epoch,
+            "{key}'s partition did not move: {:?}",
+            map.owners
+        );
+    }
     let history = history.lock().expect("history").clone();
     for (k, key) in keys.iter().enumerate() {
         let events: Vec<_> = history
@@ -1723,4 +1802,126 @@ fn the_history_checker_finds_a_stale_read() {
         ])
         .linearizable
     );
+}
+
+/// The membership test: under writes through every node, a third node joins (the
+/// others hand it its share of the partitions) and then one is killed (its partitions lapse
+/// to the others, which even out once it has left the member list). Every write is
+/// acknowledged within the client's retries (45 s each, through the next node on a failure),
+/// and every acknowledged write is there at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_joining_and_leaving_under_writes_lose_nothing() {
+    use mayfly_proto::v1::{CreateDocumentRequest, ReadDocumentRequest};
+    use support::clients::{connect, database_and_collection, string_pk};
+
+    let nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let b = cluster_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    settled_map(&on_a.admin, &["a", "b"]).await;
+
+    // Writers, each trying its writes through the nodes in turn.
+    let nodes = Arc::new(std::sync::Mutex::new(vec![
+        on_a.documents.clone(),
+        on_b.documents.clone(),
+    ]));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..3 {
+        let (nodes, stop) = (nodes.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (id, pk) = (format!("w{w}-{i}"), format!("p{i}"));
+                let serde_json::Value::Object(body) = serde_json::json!({"id": id, "pk": pk})
+                else {
+                    unreachable!()
+                };
+                let request = CreateDocumentRequest {
+                    database: "d".into(),
+                    collection: "c".into(),
+                    body: Some(mayfly_proto::json::JsonObject::new(body)),
+                    ..Default::default()
+                };
+                let deadline = Instant::now() + Duration::from_secs(45);
+                let mut attempt = w + i;
+                loop {
+                    let mut documents = {
+                        let nodes = nodes.lock().expect("nodes");
+                        nodes[attempt % nodes.len()].clone()
+                    };
+                    attempt += 1;
+                    let call = documents.create_document(request.clone());
+                    match tokio::time::timeout(Duration::from_secs(10), call).await {
+                        Ok(Ok(_)) => break,
+                        // An earlier attempt was applied; its answer was lost.
+                        Ok(Err(s)) if s.code() == tonic::Code::AlreadyExists => break,
+                        Ok(Err(s)) if s.code() != tonic::Code::Unavailable => {
+                            panic!("{id}: {s}")
+                        }
+                        failed => {
+                            assert!(
+                                Instant::now() < deadline,
+                                "{id} not acknowledged within the retries: {failed:?}"
+                            );
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+                acked.push((id, pk));
+                i += 1;
+            }
+            acked
+        }));
+    }
+
+    // c joins: a and b hand it its share.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let c = cluster_node(&nats, dir.path(), "c");
+    let on_c = connect(&c).await;
+    nodes.lock().expect("nodes").push(on_c.documents.clone());
+    let joined = settled_map(&on_a.admin, &["a", "b", "c"]).await;
+    assert_eq!(
+        joined.owners.iter().filter(|o| o.owner == "c").count(),
+        1,
+        "{:?}",
+        joined.owners
+    );
+    // b is killed: the writers' next attempts through it fail over to the next node.
+    b.kill9();
+    let left = settled_map(&on_a.admin, &["a", "c"]).await;
+    eprintln!(
+        "owners after c joined: {:?}; after b left: {:?}",
+        joined.owners, left.owners
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut acked = Vec::new();
+    for writer in writers {
+        acked.extend(writer.await.expect("writer"));
+    }
+    assert!(acked.len() > 30, "only {} writes", acked.len());
+    for (id, pk) in &acked {
+        for on in [&on_a, &on_c] {
+            let request = ReadDocumentRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                id: id.clone(),
+                partition_key: Some(string_pk(pk)),
+            };
+            let doc = when_served(&format!("read {id}"), || {
+                let (mut documents, request) = (on.documents.clone(), request.clone());
+                async move { documents.read_document(request).await }
+            })
+            .await;
+            assert_eq!(
+                doc.into_inner().body.expect("a body").into_map()["id"],
+                serde_json::json!(id)
+            );
+        }
+    }
+    eprintln!("{} acknowledged writes, all present", acked.len());
 }

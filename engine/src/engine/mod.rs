@@ -67,7 +67,7 @@ pub use keyed_writes::KeyedWrites;
 pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp, PatchOptions};
-pub use placement::{Placement, placement_key};
+pub use placement::{Placement, placement_key, xxh3_partition};
 pub use purge::PurgeGuard;
 pub use query::{QueryCache, QuerySpec};
 pub use query_reads::{

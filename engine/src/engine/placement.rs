@@ -59,6 +59,17 @@ impl Placement {
     }
 }
 
+/// The partition of `partitions` that [`Placement::Xxh3`] places partition key
+/// `partition_key` of collection `database`/`collection` in: what a cluster client routes by.
+pub fn xxh3_partition(
+    database: &str,
+    collection: &str,
+    partition_key: &PartitionKeyValue,
+    partitions: usize,
+) -> usize {
+    (xxh3_64(&placement_key(database, collection, partition_key)) % partitions as u64) as usize
+}
+
 /// What [`Placement::Xxh3`] hashes: `database id | 0x00 | collection id | 0x00 | partition
 /// key in its order-preserving encoding`. Names rather than uids, so that a client computes it
 /// from what it sends. (Ids accepted today hold no NUL; two inputs that give one key would
