@@ -203,6 +203,11 @@ pub async fn take_over(
             local_last,
         });
     }
+    // This epoch's takeover is already the log's last message (an earlier try was stored and
+    // its acknowledgement lost, and the catch-up applied it): the log is taken over.
+    if end.epoch == epoch {
+        return Ok(end);
+    }
     // The log names a later owner: this node's lease is older than the log's, and it must not
     // fence that owner.
     if end.epoch > epoch {
@@ -228,7 +233,7 @@ pub async fn take_over(
     let publish = PublishMessage::build()
         .payload(frame)
         .expected_last_subject_sequence(end.subject_seq)
-        .message_id(format!("{partition}:{epoch}:takeover"));
+        .message_id(format!("{partition}:{epoch}:takeover:{}", end.subject_seq));
     let ack = js
         .send_publish(subject(partition), publish)
         .await
@@ -352,7 +357,9 @@ impl PublishQueue {
         };
         drop(q);
         self.progress.send_replace(());
-        self.wake.notify_one();
+        // The publisher waiting now is this ownership's: it wakes and stops, and no later
+        // commit's wake-up goes to it.
+        self.wake.notify_waiters();
         position
     }
 
@@ -383,7 +390,19 @@ impl PublishQueue {
     /// Why the partition's log refuses this node's commits, if it does: a write should be
     /// refused before it is applied.
     pub fn refusal(&self) -> Option<StorageError> {
-        self.queue.lock().failed.clone()
+        let q = self.queue.lock();
+        if let Some(failed) = &q.failed {
+            return Some(failed.clone());
+        }
+        // NATS has not acknowledged for a while: a write is refused before it is applied
+        // rather than queued behind a frame that may never go (nothing changed; retry later).
+        q.stalled.as_ref().map(|_| {
+            StorageError::unavailable(format!(
+                "partition {}: NATS has not acknowledged its log for over {} s; nothing was changed",
+                self.partition,
+                GIVE_UP_AFTER.as_secs()
+            ))
+        })
     }
 
     /// Whether this node owns the partition's log ([`PublishQueue::start`] was called).
@@ -513,7 +532,14 @@ impl PublishQueue {
                 continue;
             }
             let (frame, after) = self.frame(&batch, &position);
-            let id = format!("{}:{}:{}", self.partition, position.epoch, after.last);
+            // One id per log position (the subject sequence it expects) and owner: the same
+            // for every resend of this frame, never shared with another frame (a frame of
+            // commits without records does not move the record position, so that cannot be
+            // the id: JetStream would drop it as a duplicate of the previous frame).
+            let id = format!(
+                "{}:{}:{}",
+                self.partition, position.epoch, position.subject_seq
+            );
             match self
                 .send(&js, &stream, frame, (&id, generation), position.subject_seq)
                 .await

@@ -23,8 +23,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use mayfly_cluster::{
     Apply, Assignment, CatalogLog, CatchUpError, Clocks, Followed, Held, LeaseTiming, Leases,
-    LogPosition, PublishQueue, Replicas, ReplicatedStorage, SystemClocks, Watch, assign,
-    become_owner, catch_up,
+    LogPosition, PublishQueue, Replicas, ReplicatedStorage, SystemClocks, TakeoverError, Watch,
+    assign, become_owner, catch_up,
     lease_store::renew_interval,
     publish_queue::{LOG_STREAMS, log_streams},
 };
@@ -224,7 +224,7 @@ pub async fn join(
     tasks.push(tokio::spawn(rebalance(
         members,
         leases.clone(),
-        partitions,
+        (config.node_id.clone(), partitions),
         desired_tx,
     )));
     let handing_over = Arc::new(Semaphore::new(1));
@@ -252,6 +252,7 @@ pub async fn join(
             desired: desired.clone(),
             handing_over: handing_over.clone(),
             ready: ready.clone(),
+            next_handover: Instant::now(),
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
@@ -300,13 +301,15 @@ async fn heartbeat(members: jetstream::kv::Store, node: String) {
 async fn rebalance(
     members: jetstream::kv::Store,
     leases: Arc<Leases>,
-    partitions: usize,
+    (node, partitions): (String, usize),
     desired: watch::Sender<Arc<Assignment>>,
 ) {
     loop {
         tokio::time::sleep(HEARTBEAT).await;
         let live = match node_ids(&members).await {
-            Ok(live) if !live.is_empty() => live,
+            // A list without this node is one its heartbeats have not reached (NATS away):
+            // nothing is moved on it, or the node would hand everything away and back.
+            Ok(live) if live.contains(&node) => live,
             Ok(_) => continue,
             Err(e) => {
                 tracing::debug!(error = %e, "member list not read");
@@ -501,14 +504,19 @@ struct Partition {
     /// [`READY_TTL`] after they are written): a partition is handed only to a node that says
     /// so, never to one that died or cannot serve it.
     ready: jetstream::kv::Store,
+    /// No handover is tried before this instant (one was given up just before).
+    next_handover: Instant,
 }
 
 /// How long a node's word that it is ready to take a partition holds.
 const READY_TTL: Duration = Duration::from_secs(3);
 
 /// How long a handover waits for the partition's commits to be acknowledged before it gives
-/// up (the partition is then left to lapse, as after a kill).
+/// up (the owner then serves on).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long an owner waits after a handover it gave up before it tries again.
+const HANDOVER_BACKOFF: Duration = Duration::from_secs(10);
 
 impl Partition {
     /// Contends for the partition's lease, takes the partition over and serves it while the
@@ -579,7 +587,9 @@ impl Partition {
     /// `false`: it cannot serve the partition again (its copy may hold what the log does not,
     /// or the log diverged).
     async fn own(&mut self, held: Held, followed: &mut Followed) -> bool {
-        // Served only within the lease from here; renewed while the node catches up.
+        // Following until taken over; served only within the lease from then on, renewed while
+        // the node catches up.
+        self.engine.set_following(self.p as usize, true);
         self.lease_end(&held);
         let (epoch, floor) = (held.epoch, held.replaced_until());
         let lost = Arc::new(AtomicBool::new(false));
@@ -606,9 +616,17 @@ impl Partition {
                     );
                     break;
                 }
-                Err(CatchUpError::Takeover(e)) if still_held() => {
+                // NATS not answering: again, while the lease holds.
+                Err(CatchUpError::Takeover(e @ TakeoverError::Unavailable(_))) if still_held() => {
                     tracing::info!(partition = self.p, error = %e, "taking the partition over: retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                // A later owner's message ends the log: this lease is stale. Let it go.
+                Err(CatchUpError::Takeover(e @ TakeoverError::Superseded { .. })) => {
+                    tracing::info!(partition = self.p, error = %e, "a later owner has the partition");
+                    let _ = stop_renewing.send(true);
+                    let _ = (&mut renewing.0).await;
+                    return true;
                 }
                 // A commit naming a collection this node's catalog has not reached yet: the
                 // catalog log catches up meanwhile. Given up after about 10 s (the lease then
@@ -639,13 +657,21 @@ impl Partition {
                 }
             }
         }
-        let position = tokio::select! {
-            // Lost: the renewals stopped serving the partition.
-            _ = &mut renewing.0 => self.queue.stop(),
-            wanted = self.handover_wanted() => {
-                self.hand_over(wanted, &stop_renewing, &mut renewing).await
+        let position = loop {
+            tokio::select! {
+                // Lost: the renewals stopped serving the partition.
+                _ = &mut renewing.0 => break self.queue.stop(),
+                wanted = self.handover_wanted() => {
+                    if let Some(position) =
+                        self.hand_over(wanted, &stop_renewing, &mut renewing).await
+                    {
+                        break position;
+                    }
+                }
             }
         };
+        // Whatever happened in between, the shard follows from here.
+        self.engine.set_following(self.p as usize, true);
         match position {
             Some(position) => {
                 // This copy is the log up to there: it follows on from it.
@@ -667,7 +693,8 @@ impl Partition {
     /// permit): that node, and the permit.
     async fn handover_wanted(&mut self) -> (String, OwnedSemaphorePermit) {
         loop {
-            if let Some(to) = self.desired_owner().filter(|o| *o != self.node)
+            if Instant::now() >= self.next_handover
+                && let Some(to) = self.desired_owner().filter(|o| *o != self.node)
                 && let Ok(permit) = self.handing_over.clone().try_acquire_owned()
             {
                 match self.ready.get(format!("p.{}", self.p)).await {
@@ -688,31 +715,45 @@ impl Partition {
 
     /// Hands the partition to `to` (docs/cluster.md, "Leases and fencing", planned handover):
     /// stops taking requests for it, waits until its commits are on the log, stops renewing
-    /// and writes the lease over to `to` at the next epoch. Where the log ends after this
-    /// node's commits, if they all made it.
+    /// and writes the lease over to `to` at the next epoch. `Some`: this node no longer owns
+    /// the partition, and where the log ends after its commits if they all made it. `None`:
+    /// the commits were not acknowledged in time, and the node serves on (it tries again
+    /// later).
     async fn hand_over(
-        &self,
+        &mut self,
         (to, _permit): (String, OwnedSemaphorePermit),
         stop_renewing: &watch::Sender<bool>,
         renewing: &mut AbortOnDrop<Option<Held>>,
-    ) -> Option<LogPosition> {
+    ) -> Option<Option<LogPosition>> {
         tracing::info!(partition = self.p, to = %to, "handing the partition over");
         // Requests for it are refused from here (clients retry, and find the new owner).
         self.engine.set_following(self.p as usize, true);
-        let drained = self.queue.drained(DRAIN_TIMEOUT).await;
+        if !self.queue.drained(DRAIN_TIMEOUT).await {
+            if self.queue.refusal().is_none() {
+                // NATS is slow: serve on, and try again later. (A lease lost meanwhile keeps
+                // the shard refusing: its renewals ended its service.)
+                tracing::warn!(
+                    partition = self.p,
+                    "the partition's commits were not acknowledged in time: not handed over now"
+                );
+                self.next_handover = Instant::now() + HANDOVER_BACKOFF;
+                self.engine.set_following(self.p as usize, false);
+                return None;
+            }
+            // The log refused this node's commits: it lapses to another node.
+            let _ = stop_renewing.send(true);
+            let _ = (&mut renewing.0).await;
+            return Some(self.queue.stop());
+        }
         let _ = stop_renewing.send(true);
         let held = match (&mut renewing.0).await {
             Ok(Some(held)) => held,
             // The lease was lost meanwhile: another node took the partition.
-            _ => return self.queue.stop(),
+            _ => return Some(self.queue.stop()),
         };
         let position = self.queue.stop();
-        if !drained || position.is_none() {
-            tracing::warn!(
-                partition = self.p,
-                "the partition's commits were not acknowledged in time: it lapses instead of being handed over"
-            );
-            return position;
+        if position.is_none() {
+            return Some(None);
         }
         match self.leases.hand_over(&held, &self.node, &to).await {
             Ok(true) => tracing::info!(partition = self.p, to = %to, "handed the partition over"),
@@ -723,7 +764,7 @@ impl Partition {
             // Unknown: if it was not written, the lease lapses and is taken as after a kill.
             Err(e) => tracing::warn!(partition = self.p, error = %e, "handover not confirmed"),
         }
-        position
+        Some(position)
     }
 
     fn lease_end(&self, held: &Held) {
@@ -777,6 +818,8 @@ impl Partition {
                     "lost the partition's lease: another node serves it now"
                 );
                 lost.store(true, Ordering::SeqCst);
+                // Lapsed as well as following: a promotion racing this cannot serve.
+                engine.serve_until(p as usize, 0, held.time_cap());
                 engine.set_following(p as usize, true);
                 return None;
             }

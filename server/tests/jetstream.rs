@@ -1860,7 +1860,16 @@ async fn nodes_joining_and_leaving_under_writes_lose_nothing() {
                         Ok(Ok(_)) => break,
                         // An earlier attempt was applied; its answer was lost.
                         Ok(Err(s)) if s.code() == tonic::Code::AlreadyExists => break,
-                        Ok(Err(s)) if s.code() != tonic::Code::Unavailable => {
+                        // Refused for what it is (not for where it went, or a node gone).
+                        Ok(Err(s))
+                            if !matches!(
+                                s.code(),
+                                tonic::Code::Unavailable
+                                    | tonic::Code::Unknown
+                                    | tonic::Code::Cancelled
+                                    | tonic::Code::DeadlineExceeded
+                            ) =>
+                        {
                             panic!("{id}: {s}")
                         }
                         failed => {
@@ -1924,4 +1933,85 @@ async fn nodes_joining_and_leaving_under_writes_lose_nothing() {
         }
     }
     eprintln!("{} acknowledged writes, all present", acked.len());
+}
+
+/// Commits without records (a keyed batch that only read, or one keeping the version floor)
+/// move no record position: each still reaches the log as its own message, none dropped by
+/// JetStream as a duplicate of the one before (their message ids are their log positions), and
+/// the log's chain holds over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_without_records_each_reach_the_log() {
+    use mayfly_cluster::Commit;
+    use mayfly_server::storage::Lsn;
+
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let streams = loop {
+        match log_streams(&js, 3).await {
+            Ok(streams) => break streams,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no log streams within 20 s: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let stream = &streams[0];
+    let position = loop {
+        match take_over(&js, stream, 0, (1, 0), 0).await {
+            Ok(position) => break position,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no takeover within 20 s: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let queue = PublishQueue::new(0);
+    let generation = queue.start(&position, 0);
+    tokio::spawn(
+        queue
+            .clone()
+            .publish(js.clone(), stream.clone(), (position, generation)),
+    );
+    for i in 1..=3 {
+        queue.enqueue(Commit {
+            lsn: Lsn(i),
+            first: None,
+            records: Vec::new(),
+            remembered: Vec::new(),
+            versions_below: 100 + i,
+        });
+        let wait = queue.wait(Lsn(i)).expect("waits for its publish");
+        tokio::time::timeout(Duration::from_secs(20), wait)
+            .await
+            .expect("published in time")
+            .expect("acknowledged");
+    }
+    // The takeover and three commits, in one chain.
+    let mut stream = js
+        .get_stream(publish_queue::stream_name(0))
+        .await
+        .expect("stream");
+    let last = stream.info().await.expect("info").state.last_sequence;
+    let mut chain = Chain::new(0);
+    let mut kinds = Vec::new();
+    for seq in 1..=last {
+        let message = stream.get_raw_message(seq).await.expect("message");
+        if message.subject.as_str() != publish_queue::subject(0) {
+            continue;
+        }
+        for part in decode_frame(&message.payload).expect("a frame") {
+            let m = chain.accept(&part).expect("the chain holds");
+            kinds.push((m.kind, m.versions_below));
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            (MessageKind::Takeover, 0),
+            (MessageKind::Commit, 101),
+            (MessageKind::Commit, 102),
+            (MessageKind::Commit, 103)
+        ]
+    );
 }

@@ -56,8 +56,10 @@ impl Shard {
         budget: usize,
     ) -> (PurgeReport, Option<Undurable>) {
         let mut state = self.lock();
-        if state.following {
-            // Only an owner purges; promotion wakes the purge again.
+        if self.not_serving(&state).is_some() {
+            // Only an owner purges, within its lease (a commit after its end could follow
+            // another owner's takeover); promotion and a renewal after a lapse wake the purge
+            // again.
             let now = state.now(clock);
             let report = PurgeReport {
                 now,

@@ -51,8 +51,15 @@ impl Shard {
     /// the engine's lease clock on, and no time past `time_cap`, until a renewal moves them.
     pub(crate) fn serve_until(&self, until: u64, time_cap: Millis) {
         let mut st = self.lock();
+        let lapsed = self.not_serving(&st).is_some();
         st.serve_until = Some(until);
         st.time_cap = Some(time_cap);
+        let serves = self.not_serving(&st).is_none();
+        drop(st);
+        if lapsed && serves {
+            // Serving again after a lapse: what became due meanwhile is its purge's now.
+            self.wake_purge();
+        }
     }
 
     /// Moves this shard's time forward to at least `floor` (an earlier owner's time).
