@@ -13,7 +13,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -76,11 +76,47 @@ impl LeaseClock for BootClock {
 
 /// A node's work in the background: its partitions' leases and the catalog log. Stops when
 /// dropped.
-#[derive(Debug)]
 pub struct ClusterNode {
     tasks: Vec<JoinHandle<()>>,
     /// The partitions' publish queues: closed with the node, which stops their publishers.
     queues: Vec<Arc<PublishQueue>>,
+    /// Raised by [`ClusterNode::leave`].
+    leaving: watch::Sender<bool>,
+    /// The partitions this node serves now.
+    owned: Arc<AtomicUsize>,
+    node: String,
+    members: jetstream::kv::Store,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode")
+            .field("node", &self.node)
+            .field("owned", &self.owned.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterNode {
+    /// Leaves the cluster gracefully (before a shutdown): leaves the member list, so that the
+    /// assignment gives this node's partitions to the others, hands each over as soon as its
+    /// new owner is ready (all at once, not one at a time), and contends for none again.
+    /// Returns how many partitions it still served when `timeout` passed (0: all handed
+    /// over); those lapse to the others, as after a kill.
+    pub async fn leave(&self, timeout: Duration) -> usize {
+        let _ = self.leaving.send(true);
+        if let Err(e) = self.members.delete(&self.node).await {
+            tracing::warn!(error = %e, "could not leave the member list; the others see this node gone once its entry expires");
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let owned = self.owned.load(Ordering::SeqCst);
+            if owned == 0 || Instant::now() >= deadline {
+                return owned;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for ClusterNode {
@@ -221,8 +257,11 @@ pub async fn join(
     let live = node_ids(&members).await?;
     let preferred = Arc::new(assign(None, partitions, &live, 0));
     let (desired_tx, desired) = watch::channel(preferred.clone());
+    let (leaving_tx, leaving) = watch::channel(false);
+    let owned = Arc::new(AtomicUsize::new(0));
+    let members_store = members.clone();
     tasks.push(tokio::spawn(rebalance(
-        members,
+        (members, leaving.clone()),
         leases.clone(),
         (config.node_id.clone(), partitions),
         desired_tx,
@@ -253,6 +292,8 @@ pub async fn join(
             handing_over: handing_over.clone(),
             ready: ready.clone(),
             next_handover: Instant::now(),
+            leaving: leaving.clone(),
+            owned: owned.clone(),
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
@@ -272,7 +313,14 @@ pub async fn join(
         engine,
         CatalogRoute::Log(catalog),
         Arc::new(owners),
-        ClusterNode { tasks, queues },
+        ClusterNode {
+            tasks,
+            queues,
+            leaving: leaving_tx,
+            owned,
+            node: config.node_id.clone(),
+            members: members_store,
+        },
     ))
 }
 
@@ -299,14 +347,24 @@ async fn heartbeat(members: jetstream::kv::Store, node: String) {
 /// evens ownership out). Every node computes it from the same state; only a partition's
 /// owner acts on it, by handing the partition over.
 async fn rebalance(
-    members: jetstream::kv::Store,
+    (members, mut leaving): (jetstream::kv::Store, watch::Receiver<bool>),
     leases: Arc<Leases>,
     (node, partitions): (String, usize),
     desired: watch::Sender<Arc<Assignment>>,
 ) {
     loop {
-        tokio::time::sleep(HEARTBEAT).await;
+        // At once when the node starts leaving.
+        if let Ok(Err(_)) = tokio::time::timeout(HEARTBEAT, leaving.changed()).await {
+            // The node is gone.
+            return;
+        }
+        let leaving = *leaving.borrow();
         let live = match node_ids(&members).await {
+            // Leaving: the others, even if this node's entry has not gone yet.
+            Ok(mut live) if leaving => {
+                live.retain(|n| *n != node);
+                live
+            }
             // A list without this node is one its heartbeats have not reached (NATS away):
             // nothing is moved on it, or the node would hand everything away and back.
             Ok(live) if live.contains(&node) => live,
@@ -329,7 +387,8 @@ async fn rebalance(
                 }
             }
         }
-        if current.len() < partitions {
+        // Nobody left to assign to (the last node leaving), or a lease not read.
+        if live.is_empty() || current.len() < partitions {
             continue;
         }
         let next = assign(
@@ -506,6 +565,11 @@ struct Partition {
     ready: jetstream::kv::Store,
     /// No handover is tried before this instant (one was given up just before).
     next_handover: Instant,
+    /// The node is leaving the cluster: it hands its partitions over without waiting its turn,
+    /// and contends for none.
+    leaving: watch::Receiver<bool>,
+    /// The partitions this node serves, counted for [`ClusterNode::leave`].
+    owned: Arc<AtomicUsize>,
 }
 
 /// How long a node's word that it is ready to take a partition holds.
@@ -548,6 +612,10 @@ impl Partition {
             tokio::time::sleep(Duration::from_millis(2 * LeaseTiming::DEFAULT.length_ms)).await;
         }
         loop {
+            if *self.leaving.borrow() {
+                // Leaving: this node takes no partition again.
+                std::future::pending::<()>().await;
+            }
             match self
                 .leases
                 .try_acquire(self.p, &self.node, &mut watch, &clocks)
@@ -657,6 +725,7 @@ impl Partition {
                 }
             }
         }
+        self.owned.fetch_add(1, Ordering::SeqCst);
         let position = loop {
             tokio::select! {
                 // Lost: the renewals stopped serving the partition.
@@ -672,6 +741,7 @@ impl Partition {
         };
         // Whatever happened in between, the shard follows from here.
         self.engine.set_following(self.p as usize, true);
+        self.owned.fetch_sub(1, Ordering::SeqCst);
         match position {
             Some(position) => {
                 // This copy is the log up to there: it follows on from it.
@@ -691,24 +761,26 @@ impl Partition {
     /// Resolves once the assignment gives the partition to another node, that node says it
     /// is ready for it, and this node may hand one over (it holds the node's handover
     /// permit): that node, and the permit.
-    async fn handover_wanted(&mut self) -> (String, OwnedSemaphorePermit) {
+    async fn handover_wanted(&mut self) -> (String, Option<OwnedSemaphorePermit>) {
         loop {
             if Instant::now() >= self.next_handover
                 && let Some(to) = self.desired_owner().filter(|o| *o != self.node)
-                && let Ok(permit) = self.handing_over.clone().try_acquire_owned()
+                && let Ok(Some(ready)) = self.ready.get(format!("p.{}", self.p)).await
+                && ready.as_ref() == to.as_bytes()
             {
-                match self.ready.get(format!("p.{}", self.p)).await {
-                    Ok(Some(ready)) if ready.as_ref() == to.as_bytes() => return (to, permit),
-                    _ => drop(permit),
+                // Leaving: every partition at once. Else one at a time on this node.
+                if *self.leaving.borrow() {
+                    return (to, None);
+                }
+                if let Ok(permit) = self.handing_over.clone().try_acquire_owned() {
+                    return (to, Some(permit));
                 }
             }
-            tokio::select! {
-                changed = self.desired.changed() => {
-                    if changed.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            // Checked again soon: readiness is not watched.
+            let wait = Duration::from_millis(500);
+            if let Ok(Err(_)) = tokio::time::timeout(wait, self.desired.changed()).await {
+                // No more assignments (the node is stopping): nothing to hand over.
+                std::future::pending::<()>().await;
             }
         }
     }
@@ -721,7 +793,7 @@ impl Partition {
     /// later).
     async fn hand_over(
         &mut self,
-        (to, _permit): (String, OwnedSemaphorePermit),
+        (to, _permit): (String, Option<OwnedSemaphorePermit>),
         stop_renewing: &watch::Sender<bool>,
         renewing: &mut AbortOnDrop<Option<Held>>,
     ) -> Option<Option<LogPosition>> {

@@ -169,7 +169,7 @@ pub struct RunningServer {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), ServeError>>,
     /// A cluster node's background work (leases, the catalog log), stopped with the server.
-    _cluster: Option<ClusterNode>,
+    cluster: Option<ClusterNode>,
 }
 
 impl RunningServer {
@@ -249,7 +249,7 @@ impl RunningServer {
             tls,
             stop: Some(stop),
             task,
-            _cluster: cluster,
+            cluster,
         })
     }
 
@@ -275,6 +275,16 @@ impl RunningServer {
         match &self.tls {
             Some(tls) => tls.reload().map(|()| true),
             None => Ok(false),
+        }
+    }
+
+    /// A cluster node leaves its cluster gracefully, handing every partition it serves over
+    /// to the others before a shutdown (see [`ClusterNode::leave`]); the partitions it still
+    /// served when `timeout` passed (they lapse to the others). `None`: not a cluster node.
+    pub async fn leave_cluster(&self, timeout: std::time::Duration) -> Option<usize> {
+        match &self.cluster {
+            Some(cluster) => Some(cluster.leave(timeout).await),
+            None => None,
         }
     }
 

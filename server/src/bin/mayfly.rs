@@ -18,6 +18,9 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How long a cluster node's shutdown waits for its partitions to be handed over.
+const LEAVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// How long a shutdown waits for connections to finish.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -440,6 +443,15 @@ async fn main() -> ExitCode {
         }
     }
     tracing::info!("shutting down");
+    // A cluster node hands its partitions over first, still serving what it forwards.
+    match server.leave_cluster(LEAVE_TIMEOUT).await {
+        Some(0) => tracing::info!("left the cluster: every partition handed over"),
+        Some(left) => tracing::warn!(
+            partitions = left,
+            "left the cluster with partitions not handed over in time: they lapse to the other nodes"
+        ),
+        None => {}
+    }
     // In-flight requests get a grace period; an idle client that keeps its connection open
     // must not keep the server alive. Every acknowledged write is already durable.
     match tokio::time::timeout(SHUTDOWN_GRACE, server.shutdown()).await {

@@ -147,13 +147,14 @@ impl Mayfly {
             .status()
             .expect("kill runs");
         assert!(status.success());
-        for _ in 0..200 {
+        // A cluster node hands its partitions over first (up to 15 s).
+        for _ in 0..600 {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("mayfly did not exit within 10 s of SIGTERM");
+        panic!("mayfly did not exit within 30 s of SIGTERM");
     }
 }
 
