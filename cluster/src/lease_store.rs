@@ -128,6 +128,8 @@ pub struct Held {
     lease_until: u64,
     /// The `lease_until` of the record the acquiring write replaced (0: the key was free).
     replaced_until: u64,
+    /// Its previous owner handed it to this node (rather than letting it lapse).
+    handed: bool,
 }
 
 impl Held {
@@ -141,6 +143,11 @@ impl Held {
     /// acted on, where this owner's time starts.
     pub fn replaced_until(&self) -> u64 {
         self.replaced_until
+    }
+
+    /// Whether the previous owner handed the lease to this node.
+    pub fn was_handed(&self) -> bool {
+        self.handed
     }
 
     /// Until when (monotonic ms, exclusive) the partition may be served; `None`: no longer.
@@ -257,6 +264,7 @@ impl Leases {
                         lease,
                         lease_until: record.lease_until,
                         replaced_until: 0,
+                        handed: false,
                     }))
                 }
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists || wrong_revision(&e) => {
@@ -303,6 +311,7 @@ impl Leases {
                     lease,
                     lease_until: record.lease_until,
                     replaced_until: held_by.lease_until,
+                    handed: handed_here,
                 }))
             }
             Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || wrong_revision(&e) => {

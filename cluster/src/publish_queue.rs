@@ -405,6 +405,11 @@ impl PublishQueue {
         })
     }
 
+    /// Commits queued that the log has not acknowledged yet.
+    pub fn backlog(&self) -> usize {
+        self.queue.lock().unacked.len()
+    }
+
     /// Whether this node owns the partition's log ([`PublishQueue::start`] was called).
     pub fn owns(&self) -> bool {
         self.queue.lock().next.is_some()

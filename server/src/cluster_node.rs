@@ -36,6 +36,7 @@ use tonic::Status;
 
 use crate::{
     ServeError,
+    cluster_metrics::{ClusterMetrics, clock_skew_ms},
     engine::{Engine, EngineConfig, LeaseClock, SystemClock},
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
     storage::MemoryStorage,
@@ -86,6 +87,7 @@ pub struct ClusterNode {
     owned: Arc<AtomicUsize>,
     node: String,
     members: jetstream::kv::Store,
+    metrics: Arc<ClusterMetrics>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -98,6 +100,11 @@ impl std::fmt::Debug for ClusterNode {
 }
 
 impl ClusterNode {
+    /// Its metrics, for `GET /metrics`.
+    pub(crate) fn metrics(&self) -> Arc<ClusterMetrics> {
+        self.metrics.clone()
+    }
+
     /// Leaves the cluster gracefully (before a shutdown): leaves the member list, so that the
     /// assignment gives this node's partitions to the others, hands each over as soon as its
     /// new owner is ready (all at once, not one at a time), and contends for none again.
@@ -245,9 +252,11 @@ pub async fn join(
         members.put(&config.node_id, Bytes::new())
     })
     .await?;
+    let metrics = Arc::new(ClusterMetrics::new(queues.clone()));
     tasks.push(tokio::spawn(heartbeat(
         members.clone(),
         config.node_id.clone(),
+        metrics.clone(),
     )));
     // Nodes starting together split the partitions: each contends at once for those the
     // assignment over the nodes it sees gives it, and for the rest only once they have gone
@@ -294,6 +303,7 @@ pub async fn join(
             next_handover: Instant::now(),
             leaving: leaving.clone(),
             owned: owned.clone(),
+            metrics: metrics.clone(),
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
@@ -320,6 +330,7 @@ pub async fn join(
             owned,
             node: config.node_id.clone(),
             members: members_store,
+            metrics,
         },
     ))
 }
@@ -332,12 +343,34 @@ const MEMBER_TTL: Duration = Duration::from_secs(10);
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
 /// Keeps this node in the member list (`mayfly-members`, whose keys expire [`MEMBER_TTL`]
-/// after their last write).
-async fn heartbeat(members: jetstream::kv::Store, node: String) {
+/// after their last write), and measures its clock against the NATS servers' by the time
+/// they stamp on each heartbeat: beyond a second off
+/// ([`crate::cluster_metrics::MAX_CLOCK_SKEW_MS`]) the node owns nothing.
+async fn heartbeat(members: jetstream::kv::Store, node: String, metrics: Arc<ClusterMetrics>) {
     loop {
         tokio::time::sleep(HEARTBEAT).await;
+        let before = SystemClocks.wall_ms();
         if let Err(e) = members.put(&node, Bytes::new()).await {
             tracing::warn!(error = %e, "membership not renewed; retrying");
+            continue;
+        }
+        let Ok(Some(entry)) = members.entry(&node).await else {
+            continue;
+        };
+        let after = SystemClocks.wall_ms();
+        let server = (entry.created.unix_timestamp_nanos() / 1_000_000).max(0) as u64;
+        let skew = clock_skew_ms(before, server, after);
+        let was_ok = metrics.clock_ok();
+        if !metrics.set_clock_skew(skew) {
+            tracing::error!(
+                skew_ms = skew,
+                "this node's clock is more than 1 s from the NATS servers' time: it owns no partition until that is mended"
+            );
+        } else if !was_ok {
+            tracing::info!(
+                skew_ms = skew,
+                "this node's clock agrees with the NATS servers' again"
+            );
         }
     }
 }
@@ -570,6 +603,7 @@ struct Partition {
     leaving: watch::Receiver<bool>,
     /// The partitions this node serves, counted for [`ClusterNode::leave`].
     owned: Arc<AtomicUsize>,
+    metrics: Arc<ClusterMetrics>,
 }
 
 /// How long a node's word that it is ready to take a partition holds.
@@ -616,6 +650,10 @@ impl Partition {
                 // Leaving: this node takes no partition again.
                 std::future::pending::<()>().await;
             }
+            if !self.metrics.clock_ok() {
+                tokio::time::sleep(interval).await;
+                continue;
+            }
             match self
                 .leases
                 .try_acquire(self.p, &self.node, &mut watch, &clocks)
@@ -659,7 +697,7 @@ impl Partition {
         // the node catches up.
         self.engine.set_following(self.p as usize, true);
         self.lease_end(&held);
-        let (epoch, floor) = (held.epoch, held.replaced_until());
+        let (epoch, floor, handed) = (held.epoch, held.replaced_until(), held.was_handed());
         let lost = Arc::new(AtomicBool::new(false));
         let (stop_renewing, stop) = watch::channel(false);
         let mut renewing = AbortOnDrop(tokio::spawn(self.renew(held, lost.clone(), stop)));
@@ -680,8 +718,13 @@ impl Partition {
                         partition = self.p,
                         epoch = position.epoch,
                         log_end = position.last,
+                        handed,
                         "serving the partition"
                     );
+                    let m = &self.metrics.partitions[self.p as usize];
+                    let count = if handed { &m.handovers } else { &m.failovers };
+                    count.fetch_add(1, Ordering::Relaxed);
+                    m.served.store(true, Ordering::Relaxed);
                     break;
                 }
                 // NATS not answering: again, while the lease holds.
@@ -719,6 +762,11 @@ impl Partition {
                 Err(e) => {
                     // Unrenewed, the lease lapses and another node takes the partition.
                     tracing::error!(partition = self.p, error = %e, "cannot serve the partition");
+                    if matches!(e, CatchUpError::Diverged(_)) {
+                        self.metrics.partitions[self.p as usize]
+                            .diverged
+                            .store(true, Ordering::Relaxed);
+                    }
                     renewing.0.abort();
                     self.engine.set_following(self.p as usize, true);
                     return false;
@@ -742,6 +790,9 @@ impl Partition {
         // Whatever happened in between, the shard follows from here.
         self.engine.set_following(self.p as usize, true);
         self.owned.fetch_sub(1, Ordering::SeqCst);
+        self.metrics.partitions[self.p as usize]
+            .served
+            .store(false, Ordering::Relaxed);
         match position {
             Some(position) => {
                 // This copy is the log up to there: it follows on from it.
@@ -851,11 +902,12 @@ impl Partition {
         lost: Arc<AtomicBool>,
         mut stop: watch::Receiver<bool>,
     ) -> impl Future<Output = Option<Held>> + Send + 'static {
-        let (leases, engine, node, p) = (
+        let (leases, engine, node, p, metrics) = (
             self.leases.clone(),
             self.engine.clone(),
             self.node.clone(),
             self.p,
+            self.metrics.clone(),
         );
         async move {
             let clocks = SystemClocks;
@@ -865,7 +917,15 @@ impl Partition {
                     () = tokio::time::sleep(interval) => {}
                     _ = stop.changed() => return Some(held),
                 }
-                match leases.renew(&mut held, &node, &clocks).await {
+                let renewed = if metrics.clock_ok() {
+                    leases.renew(&mut held, &node, &clocks).await
+                } else {
+                    // A clock this far off must not decide expiry: the lease is let go
+                    // (unrenewed, it lapses to another node).
+                    tracing::error!(partition = p, "clock skewed: giving the partition up");
+                    Ok(false)
+                };
+                match renewed {
                     Ok(true) => {
                         set_serving_bounds(&engine, p, &held);
                         continue;

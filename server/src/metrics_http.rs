@@ -14,11 +14,19 @@ use prometheus_client::{
 };
 use tokio::net::TcpListener;
 
-use crate::{current_engine::CurrentEngine, engine::register_metrics};
+use crate::{
+    cluster_metrics::{ClusterCollector, ClusterMetrics},
+    current_engine::CurrentEngine,
+    engine::register_metrics,
+};
 
 /// The registry served: the metrics of the engine in service, the change feed streams open,
-/// and the process's resident memory and CPU time.
-pub(crate) fn registry(current: &CurrentEngine, feed_streams: &Gauge) -> Registry {
+/// the process's resident memory and CPU time, and a cluster node's partitions.
+pub(crate) fn registry(
+    current: &CurrentEngine,
+    feed_streams: &Gauge,
+    cluster: Option<Arc<ClusterMetrics>>,
+) -> Registry {
     let mut registry = Registry::default();
     registry.register(
         "mayfly_change_feed_streams",
@@ -30,6 +38,9 @@ pub(crate) fn registry(current: &CurrentEngine, feed_streams: &Gauge) -> Registr
     register_metrics(&metrics, move || current.get().ok(), &mut registry);
     registry.register_collector(Box::new(ResidentMemory));
     registry.register_collector(Box::new(ProcessCpu));
+    if let Some(cluster) = cluster {
+        registry.register_collector(Box::new(ClusterCollector(cluster)));
+    }
     registry
 }
 

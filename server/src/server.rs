@@ -11,6 +11,7 @@ use tower_layer::Layer as _;
 
 use crate::{
     auth::{Authenticator, KeyRing, SecretsDir, random_secret, secret_bytes},
+    cluster_metrics::ClusterMetrics,
     cluster_node::{self, ClusterConfig, ClusterNode},
     current_engine::CurrentEngine,
     engine::{self, Engine, EngineConfig, EngineMetrics, IdempotencyConfig, SystemClock, TokenKey},
@@ -191,7 +192,7 @@ impl RunningServer {
             None => (
                 open_engine_blocking(&config.storage, (&config.limits).into(), Arc::default())
                     .await?,
-                (CatalogRoute::Local, None, None),
+                (CatalogRoute::Local, None, None, None),
                 None,
             ),
             Some(cluster) => {
@@ -215,7 +216,12 @@ impl RunningServer {
                         .await?;
                 // Forwarding speaks plaintext gRPC to the other nodes for now.
                 let forwarder = tls.is_none().then(|| Forwarder::new(owners.clone()));
-                (engine, (catalog, forwarder, Some(owners)), Some(node))
+                let metrics = node.metrics();
+                (
+                    engine,
+                    (catalog, forwarder, Some(owners), Some(metrics)),
+                    Some(node),
+                )
             }
         };
         // After the storage: the data directory is created and locked by then.
@@ -469,7 +475,7 @@ pub async fn serve(
         listener,
         metrics_listener,
         current,
-        (storage, (CatalogRoute::Local, None, None)),
+        (storage, (CatalogRoute::Local, None, None, None)),
         auth,
         network,
         shutdown,
@@ -479,14 +485,19 @@ pub async fn serve(
 
 /// Where a cluster node's calls go: catalog changes, documents of other nodes' partitions,
 /// and the partition map (a single server: here, here, its own).
-type ClusterRoutes = (CatalogRoute, Option<Forwarder>, Option<Arc<dyn Owners>>);
+type ClusterRoutes = (
+    CatalogRoute,
+    Option<Forwarder>,
+    Option<Arc<dyn Owners>>,
+    Option<Arc<ClusterMetrics>>,
+);
 
 /// [`serve`], with catalog changes going `catalog`'s way (a cluster's catalog log).
 async fn serve_routed(
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     current: CurrentEngine,
-    (storage, (catalog, forwarder, owners)): (StorageConfig, ClusterRoutes),
+    (storage, (catalog, forwarder, owners, cluster_metrics)): (StorageConfig, ClusterRoutes),
     auth: Authenticator,
     network: Network,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -544,7 +555,7 @@ async fn serve_routed(
     let metrics_task = metrics_listener.map(|listener| {
         tokio::spawn(metrics_http::serve(
             listener,
-            metrics_http::registry(&current, &feed_streams),
+            metrics_http::registry(&current, &feed_streams, cluster_metrics),
             async {
                 let _ = metrics_stopped.await;
             },

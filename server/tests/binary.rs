@@ -265,31 +265,6 @@ fn bad_flags_are_refused_with_a_message() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--listen"));
 }
 
-/// GET /metrics over plain HTTP/1.1.
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics endpoint accepts");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: mayfly\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request sent");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response read");
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
-}
-
 #[tokio::test]
 async fn metrics_report_the_purge() {
     use std::sync::Arc;
@@ -335,12 +310,15 @@ async fn metrics_report_the_purge() {
             .result
             .expect("create");
     }
-    let before = scrape(metrics).await;
-    assert_eq!(metric(&before, "mayfly_expiry_tracked_documents"), 3.0);
-    assert!(metric(&before, "mayfly_expiry_bookkeeping_bytes") > 0.0);
-    assert!(metric(&before, "mayfly_process_resident_memory_bytes") > 0.0);
+    let before = support::scrape(metrics).await;
+    assert_eq!(
+        support::metric(&before, "mayfly_expiry_tracked_documents"),
+        3.0
+    );
+    assert!(support::metric(&before, "mayfly_expiry_bookkeeping_bytes") > 0.0);
+    assert!(support::metric(&before, "mayfly_process_resident_memory_bytes") > 0.0);
     // The process's CPU time so far (this test's too: the server runs in it), a counter.
-    let cpu = metric(&before, "mayfly_process_cpu_seconds_total");
+    let cpu = support::metric(&before, "mayfly_process_cpu_seconds_total");
     assert!(cpu >= 0.0, "{cpu}");
     assert!(
         before.contains("# TYPE mayfly_process_cpu_seconds counter"),
@@ -349,16 +327,28 @@ async fn metrics_report_the_purge() {
     // The purge runs in the background; wait (bounded) for it to free all three.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let after = loop {
-        let text = scrape(metrics).await;
-        if metric(&text, "mayfly_documents_purged_total") == 3.0 {
+        let text = support::scrape(metrics).await;
+        if support::metric(&text, "mayfly_documents_purged_total") == 3.0 {
             break text;
         }
         assert!(std::time::Instant::now() < deadline, "not purged:\n{text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(metric(&after, "mayfly_documents_expired_total"), 3.0);
-    assert_eq!(metric(&after, "mayfly_purge_lag_seconds_count"), 3.0);
-    assert_eq!(metric(&after, "mayfly_documents"), 0.0);
-    assert_eq!(metric(&after, "mayfly_purge_backlog_documents"), 0.0);
-    assert_eq!(metric(&after, "mayfly_expiry_tracked_documents"), 0.0);
+    assert_eq!(
+        support::metric(&after, "mayfly_documents_expired_total"),
+        3.0
+    );
+    assert_eq!(
+        support::metric(&after, "mayfly_purge_lag_seconds_count"),
+        3.0
+    );
+    assert_eq!(support::metric(&after, "mayfly_documents"), 0.0);
+    assert_eq!(
+        support::metric(&after, "mayfly_purge_backlog_documents"),
+        0.0
+    );
+    assert_eq!(
+        support::metric(&after, "mayfly_expiry_tracked_documents"),
+        0.0
+    );
 }

@@ -2034,3 +2034,56 @@ async fn commits_without_records_each_reach_the_log() {
         ]
     );
 }
+
+/// A cluster node's `GET /metrics`: per partition, whether it serves it, its takeovers and
+/// handovers, its log's unacknowledged commits and divergence; and its clock skew against
+/// the NATS servers (measured on every heartbeat).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
+    use support::{metric, scrape};
+
+    let nats = NatsCluster::start(3);
+    let server = mayfly_server::RunningServer::start(mayfly_server::Config {
+        metrics_listen: Some("127.0.0.1:0".parse().expect("address")),
+        cluster: Some(mayfly_server::ClusterConfig {
+            urls: nats.urls(),
+            node_id: "a".into(),
+            partitions: 4,
+            replicas: 3,
+            advertise: None,
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("a cluster node starts");
+    let channel = support::clients::channel(&format!("http://{}", server.local_addr())).await;
+    let clients = support::clients::clients(channel);
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        let map = clients
+            .admin
+            .clone()
+            .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+            .await
+            .expect("partition map")
+            .into_inner();
+        if map.owners.iter().all(|o| o.served_here) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not served in 45 s: {map:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A heartbeat has measured the clock.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let text = scrape(server.metrics_addr().expect("metrics served")).await;
+    for p in 0..4 {
+        let of = |name: &str| metric(&text, &format!("{name}{{partition=\"{p}\"}}"));
+        assert_eq!(of("mayfly_cluster_partition_served"), 1.0);
+        assert_eq!(of("mayfly_cluster_failovers_total"), 1.0, "taken when free");
+        assert_eq!(of("mayfly_cluster_handovers_total"), 0.0);
+        assert_eq!(of("mayfly_cluster_log_lag"), 0.0);
+        assert_eq!(of("mayfly_cluster_log_divergence"), 0.0);
+    }
+    let skew = metric(&text, "mayfly_cluster_clock_skew_seconds");
+    assert!(skew.abs() < 1.0, "one machine's clocks agree: {skew}");
+}

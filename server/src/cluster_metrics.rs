@@ -1,0 +1,163 @@
+//! A cluster node's metrics (docs/cluster.md, "Operations"), per partition: whether this node
+//! serves it, how often it took it over after a lapse or was handed it, how many of its
+//! commits the log has not acknowledged yet, and whether its log diverged; and the node's
+//! clock skew against the NATS servers' time, beyond which it owns nothing.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+};
+
+use mayfly_cluster::PublishQueue;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+};
+
+/// How far this node's wall clock may be from the NATS servers' before it owns nothing: an
+/// owner's clock decides expiry, and the next owner starts from its lease's end.
+pub(crate) const MAX_CLOCK_SKEW_MS: i64 = 1_000;
+
+/// One partition's figures.
+#[derive(Debug, Default)]
+pub(crate) struct PartitionMetrics {
+    /// This node serves it now.
+    pub(crate) served: AtomicBool,
+    /// Taken over by this node after its lease lapsed (or was free).
+    pub(crate) failovers: AtomicU64,
+    /// Handed to this node by its previous owner.
+    pub(crate) handovers: AtomicU64,
+    /// Its log does not continue the history this node applied.
+    pub(crate) diverged: AtomicBool,
+}
+
+/// The node's figures, read by `GET /metrics`.
+#[derive(Debug)]
+pub(crate) struct ClusterMetrics {
+    pub(crate) partitions: Vec<PartitionMetrics>,
+    queues: Vec<Arc<PublishQueue>>,
+    /// This node's wall clock minus the NATS servers' (ms), as last measured.
+    clock_skew_ms: AtomicI64,
+}
+
+impl ClusterMetrics {
+    pub(crate) fn new(queues: Vec<Arc<PublishQueue>>) -> Self {
+        ClusterMetrics {
+            partitions: queues.iter().map(|_| PartitionMetrics::default()).collect(),
+            queues,
+            clock_skew_ms: AtomicI64::new(0),
+        }
+    }
+
+    /// Records a measured skew; whether it is within [`MAX_CLOCK_SKEW_MS`].
+    pub(crate) fn set_clock_skew(&self, skew_ms: i64) -> bool {
+        self.clock_skew_ms.store(skew_ms, Ordering::Relaxed);
+        skew_ms.abs() <= MAX_CLOCK_SKEW_MS
+    }
+
+    /// Whether the last measured skew is within [`MAX_CLOCK_SKEW_MS`].
+    pub(crate) fn clock_ok(&self) -> bool {
+        self.clock_skew_ms.load(Ordering::Relaxed).abs() <= MAX_CLOCK_SKEW_MS
+    }
+}
+
+/// This node's wall clock minus the NATS servers', from a write it sent after reading
+/// `before` on its clock, which the server stamped `server`, and whose answer it had by
+/// `after`: 0 while the stamp falls within the exchange, else how far outside it.
+pub(crate) fn clock_skew_ms(before: u64, server: u64, after: u64) -> i64 {
+    if server < before {
+        (before - server) as i64
+    } else if server > after {
+        -((server - after) as i64)
+    } else {
+        0
+    }
+}
+
+/// A metric per partition: its name, help, and its value for a partition.
+type PerPartition<'a, T> = (&'static str, &'static str, &'a dyn Fn(usize) -> T);
+
+/// A Prometheus collector over [`ClusterMetrics`].
+#[derive(Debug)]
+pub(crate) struct ClusterCollector(pub(crate) Arc<ClusterMetrics>);
+
+impl Collector for ClusterCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let m = &self.0;
+        let label = |p: usize| [("partition", p.to_string())];
+        let gauges: [PerPartition<'_, i64>; 3] = [
+            (
+                "mayfly_cluster_partition_served",
+                "1 while this node serves the partition",
+                &|p| i64::from(m.partitions[p].served.load(Ordering::Relaxed)),
+            ),
+            (
+                "mayfly_cluster_log_lag",
+                "Commits of the partition this node made that its log has not acknowledged yet",
+                &|p| m.queues[p].backlog() as i64,
+            ),
+            (
+                "mayfly_cluster_log_divergence",
+                "1 if the partition's log does not continue the history this node applied",
+                &|p| i64::from(m.partitions[p].diverged.load(Ordering::Relaxed)),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let mut family =
+                encoder.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
+            for p in 0..m.partitions.len() {
+                ConstGauge::new(value(p)).encode(family.encode_family(&label(p))?)?;
+            }
+        }
+        let counters: [PerPartition<'_, u64>; 2] = [
+            (
+                "mayfly_cluster_failovers",
+                "Times this node took the partition over after its lease lapsed (or was free)",
+                &|p| m.partitions[p].failovers.load(Ordering::Relaxed),
+            ),
+            (
+                "mayfly_cluster_handovers",
+                "Times the partition was handed to this node by its previous owner",
+                &|p| m.partitions[p].handovers.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                ConstCounter::new(0u64).metric_type(),
+            )?;
+            for p in 0..m.partitions.len() {
+                ConstCounter::new(value(p)).encode(family.encode_family(&label(p))?)?;
+            }
+        }
+        let skew = ConstGauge::new(m.clock_skew_ms.load(Ordering::Relaxed) as f64 / 1_000.0);
+        skew.encode(encoder.encode_descriptor(
+            "mayfly_cluster_clock_skew_seconds",
+            "This node's wall clock minus the NATS servers' time, as last measured; beyond 1 s the node owns nothing",
+            None,
+            skew.metric_type(),
+        )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skew_is_what_falls_outside_the_exchange() {
+        assert_eq!(clock_skew_ms(1_000, 1_005, 1_010), 0);
+        assert_eq!(clock_skew_ms(1_000, 1_000, 1_000), 0);
+        // The server stamped the write before this node sent it: this clock is ahead.
+        assert_eq!(clock_skew_ms(3_000, 1_000, 3_010), 2_000);
+        // After this node had the answer: this clock is behind.
+        assert_eq!(clock_skew_ms(1_000, 2_510, 1_010), -1_500);
+        let metrics = ClusterMetrics::new(Vec::new());
+        assert!(metrics.set_clock_skew(-1_000));
+        assert!(!metrics.set_clock_skew(1_001));
+        assert!(!metrics.clock_ok());
+    }
+}
