@@ -2087,3 +2087,83 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
     let skew = metric(&text, "mayfly_cluster_clock_skew_seconds");
     assert!(skew.abs() < 1.0, "one machine's clocks agree: {skew}");
 }
+
+/// The SDK test: a client of the Rust SDK, with a retry policy patient enough for a
+/// failover (12 attempts, backoff 100 ms doubling to 1 s: about 8 s), upserts with idempotency
+/// keys and reads through one node while the other, owning half the partitions, is killed.
+/// No call fails: the SDK's retries hide the failover; every upsert is read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_retries_hide_a_failover_from_idempotent_calls() {
+    use mayfly_client::{Client, RetryPolicy};
+    use support::clients::{connect, database_and_collection};
+
+    let nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let b = cluster_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    settled_map(&on_b.admin, &["a", "b"]).await;
+
+    let client = Client::builder(b.url())
+        .retry(
+            RetryPolicy::default()
+                .max_attempts(12)
+                .base_delay(Duration::from_millis(100))
+                .max_delay(Duration::from_secs(1)),
+        )
+        .connect()
+        .await
+        .expect("the SDK connects");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let killed_at: Arc<std::sync::OnceLock<Instant>> = Arc::default();
+    let mut workers = Vec::new();
+    for w in 0..3 {
+        let (client, stop, killed_at) = (client.clone(), stop.clone(), killed_at.clone());
+        workers.push(tokio::spawn(async move {
+            let collection = client.database("d").collection("c");
+            let (mut ops, mut after_kill) = (0, 0);
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (id, pk) = (format!("w{w}-{i}"), format!("p{}", i % 20));
+                let doc = serde_json::json!({"id": id, "pk": pk, "v": i});
+                collection
+                    .upsert(&doc)
+                    .idempotency_key(id.clone())
+                    .await
+                    .unwrap_or_else(|e| panic!("upsert {id}: {e}"));
+                let read = collection
+                    .read(&id, pk.as_str())
+                    .await
+                    .unwrap_or_else(|e| panic!("read {id}: {e}"))
+                    .unwrap_or_else(|| panic!("{id} not found after its upsert"));
+                assert_eq!(read.id(), id);
+                ops += 2;
+                if killed_at.get().is_some() {
+                    after_kill += 2;
+                }
+                i += 1;
+            }
+            (ops, after_kill)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.kill9();
+    let _ = killed_at.set(Instant::now());
+    // Until b has taken a's partitions over, and a little after.
+    settled_map(&on_b.admin, &["b"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut ops, mut after_kill) = (0, 0);
+    for worker in workers {
+        let (o, k) = worker.await.expect("no call failed");
+        ops += o;
+        after_kill += k;
+    }
+    eprintln!(
+        "{ops} SDK calls, {after_kill} after the kill ({:?} ago), none failed",
+        killed_at.get().expect("killed").elapsed()
+    );
+    assert!(after_kill > 20, "only {after_kill} calls after the kill");
+}
