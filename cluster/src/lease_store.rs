@@ -414,6 +414,34 @@ impl Leases {
     }
 }
 
+impl Leases {
+    /// Every partition's lease as it is now, then each change as it happens: (partition, its
+    /// record; `None` once deleted). A watch can lag: what it says is a hint for routing, and
+    /// decisions that need the truth read the key from the stream leader ([`Leases::read`]).
+    pub async fn watch(
+        &self,
+    ) -> Result<
+        impl futures_util::Stream<Item = Result<(u32, Option<LeaseRecord>), LeaseError>> + use<>,
+        LeaseError,
+    > {
+        use futures_util::StreamExt;
+        let watch = self.kv.watch_with_history(">").await.map_err(nats)?;
+        Ok(watch.map(|entry| {
+            let entry = entry.map_err(nats)?;
+            let partition = entry
+                .key
+                .strip_prefix("p.")
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| LeaseError::Corrupt(entry.key.clone()))?;
+            let record = match entry.operation {
+                kv::Operation::Put => Some(LeaseRecord::decode(&entry.value)?),
+                kv::Operation::Delete | kv::Operation::Purge => None,
+            };
+            Ok((partition, record))
+        }))
+    }
+}
+
 /// How often an owner renews: four times a lease.
 pub fn renew_interval(timing: &LeaseTiming) -> Duration {
     Duration::from_millis(timing.length_ms / 4)

@@ -36,6 +36,7 @@ use tonic::Status;
 
 use crate::{
     ServeError,
+    cluster_directory::Directory,
     cluster_metrics::{ClusterMetrics, clock_skew_ms},
     engine::{Engine, EngineConfig, LeaseClock, SystemClock},
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
@@ -112,14 +113,20 @@ impl ClusterNode {
     /// over); those lapse to the others, as after a kill.
     pub async fn leave(&self, timeout: Duration) -> usize {
         let _ = self.leaving.send(true);
-        if let Err(e) = self.members.delete(&self.node).await {
-            tracing::warn!(error = %e, "could not leave the member list; the others see this node gone once its entry expires");
-        }
         let deadline = Instant::now() + timeout;
+        let mut deleted_at = None;
         loop {
             let owned = self.owned.load(Ordering::SeqCst);
             if owned == 0 || Instant::now() >= deadline {
                 return owned;
+            }
+            // Deleted again every second: a heartbeat sent just before the node started
+            // leaving may land after the first delete.
+            if deleted_at.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
+                if let Err(e) = self.members.delete(&self.node).await {
+                    tracing::warn!(error = %e, "could not leave the member list; the others see this node gone once its entry expires");
+                }
+                deleted_at = Some(Instant::now());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -237,6 +244,8 @@ pub async fn join(
         nodes.put(&config.node_id, advertise.to_string().into())
     })
     .await?;
+    let (directory, watching) = Directory::start(config.node_id.clone(), leases.clone(), nodes);
+    tasks.extend(watching);
     let members = patiently("opening the member list", || {
         js_join.create_key_value(jetstream::kv::Config {
             bucket: "mayfly-members".to_string(),
@@ -252,9 +261,10 @@ pub async fn join(
         members.put(&config.node_id, Bytes::new())
     })
     .await?;
+    let (leaving_tx, leaving) = watch::channel(false);
     let metrics = Arc::new(ClusterMetrics::new(queues.clone()));
     tasks.push(tokio::spawn(heartbeat(
-        members.clone(),
+        (members.clone(), leaving.clone()),
         config.node_id.clone(),
         metrics.clone(),
     )));
@@ -266,12 +276,11 @@ pub async fn join(
     let live = node_ids(&members).await?;
     let preferred = Arc::new(assign(None, partitions, &live, 0));
     let (desired_tx, desired) = watch::channel(preferred.clone());
-    let (leaving_tx, leaving) = watch::channel(false);
     let owned = Arc::new(AtomicUsize::new(0));
     let members_store = members.clone();
     tasks.push(tokio::spawn(rebalance(
         (members, leaving.clone()),
-        leases.clone(),
+        directory.clone(),
         (config.node_id.clone(), partitions),
         desired_tx,
     )));
@@ -307,11 +316,6 @@ pub async fn join(
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
-    let owners = Directory {
-        node: config.node_id.clone(),
-        leases,
-        nodes,
-    };
     tracing::info!(
         node = %config.node_id,
         address = advertise,
@@ -322,7 +326,7 @@ pub async fn join(
     Ok((
         engine,
         CatalogRoute::Log(catalog),
-        Arc::new(owners),
+        directory,
         ClusterNode {
             tasks,
             queues,
@@ -346,9 +350,17 @@ const HEARTBEAT: Duration = Duration::from_secs(2);
 /// after their last write), and measures its clock against the NATS servers' by the time
 /// they stamp on each heartbeat: beyond a second off
 /// ([`crate::cluster_metrics::MAX_CLOCK_SKEW_MS`]) the node owns nothing.
-async fn heartbeat(members: jetstream::kv::Store, node: String, metrics: Arc<ClusterMetrics>) {
+async fn heartbeat(
+    (members, leaving): (jetstream::kv::Store, watch::Receiver<bool>),
+    node: String,
+    metrics: Arc<ClusterMetrics>,
+) {
     loop {
         tokio::time::sleep(HEARTBEAT).await;
+        if *leaving.borrow() {
+            // Left the member list: not back on it.
+            return;
+        }
         let before = SystemClocks.wall_ms();
         if let Err(e) = members.put(&node, Bytes::new()).await {
             tracing::warn!(error = %e, "membership not renewed; retrying");
@@ -376,12 +388,13 @@ async fn heartbeat(members: jetstream::kv::Store, node: String, metrics: Arc<Clu
 }
 
 /// Recomputes the assignment the cluster moves to, every [`HEARTBEAT`]: from each
-/// partition's current owner, over the members present (`assign` keeps what it can and
-/// evens ownership out). Every node computes it from the same state; only a partition's
-/// owner acts on it, by handing the partition over.
+/// partition's current owner (as the directory's watch has it), over the members present
+/// (`assign` keeps what it can and evens ownership out). Every node computes it from the same
+/// state, give or take a watch's lag; only a partition's owner acts on it, by handing the
+/// partition over to a node that says it is ready.
 async fn rebalance(
     (members, mut leaving): (jetstream::kv::Store, watch::Receiver<bool>),
-    leases: Arc<Leases>,
+    directory: Arc<Directory>,
     (node, partitions): (String, usize),
     desired: watch::Sender<Arc<Assignment>>,
 ) {
@@ -409,9 +422,9 @@ async fn rebalance(
         };
         let mut current = Vec::with_capacity(partitions);
         for p in 0..partitions {
-            match leases.read(p as u32).await {
-                Ok(lease) => current.push(Replicas {
-                    owner: lease.map(|(r, _)| r.owner).unwrap_or_default(),
+            match directory.owner(p as u32).await {
+                Ok(owner) => current.push(Replicas {
+                    owner,
                     standbys: Vec::new(),
                 }),
                 Err(e) => {
@@ -503,63 +516,6 @@ fn follow_catalog(catalog: &Arc<CatalogLog<CatalogLogAnswer>>, engine: &Engine) 
     });
     let log = catalog.clone();
     tokio::spawn(log.follow(apply))
-}
-
-/// Where partitions are served: their leases' owners, and the nodes' addresses.
-struct Directory {
-    node: String,
-    leases: Arc<Leases>,
-    nodes: jetstream::kv::Store,
-}
-
-impl std::fmt::Debug for Directory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Directory")
-            .field("node", &self.node)
-            .finish_non_exhaustive()
-    }
-}
-
-#[tonic::async_trait]
-impl Owners for Directory {
-    fn node(&self) -> &str {
-        &self.node
-    }
-
-    async fn nodes(&self) -> Result<Vec<(String, String)>, Status> {
-        let unavailable = |e: &dyn std::fmt::Display| {
-            Status::unavailable(format!("the cluster's node directory: {e}"))
-        };
-        let mut out = Vec::new();
-        for id in node_ids(&self.nodes).await.map_err(|e| unavailable(&e))? {
-            let address = self.nodes.get(&id).await.map_err(|e| unavailable(&e))?;
-            let address = address.map(|a| String::from_utf8_lossy(&a).to_string());
-            out.push((id, address.unwrap_or_default()));
-        }
-        Ok(out)
-    }
-
-    async fn leases(&self, partitions: u32) -> Result<Vec<(String, u64)>, Status> {
-        let mut out = Vec::new();
-        for p in 0..partitions {
-            let lease = self
-                .leases
-                .read(p)
-                .await
-                .map_err(|e| Status::unavailable(format!("the lease of partition {p}: {e}")))?;
-            out.push(lease.map_or((String::new(), 0), |(l, _)| (l.owner, l.epoch)));
-        }
-        Ok(out)
-    }
-
-    async fn owner_address(&self, partition: u32) -> Option<String> {
-        let (lease, _) = self.leases.read(partition).await.ok()??;
-        if lease.owner == self.node {
-            return None;
-        }
-        let address = self.nodes.get(&lease.owner).await.ok()??;
-        String::from_utf8(address.to_vec()).ok()
-    }
 }
 
 /// The nodes in the directory, in order.

@@ -7,6 +7,7 @@
 //! paths. [`RunningServer`] assembles them; the `mayfly` binary only parses flags and calls it.
 
 pub mod auth;
+mod cluster_directory;
 mod cluster_metrics;
 pub mod cluster_node;
 pub mod current_engine;

@@ -2089,9 +2089,10 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
 }
 
 /// The SDK test: a client of the Rust SDK, with a retry policy patient enough for a
-/// failover (12 attempts, backoff 100 ms doubling to 1 s: about 8 s), upserts with idempotency
-/// keys and reads through one node while the other, owning half the partitions, is killed.
-/// No call fails: the SDK's retries hide the failover; every upsert is read back.
+/// failover (12 attempts, backoff 100 ms doubling to 1 s: about 8 s) that also retries
+/// idempotent writes (upserts: a second application has the first's effect), upserts and
+/// reads through one node while the other, owning half the partitions, is killed. No call
+/// fails: the SDK's retries hide the failover; every upsert is read back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdks_retries_hide_a_failover_from_idempotent_calls() {
     use mayfly_client::{Client, RetryPolicy};
@@ -2111,7 +2112,8 @@ async fn the_sdks_retries_hide_a_failover_from_idempotent_calls() {
             RetryPolicy::default()
                 .max_attempts(12)
                 .base_delay(Duration::from_millis(100))
-                .max_delay(Duration::from_secs(1)),
+                .max_delay(Duration::from_secs(1))
+                .retry_writes(true),
         )
         .connect()
         .await
@@ -2130,7 +2132,6 @@ async fn the_sdks_retries_hide_a_failover_from_idempotent_calls() {
                 let doc = serde_json::json!({"id": id, "pk": pk, "v": i});
                 collection
                     .upsert(&doc)
-                    .idempotency_key(id.clone())
                     .await
                     .unwrap_or_else(|e| panic!("upsert {id}: {e}"));
                 let read = collection

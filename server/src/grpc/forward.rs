@@ -47,6 +47,10 @@ pub trait Owners: Send + Sync + std::fmt::Debug {
 
     /// Each of `partitions` partitions' lease: (owner, epoch); an empty owner for none.
     async fn leases(&self, partitions: u32) -> Result<Vec<(String, u64)>, Status>;
+
+    /// The node a request for `partition` was forwarded to does not own it: what this node
+    /// believed of it is out of date.
+    fn stale(&self, _partition: u32) {}
 }
 
 /// Sends requests on to the nodes that own their partitions.
@@ -144,18 +148,36 @@ impl DocumentsService {
             .max_encoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut forwarded = Request::new(message);
         *forwarded.metadata_mut() = forwarded_metadata(&metadata, forwarder.owners.node());
-        there(client, forwarded).await.map_err(|status| match status.code() {
-            // The owner did not answer in time (this node's timeout, not the caller's): what it
-            // did is unknown, and a retry finds the partition's owner again.
-            tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => super::status::to_status(
-                crate::engine::Error::Storage(crate::storage::StorageError::outcome_unknown(
-                    format!(
-                        "partition {partition}'s owner at {address} did not answer within {} s (it may be stopped or gone): the call may or may not have been applied; retry",
-                        FORWARD_TIMEOUT.as_secs()
-                    ),
-                )),
-            ),
-            _ => status,
-        })
+        there(client, forwarded)
+            .await
+            .inspect_err(|status| {
+                if not_owned(status).is_some() {
+                    forwarder.owners.stale(partition);
+                }
+            })
+            .map_err(|status| match status.code() {
+                // The owner did not answer in time (this node's timeout, not the caller's), or the
+                // connection to it failed (a transport error: no Mayfly status, which always says
+                // why): what it did is unknown, and a retry finds the partition's owner again.
+                tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
+                    unknown_outcome(partition, &address, &status)
+                }
+                tonic::Code::Unavailable if status.details().is_empty() => {
+                    unknown_outcome(partition, &address, &status)
+                }
+                _ => status,
+            })
     }
+}
+
+/// The status of a forwarded call whose owner did not answer (in time, or at all): what it
+/// did is unknown.
+fn unknown_outcome(partition: u32, address: &str, status: &Status) -> Status {
+    super::status::to_status(crate::engine::Error::Storage(
+        crate::storage::StorageError::outcome_unknown(format!(
+            "partition {partition}'s owner at {address} did not answer ({}; this node waits {} s): it may be stopped or gone, and the call may or may not have been applied; retry",
+            status.message(),
+            FORWARD_TIMEOUT.as_secs()
+        )),
+    ))
 }
