@@ -10,7 +10,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
-use mayfly_cluster::{LeaseRecord, Leases};
+use mayfly_cluster::{LeaseError, LeaseRecord, Leases};
 use parking_lot::RwLock;
 use tokio::task::JoinHandle;
 use tonic::Status;
@@ -93,6 +93,11 @@ async fn watch_leases(leases: Arc<Leases>, seen: Arc<RwLock<Seen>>) {
                             let owner = record.map(|r: LeaseRecord| r.owner).unwrap_or_default();
                             seen.write().owners.insert(p, owner);
                         }
+                        // A key that is not a lease this version reads: left out (read from
+                        // its key if it is a partition's).
+                        Err(e @ LeaseError::Corrupt(_)) => {
+                            tracing::debug!(error = %e, "lease watch: an entry passed over");
+                        }
                         Err(e) => {
                             tracing::debug!(error = %e, "lease watch");
                             break;
@@ -173,7 +178,15 @@ impl Owners for Directory {
     }
 
     async fn owner_address(&self, partition: u32) -> Option<String> {
-        let owner = self.owner(partition).await.ok()?;
+        // Asked after this node refused the partition: a cache naming this node is behind.
+        let cached = self.seen.read().owners.get(&partition).cloned();
+        let owner = match cached {
+            Some(owner) if owner != self.node => owner,
+            _ => {
+                self.stale(partition);
+                self.owner(partition).await.ok()?
+            }
+        };
         if owner.is_empty() || owner == self.node {
             return None;
         }

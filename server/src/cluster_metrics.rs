@@ -39,6 +39,8 @@ pub(crate) struct ClusterMetrics {
     queues: Vec<Arc<PublishQueue>>,
     /// This node's wall clock minus the NATS servers' (ms), as last measured.
     clock_skew_ms: AtomicI64,
+    /// The skew is within [`MAX_CLOCK_SKEW_MS`], as far as the samples confirm.
+    clock_ok: AtomicBool,
 }
 
 impl ClusterMetrics {
@@ -47,18 +49,25 @@ impl ClusterMetrics {
             partitions: queues.iter().map(|_| PartitionMetrics::default()).collect(),
             queues,
             clock_skew_ms: AtomicI64::new(0),
+            clock_ok: AtomicBool::new(true),
         }
     }
 
-    /// Records a measured skew; whether it is within [`MAX_CLOCK_SKEW_MS`].
-    pub(crate) fn set_clock_skew(&self, skew_ms: i64) -> bool {
+    /// Records a measured skew (shown as measured); whether it is within
+    /// [`MAX_CLOCK_SKEW_MS`].
+    pub(crate) fn record_clock_skew(&self, skew_ms: i64) -> bool {
         self.clock_skew_ms.store(skew_ms, Ordering::Relaxed);
         skew_ms.abs() <= MAX_CLOCK_SKEW_MS
     }
 
-    /// Whether the last measured skew is within [`MAX_CLOCK_SKEW_MS`].
+    /// Whether this node may own partitions by its clock (see [`ClusterMetrics::set_clock_ok`]).
     pub(crate) fn clock_ok(&self) -> bool {
-        self.clock_skew_ms.load(Ordering::Relaxed).abs() <= MAX_CLOCK_SKEW_MS
+        self.clock_ok.load(Ordering::Relaxed)
+    }
+
+    /// Decides whether this node's clock is trusted (after samples confirm it either way).
+    pub(crate) fn set_clock_ok(&self, ok: bool) {
+        self.clock_ok.store(ok, Ordering::Relaxed);
     }
 }
 
@@ -156,8 +165,11 @@ mod tests {
         // After this node had the answer: this clock is behind.
         assert_eq!(clock_skew_ms(1_000, 2_510, 1_010), -1_500);
         let metrics = ClusterMetrics::new(Vec::new());
-        assert!(metrics.set_clock_skew(-1_000));
-        assert!(!metrics.set_clock_skew(1_001));
-        assert!(!metrics.clock_ok());
+        assert!(metrics.record_clock_skew(-1_000));
+        assert!(!metrics.record_clock_skew(1_001));
+        assert!(
+            metrics.clock_ok(),
+            "decided by the heartbeat, not one sample"
+        );
     }
 }

@@ -263,6 +263,16 @@ pub async fn join(
     .await?;
     let (leaving_tx, leaving) = watch::channel(false);
     let metrics = Arc::new(ClusterMetrics::new(queues.clone()));
+    // Measured before this node contends for anything.
+    if let Some(skew) = sample_clock(&members, &config.node_id).await
+        && !metrics.record_clock_skew(skew)
+    {
+        metrics.set_clock_ok(false);
+        tracing::error!(
+            skew_ms = skew,
+            "this node's clock is more than 1 s from the NATS servers' time: it owns no partition until that is mended"
+        );
+    }
     tasks.push(tokio::spawn(heartbeat(
         (members.clone(), leaving.clone()),
         config.node_id.clone(),
@@ -310,6 +320,7 @@ pub async fn join(
             handing_over: handing_over.clone(),
             ready: ready.clone(),
             next_handover: Instant::now(),
+            desired_since: None,
             leaving: leaving.clone(),
             owned: owned.clone(),
             metrics: metrics.clone(),
@@ -355,36 +366,57 @@ async fn heartbeat(
     node: String,
     metrics: Arc<ClusterMetrics>,
 ) {
+    let mut last_within = metrics.clock_ok();
     loop {
         tokio::time::sleep(HEARTBEAT).await;
         if *leaving.borrow() {
             // Left the member list: not back on it.
             return;
         }
-        let before = SystemClocks.wall_ms();
-        if let Err(e) = members.put(&node, Bytes::new()).await {
-            tracing::warn!(error = %e, "membership not renewed; retrying");
-            continue;
-        }
-        let Ok(Some(entry)) = members.entry(&node).await else {
-            continue;
-        };
-        let after = SystemClocks.wall_ms();
-        let server = (entry.created.unix_timestamp_nanos() / 1_000_000).max(0) as u64;
-        let skew = clock_skew_ms(before, server, after);
-        let was_ok = metrics.clock_ok();
-        if !metrics.set_clock_skew(skew) {
-            tracing::error!(
-                skew_ms = skew,
-                "this node's clock is more than 1 s from the NATS servers' time: it owns no partition until that is mended"
-            );
-        } else if !was_ok {
-            tracing::info!(
-                skew_ms = skew,
-                "this node's clock agrees with the NATS servers' again"
-            );
+        match sample_clock(&members, &node).await {
+            // Two samples in a row decide: one may be a replica's answer gone stale.
+            Some(skew) => {
+                let within = metrics.record_clock_skew(skew);
+                if within == last_within && within != metrics.clock_ok() {
+                    metrics.set_clock_ok(within);
+                    if within {
+                        tracing::info!(
+                            skew_ms = skew,
+                            "this node's clock agrees with the NATS servers' again"
+                        );
+                    } else {
+                        tracing::error!(
+                            skew_ms = skew,
+                            "this node's clock is more than 1 s from the NATS servers' time: it owns no partition until that is mended"
+                        );
+                    }
+                }
+                last_within = within;
+            }
+            None => continue,
         }
     }
+}
+
+/// Renews this node's membership and measures its clock by it: this node's wall clock minus
+/// the time the NATS server stamped on the write. `None`: not written, or the entry read back
+/// is not this write (a replica behind).
+async fn sample_clock(members: &jetstream::kv::Store, node: &str) -> Option<i64> {
+    let before = SystemClocks.wall_ms();
+    let revision = match members.put(node, Bytes::new()).await {
+        Ok(revision) => revision,
+        Err(e) => {
+            tracing::warn!(error = %e, "membership not renewed; retrying");
+            return None;
+        }
+    };
+    let entry = members.entry(node).await.ok()??;
+    let after = SystemClocks.wall_ms();
+    if entry.revision != revision {
+        return None;
+    }
+    let server = (entry.created.unix_timestamp_nanos() / 1_000_000).max(0) as u64;
+    Some(clock_skew_ms(before, server, after))
 }
 
 /// Recomputes the assignment the cluster moves to, every [`HEARTBEAT`]: from each
@@ -554,6 +586,10 @@ struct Partition {
     ready: jetstream::kv::Store,
     /// No handover is tried before this instant (one was given up just before).
     next_handover: Instant,
+    /// The other node the assignment has given the partition to, and since when: a handover
+    /// waits until the assignment has held [`ASSIGNMENT_SETTLE`] (while nodes start together
+    /// and leases move, it changes from one recomputation to the next).
+    desired_since: Option<(String, Instant)>,
     /// The node is leaving the cluster: it hands its partitions over without waiting its turn,
     /// and contends for none.
     leaving: watch::Receiver<bool>,
@@ -568,6 +604,10 @@ const READY_TTL: Duration = Duration::from_secs(3);
 /// How long a handover waits for the partition's commits to be acknowledged before it gives
 /// up (the owner then serves on).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the assignment must have given a partition to another node before its owner hands
+/// it over (two recomputations).
+const ASSIGNMENT_SETTLE: Duration = Duration::from_secs(4);
 
 /// How long an owner waits after a handover it gave up before it tries again.
 const HANDOVER_BACKOFF: Duration = Duration::from_secs(10);
@@ -770,13 +810,29 @@ impl Partition {
     /// permit): that node, and the permit.
     async fn handover_wanted(&mut self) -> (String, Option<OwnedSemaphorePermit>) {
         loop {
+            let leaving = *self.leaving.borrow();
+            let desired = self.desired_owner().filter(|o| *o != self.node);
+            let settled = match (&desired, &self.desired_since) {
+                (Some(to), Some((since_to, since))) if since_to == to => {
+                    since.elapsed() >= ASSIGNMENT_SETTLE
+                }
+                (Some(to), _) => {
+                    self.desired_since = Some((to.clone(), Instant::now()));
+                    false
+                }
+                (None, _) => {
+                    self.desired_since = None;
+                    false
+                }
+            };
             if Instant::now() >= self.next_handover
-                && let Some(to) = self.desired_owner().filter(|o| *o != self.node)
+                && (settled || leaving)
+                && let Some(to) = desired
                 && let Ok(Some(ready)) = self.ready.get(format!("p.{}", self.p)).await
                 && ready.as_ref() == to.as_bytes()
             {
                 // Leaving: every partition at once. Else one at a time on this node.
-                if *self.leaving.borrow() {
+                if leaving {
                     return (to, None);
                 }
                 if let Ok(permit) = self.handing_over.clone().try_acquire_owned() {
