@@ -141,6 +141,12 @@ pub async fn catch_up(
             }
         };
         let seq = message.info().map_err(|e| unavailable(&e))?.stream_sequence;
+        // Applied already: an ordered consumer recreated before it delivered anything starts
+        // again from the stream's first message (async-nats 0.51), not from where it was
+        // asked to.
+        if seq <= followed.subject_seq {
+            continue;
+        }
         let parts = decode_frame(&message.payload)
             .map_err(|e| CatchUpError::Diverged(Divergence::Corrupt(e)))?;
         // A frame delivered again after a refusal part-way: its applied messages are skipped.
