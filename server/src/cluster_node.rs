@@ -247,14 +247,7 @@ pub async fn join(
     let (directory, watching) = Directory::start(config.node_id.clone(), leases.clone(), nodes);
     tasks.extend(watching);
     let members = patiently("opening the member list", || {
-        js_join.create_key_value(jetstream::kv::Config {
-            bucket: "mayfly-members".to_string(),
-            history: 1,
-            num_replicas: config.replicas,
-            max_age: MEMBER_TTL,
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
+        expiring_bucket(js_join, "mayfly-members", config.replicas, MEMBER_TTL)
     })
     .await?;
     patiently("joining the member list", || {
@@ -296,14 +289,7 @@ pub async fn join(
     )));
     let handing_over = Arc::new(Semaphore::new(1));
     let ready = patiently("opening the readiness bucket", || {
-        js_join.create_key_value(jetstream::kv::Config {
-            bucket: "mayfly-ready".to_string(),
-            history: 1,
-            num_replicas: config.replicas,
-            max_age: READY_TTL,
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
+        expiring_bucket(js_join, "mayfly-ready", config.replicas, READY_TTL)
     })
     .await?;
     for (p, queue) in queues.iter().cloned().enumerate() {
@@ -493,10 +479,22 @@ async fn bucket(
     name: &str,
     replicas: usize,
 ) -> Result<jetstream::kv::Store, jetstream::context::CreateKeyValueError> {
+    // A maximum age of zero: kept until changed.
+    expiring_bucket(js, name, replicas, Duration::ZERO).await
+}
+
+/// A bucket of the cluster's whose keys expire `max_age` after they were last written.
+async fn expiring_bucket(
+    js: &Context,
+    name: &str,
+    replicas: usize,
+    max_age: Duration,
+) -> Result<jetstream::kv::Store, jetstream::context::CreateKeyValueError> {
     js.create_key_value(jetstream::kv::Config {
         bucket: name.to_string(),
         history: 1,
         num_replicas: replicas,
+        max_age,
         storage: jetstream::stream::StorageType::File,
         ..Default::default()
     })

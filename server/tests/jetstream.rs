@@ -317,15 +317,7 @@ async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>, Col
             Err(e) => panic!("no log streams within 20 s: {e}"),
         }
     };
-    let queues: Vec<_> = (0..PARTITIONS).map(PublishQueue::new).collect();
-    let max_payload = js.client().server_info().max_payload;
-    let storage =
-        ReplicatedStorage::new(Arc::new(MemoryStorage::new()), queues.clone(), max_payload);
-    let config = EngineConfig {
-        log_every_commit: true,
-        ..EngineConfig::new(PARTITIONS as usize)
-    };
-    let engine = Engine::new(config, Arc::new(storage), Arc::new(SystemClock));
+    let (engine, queues) = logging_engine(js, Arc::new(SystemClock), None);
     // The catalog first (the catalog stream's job in a cluster, made here the same way on
     // every node, so that uids agree), then the partitions.
     let path = collection(&engine);
@@ -354,12 +346,36 @@ async fn owner(js: &Context, epoch: u64) -> (Engine, Vec<Arc<PublishQueue>>, Col
     (engine, queues, path)
 }
 
+/// An engine over memory storage whose shards publish every commit to their partitions'
+/// logs, telling time by `clock` (and leases by `lease_clock`), and its publish queues.
+fn logging_engine(
+    js: &Context,
+    clock: Arc<dyn mayfly_server::engine::Clock>,
+    lease_clock: Option<Arc<dyn mayfly_server::engine::LeaseClock>>,
+) -> (Engine, Vec<Arc<PublishQueue>>) {
+    let queues: Vec<_> = (0..PARTITIONS).map(PublishQueue::new).collect();
+    let max_payload = js.client().server_info().max_payload;
+    let storage =
+        ReplicatedStorage::new(Arc::new(MemoryStorage::new()), queues.clone(), max_payload);
+    let config = EngineConfig {
+        log_every_commit: true,
+        lease_clock,
+        ..EngineConfig::new(PARTITIONS as usize)
+    };
+    (Engine::new(config, Arc::new(storage), clock), queues)
+}
+
 /// Database `db`, collection `c` (partitioned on `/pk`) with its change feed off: in cluster
 /// mode its commits are logged all the same.
 fn collection(engine: &Engine) -> CollectionPath {
+    collection_with(engine, DefaultTtl::Off)
+}
+
+/// [`collection`] with default TTL `ttl`.
+fn collection_with(engine: &Engine, ttl: DefaultTtl) -> CollectionPath {
     let db = ResourceId::parse(IdKind::Database, "db").expect("id");
     engine.create_database(db.clone()).expect("database");
-    let settings = CollectionSettings::new(DefaultTtl::Off, IndexingMode::Consistent)
+    let settings = CollectionSettings::new(ttl, IndexingMode::Consistent)
         .expect("settings")
         .with_change_feed_retention(FeedRetention::OFF);
     let id = ResourceId::parse(IdKind::Collection, "c").expect("id");
@@ -1308,38 +1324,11 @@ async fn skewed_node(
     js: &Context,
     clock: Arc<Skewed>,
 ) -> (Engine, Vec<Arc<PublishQueue>>, CollectionPath) {
-    let queues: Vec<_> = (0..PARTITIONS).map(PublishQueue::new).collect();
-    let max_payload = js.client().server_info().max_payload;
-    let storage =
-        ReplicatedStorage::new(Arc::new(MemoryStorage::new()), queues.clone(), max_payload);
-    let config = EngineConfig {
-        log_every_commit: true,
-        lease_clock: Some(clock.clone()),
-        ..EngineConfig::new(PARTITIONS as usize)
-    };
-    let engine = Engine::new(config, Arc::new(storage), clock);
-    let db = ResourceId::parse(IdKind::Database, "db").expect("id");
-    engine.create_database(db.clone()).expect("database");
-    let settings = CollectionSettings::new(DefaultTtl::NoDefault, IndexingMode::Consistent)
-        .expect("settings")
-        .with_change_feed_retention(FeedRetention::OFF);
-    let id = ResourceId::parse(IdKind::Collection, "c").expect("id");
-    engine
-        .create_collection(
-            &db,
-            id.clone(),
-            PartitionKeyPath::parse("/pk").expect("path"),
-            settings,
-            Default::default(),
-        )
-        .expect("collection");
+    let (engine, queues) = logging_engine(js, clock.clone(), Some(clock));
+    let path = collection_with(&engine, DefaultTtl::NoDefault);
     for p in 0..PARTITIONS {
         engine.set_following(p as usize, true);
     }
-    let path = CollectionPath {
-        database: db,
-        collection: id,
-    };
     (engine, queues, path)
 }
 
