@@ -855,6 +855,37 @@ async fn settled_map(
     }
 }
 
+/// Two nodes, a and b, on three fresh NATS servers (fields drop in order: the nodes before
+/// the servers).
+struct TwoNodes {
+    a: support::Mayfly,
+    b: support::Mayfly,
+    dir: tempfile::TempDir,
+    nats: NatsCluster,
+}
+
+/// [`TwoNodes`], with `d`/`c` made through a (which joined alone and owned every partition),
+/// once ownership has settled over both (a handed b its half): the nodes, clients of a and of
+/// b, and the settled partition map as b has it.
+async fn two_nodes() -> (
+    TwoNodes,
+    support::clients::Clients,
+    support::clients::Clients,
+    mayfly_proto::v1::PartitionMap,
+) {
+    use support::clients::{connect, database_and_collection};
+
+    let nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let b = cluster_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    let map = settled_map(&on_b.admin, &["a", "b"]).await;
+    (TwoNodes { a, b, dir, nats }, on_a, on_b, map)
+}
+
 /// The partition of test document partition key `pk` (of `d`/`c`, over 4 partitions).
 fn partition_of(pk: &str) -> usize {
     mayfly_server::engine::xxh3_partition("d", "c", &PartitionKeyValue::String(pk.into()), 4)
@@ -1176,17 +1207,10 @@ async fn a_node_serves_on_with_every_write_after_all_nats_servers_are_killed_and
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
     use mayfly_proto::v1::{ReadDocumentRequest, ReplaceDocumentRequest};
-    use support::clients::{connect, database_and_collection, string_pk};
+    use support::clients::string_pk;
 
-    let nats = NatsCluster::start(3);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = cluster_node(&nats, dir.path(), "a");
-    let mut on_a = connect(&a).await;
-    database_and_collection(&mut on_a).await;
-    let b = cluster_node(&nats, dir.path(), "b");
-    let on_b = connect(&b).await;
+    let (nodes, mut on_a, on_b, map) = two_nodes().await;
     // Once a has handed half the partitions to b: x goes to one a keeps.
-    let map = settled_map(&on_b.admin, &["a", "b"]).await;
     let pk = (0..100)
         .map(|i| format!("p{i}"))
         .find(|pk| map.owners[partition_of(pk)].owner == "a")
@@ -1194,7 +1218,7 @@ async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
     create_through(&on_a.documents, "x", &pk).await;
 
     // a stops (SIGSTOP) past its lease; b takes the partition over and writes a new version.
-    a.signal("STOP");
+    nodes.a.signal("STOP");
     let body = |v: i64| {
         let serde_json::Value::Object(body) = serde_json::json!({"id": "x", "pk": pk, "v": v})
         else {
@@ -1219,7 +1243,7 @@ async fn an_owner_paused_past_its_lease_serves_nothing_stale_when_it_wakes() {
     // a wakes: its lease ended while it was stopped. Whatever it answers at once is the new
     // version, never the one it held (it refuses, or forwards to b), and no write of its
     // own is acknowledged.
-    a.signal("CONT");
+    nodes.a.signal("CONT");
     let read = ReadDocumentRequest {
         database: "d".into(),
         collection: "c".into(),
@@ -1532,18 +1556,11 @@ enum Event {
 async fn every_documents_history_is_linearizable_across_a_paused_owner() {
     use mayfly_proto::v1::{ReadDocumentRequest, UpsertDocumentRequest};
     use stateright::semantics::register::{RegisterOp, RegisterRet};
-    use support::clients::{connect, database_and_collection, string_pk};
+    use support::clients::string_pk;
 
-    let nats = NatsCluster::start(3);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = cluster_node(&nats, dir.path(), "a");
-    let mut on_a = connect(&a).await;
-    database_and_collection(&mut on_a).await;
-    // a owns every partition (it joined alone); b joins, and a hands b half of them. The
-    // documents are in two partitions a keeps.
-    let b = cluster_node(&nats, dir.path(), "b");
-    let on_b = connect(&b).await;
-    let before = settled_map(&on_b.admin, &["a", "b"]).await;
+    // a owned every partition (it joined alone) and handed b half of them. The documents
+    // are in two partitions a keeps.
+    let (nodes, on_a, on_b, before) = two_nodes().await;
     let mut keys: Vec<String> = Vec::new();
     for i in 0..100 {
         let key = format!("k{i}");
@@ -1644,10 +1661,10 @@ async fn every_documents_history_is_linearizable_across_a_paused_owner() {
         }
     }
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    a.signal("STOP");
+    nodes.a.signal("STOP");
     // Past its lease and b's takeover.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    a.signal("CONT");
+    nodes.a.signal("CONT");
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for worker in workers {
@@ -1802,16 +1819,9 @@ fn the_history_checker_finds_a_stale_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_joining_killed_and_leaving_under_writes_lose_nothing() {
     use mayfly_proto::v1::{CreateDocumentRequest, ReadDocumentRequest};
-    use support::clients::{connect, database_and_collection, string_pk};
+    use support::clients::{connect, string_pk};
 
-    let nats = NatsCluster::start(3);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = cluster_node(&nats, dir.path(), "a");
-    let mut on_a = connect(&a).await;
-    database_and_collection(&mut on_a).await;
-    let b = cluster_node(&nats, dir.path(), "b");
-    let on_b = connect(&b).await;
-    settled_map(&on_a.admin, &["a", "b"]).await;
+    let (cluster, on_a, on_b, _) = two_nodes().await;
 
     // Writers, each trying its writes through the nodes in turn.
     let nodes = Arc::new(std::sync::Mutex::new(vec![
@@ -1880,7 +1890,7 @@ async fn nodes_joining_killed_and_leaving_under_writes_lose_nothing() {
 
     // c joins: a and b hand it its share.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let c = cluster_node(&nats, dir.path(), "c");
+    let c = cluster_node(&cluster.nats, cluster.dir.path(), "c");
     let on_c = connect(&c).await;
     nodes.lock().expect("nodes").push(on_c.documents.clone());
     let joined = settled_map(&on_a.admin, &["a", "b", "c"]).await;
@@ -1891,7 +1901,7 @@ async fn nodes_joining_killed_and_leaving_under_writes_lose_nothing() {
         joined.owners
     );
     // b is killed: the writers' next attempts through it fail over to the next node.
-    b.kill9();
+    cluster.b.kill9();
     let left = settled_map(&on_a.admin, &["a", "c"]).await;
     eprintln!(
         "owners after c joined: {:?}; after b left: {:?}",
@@ -2085,18 +2095,10 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdks_retries_hide_a_failover_from_idempotent_calls() {
     use mayfly_client::{Client, RetryPolicy};
-    use support::clients::{connect, database_and_collection};
 
-    let nats = NatsCluster::start(3);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = cluster_node(&nats, dir.path(), "a");
-    let mut on_a = connect(&a).await;
-    database_and_collection(&mut on_a).await;
-    let b = cluster_node(&nats, dir.path(), "b");
-    let on_b = connect(&b).await;
-    settled_map(&on_b.admin, &["a", "b"]).await;
+    let (nodes, _on_a, on_b, _) = two_nodes().await;
 
-    let client = Client::builder(b.url())
+    let client = Client::builder(nodes.b.url())
         .retry(
             RetryPolicy::default()
                 .max_attempts(12)
@@ -2139,7 +2141,7 @@ async fn the_sdks_retries_hide_a_failover_from_idempotent_calls() {
         }));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    a.kill9();
+    nodes.a.kill9();
     let _ = killed_at.set(Instant::now());
     // Until b has taken a's partitions over, and a little after.
     settled_map(&on_b.admin, &["b"]).await;
