@@ -41,12 +41,12 @@ pub mod v1 {
         Collection, CreateCollectionRequest, CreateDatabaseRequest, CreateDocumentRequest,
         Database, DefaultTtl, DeleteCollectionRequest, DeleteCollectionResponse,
         DeleteDatabaseRequest, DeleteDatabaseResponse, DeleteDocumentRequest,
-        DeleteDocumentResponse, Document, GetCollectionRequest, GetDatabaseRequest, IndexingMode,
-        IndexingPaths, ListCollectionsRequest, ListCollectionsResponse, ListDatabasesRequest,
-        ListDatabasesResponse, MustLive, MustLiveRule, PartitionKey, QueryMetrics, QueryRequest,
-        ReadDocumentRequest, ReadFeedPage, ReadFeedRequest, ReplaceCollectionRequest,
-        ReplaceDocumentRequest, TouchDocumentRequest, UpsertDocumentRequest,
-        UpsertDocumentResponse, UpsertOutcome,
+        DeleteDocumentResponse, Document, GatherDocumentsRequest, GetCollectionRequest,
+        GetDatabaseRequest, IndexingMode, IndexingPaths, ListCollectionsRequest,
+        ListCollectionsResponse, ListDatabasesRequest, ListDatabasesResponse, MustLive,
+        MustLiveRule, PartitionKey, QueryMetrics, QueryRequest, ReadDocumentRequest, ReadFeedPage,
+        ReadFeedRequest, ReplaceCollectionRequest, ReplaceDocumentRequest, TouchDocumentRequest,
+        UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
     };
     pub use crate::query_page::QueryPage;
 
@@ -63,6 +63,7 @@ pub mod v1 {
     /// Client stubs, one per service.
     pub mod client {
         pub use crate::generated::admin_client::AdminClient;
+        pub use crate::generated::cluster_client::ClusterClient;
         pub use crate::generated::collections_client::CollectionsClient;
         pub use crate::generated::databases_client::DatabasesClient;
         pub use crate::generated::documents_client::DocumentsClient;
@@ -71,6 +72,7 @@ pub mod v1 {
     /// Server traits and their tonic services, one per service.
     pub mod server {
         pub use crate::generated::admin_server::{Admin, AdminServer};
+        pub use crate::generated::cluster_server::{Cluster, ClusterServer};
         pub use crate::generated::collections_server::{Collections, CollectionsServer};
         pub use crate::generated::databases_server::{Databases, DatabasesServer};
         pub use crate::generated::documents_server::{Documents, DocumentsServer};
@@ -100,7 +102,10 @@ mod tests {
             .filter(|f| f.package() == "mayfly.v1")
             .flat_map(|f| f.service.iter().map(|s| s.name().to_owned()))
             .collect();
-        assert_eq!(services, ["Databases", "Collections", "Documents", "Admin"]);
+        assert_eq!(
+            services,
+            ["Databases", "Collections", "Documents", "Admin", "Cluster"]
+        );
         // Reflection clients need the well-known types the API imports.
         assert!(
             fds.file

@@ -38,7 +38,7 @@ use crate::{
     ServeError,
     cluster_directory::Directory,
     cluster_metrics::{ClusterMetrics, clock_skew_ms},
-    engine::{Engine, EngineConfig, LeaseClock, SystemClock},
+    engine::{Engine, EngineConfig, LeaseClock, SystemClock, TokenKey},
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
     storage::MemoryStorage,
 };
@@ -193,7 +193,7 @@ pub async fn join(
     let mut impatient = js.clone();
     impatient.set_timeout(Duration::from_secs(2));
     let js_join = &impatient;
-    agree_on_partitions(js_join, config).await?;
+    engine_config.token_key = agree_on_settings(js_join, config).await?;
     let streams = patiently("creating the log streams", || {
         log_streams(js_join, config.replicas)
     })
@@ -502,8 +502,9 @@ async fn expiring_bucket(
 }
 
 /// Every node must place documents over the same number of partitions: the first node to
-/// join records it, and a node that says otherwise is refused.
-async fn agree_on_partitions(js: &Context, config: &ClusterConfig) -> Result<(), ServeError> {
+/// join records it, and a node that says otherwise is refused. Returns the key the cluster's
+/// continuation tokens are sealed with, drawn likewise by the first node.
+async fn agree_on_settings(js: &Context, config: &ClusterConfig) -> Result<TokenKey, ServeError> {
     let kv = patiently("opening the cluster's settings", || {
         bucket(js, "mayfly-cluster", config.replicas)
     })
@@ -528,7 +529,22 @@ async fn agree_on_partitions(js: &Context, config: &ClusterConfig) -> Result<(),
             ),
         ));
     }
-    Ok(())
+    // Continuation tokens are sealed with one key cluster-wide: a client resumes a query or a
+    // feed at whichever node it calls next.
+    let drawn = TokenKey::random();
+    let stored = patiently("reading the cluster's continuation key", || async {
+        let _ = kv
+            .create("continuation-key", drawn.to_bytes().to_vec().into())
+            .await;
+        match kv.get("continuation-key").await {
+            Ok(Some(stored)) => <[u8; 32]>::try_from(&stored[..])
+                .map_err(|_| format!("it is {} bytes, not 32", stored.len())),
+            Ok(None) => Err("it is missing".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    Ok(TokenKey::from_bytes(stored))
 }
 
 /// Applies the catalog log on this node, for as long as it runs.

@@ -3,7 +3,9 @@
 
 use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread, time::Duration};
 
-use mayfly_proto::v1::server::{AdminServer, CollectionsServer, DatabasesServer, DocumentsServer};
+use mayfly_proto::v1::server::{
+    AdminServer, ClusterServer, CollectionsServer, DatabasesServer, DocumentsServer,
+};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use tonic::{server::NamedService, service::Routes};
 use tonic_health::{ServingStatus, server::HealthReporter};
@@ -16,7 +18,8 @@ use crate::{
     current_engine::CurrentEngine,
     engine::{self, Engine, EngineConfig, EngineMetrics, IdempotencyConfig, SystemClock, TokenKey},
     grpc::{
-        AdminService, CatalogRoute, CollectionsService, DatabasesService, DocumentsService,
+        AdminService, CatalogRoute, ClusterService, CollectionsService, DatabasesService,
+        DocumentsService,
         forward::{Forwarder, Owners},
     },
     metrics_http,
@@ -580,6 +583,14 @@ async fn serve_routed(
     }
     if let Some(reflection) = reflection_v1alpha {
         routes = routes.add_service(reflection);
+    }
+    // Node to node: served by cluster nodes only.
+    if documents.in_cluster() {
+        routes = routes.add_service(
+            ClusterServer::new(ClusterService::new(documents.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        );
     }
     let routes = routes
         // Every keyed service takes messages up to the limit the request layer refuses past

@@ -2159,3 +2159,159 @@ async fn the_sdks_retries_hide_a_failover_from_idempotent_calls() {
     );
     assert!(after_kill > 20, "only {after_kill} calls after the kill");
 }
+
+/// Every result of `text` through `documents` (of partition `pk` only, if given), page by page
+/// from `continuation`: the results and each page's continuation. Retried whole while a
+/// partition is not served.
+async fn query_pages(
+    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+    text: &str,
+    page_size: u32,
+    continuation: &str,
+    pk: Option<&str>,
+) -> (Vec<serde_json::Value>, Vec<String>) {
+    let request = mayfly_proto::v1::QueryRequest {
+        database: "d".into(),
+        collection: "c".into(),
+        query: text.into(),
+        page_size,
+        continuation: continuation.into(),
+        partition_key: pk.map(support::clients::string_pk),
+        ..Default::default()
+    };
+    when_served(text, || {
+        let (mut documents, request) = (documents.clone(), request.clone());
+        async move {
+            let mut pages = documents.query(request).await?.into_inner();
+            let (mut results, mut tokens) = (Vec::new(), Vec::new());
+            while let Some(page) = pages.message().await? {
+                assert!(page.results.len() <= page_size as usize, "{text}");
+                results.extend(page.results);
+                tokens.push(page.continuation);
+            }
+            Ok((results, tokens))
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_across_nodes_answer_as_one_node_would_and_resume_at_any_node() {
+    use serde_json::{Value, json};
+
+    let (_nodes, on_a, on_b, map) = two_nodes().await;
+    // Sixty documents over twenty partition keys: both nodes serve some.
+    let pks: Vec<String> = (0..20).map(|k| format!("k{k}")).collect();
+    let owner = |pk: &str| map.owners[partition_of(pk)].owner.clone();
+    assert!(pks.iter().any(|pk| owner(pk) == "a") && pks.iter().any(|pk| owner(pk) == "b"));
+    for n in 0..60 {
+        let Value::Object(body) =
+            json!({"id": format!("doc-{n:02}"), "pk": pks[n % 20], "n": n, "g": n % 4})
+        else {
+            unreachable!()
+        };
+        let request = mayfly_proto::v1::CreateDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            body: Some(mayfly_proto::json::JsonObject::new(body)),
+            ..Default::default()
+        };
+        when_served("create", || {
+            let (mut documents, request) = (on_a.documents.clone(), request.clone());
+            async move { documents.create_document(request).await.map(drop) }
+        })
+        .await;
+    }
+    let all_ids: Vec<Value> = (0..60).map(|n| json!(format!("doc-{n:02}"))).collect();
+    let sorted = |mut v: Vec<Value>| {
+        v.sort_by_key(|v| v.to_string());
+        v
+    };
+    for (node, documents) in [("a", &on_a.documents), ("b", &on_b.documents)] {
+        // Streaming: pages handed from node to node, each id once.
+        let (ids, tokens) = query_pages(documents, "SELECT VALUE c.id FROM c", 7, "", None).await;
+        assert_eq!(sorted(ids), all_ids, "through {node}");
+        assert!(
+            tokens.len() >= 60 / 7,
+            "through {node}: {} pages",
+            tokens.len()
+        );
+        assert_eq!(
+            tokens.last().map(String::as_str),
+            Some(""),
+            "through {node}"
+        );
+        let (top, _) = query_pages(documents, "SELECT TOP 5 VALUE c.n FROM c", 2, "", None).await;
+        assert_eq!(top.len(), 5, "through {node}: {top:?}");
+        // Whole-scope queries: gathered, run once.
+        let answer = |text: &'static str| query_pages(documents, text, 100, "", None);
+        assert_eq!(answer("SELECT VALUE COUNT(1) FROM c").await.0, [json!(60)]);
+        assert_eq!(
+            answer("SELECT VALUE AVG(c.n) FROM c").await.0,
+            [json!(29.5)]
+        );
+        let descending: Vec<Value> = (0..60).rev().map(|n| json!(n)).collect();
+        assert_eq!(
+            answer("SELECT VALUE c.n FROM c ORDER BY c.n DESC").await.0,
+            descending,
+            "through {node}"
+        );
+        assert_eq!(
+            answer("SELECT VALUE c.n FROM c ORDER BY c.n OFFSET 10 LIMIT 5")
+                .await
+                .0,
+            [json!(10), json!(11), json!(12), json!(13), json!(14)]
+        );
+        assert_eq!(
+            sorted(answer("SELECT DISTINCT VALUE c.g FROM c").await.0),
+            [json!(0), json!(1), json!(2), json!(3)]
+        );
+        let groups = answer("SELECT c.g, COUNT(1) AS n FROM c GROUP BY c.g")
+            .await
+            .0;
+        assert_eq!(groups.len(), 4, "{groups:?}");
+        assert!(groups.iter().all(|g| g["n"] == json!(15)), "{groups:?}");
+        // One partition, served by the other node: answered there.
+        for pk in [&pks[0], &pks[1], &pks[2], &pks[3]] {
+            let (ids, _) =
+                query_pages(documents, "SELECT VALUE c.n FROM c", 100, "", Some(pk)).await;
+            let k: usize = pk[1..].parse().expect("k<n>");
+            assert_eq!(
+                ids,
+                [json!(k), json!(k + 20), json!(k + 40)],
+                "{pk} through {node}"
+            );
+        }
+    }
+    // A token from one node resumes at the other, for either kind of query.
+    for text in [
+        "SELECT VALUE c.id FROM c",
+        "SELECT VALUE c.n FROM c ORDER BY c.n",
+    ] {
+        let first = {
+            let mut documents = on_a.documents.clone();
+            let mut pages = documents
+                .query(mayfly_proto::v1::QueryRequest {
+                    database: "d".into(),
+                    collection: "c".into(),
+                    query: text.into(),
+                    page_size: 10,
+                    ..Default::default()
+                })
+                .await
+                .expect("query")
+                .into_inner();
+            pages.message().await.expect("page").expect("a first page")
+        };
+        assert!(!first.continuation.is_empty(), "{text}");
+        let (rest, _) = query_pages(&on_b.documents, text, 10, &first.continuation, None).await;
+        let mut whole = first.results.clone();
+        whole.extend(rest);
+        assert_eq!(whole.len(), 60, "{text}: {whole:?}");
+        if text.contains("ORDER BY") {
+            assert_eq!(whole, (0..60).map(|n| json!(n)).collect::<Vec<_>>());
+        } else {
+            assert_eq!(sorted(whole), all_ids);
+        }
+    }
+}

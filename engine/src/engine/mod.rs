@@ -26,6 +26,7 @@ mod patch;
 mod placement;
 mod purge;
 mod query;
+mod query_gather;
 mod query_reads;
 mod recovery;
 mod replication;
@@ -70,6 +71,7 @@ pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp, PatchOption
 pub use placement::{Placement, placement_key, xxh3_partition};
 pub use purge::PurgeGuard;
 pub use query::{QueryCache, QuerySpec};
+pub use query_gather::{MAX_GATHERED_BYTES, gathered_too_much};
 pub use query_reads::{
     Cancel, INLINE_READS, INLINE_READS_MAY_BLOCK, PageMemory, QUERY_TIME_LIMIT, QueryReads,
 };

@@ -538,7 +538,7 @@ impl Engine {
 impl Engine {
     /// How `spec` reads `info`: the index plan, or `None` to read every document. A collection
     /// that does not index is read only if the request allows it.
-    fn query_plan(
+    pub(super) fn query_plan(
         &self,
         info: &CollectionInfo,
         spec: &QuerySpec,
@@ -632,6 +632,10 @@ impl Walk for ScanWalk<'_> {
                 }
             } else if from.shard == self.last {
                 return Ok(false);
+            } else if !engine.serves(from.shard + 1) {
+                let shard = from.shard + 1;
+                let pos = Cursor { shard, after: None };
+                return sink(Step::Unserved { pos, shard }, reads);
             } else {
                 Cursor {
                     shard: from.shard + 1,

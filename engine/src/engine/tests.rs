@@ -2818,4 +2818,5 @@ mod optimistic;
 mod ordered_review;
 mod patch_create;
 mod placement;
+mod query_gather;
 mod replicated;

@@ -29,6 +29,11 @@ impl TokenKey {
         TokenKey(key)
     }
 
+    /// The key's bytes, to keep it elsewhere (a cluster's settings).
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0
+    }
+
     fn mac(&self) -> Hmac<Sha256> {
         <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC takes any key length")
     }

@@ -33,6 +33,9 @@ pub struct QueryPage {
     pub results: Vec<Value>,
     pub continuation: Option<String>,
     pub metrics: QueryMetrics,
+    /// The page ended where the shards this node serves end (in a cluster): the next page,
+    /// at `continuation`, is another node's to compute.
+    pub handoff: bool,
 }
 
 /// The largest result a query may return, in its protobuf encoding: results travel in
@@ -79,6 +82,9 @@ pub(crate) enum Step<P> {
     /// The walk went past documents it does not feed (expired, gone, rewritten off their
     /// entry, of another partition): a page may end here.
     Passed(P),
+    /// The walk reached shard `shard`, which this node does not serve (another node owns it,
+    /// in a cluster): a page ends here, and a run over the whole scope cannot go on.
+    Unserved { pos: P, shard: usize },
 }
 
 /// Takes a walk's steps; `true` stops the walk.
@@ -138,9 +144,15 @@ impl Engine {
         let started = Instant::now();
         let mut kept = from.clone();
         let mut done = false;
+        let mut handoff = false;
         let stopped = walk.walk(self, from, reads, &mut |step, reads| {
             let (pos, stop) = match step {
                 Step::Passed(pos) => (pos, None),
+                Step::Unserved { pos, .. } => {
+                    kept = pos;
+                    handoff = true;
+                    return Ok(true);
+                }
                 Step::Doc { pos, doc, size } => (pos, fill.feed(run, || doc, size, reads)?),
             };
             Ok(match stop {
@@ -162,6 +174,7 @@ impl Engine {
         })?;
         let counters = fill.counters(run);
         let mut page = fill.page;
+        page.handoff = handoff;
         page.metrics.index_entries_examined += walk.examined().index_entries_examined;
         page.metrics.documents_examined += walk.examined().documents_examined;
         Ok(Driven {
@@ -183,8 +196,12 @@ impl Engine {
     ) -> Result<(), Error> {
         let mut fed = 0;
         walk.walk(self, from, reads, &mut |step, _| {
-            let Step::Doc { doc, .. } = step else {
-                return Ok(false);
+            let doc = match step {
+                Step::Doc { doc, .. } => doc,
+                Step::Passed(_) => return Ok(false),
+                Step::Unserved { shard, .. } => {
+                    return Err(Error::NotOwner { partition: shard });
+                }
             };
             fed += 1;
             let flow = run.push_owned(doc)?;
@@ -240,6 +257,7 @@ impl PageFill {
                     index,
                     ..QueryMetrics::default()
                 },
+                handoff: false,
             },
             bytes: 0,
             resume: None,

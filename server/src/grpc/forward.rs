@@ -4,7 +4,8 @@
 //! `mayfly-forwarded: <node>`; a node that does not own its partition either answers
 //! `NOT_OWNER` rather than forwarding again (the map moved meanwhile: the client retries).
 //!
-//! Unary document calls are forwarded; queries and feeds across nodes come later.
+//! Unary document calls are forwarded; queries go across nodes in `cluster_query`; change
+//! feeds across nodes come later.
 
 use std::{collections::HashMap, future::Future, sync::Arc};
 
@@ -69,7 +70,7 @@ impl Forwarder {
         }
     }
 
-    fn channel(&self, address: &str) -> Result<Channel, Status> {
+    pub(super) fn channel(&self, address: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock();
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
@@ -87,8 +88,25 @@ impl Forwarder {
     }
 }
 
+impl Forwarder {
+    /// This node's id.
+    pub(super) fn node(&self) -> &str {
+        self.owners.node()
+    }
+
+    /// The address of the node that owns `partition`, if known and not this node.
+    pub(super) async fn owner_address(&self, partition: u32) -> Option<String> {
+        self.owners.owner_address(partition).await
+    }
+
+    /// What this node believed of `partition`'s owner is out of date.
+    pub(super) fn stale(&self, partition: u32) {
+        self.owners.stale(partition)
+    }
+}
+
 /// The partition a `NOT_OWNER` status names.
-fn not_owned(status: &Status) -> Option<u32> {
+pub(super) fn not_owned(status: &Status) -> Option<u32> {
     status
         .metadata()
         .get(PARTITION)?
@@ -99,7 +117,7 @@ fn not_owned(status: &Status) -> Option<u32> {
 }
 
 /// What a forwarded request keeps of the caller's: credentials and deadline.
-fn forwarded_metadata(from: &MetadataMap, node: &str) -> MetadataMap {
+pub(super) fn forwarded_metadata(from: &MetadataMap, node: &str) -> MetadataMap {
     let mut out = MetadataMap::new();
     for key in ["authorization", "grpc-timeout"] {
         if let Some(value) = from.get(key) {

@@ -5,6 +5,7 @@ mod admin;
 mod batch;
 pub mod catalog_change;
 mod change_feed;
+mod cluster_query;
 mod collections;
 pub(crate) mod convert;
 mod databases;
@@ -20,6 +21,7 @@ mod tests;
 
 pub use admin::AdminService;
 pub use catalog_change::{CatalogAnswer, CatalogChange, CatalogRoute};
+pub use cluster_query::ClusterService;
 pub use collections::CollectionsService;
 pub use databases::DatabasesService;
 
@@ -91,6 +93,11 @@ impl DocumentsService {
     pub fn forwarding(mut self, forwarder: forward::Forwarder) -> Self {
         self.forwarder = Some(forwarder);
         self
+    }
+
+    /// Whether it serves as a node of a cluster.
+    pub fn in_cluster(&self) -> bool {
+        self.forwarder.is_some()
     }
 
     /// The service counting its open change feed streams in `gauge`.

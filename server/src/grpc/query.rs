@@ -28,16 +28,17 @@ pub(crate) const MAX_PARAMETERS: usize = 256;
 
 /// Everything a query's pages share.
 #[derive(Debug)]
-struct Plan {
-    path: CollectionPath,
-    scope: FeedScope,
-    spec: QuerySpec,
-    page_size: usize,
+pub(super) struct Plan {
+    pub(super) path: CollectionPath,
+    pub(super) scope: FeedScope,
+    pub(super) spec: QuerySpec,
+    pub(super) page_size: usize,
 }
 
 /// A streaming query: each page is computed from the continuation the one before left, at
-/// its own clock reading.
-struct StreamingQuery(Arc<Plan>);
+/// its own clock reading. In a cluster, the stream ends at a page that hands off to another
+/// node (see [`engine::QueryPage::handoff`]): its continuation goes on there.
+pub(super) struct StreamingQuery(pub(super) Arc<Plan>);
 
 impl PageSource for StreamingQuery {
     type Message = QueryPage;
@@ -66,7 +67,10 @@ impl PageSource for StreamingQuery {
                 reads,
             )
             .map(|page| {
-                let next = page.continuation.clone().map(Some);
+                let next = match page.handoff {
+                    true => None,
+                    false => page.continuation.clone().map(Some),
+                };
                 (page_message(page), next)
             })
     }
@@ -124,6 +128,7 @@ impl PageSource for HeldResults {
             results: chunk,
             continuation,
             metrics,
+            handoff: false,
         };
         Outcome::done((page_message(page), next))
     }
@@ -138,6 +143,8 @@ impl DocumentsService {
         share: Option<PeerShare>,
         request: QueryRequest,
     ) -> Result<PageStream<QueryPage>, Status> {
+        // Sent on to other nodes as asked, in a cluster (see `cluster_query`).
+        let original = self.forwarder.is_some().then(|| request.clone());
         let QueryRequest {
             database,
             collection,
@@ -173,6 +180,13 @@ impl DocumentsService {
             .engine()?
             .query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())
             .map_err(to_status)?;
+        if let Some(original) = original
+            && let Some(route) = self.cluster_route(headers, &plan, &cursor)?
+        {
+            return self
+                .fan_out(route, headers, grant, share, plan, original, token)
+                .await;
+        }
         let QueryCursor::Offset(offset) = cursor else {
             return self
                 .open_stream(grant, share, StreamingQuery(plan), token)
@@ -190,11 +204,24 @@ impl DocumentsService {
             .await?;
         // Held from page to page: charged like a response waiting to be read (twice the JSON
         // size, for what values take in memory), refused if that is full.
+        self.held_results(grant, share, plan, (results, metrics), offset)
+            .await
+    }
+
+    /// Pages of a query's `results`, from `offset` on.
+    pub(super) async fn held_results(
+        &self,
+        grant: Grant,
+        share: Option<PeerShare>,
+        plan: Arc<Plan>,
+        (results, metrics): (Vec<Value>, engine::QueryMetrics),
+        offset: u64,
+    ) -> Result<PageStream<QueryPage>, Status> {
+        let mut charge = Charge::default();
         let bytes: usize = results
             .iter()
             .map(mayfly_query::value::approximate_size)
             .sum();
-        let mut charge = Charge::default();
         // Room is left for the pages themselves, charged as they leave: twice a page of the
         // largest size, which its last result may pass by about a document, and HTTP/2's
         // buffer.
@@ -221,7 +248,7 @@ impl DocumentsService {
     }
 }
 
-fn page_message(page: engine::QueryPage) -> QueryPage {
+pub(super) fn page_message(page: engine::QueryPage) -> QueryPage {
     let m = page.metrics;
     QueryPage {
         results: page.results,
@@ -240,7 +267,7 @@ fn page_message(page: engine::QueryPage) -> QueryPage {
 /// (`QUERY_LIMIT`), a bad name a query mistake (`QUERY_INVALID`), a value nested too deep the
 /// one reason every JSON field has (`DOCUMENT_TOO_DEEP`); only a value JSON cannot hold (NaN)
 /// is `INVALID_JSON`.
-fn parameters_json(
+pub(super) fn parameters_json(
     parameters: std::collections::HashMap<String, json::JsonValue>,
 ) -> Result<Map<String, Value>, engine::Error> {
     let refused = |kind, message: String| {

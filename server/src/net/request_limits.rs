@@ -165,6 +165,7 @@ fn streams_responses(path: &str) -> bool {
         "/mayfly.v1.Documents/ReadFeed"
             | "/mayfly.v1.Documents/Query"
             | "/mayfly.v1.Documents/ChangeFeed"
+            | "/mayfly.v1.Cluster/GatherDocuments"
     ) || path.starts_with("/grpc.reflection.")
 }
 

@@ -292,6 +292,15 @@ impl Walk for IndexWalk<'_> {
             let Some(next) = batch.next else {
                 return Ok(false);
             };
+            if next.shard != at.shard && !engine.serves(next.shard) {
+                return sink(
+                    Step::Unserved {
+                        shard: next.shard,
+                        pos: next,
+                    },
+                    reads,
+                );
+            }
             if sink(Step::Passed(next.clone()), reads)? {
                 return Ok(true);
             }
