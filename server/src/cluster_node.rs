@@ -36,7 +36,9 @@ use tonic::Status;
 
 use crate::{
     ServeError,
+    auth::KeyRing,
     cluster_directory::Directory,
+    cluster_keys,
     cluster_metrics::{ClusterMetrics, clock_skew_ms},
     engine::{Engine, EngineConfig, LeaseClock, SystemClock, TokenKey},
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
@@ -89,6 +91,8 @@ pub struct ClusterNode {
     node: String,
     members: jetstream::kv::Store,
     metrics: Arc<ClusterMetrics>,
+    /// The cluster's keys, where the node accepts them.
+    keys: Option<Arc<KeyRing>>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -101,6 +105,11 @@ impl std::fmt::Debug for ClusterNode {
 }
 
 impl ClusterNode {
+    /// The cluster's keys, where the node accepts them.
+    pub(crate) fn keys(&self) -> Option<Arc<KeyRing>> {
+        self.keys.clone()
+    }
+
     /// Its metrics, for `GET /metrics`.
     pub(crate) fn metrics(&self) -> Arc<ClusterMetrics> {
         self.metrics.clone()
@@ -179,10 +188,13 @@ async fn patiently<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
 /// Joins the cluster: an engine whose shards are the partitions, each following until this
 /// node wins its lease; the catalog applied up to the log's end; a task per partition
 /// contending for its lease and serving it while held.
+/// With `keys`, the node accepts the cluster's keys (see `cluster_keys`), copying them to the
+/// directory `keys` names if it names one.
 pub async fn join(
     config: &ClusterConfig,
     mut engine_config: EngineConfig,
     advertise: &str,
+    keys: Option<Option<std::path::PathBuf>>,
 ) -> Result<(Engine, CatalogRoute, Arc<dyn Owners>, ClusterNode), ServeError> {
     let client = async_nats::connect(config.urls.clone())
         .await
@@ -194,6 +206,21 @@ pub async fn join(
     impatient.set_timeout(Duration::from_secs(2));
     let js_join = &impatient;
     engine_config.token_key = agree_on_settings(js_join, config).await?;
+    let keys = match keys {
+        None => None,
+        Some(copy_to) => {
+            let bucket = patiently("opening the cluster's keys", || {
+                bucket(js_join, cluster_keys::BUCKET, config.replicas)
+            })
+            .await?;
+            Some(
+                patiently("reading the cluster's keys", || {
+                    cluster_keys::open(bucket.clone(), copy_to.clone())
+                })
+                .await?,
+            )
+        }
+    };
     let streams = patiently("creating the log streams", || {
         log_streams(js_join, config.replicas)
     })
@@ -220,6 +247,8 @@ pub async fn join(
     })
     .await?;
     let mut tasks = vec![follow_catalog(&catalog, &engine)];
+    let (keys, confirming) = keys.unzip();
+    tasks.extend(confirming);
     let end = patiently("reading the catalog log's end", || catalog.end()).await?;
     tokio::time::timeout(JOIN_TIMEOUT, catalog.applied_to(end))
         .await
@@ -332,6 +361,7 @@ pub async fn join(
             node: config.node_id.clone(),
             members: members_store,
             metrics,
+            keys,
         },
     ))
 }

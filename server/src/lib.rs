@@ -8,6 +8,7 @@
 
 pub mod auth;
 mod cluster_directory;
+mod cluster_keys;
 mod cluster_metrics;
 pub mod cluster_node;
 pub mod current_engine;

@@ -89,6 +89,9 @@ pub enum AuthConfig {
     /// Keys given for this run (primary, secondary, primary read-only, secondary read-only; a
     /// slot without one accepts nothing). They cannot be regenerated.
     Given([Option<String>; 4]),
+    /// The cluster's keys, kept in its `mayfly-keys` bucket (cluster mode only), with a copy
+    /// written to `copy_to`'s `keys/` if given.
+    Cluster { copy_to: Option<std::path::PathBuf> },
 }
 
 /// Where a server keeps its documents.
@@ -214,9 +217,17 @@ impl RunningServer {
                     }
                     None => format!("http://{local_addr}"),
                 };
-                let (engine, catalog, owners, node) =
-                    cluster_node::join(cluster, settings.config(cluster.partitions), &advertise)
-                        .await?;
+                let keys = match &config.auth {
+                    AuthConfig::Cluster { copy_to } => Some(copy_to.clone()),
+                    _ => None,
+                };
+                let (engine, catalog, owners, node) = cluster_node::join(
+                    cluster,
+                    settings.config(cluster.partitions),
+                    &advertise,
+                    keys,
+                )
+                .await?;
                 // Forwarding speaks plaintext gRPC to the other nodes for now.
                 let forwarder = tls.is_none().then(|| Forwarder::new(owners.clone()));
                 let metrics = node.metrics();
@@ -228,7 +239,10 @@ impl RunningServer {
             }
         };
         // After the storage: the data directory is created and locked by then.
-        let auth = authenticator(&config.auth, &config.storage)?;
+        let auth = match cluster.as_ref().and_then(ClusterNode::keys) {
+            Some(keys) => Authenticator::with_shared_keys(keys, Arc::new(SystemClock)),
+            None => authenticator(&config.auth, &config.storage)?,
+        };
         let engine = CurrentEngine::new(engine);
         let metrics_addr = metrics_listener
             .as_ref()
@@ -332,6 +346,9 @@ fn authenticator(auth: &AuthConfig, storage: &StorageConfig) -> Result<Authentic
         }
         (AuthConfig::DataDir, StorageConfig::Memory { .. }) => Err(ServeError::Config(
             "keys kept in the data directory need disk storage: give the keys instead".into(),
+        )),
+        (AuthConfig::Cluster { .. }, _) => Err(ServeError::Config(
+            "keys kept by a cluster need cluster mode (--cluster)".into(),
         )),
     }
 }

@@ -768,22 +768,34 @@ async fn every_node_applies_the_catalog_log_in_one_order_with_one_answer() {
 
 /// `mayfly` processes of a cluster on `nats`, with 4 partitions, keeping partitions in memory.
 fn cluster_node(nats: &NatsCluster, dir: &std::path::Path, node: &str) -> support::Mayfly {
+    let args = cluster_args(nats, node);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    support::Mayfly::start(&dir.join(node), &args)
+}
+
+/// [`cluster_node`], requiring the cluster's keys (a copy in `dir/<node>/keys/`).
+fn keyed_cluster_node(nats: &NatsCluster, dir: &std::path::Path, node: &str) -> support::Mayfly {
+    let args = cluster_args(nats, node);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    support::Mayfly::start_with_keys(&dir.join(node), &args)
+}
+
+fn cluster_args(nats: &NatsCluster, node: &str) -> Vec<String> {
     let urls = nats.urls().join(",");
-    support::Mayfly::start(
-        &dir.join(node),
-        &[
-            "--storage",
-            "memory",
-            "--cluster",
-            &urls,
-            "--node-id",
-            node,
-            "--partitions",
-            "4",
-            "--shards",
-            "4",
-        ],
-    )
+    [
+        "--storage",
+        "memory",
+        "--cluster",
+        &urls,
+        "--node-id",
+        node,
+        "--partitions",
+        "4",
+        "--shards",
+        "4",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// Retries `call` while it fails UNAVAILABLE (a partition not served yet, or moving), for up
@@ -2314,4 +2326,174 @@ async fn queries_across_nodes_answer_as_one_node_would_and_resume_at_any_node() 
             assert_eq!(sorted(whole), all_ids);
         }
     }
+}
+
+/// `message` with `authorization: Bearer <credential>`.
+fn keyed<T>(credential: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {credential}").parse().expect("ascii"),
+    );
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clusters_keys_work_on_every_node_and_a_regenerated_one_stops_everywhere() {
+    use mayfly_proto::v1::{
+        CreateCollectionRequest, CreateDatabaseRequest, CreateResourceTokenRequest,
+        GetDatabaseRequest, KeyKind, RegenerateKeyRequest, TokenPermission,
+    };
+    use support::clients::connect;
+
+    let mut nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = keyed_cluster_node(&nats, dir.path(), "a");
+    let b = keyed_cluster_node(&nats, dir.path(), "b");
+    let key_of = |node: &str, slot: &str| {
+        std::fs::read_to_string(dir.path().join(node).join("keys").join(slot))
+            .expect("the node keeps a copy of the cluster's keys")
+            .trim()
+            .to_owned()
+    };
+    let primary = key_of("a", "primary");
+    assert_eq!(key_of("b", "primary"), primary, "one set of keys");
+    assert_ne!(key_of("a", "secondary"), primary);
+    let (mut on_a, mut on_b) = (connect(&a).await, connect(&b).await);
+    on_a.databases
+        .create_database(keyed(&primary, CreateDatabaseRequest { id: "d".into() }))
+        .await
+        .expect("the key works on a");
+    on_a.collections
+        .create_collection(keyed(
+            &primary,
+            CreateCollectionRequest {
+                database: "d".into(),
+                id: "c".into(),
+                partition_key_path: "/pk".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("collection");
+    let get = |key: &str| keyed(key, GetDatabaseRequest { id: "d".into() });
+    on_b.databases
+        .get_database(get(&primary))
+        .await
+        .expect("and on b");
+    let refused = on_b
+        .databases
+        .get_database(GetDatabaseRequest { id: "d".into() })
+        .await
+        .expect_err("no key");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    // A token minted on a reads on b.
+    let token = on_a
+        .admin
+        .create_resource_token(keyed(
+            &primary,
+            CreateResourceTokenRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                permission: TokenPermission::Read as i32,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("token")
+        .into_inner()
+        .token;
+    let count = |credential: &str| {
+        keyed(
+            credential,
+            mayfly_proto::v1::QueryRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                query: "SELECT VALUE COUNT(1) FROM c".into(),
+                ..Default::default()
+            },
+        )
+    };
+    when_served("a token's query on b", || {
+        let (mut documents, request) = (on_b.documents.clone(), count(&token));
+        async move { documents.query(request).await.map(drop) }
+    })
+    .await;
+
+    // Regenerated on a: refused on b within the bound, the new key taken there.
+    let new = on_a
+        .admin
+        .regenerate_key(keyed(
+            &primary,
+            RegenerateKeyRequest {
+                kind: KeyKind::Primary as i32,
+            },
+        ))
+        .await
+        .expect("regenerated")
+        .into_inner()
+        .key;
+    let regenerated = Instant::now();
+    loop {
+        match on_b.databases.get_database(get(&primary)).await {
+            Err(s) if s.code() == tonic::Code::Unauthenticated => break,
+            Ok(_) => {}
+            Err(s) => panic!("the old key on b: {s}"),
+        }
+        assert!(
+            regenerated.elapsed() < Duration::from_millis(2_500),
+            "the old key still works on b {:?} after it was regenerated",
+            regenerated.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let revoked_after = regenerated.elapsed();
+    on_b.databases
+        .get_database(get(&new))
+        .await
+        .expect("the new key works on b once the old one stopped");
+    let stale = on_b
+        .documents
+        .query(count(&token))
+        .await
+        .expect_err("the old key's token");
+    assert_eq!(stale.code(), tonic::Code::Unauthenticated, "{stale}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while key_of("b", "primary") != new {
+        assert!(
+            Instant::now() < deadline,
+            "b's copy of the keys is not updated"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("old key refused on b {revoked_after:?} after its regeneration on a");
+
+    // Without NATS, a node cannot know whether a key was regenerated: it refuses them all.
+    for i in 0..3 {
+        nats.kill9(i);
+    }
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    let unconfirmed = on_b
+        .databases
+        .get_database(get(&new))
+        .await
+        .expect_err("keys unconfirmed");
+    assert_eq!(
+        unconfirmed.code(),
+        tonic::Code::Unavailable,
+        "{unconfirmed}"
+    );
+    assert!(
+        unconfirmed.message().contains("confirm"),
+        "{}",
+        unconfirmed.message()
+    );
+    for i in 0..3 {
+        nats.restart(i);
+    }
+    when_served("the key once NATS is back", || {
+        let (mut databases, request) = (on_b.databases.clone(), get(&new));
+        async move { databases.get_database(request).await.map(drop) }
+    })
+    .await;
 }

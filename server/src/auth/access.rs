@@ -135,6 +135,9 @@ pub enum Denied {
     /// The database or collection a token was minted for (`resource`, as [`Target`] names
     /// it) was deleted since; one of that name now, if any, is another.
     ResourceDeleted { resource: String },
+    /// A cluster node has not confirmed the cluster's keys for `age_ms` ms, longer than it
+    /// trusts them for: one may have been regenerated meanwhile.
+    KeysUnconfirmed { age_ms: u64 },
 }
 
 impl Denied {
@@ -165,7 +168,14 @@ impl Denied {
             Denied::TokenCannotManage => "KEY_REQUIRED",
             Denied::OutOfScope { .. } => "OUT_OF_TOKEN_SCOPE",
             Denied::ResourceDeleted { .. } => "TOKEN_RESOURCE_DELETED",
+            Denied::KeysUnconfirmed { .. } => "KEYS_UNCONFIRMED",
         }
+    }
+
+    /// UNAVAILABLE: the credential may be good, and a retry (here later, or at another node)
+    /// may find it so.
+    pub fn unavailable(&self) -> bool {
+        matches!(self, Denied::KeysUnconfirmed { .. })
     }
 }
 
@@ -214,6 +224,11 @@ impl fmt::Display for Denied {
                 f,
                 "this resource token was minted for {resource}, which has been deleted since; one created later under the same name is another resource, on which the token grants nothing: mint a new token"
             ),
+            Denied::KeysUnconfirmed { age_ms } => write!(
+                f,
+                "this cluster node has not been able to confirm the cluster's keys with NATS for {:.1} s (a key regenerated meanwhile must not work here), so it accepts no key or token until it can; retry, or call another node",
+                *age_ms as f64 / 1000.0
+            ),
         }
     }
 }
@@ -241,6 +256,15 @@ impl Authenticator {
         }
     }
 
+    /// Requests need one of the keys a cluster keeps (`keys`, which the node keeps confirming
+    /// with the cluster), or a token one of them minted.
+    pub fn with_shared_keys(keys: Arc<KeyRing>, clock: Arc<dyn Clock>) -> Self {
+        Authenticator {
+            keys: Some(keys),
+            clock,
+        }
+    }
+
     /// The keys, unless the server runs open.
     pub fn keys(&self) -> Option<&KeyRing> {
         self.keys.as_deref()
@@ -257,6 +281,11 @@ impl Authenticator {
             return Ok(Principal::Open);
         };
         let credential = bearer(authorization.ok_or(Denied::Missing)?)?;
+        if let Some(age) = keys.unconfirmed_for() {
+            return Err(Denied::KeysUnconfirmed {
+                age_ms: age.as_millis() as u64,
+            });
+        }
         if ResourceToken::is_token(credential) {
             let now = self.clock.now();
             return match ResourceToken::verify(credential, keys, now) {

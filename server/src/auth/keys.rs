@@ -2,8 +2,16 @@
 //! regenerated while clients use the other. Kept in the data directory's `keys/` (one file
 //! each), or given on the command line for this run only.
 
-use std::{fmt, io};
+use std::{
+    fmt, io,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
+use futures_util::future::BoxFuture;
 use parking_lot::{Mutex, RwLock};
 use subtle::ConstantTimeEq;
 
@@ -68,10 +76,41 @@ pub const MIN_GIVEN_KEY_CHARS: usize = 16;
 #[derive(Debug)]
 pub struct KeyRing {
     keys: RwLock<[Option<String>; 4]>,
-    /// `None`: the keys were given for this run and cannot be regenerated.
+    /// `None`: the keys were given for this run, or are kept by a cluster.
     kept_in: Option<SecretsDir>,
     /// One regeneration at a time, so that the files and `keys` agree.
     regenerating: Mutex<()>,
+    /// Kept by a cluster: every node's, replaced on any.
+    shared: Option<Shared>,
+}
+
+/// Keys a cluster keeps for all its nodes (`cluster_keys`): a node replaces one there, and
+/// confirms the ones it holds with it again and again.
+pub trait SharedKeys: Send + Sync + fmt::Debug {
+    /// Replaces the key in `slot` for every node; done once the cluster keeps it.
+    fn replace(&self, slot: KeySlot, key: String) -> BoxFuture<'static, Result<(), String>>;
+}
+
+/// How long a cluster node accepts the keys it holds after it last began reading them from
+/// the cluster: a key regenerated on any node stops working on every node at most this long
+/// after the regeneration was answered.
+pub const SHARED_KEYS_TRUSTED_FOR: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+struct Shared {
+    store: Arc<dyn SharedKeys>,
+    /// When the last read that confirmed the keys began, in ms after `base`.
+    confirmed_ms: AtomicU64,
+    /// When this node last replaced a key itself, in ms after `base`: a read that began
+    /// before it holds the old key, which it must not put back.
+    set_ms: AtomicU64,
+    base: Instant,
+}
+
+impl Shared {
+    fn ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_millis() as u64
+    }
 }
 
 /// Why a key could not be regenerated or a token minted.
@@ -113,7 +152,57 @@ impl KeyRing {
             keys: RwLock::new(keys),
             kept_in: Some(secrets),
             regenerating: Mutex::new(()),
+            shared: None,
         })
+    }
+
+    /// Keys a cluster keeps (`store`), as read from it by a read that began at `read_at`.
+    pub fn shared(keys: [String; 4], store: Arc<dyn SharedKeys>, read_at: Instant) -> Self {
+        let ring = KeyRing {
+            keys: RwLock::new(keys.map(Some)),
+            kept_in: None,
+            regenerating: Mutex::new(()),
+            shared: Some(Shared {
+                store,
+                confirmed_ms: AtomicU64::new(0),
+                set_ms: AtomicU64::new(0),
+                base: read_at,
+            }),
+        };
+        ring.confirmed(keys_unchanged(), read_at);
+        ring
+    }
+
+    /// Where the keys are kept if a cluster keeps them.
+    pub fn shared_store(&self) -> Option<Arc<dyn SharedKeys>> {
+        self.shared.as_ref().map(|s| s.store.clone())
+    }
+
+    /// The cluster's keys, as read by a read that began at `read_at` (`None` for a slot: as
+    /// held); they are trusted for [`SHARED_KEYS_TRUSTED_FOR`] from then.
+    pub fn confirmed(&self, keys: [Option<String>; 4], read_at: Instant) {
+        let Some(shared) = &self.shared else { return };
+        let ms = shared.ms(read_at);
+        {
+            let mut held = self.keys.write();
+            if ms >= shared.set_ms.load(Ordering::Acquire) {
+                for (held, read) in held.iter_mut().zip(keys) {
+                    if let Some(read) = read {
+                        *held = Some(read);
+                    }
+                }
+            }
+        }
+        shared.confirmed_ms.fetch_max(ms, Ordering::Release);
+    }
+
+    /// How long since the keys were last confirmed, once that is longer than they are trusted
+    /// for (a cluster's keys only).
+    pub fn unconfirmed_for(&self) -> Option<Duration> {
+        let shared = self.shared.as_ref()?;
+        let confirmed =
+            shared.base + Duration::from_millis(shared.confirmed_ms.load(Ordering::Acquire));
+        Some(confirmed.elapsed()).filter(|age| *age > SHARED_KEYS_TRUSTED_FOR)
     }
 
     /// Keys given for this run (a slot without a key accepts nothing).
@@ -122,6 +211,7 @@ impl KeyRing {
             keys: RwLock::new(keys),
             kept_in: None,
             regenerating: Mutex::new(()),
+            shared: None,
         }
     }
 
@@ -146,7 +236,20 @@ impl KeyRing {
         self.keys.read()[slot.index()].clone()
     }
 
-    /// Replaces the key in `slot`: written durably first, then in force.
+    /// Puts `key` in `slot` here (a cluster's key, replaced in the cluster already).
+    pub fn set(&self, slot: KeySlot, key: String) {
+        let mut held = self.keys.write();
+        if let Some(shared) = &self.shared {
+            // Rounded up: a read that began in the same millisecond may predate the change.
+            shared
+                .set_ms
+                .fetch_max(shared.ms(Instant::now()) + 1, Ordering::Release);
+        }
+        held[slot.index()] = Some(key);
+    }
+
+    /// Replaces the key in `slot`: written durably first, then in force. (A cluster's keys are
+    /// replaced through [`KeyRing::shared_store`].)
     pub fn regenerate(&self, slot: KeySlot) -> Result<String, KeyAdminError> {
         let Some(secrets) = &self.kept_in else {
             return Err(KeyAdminError::Given);
@@ -163,9 +266,63 @@ impl KeyRing {
     }
 }
 
+/// No slot read: [`KeyRing::confirmed`] keeps every key as held.
+fn keys_unchanged() -> [Option<String>; 4] {
+    Default::default()
+}
+
+/// A new random key.
+pub fn new_key() -> String {
+    random_secret(KEY_BYTES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug)]
+    struct Nowhere;
+
+    impl SharedKeys for Nowhere {
+        fn replace(&self, _: KeySlot, _: String) -> BoxFuture<'static, Result<(), String>> {
+            Box::pin(std::future::ready(Ok(())))
+        }
+    }
+
+    #[test]
+    fn a_clusters_keys_are_trusted_only_for_a_while_after_a_read_began() {
+        let keys = ["p", "s", "pr", "sr"].map(|k| k.repeat(20));
+        let now = Instant::now();
+        let ring = KeyRing::shared(
+            keys.clone(),
+            Arc::new(Nowhere),
+            now - Duration::from_secs(3),
+        );
+        let age = ring.unconfirmed_for().expect("read 3 s ago");
+        assert!(age >= Duration::from_secs(3), "{age:?}");
+        ring.confirmed(keys.clone().map(Some), now);
+        assert_eq!(ring.unconfirmed_for(), None);
+        assert_eq!(ring.slot_of(&keys[0]), Some(KeySlot::Primary));
+        // Replaced here: a read that began before does not bring the old key back; one that
+        // began after brings what the cluster holds.
+        let before = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        ring.set(KeySlot::Primary, "n".repeat(20));
+        ring.confirmed(keys.clone().map(Some), before);
+        assert_eq!(ring.slot_of(&keys[0]), None);
+        assert_eq!(ring.slot_of(&"n".repeat(20)), Some(KeySlot::Primary));
+        std::thread::sleep(Duration::from_millis(2));
+        let mut later = keys.clone();
+        later[0] = "m".repeat(20);
+        ring.confirmed(later.map(Some), Instant::now());
+        assert_eq!(ring.slot_of(&"m".repeat(20)), Some(KeySlot::Primary));
+        assert!(ring.shared_store().is_some());
+        assert!(
+            KeyRing::given([None, None, None, None])
+                .unconfirmed_for()
+                .is_none()
+        );
+    }
 
     #[test]
     fn keys_are_kept_found_by_value_and_regenerated_one_at_a_time() {

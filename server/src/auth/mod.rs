@@ -11,6 +11,9 @@ pub use access::{
     Action, Authenticator, Denied, NoResources, Principal, Resources, Target, authenticate_headers,
     bearer,
 };
-pub use keys::{KeyAdminError, KeyRing, KeySlot, MIN_GIVEN_KEY_CHARS};
+pub use keys::{
+    KeyAdminError, KeyRing, KeySlot, MIN_GIVEN_KEY_CHARS, SHARED_KEYS_TRUSTED_FOR, SharedKeys,
+    new_key,
+};
 pub use secrets::{SECRETS_DIR, SecretsDir, random_secret, secret_bytes};
 pub use token::{DEFAULT_TOKEN_SECS, MAX_TOKEN_SECS, ResourceToken, TokenError};

@@ -35,7 +35,8 @@ struct Args {
     /// and tests).
     #[arg(long, value_enum, default_value_t = StorageKind::Disk)]
     storage: StorageKind,
-    /// Data directory for `--storage disk` (created if missing; one server at a time).
+    /// Data directory for `--storage disk` (created if missing; one server at a time); in
+    /// cluster mode it holds a copy of the cluster's keys (`keys/`).
     #[arg(long, default_value = "./mayfly-data")]
     data_dir: PathBuf,
     /// When a write is acknowledged: `fsync` (durable on disk, survives power loss) or
@@ -255,8 +256,9 @@ impl Args {
     }
 }
 
-/// Who may call, from the flags: keys given, `--insecure-no-auth`, the data directory's keys,
-/// or (memory storage on loopback only) nobody needs one.
+/// Who may call, from the flags: keys given, `--insecure-no-auth`, the cluster's keys (in
+/// cluster mode), the data directory's keys, or (memory storage on loopback only) nobody
+/// needs one.
 fn auth_config(args: &Args) -> Result<(AuthConfig, &'static str), String> {
     let given = [
         args.primary_key.clone(),
@@ -283,6 +285,14 @@ fn auth_config(args: &Args) -> Result<(AuthConfig, &'static str), String> {
         return Ok((
             AuthConfig::Open,
             "NO AUTHENTICATION (--insecure-no-auth): anyone who reaches the port may read, write and delete everything",
+        ));
+    }
+    if args.cluster.is_some() {
+        return Ok((
+            AuthConfig::Cluster {
+                copy_to: Some(args.data_dir.clone()),
+            },
+            "the cluster's keys (NATS bucket mayfly-keys), copied to the data directory's keys/",
         ));
     }
     match args.storage {

@@ -76,6 +76,21 @@ impl server::Admin for AdminService {
         let RegenerateKeyRequest { kind } = request.into_inner();
         let slot = key_slot(kind).map_err(to_status)?;
         let auth = self.auth.clone();
+        if let Some(keys) = auth.keys()
+            && let Some(store) = keys.shared_store()
+        {
+            // A cluster's key: replaced in the cluster (on a quorum) first, then here; every
+            // other node stops taking the old one once it confirms its keys again.
+            let key = crate::auth::new_key();
+            store.replace(slot, key.clone()).await.map_err(|e| {
+                Status::unavailable(format!(
+                    "the new {slot} could not be stored in the cluster, the old one stays in force: {e}"
+                ))
+            })?;
+            keys.set(slot, key.clone());
+            tracing::info!(key = %slot, "cluster key regenerated");
+            return Ok(Response::new(RegenerateKeyResponse { kind, key }));
+        }
         // Writes and fsyncs the key file.
         let key = tokio::task::spawn_blocking(move || {
             auth.keys().ok_or(KeyAdminError::NoKeys)?.regenerate(slot)

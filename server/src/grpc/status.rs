@@ -168,6 +168,8 @@ impl From<Denied> for Status {
     fn from(denied: Denied) -> Self {
         let code = if denied.unauthenticated() {
             Code::Unauthenticated
+        } else if denied.unavailable() {
+            Code::Unavailable
         } else {
             Code::PermissionDenied
         };

@@ -1,0 +1,146 @@
+//! The account keys of a cluster (docs/cluster.md, "Security"): kept in the JetStream KV bucket
+//! `mayfly-keys`, one key per slot, drawn by the first node to join; every node accepts the
+//! same keys and the tokens they mint, and a key regenerated on any node is replaced there.
+//!
+//! A watch can lag while connected, so revocation is bounded by a check instead: every
+//! [`CONFIRM_INTERVAL`] each node reads the four keys from the bucket's stream leader, and it
+//! accepts keys only for [`SHARED_KEYS_TRUSTED_FOR`] after the start of its last read that
+//! succeeded (past that, `UNAVAILABLE`, `KEYS_UNCONFIRMED`). So a regenerated key stops working
+//! on every node within that bound of the regeneration's answer.
+//!
+//! Each node also writes the keys it holds to its data directory's `keys/` (as a single server
+//! keeps them), so that an operator reads a key with `cat`.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
+use futures_util::future::BoxFuture;
+use tokio::{task::JoinHandle, time::Instant};
+
+use crate::auth::{KeyRing, KeySlot, SHARED_KEYS_TRUSTED_FOR, SecretsDir, SharedKeys, new_key};
+
+/// The bucket the keys are kept in.
+pub(crate) const BUCKET: &str = "mayfly-keys";
+
+/// How often a node confirms the keys it holds with the bucket's leader.
+const CONFIRM_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The longest a confirming read may take: it confirms from when it began.
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Replaces keys in the bucket.
+#[derive(Debug)]
+struct BucketKeys {
+    kv: jetstream::kv::Store,
+}
+
+impl SharedKeys for BucketKeys {
+    fn replace(&self, slot: KeySlot, key: String) -> BoxFuture<'static, Result<(), String>> {
+        let kv = self.kv.clone();
+        Box::pin(async move {
+            kv.put(slot.file_name(), key.into())
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The cluster's keys from `kv` (drawn now by whichever node asks first), and the task that
+/// keeps confirming them; each change is copied to `copy_to`'s `keys/` if given.
+pub(crate) async fn open(
+    kv: jetstream::kv::Store,
+    copy_to: Option<PathBuf>,
+) -> Result<(Arc<KeyRing>, JoinHandle<()>), String> {
+    for slot in KeySlot::ALL {
+        // Only the first node's draw is kept: `create` refuses a key that exists.
+        let _ = kv.create(slot.file_name(), new_key().into()).await;
+    }
+    let started = Instant::now();
+    let keys = read_all(&kv).await?;
+    let store = Arc::new(BucketKeys { kv: kv.clone() });
+    let copies = copy_to.and_then(|dir| {
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| SecretsDir::open(&dir))
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, dir = %dir.display(), "cluster keys: no copy kept");
+            })
+            .ok()
+    });
+    copy(copies.as_ref(), &keys);
+    let ring = Arc::new(KeyRing::shared(keys, store, started.into_std()));
+    let task = tokio::spawn(confirm(kv, ring.clone(), copies));
+    Ok((ring, task))
+}
+
+/// Reads the keys from the bucket's leader every [`CONFIRM_INTERVAL`], for as long as the node
+/// runs.
+async fn confirm(kv: jetstream::kv::Store, ring: Arc<KeyRing>, copies: Option<SecretsDir>) {
+    let mut held: Option<[String; 4]> = None;
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(CONFIRM_INTERVAL).await;
+        let started = Instant::now();
+        match tokio::time::timeout(READ_TIMEOUT, read_all(&kv)).await {
+            Ok(Ok(keys)) => {
+                if held.as_ref() != Some(&keys) {
+                    // Files written and fsynced: off the async workers.
+                    let (copies, written) = (copies.clone(), keys.clone());
+                    let _ =
+                        tokio::task::spawn_blocking(move || copy(copies.as_ref(), &written)).await;
+                    held = Some(keys.clone());
+                }
+                ring.confirmed(keys.map(Some), started.into_std());
+                if failing {
+                    tracing::info!("cluster keys confirmed again");
+                    failing = false;
+                }
+            }
+            Ok(Err(e)) if !failing => {
+                tracing::warn!(error = %e, "cluster keys: cannot confirm them; keys are refused {} s after the last confirmation", SHARED_KEYS_TRUSTED_FOR.as_secs());
+                failing = true;
+            }
+            Err(_) if !failing => {
+                tracing::warn!(
+                    "cluster keys: reading them took longer than {} s; keys are refused {} s after the last confirmation",
+                    READ_TIMEOUT.as_secs(),
+                    SHARED_KEYS_TRUSTED_FOR.as_secs()
+                );
+                failing = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The four keys as the bucket's stream leader has them (a KV read may be answered by a
+/// replica that lags).
+async fn read_all(kv: &jetstream::kv::Store) -> Result<[String; 4], String> {
+    let mut keys: [String; 4] = Default::default();
+    for (slot, key) in KeySlot::ALL.into_iter().zip(keys.iter_mut()) {
+        let subject = format!("$KV.{BUCKET}.{}", slot.file_name());
+        let message = kv
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+            .map_err(|e| match e.kind() {
+                LastRawMessageErrorKind::NoMessageFound => format!("the {slot} is missing"),
+                _ => format!("reading the {slot}: {e}"),
+            })?;
+        *key = String::from_utf8(message.payload.to_vec())
+            .map_err(|_| format!("the {slot} is not text"))?;
+        if key.is_empty() {
+            return Err(format!("the {slot} was deleted"));
+        }
+    }
+    Ok(keys)
+}
+
+fn copy(copies: Option<&SecretsDir>, keys: &[String; 4]) {
+    let Some(copies) = copies else { return };
+    for (slot, key) in KeySlot::ALL.into_iter().zip(keys) {
+        if let Err(e) = copies.replace(slot.file_name(), key) {
+            tracing::warn!(error = %e, "cluster keys: the copy of the {slot} was not written");
+        }
+    }
+}
