@@ -545,21 +545,33 @@ async fn serve_routed(
         health.clone(),
     ));
 
-    let descriptors = || {
-        tonic_reflection::server::Builder::configure()
+    // The services this server answers, by name: `mayfly.v1.Cluster` is in the descriptors,
+    // and served by cluster nodes only.
+    let in_cluster = forwarder.is_some();
+    let descriptors = |reflection: &str| {
+        let mut builder = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(mayfly_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name("grpc.health.v1.Health")
+            .with_service_name(reflection);
+        for service in ["Databases", "Collections", "Documents", "Admin"] {
+            builder = builder.with_service_name(format!("mayfly.v1.{service}"));
+        }
+        if in_cluster {
+            builder = builder.with_service_name("mayfly.v1.Cluster");
+        }
+        builder
     };
     let (reflection_v1, reflection_v1alpha) = if reflection {
         (
             Some(
-                descriptors()
+                descriptors("grpc.reflection.v1.ServerReflection")
                     .build_v1()
                     .map_err(ServeError::Reflection)?
                     .max_decoding_message_size(OPEN_MESSAGE_BYTES),
             ),
             Some(
-                descriptors()
+                descriptors("grpc.reflection.v1alpha.ServerReflection")
                     .build_v1alpha()
                     .map_err(ServeError::Reflection)?
                     .max_decoding_message_size(OPEN_MESSAGE_BYTES),
