@@ -2191,7 +2191,7 @@ async fn query_pages(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queries_across_nodes_answer_as_one_node_would_and_resume_at_any_node() {
+async fn queries_and_feeds_across_nodes_answer_as_one_node_would_and_resume_at_any_node() {
     use serde_json::{Value, json};
 
     let (_nodes, on_a, on_b, map) = two_nodes().await;
@@ -2276,6 +2276,68 @@ async fn queries_across_nodes_answer_as_one_node_would_and_resume_at_any_node() 
                 [json!(k), json!(k + 20), json!(k + 40)],
                 "{pk} through {node}"
             );
+        }
+    }
+    // The read feed likewise: relayed partition after partition, resumed at either node.
+    let feed =
+        |documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+         continuation: String,
+         pk: Option<&str>| {
+            let request = mayfly_proto::v1::ReadFeedRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                page_size: 7,
+                continuation,
+                partition_key: pk.map(support::clients::string_pk),
+            };
+            let documents = documents.clone();
+            async move {
+                when_served("read feed", || {
+                    let (mut documents, request) = (documents.clone(), request.clone());
+                    async move {
+                        let mut pages = documents.read_feed(request).await?.into_inner();
+                        let mut read = Vec::new();
+                        while let Some(page) = pages.message().await? {
+                            assert!(page.documents.len() <= 7);
+                            read.push((
+                                page.documents
+                                    .iter()
+                                    .map(|d| json!(d.id))
+                                    .collect::<Vec<_>>(),
+                                page.continuation,
+                            ));
+                        }
+                        Ok(read)
+                    }
+                })
+                .await
+            }
+        };
+    for (node, documents) in [("a", &on_a.documents), ("b", &on_b.documents)] {
+        let pages = feed(documents, String::new(), None).await;
+        let ids: Vec<Value> = pages.iter().flat_map(|(ids, _)| ids.clone()).collect();
+        assert_eq!(sorted(ids), all_ids, "the read feed through {node}");
+        let (first, token) = pages[0].clone();
+        let other = if node == "a" {
+            &on_b.documents
+        } else {
+            &on_a.documents
+        };
+        let rest = feed(other, token, None).await;
+        let mut ids = first;
+        ids.extend(rest.into_iter().flat_map(|(ids, _)| ids));
+        assert_eq!(
+            sorted(ids),
+            all_ids,
+            "resumed at the other node than {node}"
+        );
+        for pk in [&pks[0], &pks[1], &pks[2], &pks[3]] {
+            let ids: Vec<Value> = feed(documents, String::new(), Some(pk))
+                .await
+                .into_iter()
+                .flat_map(|(ids, _)| ids)
+                .collect();
+            assert_eq!(ids.len(), 3, "{pk} through {node}: {ids:?}");
         }
     }
     // A token from one node resumes at the other, for either kind of query.

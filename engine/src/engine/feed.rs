@@ -47,6 +47,9 @@ pub struct FeedPage {
     pub documents: Vec<DocumentView>,
     /// Where the next page starts; `None` after the last page.
     pub continuation: Option<String>,
+    /// The page ended where the shards this node serves end (in a cluster): the next page,
+    /// at `continuation`, is another node's to read.
+    pub handoff: bool,
 }
 
 /// Validates a requested page size (0 = default).

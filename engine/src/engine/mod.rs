@@ -860,6 +860,7 @@ impl Engine {
         }
         let mut documents = Vec::new();
         let mut bytes = 0;
+        let mut handoff = false;
         loop {
             let want = page_size - documents.len();
             reads.spend(want)?;
@@ -894,12 +895,17 @@ impl Engine {
                 return Ok(FeedPage {
                     documents,
                     continuation: None,
+                    handoff: false,
                 });
             }
             cursor = Cursor {
                 shard: cursor.shard + 1,
                 after: None,
             };
+            if !self.serves(cursor.shard) {
+                handoff = true;
+                break;
+            }
             if documents.len() == page_size {
                 break;
             }
@@ -907,6 +913,38 @@ impl Engine {
         Ok(FeedPage {
             documents,
             continuation: Some(self.seal_cursor(&info, scope, None, &cursor::Resume::Feed(cursor))),
+            handoff,
         })
+    }
+
+    /// The shard the read feed page at `continuation` (its first page: `None`) starts in.
+    pub fn feed_shard(
+        &self,
+        path: &CollectionPath,
+        scope: &FeedScope,
+        continuation: Option<&str>,
+    ) -> Result<usize, Error> {
+        let info = self.get_collection(path)?;
+        let (first, last) = match scope {
+            FeedScope::Collection => (0, self.shard_count() - 1),
+            FeedScope::Partition(pk) => {
+                let i = self.shard_index(&info, pk);
+                (i, i)
+            }
+        };
+        let shard = match continuation {
+            None => first,
+            Some(token) => match self.open_cursor(token, &info, scope, None)? {
+                cursor::Resume::Feed(cursor) => cursor.shard,
+                cursor::Resume::Query(_) => unreachable!("a feed's binding opens feed tokens"),
+            },
+        };
+        if shard < first || shard > last {
+            return Err(InvalidInput::Continuation {
+                reason: "it does not belong to this feed",
+            }
+            .into());
+        }
+        Ok(shard)
     }
 }

@@ -202,6 +202,9 @@ impl server::Documents for DocumentsService {
             .get::<ConnectionInfo>()
             .map(|c| c.share.clone());
         let (metadata, _, request) = request.into_parts();
+        // Sent on to other nodes as asked, in a cluster (see `cluster_reads`).
+        let original = self.forwarder.is_some().then(|| request.clone());
+        let headers = metadata.into_headers();
         let ReadFeedRequest {
             database,
             collection,
@@ -214,7 +217,7 @@ impl server::Documents for DocumentsService {
         let grant = Grant::read(
             &self.auth,
             &self.engine,
-            &metadata.into_headers(),
+            &headers,
             &database,
             &collection,
             scope.partition(),
@@ -226,16 +229,26 @@ impl server::Documents for DocumentsService {
             scope,
             page_size,
         };
+        if let Some(original) = original
+            && self.reads_elsewhere(&headers, &feed.path, &feed.scope)?
+        {
+            let pages = self
+                .feed_across_nodes(&headers, grant, share, feed, original, token)
+                .await?;
+            return Ok(Response::new(pages));
+        }
         let pages = self.open_stream(grant, share, feed, token).await?;
         Ok(Response::new(pages))
     }
 }
 
-/// A read feed: each page read from the continuation the one before left.
-struct Feed {
-    path: engine::CollectionPath,
-    scope: engine::FeedScope,
-    page_size: usize,
+/// A read feed: each page read from the continuation the one before left. In a cluster, the
+/// stream ends at a page that hands off to another node (see [`engine::FeedPage::handoff`]).
+#[derive(Debug, Clone)]
+pub(super) struct Feed {
+    pub(super) path: engine::CollectionPath,
+    pub(super) scope: engine::FeedScope,
+    pub(super) page_size: usize,
 }
 
 /// How long a feed page may take on an async worker: it evaluates nothing and reads at most
@@ -268,7 +281,10 @@ impl PageSource for Feed {
                 reads,
             )
             .map(|page| {
-                let next = page.continuation.clone().map(Some);
+                let next = match page.handoff {
+                    true => None,
+                    false => page.continuation.clone().map(Some),
+                };
                 (feed_message(page), next)
             })
     }

@@ -4,7 +4,7 @@
 //! `mayfly-forwarded: <node>`; a node that does not own its partition either answers
 //! `NOT_OWNER` rather than forwarding again (the map moved meanwhile: the client retries).
 //!
-//! Unary document calls are forwarded; queries go across nodes in `cluster_query`; change
+//! Unary document calls are forwarded; queries and read feeds go across nodes in `cluster_reads`; change
 //! feeds across nodes come later.
 
 use std::{collections::HashMap, future::Future, sync::Arc};

@@ -5,7 +5,7 @@ mod admin;
 mod batch;
 pub mod catalog_change;
 mod change_feed;
-mod cluster_query;
+mod cluster_reads;
 mod collections;
 pub(crate) mod convert;
 mod databases;
@@ -14,6 +14,7 @@ pub mod forward;
 mod idempotency;
 mod patch;
 mod query;
+mod relay;
 mod status;
 mod stream;
 #[cfg(test)]
@@ -21,7 +22,7 @@ mod tests;
 
 pub use admin::AdminService;
 pub use catalog_change::{CatalogAnswer, CatalogChange, CatalogRoute};
-pub use cluster_query::ClusterService;
+pub use cluster_reads::ClusterService;
 pub use collections::CollectionsService;
 pub use databases::DatabasesService;
 

@@ -143,7 +143,7 @@ impl DocumentsService {
         share: Option<PeerShare>,
         request: QueryRequest,
     ) -> Result<PageStream<QueryPage>, Status> {
-        // Sent on to other nodes as asked, in a cluster (see `cluster_query`).
+        // Sent on to other nodes as asked, in a cluster (see `cluster_reads`).
         let original = self.forwarder.is_some().then(|| request.clone());
         let QueryRequest {
             database,

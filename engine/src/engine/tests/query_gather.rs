@@ -1,6 +1,7 @@
-//! A query over shards some of which this node does not serve (cluster mode): a streaming
-//! page hands off where the served shards end, a whole-scope run refuses rather than answer
-//! short, and gathering each shard's documents then running over them answers as one node.
+//! A query or read feed over shards some of which this node does not serve (cluster mode): a
+//! streaming page hands off where the served shards end, a whole-scope run refuses rather than
+//! answer short, and gathering each shard's documents then running over them answers as one
+//! node.
 
 use super::*;
 
@@ -122,4 +123,49 @@ fn a_whole_scope_query_refuses_unserved_shards_and_a_gather_answers_it() {
         .0;
         assert_eq!(gathered, local, "{text}");
     }
+}
+
+#[test]
+fn a_read_feed_page_hands_off_where_the_served_shards_end() {
+    let f = Fixture::new(None);
+    let shards = spread(&f);
+    f.engine.set_following(1, true);
+    let all = FeedScope::Collection;
+    assert_eq!(f.engine.feed_shard(&f.path, &all, None).expect("start"), 0);
+    let page = crate::testing::same_inline(|reads| {
+        f.engine
+            .read_feed_page(&f.path, &all, 1000, None, reads)
+            .result
+    })
+    .expect("shard 0 is served");
+    assert!(page.handoff);
+    assert_eq!(
+        page.documents.len(),
+        shards.iter().filter(|&&s| s == 0).count()
+    );
+    let token = page.continuation.expect("goes on at shard 1");
+    assert_eq!(
+        f.engine
+            .feed_shard(&f.path, &all, Some(&token))
+            .expect("token"),
+        1
+    );
+    let refused = crate::testing::same_inline(|reads| {
+        f.engine
+            .read_feed_page(&f.path, &all, 1000, Some(&token), reads)
+            .result
+    });
+    assert!(
+        matches!(refused, Err(Error::NotOwner { partition: 1 })),
+        "{refused:?}"
+    );
+    f.engine.set_following(1, false);
+    let rest = crate::testing::same_inline(|reads| {
+        f.engine
+            .read_feed_page(&f.path, &all, 1000, Some(&token), reads)
+            .result
+    })
+    .expect("served again");
+    assert!(!rest.handoff && rest.continuation.is_none());
+    assert_eq!(page.documents.len() + rest.documents.len(), 40);
 }

@@ -1,14 +1,15 @@
-//! Queries across a cluster's nodes (docs/cluster.md, "Cross-partition queries"). The node a
-//! client calls answers the whole query:
-//! - a streaming query (no `ORDER BY`, grouping, aggregate, `DISTINCT`) reads partition after
-//!   partition, as on a single node; its pages are computed where each partition is served, a
-//!   page ending where one node's partitions end (a *handoff*), and this node relays them in
-//!   order, going on from each node's last continuation at the next one's;
+//! Reads across a cluster's nodes (docs/cluster.md, "Cross-partition queries"). The node a
+//! client calls answers the whole request:
+//! - a read feed, and a streaming query (no `ORDER BY`, grouping, aggregate, `DISTINCT`), read
+//!   partition after partition, as on a single node; their pages are computed where each
+//!   partition is served, a page ending where one node's partitions end (a *handoff*), and this
+//!   node relays them in order (see [`super::relay`]);
 //! - a query that reads its whole scope gathers, from every partition's owner at once, the
 //!   documents its plan selects there (`Cluster/GatherDocuments`), and runs once over them
 //!   here, so `ORDER BY`, aggregates, `GROUP BY`, `DISTINCT` and `OFFSET`/`LIMIT` mean what
 //!   they mean on one node; its continuation counts the results sent, as on one node;
-//! - a query of one partition is that partition's owner's to answer, relayed as it comes.
+//! - a query or feed of one partition is that partition's owner's to answer, relayed as it
+//!   comes.
 //!
 //! Continuation tokens are sealed with the cluster's key, so any node resumes any token.
 
@@ -19,7 +20,7 @@ use std::sync::{
 
 use futures_util::StreamExt;
 use mayfly_proto::v1::{
-    GatherDocumentsRequest, QueryPage, QueryRequest,
+    GatherDocumentsRequest, QueryPage, QueryRequest, ReadFeedPage, ReadFeedRequest,
     client::{ClusterClient, DocumentsClient},
     server::Cluster,
 };
@@ -28,8 +29,10 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 use super::{
     DocumentsService, convert,
+    documents::Feed,
     forward::{self, FORWARDED, Forwarder},
     query::{Plan, StreamingQuery, page_message, parameters_json},
+    relay::relay,
     status::to_status,
     stream::{CancelOnDrop, Grant, PageStream},
 };
@@ -48,6 +51,24 @@ pub(super) enum Route {
 }
 
 impl DocumentsService {
+    /// Whether a request, not forwarded to this node, reads partitions `scope` of `path` that
+    /// other nodes serve (in a cluster); if not, this node answers it as a single node does.
+    pub(super) fn reads_elsewhere(
+        &self,
+        headers: &http::HeaderMap,
+        path: &engine::CollectionPath,
+        scope: &engine::FeedScope,
+    ) -> Result<bool, Status> {
+        if self.forwarder.is_none() || headers.contains_key(FORWARDED) {
+            return Ok(false);
+        }
+        let engine = self.engine()?;
+        Ok(match engine.scope_shard(path, scope).map_err(to_status)? {
+            Some(shard) => !engine.serves(shard),
+            None => !(0..engine.shard_count()).all(|s| engine.serves(s)),
+        })
+    }
+
     /// How a query, not forwarded to this node, is answered in a cluster: `None` where this
     /// node serves every partition it reads (then it answers it as a single node does).
     pub(super) fn cluster_route(
@@ -56,26 +77,57 @@ impl DocumentsService {
         plan: &Plan,
         cursor: &QueryCursor,
     ) -> Result<Option<Route>, Status> {
-        if self.forwarder.is_none()
-            || headers.contains_key(FORWARDED)
-            || !plan.spec.reads_documents()
+        if !plan.spec.reads_documents()
+            || !self.reads_elsewhere(headers, &plan.path, &plan.scope)?
         {
             return Ok(None);
         }
-        let engine = self.engine()?;
-        if let Some(shard) = engine
-            .scope_shard(&plan.path, &plan.scope)
-            .map_err(to_status)?
-        {
-            return Ok((!engine.serves(shard)).then_some(Route::Relay));
-        }
-        if (0..engine.shard_count()).all(|s| engine.serves(s)) {
-            return Ok(None);
-        }
-        Ok(Some(match cursor.shard() {
-            Some(_) => Route::Relay,
-            None => Route::Gather,
+        Ok(Some(match (cursor.shard(), plan.scope.partition()) {
+            (None, None) => Route::Gather,
+            _ => Route::Relay,
         }))
+    }
+
+    /// Who asks other nodes on behalf of the caller of a request with `headers`.
+    fn onward(
+        &self,
+        headers: &http::HeaderMap,
+        grant: Grant,
+        share: Option<PeerShare>,
+    ) -> Result<Onward, Status> {
+        let forwarder = self
+            .forwarder
+            .clone()
+            .ok_or_else(|| Status::internal("a cluster route without a cluster"))?;
+        Ok(Onward {
+            service: self.clone(),
+            forwarder,
+            metadata: MetadataMap::from_headers(headers.clone()),
+            grant,
+            share,
+        })
+    }
+
+    /// A read feed that reads partitions other nodes serve: relayed from each in turn.
+    pub(super) async fn feed_across_nodes(
+        &self,
+        headers: &http::HeaderMap,
+        grant: Grant,
+        share: Option<PeerShare>,
+        feed: Feed,
+        request: ReadFeedRequest,
+        token: Option<String>,
+    ) -> Result<PageStream<ReadFeedPage>, Status> {
+        let hops = FeedHops {
+            on: self.onward(headers, grant, share)?,
+            feed,
+            request,
+        };
+        relay(token, move |token| {
+            let hops = hops.clone();
+            async move { hops.hop(token).await }
+        })
+        .await
     }
 
     /// Answers a query `route` says other nodes take part in.
@@ -93,16 +145,8 @@ impl DocumentsService {
         request: QueryRequest,
         token: Option<String>,
     ) -> Result<PageStream<QueryPage>, Status> {
-        let forwarder = self
-            .forwarder
-            .clone()
-            .ok_or_else(|| Status::internal("a cluster route without a cluster"))?;
         let hops = Hops {
-            service: self.clone(),
-            forwarder,
-            metadata: MetadataMap::from_headers(headers.clone()),
-            grant,
-            share,
+            on: self.onward(headers, grant, share)?,
             plan,
             request,
         };
@@ -137,73 +181,47 @@ impl DocumentsService {
     }
 }
 
-/// One query's calls to the nodes that serve its partitions.
+/// A request's calls to the nodes that serve its partitions: who asked, and how.
 #[derive(Clone)]
-struct Hops {
+struct Onward {
     service: DocumentsService,
     forwarder: Forwarder,
     /// The caller's request metadata: its credentials and deadline travel on.
     metadata: MetadataMap,
     grant: Grant,
     share: Option<PeerShare>,
+}
+
+/// One query's calls to the nodes that serve its partitions.
+#[derive(Clone)]
+struct Hops {
+    on: Onward,
     plan: Arc<Plan>,
     request: QueryRequest,
 }
 
+/// One read feed's calls to the nodes that serve its partitions.
+#[derive(Clone)]
+struct FeedHops {
+    on: Onward,
+    feed: Feed,
+    request: ReadFeedRequest,
+}
+
 impl Hops {
-    /// The query's pages from `token` on, each from the node serving it. The first hop is
-    /// opened before answering, so that a query refused there fails the call itself.
+    /// The query's pages from `token` on, each from the node serving it.
     async fn relay(self, token: Option<String>) -> Result<PageStream<QueryPage>, Status> {
-        let mut hop = self.hop(token.clone()).await?;
-        let (pages, out) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(async move {
-            let mut from = token;
-            loop {
-                let mut last = None;
-                loop {
-                    // A client that left ends the hop too, even one whose node stopped
-                    // answering.
-                    let page = tokio::select! {
-                        page = hop.next() => page,
-                        () = pages.closed() => return,
-                    };
-                    let Some(page) = page else { break };
-                    let failed = page.is_err();
-                    if let Ok(page) = &page {
-                        last = Some(page.continuation.clone());
-                    }
-                    // The client left: so does the hop, dropped with this task.
-                    if pages.send(page).await.is_err() || failed {
-                        return;
-                    }
-                }
-                let next = match last {
-                    Some(next) if !next.is_empty() => next,
-                    _ => return,
-                };
-                if from.as_deref() == Some(next.as_str()) {
-                    // A hop that made no progress would be asked again forever.
-                    let stuck = Status::internal("a query page handed off where it started");
-                    let _ = pages.send(Err(stuck)).await;
-                    return;
-                }
-                from = Some(next);
-                hop = match self.hop(from.clone()).await {
-                    Ok(hop) => hop,
-                    Err(status) => {
-                        let _ = pages.send(Err(status)).await;
-                        return;
-                    }
-                };
-            }
-        });
-        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out)))
+        relay(token, move |token| {
+            let hops = self.clone();
+            async move { hops.hop(token).await }
+        })
+        .await
     }
 
     /// The pages of the node serving the partition `token` starts in, up to that node's last
     /// (a handoff, or the query's end).
     async fn hop(&self, token: Option<String>) -> Result<PageStream<QueryPage>, Status> {
-        let engine = self.service.engine()?;
+        let engine = self.on.service.engine()?;
         let plan = &self.plan;
         let cursor = engine
             .query_cursor(&plan.path, &plan.spec, &plan.scope, token.as_deref())
@@ -218,31 +236,32 @@ impl Hops {
         if cursor.shard().is_some() && engine.serves(shard) {
             let source = StreamingQuery(plan.clone());
             return self
+                .on
                 .service
-                .open_stream(self.grant.clone(), self.share.clone(), source, token)
+                .open_stream(self.on.grant.clone(), self.on.share.clone(), source, token)
                 .await;
         }
-        let address = self.owner(shard).await?;
-        let mut client = DocumentsClient::new(self.forwarder.channel(&address)?)
+        let address = self.on.owner(shard).await?;
+        let mut client = DocumentsClient::new(self.on.forwarder.channel(&address)?)
             .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut request = self.request.clone();
         request.continuation = token.unwrap_or_default();
         let pages = client
-            .query(self.forwarded(request))
+            .query(self.on.forwarded(request))
             .await
-            .map_err(|status| self.answered(shard, status))?
+            .map_err(|status| self.on.answered(shard, status))?
             .into_inner();
         let this = self.clone();
         Ok(Box::pin(pages.map(move |page| {
-            page.map_err(|status| this.answered(shard, status))
+            page.map_err(|status| this.on.answered(shard, status))
         })))
     }
 
     /// Every result of the query, from `offset` on, run here over the documents each
     /// partition's owner selects.
     async fn gather(self, offset: u64) -> Result<PageStream<QueryPage>, Status> {
-        let engine = self.service.engine()?;
-        let cancel = CancelOnDrop::new(&self.service.stop);
+        let engine = self.on.service.engine()?;
+        let cancel = CancelOnDrop::new(&self.on.service.stop);
         // What the gathered documents take, charged as they arrive and released once the
         // query has run over them.
         let held = Arc::new(AtomicUsize::new(0));
@@ -251,10 +270,11 @@ impl Hops {
             let (this, held, charge, cancel) =
                 (self.clone(), held.clone(), charge.clone(), &cancel);
             async move {
-                let docs = match engine_serves(&this.service, shard)? {
+                let docs = match engine_serves(&this.on.service, shard)? {
                     true => {
                         let plan = this.plan.clone();
-                        this.service
+                        this.on
+                            .service
                             .run_paged(
                                 (QueryReads::inline(), cancel.signal(), false),
                                 None,
@@ -271,9 +291,9 @@ impl Hops {
                 if total > engine::MAX_GATHERED_BYTES {
                     return Err(to_status(engine::gathered_too_much()));
                 }
-                this.service.budget.grow_leaving(
+                this.on.service.budget.grow_leaving(
                     &mut charge.lock(),
-                    this.share.as_ref(),
+                    this.on.share.as_ref(),
                     total.saturating_mul(2),
                     0,
                 )?;
@@ -293,29 +313,30 @@ impl Hops {
         .map_err(|e| Status::internal(format!("query task failed: {e}")))?
         .map_err(to_status)?;
         drop(charge);
-        self.service
-            .held_results(self.grant, self.share, self.plan, ran, offset)
+        self.on
+            .service
+            .held_results(self.on.grant, self.on.share, self.plan, ran, offset)
             .await
     }
 
     /// The documents the partition `shard`'s owner selects for the query.
     async fn gather_there(&self, shard: usize) -> Result<Vec<Value>, Status> {
-        let address = self.owner(shard).await?;
-        let mut client = ClusterClient::new(self.forwarder.channel(&address)?)
+        let address = self.on.owner(shard).await?;
+        let mut client = ClusterClient::new(self.on.forwarder.channel(&address)?)
             .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
         let request = GatherDocumentsRequest {
             query: Some(self.request.clone()),
             partitions: vec![shard as u32],
         };
         let mut pages = client
-            .gather_documents(self.forwarded(request))
+            .gather_documents(self.on.forwarded(request))
             .await
-            .map_err(|status| self.answered(shard, status))?
+            .map_err(|status| self.on.answered(shard, status))?
             .into_inner();
         let mut docs = Vec::new();
         let mut bytes = 0;
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|status| self.answered(shard, status))?;
+            let page = page.map_err(|status| self.on.answered(shard, status))?;
             bytes += page
                 .results
                 .iter()
@@ -328,7 +349,46 @@ impl Hops {
         }
         Ok(docs)
     }
+}
 
+impl FeedHops {
+    /// The pages of the node serving the partition `token` starts in, up to that node's last.
+    async fn hop(&self, token: Option<String>) -> Result<PageStream<ReadFeedPage>, Status> {
+        let engine = self.on.service.engine()?;
+        let feed = &self.feed;
+        let shard = engine
+            .feed_shard(&feed.path, &feed.scope, token.as_deref())
+            .map_err(to_status)?;
+        if engine.serves(shard) {
+            return self
+                .on
+                .service
+                .open_stream(
+                    self.on.grant.clone(),
+                    self.on.share.clone(),
+                    feed.clone(),
+                    token,
+                )
+                .await;
+        }
+        let address = self.on.owner(shard).await?;
+        let mut client = DocumentsClient::new(self.on.forwarder.channel(&address)?)
+            .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
+        let mut request = self.request.clone();
+        request.continuation = token.unwrap_or_default();
+        let pages = client
+            .read_feed(self.on.forwarded(request))
+            .await
+            .map_err(|status| self.on.answered(shard, status))?
+            .into_inner();
+        let on = self.on.clone();
+        Ok(Box::pin(pages.map(move |page| {
+            page.map_err(|status| on.answered(shard, status))
+        })))
+    }
+}
+
+impl Onward {
     /// The address of the node serving partition `shard`.
     async fn owner(&self, shard: usize) -> Result<String, Status> {
         self.forwarder
