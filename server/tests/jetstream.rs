@@ -2542,3 +2542,147 @@ async fn the_clusters_keys_work_on_every_node_and_a_regenerated_one_stops_everyw
     })
     .await;
 }
+
+/// Creates `id` in partition `pk` of collection `f` through `documents`.
+async fn create_in_f(
+    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+    id: &str,
+    pk: &str,
+) {
+    let serde_json::Value::Object(body) = serde_json::json!({"id": id, "pk": pk}) else {
+        unreachable!()
+    };
+    let request = mayfly_proto::v1::CreateDocumentRequest {
+        database: "d".into(),
+        collection: "f".into(),
+        body: Some(mayfly_proto::json::JsonObject::new(body)),
+        ..Default::default()
+    };
+    when_served(&format!("create {id}"), || {
+        let (mut documents, request) = (documents.clone(), request.clone());
+        async move { documents.create_document(request).await.map(drop) }
+    })
+    .await;
+}
+
+/// The ids of the events `stream` sends until `want` have come (each id once, or the test
+/// fails), and the continuation of the message carrying the last; bounded by 30 s.
+async fn feed_until(
+    stream: &mut tonic::Streaming<mayfly_proto::v1::ChangeFeedResponse>,
+    want: usize,
+) -> (Vec<String>, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut ids, mut token) = (Vec::new(), String::new());
+    while ids.len() < want {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {want} events in 30 s: {ids:?}", ids.len()))
+            .expect("the feed goes on")
+            .expect("a message");
+        for event in message.events {
+            assert!(!ids.contains(&event.id), "{} twice", event.id);
+            ids.push(event.id);
+        }
+        token = message.continuation;
+    }
+    (ids, token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_feed_across_nodes_shows_each_event_once_and_resumes_at_any_node() {
+    use mayfly_proto::v1::{
+        ChangeFeedRequest, CreateCollectionRequest, oneofs::ChangeFeedStart as Start,
+    };
+
+    let (_nodes, mut on_a, mut on_b, map) = two_nodes().await;
+    on_a.collections
+        .create_collection(CreateCollectionRequest {
+            database: "d".into(),
+            id: "f".into(),
+            partition_key_path: "/pk".into(),
+            change_feed_retention: Some(3600),
+            ..Default::default()
+        })
+        .await
+        .expect("a collection with a change feed");
+    let pks: Vec<String> = (0..12).map(|k| format!("k{k}")).collect();
+    let on = |pk: &str| map.owners[partition_of(pk)].owner.clone();
+    assert!(pks.iter().any(|pk| on(pk) == "a") && pks.iter().any(|pk| on(pk) == "b"));
+    let request = |start: Start| ChangeFeedRequest {
+        database: "d".into(),
+        collection: "f".into(),
+        start: Some(start),
+        max_events: 5,
+        ..Default::default()
+    };
+    // Opened through b, from now: writes through a to every partition reach it, each once.
+    let mut through_b = when_served("a change feed through b", || {
+        let mut documents = on_b.documents.clone();
+        async move {
+            documents
+                .change_feed(request(Start::Now(())))
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    })
+    .await;
+    for (i, pk) in pks.iter().enumerate() {
+        create_in_f(&on_a.documents, &format!("one-{i}"), pk).await;
+    }
+    let (first, token) = feed_until(&mut through_b, pks.len()).await;
+    let mut expected: Vec<String> = (0..pks.len()).map(|i| format!("one-{i}")).collect();
+    let mut seen = first.clone();
+    seen.sort();
+    expected.sort();
+    assert_eq!(seen, expected);
+    drop(through_b);
+
+    // More writes, then the token resumed through a: only the new events, each once.
+    for (i, pk) in pks.iter().enumerate() {
+        create_in_f(&on_b.documents, &format!("two-{i}"), pk).await;
+    }
+    let mut through_a = when_served("the change feed resumed through a", || {
+        let mut documents = on_a.documents.clone();
+        let token = token.clone();
+        async move {
+            documents
+                .change_feed(request(Start::Continuation(token)))
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    })
+    .await;
+    let (second, _) = feed_until(&mut through_a, pks.len()).await;
+    let mut seen = second.clone();
+    seen.sort();
+    let mut expected: Vec<String> = (0..pks.len()).map(|i| format!("two-{i}")).collect();
+    expected.sort();
+    assert_eq!(seen, expected, "resumed: the new events only");
+
+    // From the beginning through a: all of them; one partition's feed through the node that
+    // does not serve it: that partition's events.
+    let mut from_start = on_a
+        .documents
+        .change_feed(request(Start::Beginning(())))
+        .await
+        .expect("from the beginning")
+        .into_inner();
+    let (all, _) = feed_until(&mut from_start, 2 * pks.len()).await;
+    assert_eq!(all.len(), 2 * pks.len());
+    let elsewhere = pks.iter().find(|pk| on(pk) == "a").expect("a serves some");
+    let mut one = on_b
+        .documents
+        .change_feed(ChangeFeedRequest {
+            partition_key: Some(support::clients::string_pk(elsewhere)),
+            ..request(Start::Beginning(()))
+        })
+        .await
+        .expect("one partition's feed through b")
+        .into_inner();
+    let (ids, _) = feed_until(&mut one, 2).await;
+    let k = &elsewhere[1..];
+    let mut ids = ids;
+    ids.sort();
+    assert_eq!(ids, [format!("one-{k}"), format!("two-{k}")]);
+}

@@ -176,6 +176,8 @@ impl DocumentsService {
         share: Option<PeerShare>,
         request: ChangeFeedRequest,
     ) -> Result<PageStream<ChangeFeedResponse>, Status> {
+        // Sent on to other nodes as asked, in a cluster (see `cluster_feed`).
+        let original = self.forwarder.is_some().then(|| request.clone());
         let ChangeFeedRequest {
             database,
             collection,
@@ -232,6 +234,33 @@ impl DocumentsService {
                 }));
             }
         } as usize;
+        if let Some(original) = original {
+            // Where this node reads the feed to start: a continuation's positions, or
+            // placeholders (`Now` reads only each shard's log end) that the nodes serving the
+            // partitions replace.
+            let (opened, fresh) = (
+                path.clone(),
+                !matches!(start, ChangeFeedStart::Continuation(_)),
+            );
+            let (scope, start) = (scope.clone(), start.clone());
+            let at = blocking(move || match start {
+                ChangeFeedStart::Continuation(token) => {
+                    engine.change_feed_cursor(&opened, scope.as_ref(), mode, &token)
+                }
+                _ => engine.open_change_feed(&opened, scope, mode, ChangeFeedStart::Now),
+            })
+            .await?;
+            if let Some(stream) = self
+                .change_feed_across_nodes(headers, share.clone(), &original, at, fresh)
+                .await?
+            {
+                let open = OpenFeed::new(&self.feed_streams);
+                return Ok(Box::pin(stream.inspect(move |_| {
+                    let _ = &open;
+                })));
+            }
+        }
+        let engine = self.engine()?;
         let opened = path.clone();
         let cursor = blocking(move || engine.open_change_feed(&opened, scope, mode, start)).await?;
         let pages = ChangeFeedPages {

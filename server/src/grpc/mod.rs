@@ -5,6 +5,7 @@ mod admin;
 mod batch;
 pub mod catalog_change;
 mod change_feed;
+mod cluster_feed;
 mod cluster_reads;
 mod collections;
 pub(crate) mod convert;

@@ -100,6 +100,37 @@ impl ChangeFeedCursor {
         &self.scope
     }
 
+    /// The next position to read in each shard it reads, in shard order.
+    pub fn positions(&self) -> &[(usize, u64)] {
+        &self.next
+    }
+
+    /// Moves shard `shard`'s next position to `next` (a cluster node merging the feeds its
+    /// partitions' owners serve); a shard it does not read is left alone.
+    pub fn advance(&mut self, shard: usize, next: u64) {
+        if let Some(at) = self.next.iter_mut().find(|(s, _)| *s == shard) {
+            at.1 = next;
+        }
+    }
+
+    /// Its part in shards `first..=last`, as a feed range of its own (all of those shards'
+    /// partitions: a part of a whole-shard scope), for the node serving them to resume.
+    /// `None` if it reads none of them.
+    pub fn part(&self, first: usize, last: usize) -> Option<ChangeFeedCursor> {
+        let next: Vec<(usize, u64)> = self
+            .next
+            .iter()
+            .copied()
+            .filter(|(s, _)| (first..=last).contains(s))
+            .collect();
+        (!next.is_empty()).then(|| ChangeFeedCursor {
+            scope: ChangeFeedScope::Range(FeedRange::whole_shards(first, last)),
+            next,
+            turn: 0,
+            ..self.clone()
+        })
+    }
+
     /// Whether the feed shows `record` of shard `shard`.
     fn shows(&self, shard: usize, record: &ChangeRecord) -> bool {
         let in_scope = match &self.scope {
@@ -136,22 +167,7 @@ impl Engine {
         let info = self.get_collection(path)?;
         feed_on(&info, path)?;
         if let ChangeFeedStart::Continuation(token) = &start {
-            let cursor = self.open_change_feed_token(token)?;
-            if cursor.uid != info.uid {
-                return Err(crate::model::InvalidInput::Continuation {
-                    reason: "it belongs to another collection",
-                }
-                .into());
-            }
-            check_since(&info, &cursor)?;
-            if scope.as_ref().is_some_and(|s| *s != cursor.scope)
-                || mode.is_some_and(|m| m != cursor.mode)
-            {
-                return Err(crate::model::InvalidInput::Continuation {
-                    reason: "it was issued for another partition, feed range or mode; leave those out to resume it, or send the ones it was issued for",
-                }
-                .into());
-            }
+            let cursor = self.resumed_change_feed(&info, scope.as_ref(), mode, token)?;
             self.check_retained(&cursor)?;
             return Ok(cursor);
         }
@@ -179,6 +195,45 @@ impl Engine {
             next,
             turn: 0,
         })
+    }
+
+    /// The cursor a continuation token of `path`'s feed holds, checked as
+    /// [`Engine::open_change_feed`] checks it but for retention, which only the nodes serving
+    /// its shards can check (a cluster node that will ask them).
+    pub fn change_feed_cursor(
+        &self,
+        path: &CollectionPath,
+        scope: Option<&ChangeFeedScope>,
+        mode: Option<ChangeFeedMode>,
+        token: &str,
+    ) -> Result<ChangeFeedCursor, Error> {
+        let info = self.get_collection(path)?;
+        feed_on(&info, path)?;
+        self.resumed_change_feed(&info, scope, mode, token)
+    }
+
+    fn resumed_change_feed(
+        &self,
+        info: &CollectionInfo,
+        scope: Option<&ChangeFeedScope>,
+        mode: Option<ChangeFeedMode>,
+        token: &str,
+    ) -> Result<ChangeFeedCursor, Error> {
+        let cursor = self.open_change_feed_token(token)?;
+        if cursor.uid != info.uid {
+            return Err(crate::model::InvalidInput::Continuation {
+                reason: "it belongs to another collection",
+            }
+            .into());
+        }
+        check_since(info, &cursor)?;
+        if scope.is_some_and(|s| *s != cursor.scope) || mode.is_some_and(|m| m != cursor.mode) {
+            return Err(crate::model::InvalidInput::Continuation {
+                reason: "it was issued for another partition, feed range or mode; leave those out to resume it, or send the ones it was issued for",
+            }
+            .into());
+        }
+        Ok(cursor)
     }
 
     /// The cursor a continuation token holds, if this server sealed it: its scope is what a

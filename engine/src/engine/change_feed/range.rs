@@ -72,6 +72,16 @@ impl FeedRange {
         Ok(out)
     }
 
+    /// Every partition of shards `first..=last`.
+    pub fn whole_shards(first: usize, last: usize) -> FeedRange {
+        FeedRange {
+            first: first as u16,
+            last: last as u16,
+            low: 0,
+            high: u32::MAX,
+        }
+    }
+
     /// Whether an event of `pk` in `shard` belongs to this range.
     pub(crate) fn holds(&self, shard: usize, pk: &PartitionKeyValue) -> bool {
         let whole = self.low == 0 && self.high == u32::MAX;
