@@ -21,10 +21,17 @@ use mayfly_server::{
 use serde_json::json;
 use tokio::sync::watch;
 
+#[path = "support/cluster.rs"]
+mod cluster;
+
 const TTL_RULE: &str = "is invalid. Ensure to provide a nonzero positive integer less than or equal to '2147483647', or '-1' which means never expire.";
 
+/// A target the cases run against: one server, or a node of a cluster.
 struct Setup {
-    server: RunningServer,
+    /// The server, where it is one in this process (a case may look inside it).
+    server: Option<RunningServer>,
+    /// The address the client calls.
+    addr: String,
     client: Client,
 }
 
@@ -32,10 +39,13 @@ async fn start() -> Setup {
     let server = RunningServer::start(Default::default())
         .await
         .expect("server starts");
-    let client = Client::connect(server.local_addr().to_string())
-        .await
-        .expect("client connects");
-    Setup { server, client }
+    let addr = server.local_addr().to_string();
+    let client = Client::connect(&addr).await.expect("client connects");
+    Setup {
+        server: Some(server),
+        addr,
+        client,
+    }
 }
 
 impl Setup {
@@ -53,12 +63,49 @@ impl Setup {
     }
 
     fn documents(&self) -> v1::client::DocumentsClient<tonic::transport::Channel> {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.server.local_addr()))
-                .expect("uri")
-                .connect_lazy();
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("uri")
+            .connect_lazy();
         v1::client::DocumentsClient::new(channel).max_encoding_message_size(usize::MAX)
     }
+}
+
+/// The cases above that look at the server only through the API, through one node of a
+/// three-node cluster: most partitions they write and read are served by the other two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
+    let (cluster, client) = cluster::three_nodes().await;
+    let s = Setup {
+        server: None,
+        addr: cluster.addr.clone(),
+        client,
+    };
+    // Each case as on a fresh server: the cluster's databases deleted before it.
+    let fresh = || async {
+        for db in s.client.list_databases().await.expect("list") {
+            s.client.database(&db).delete().await.expect("delete");
+        }
+    };
+    fresh().await;
+    crud_round_trip_on(&s).await;
+    fresh().await;
+    partitions_of_every_key_type_on(&s).await;
+    fresh().await;
+    etags_guard_every_write_on(&s).await;
+    fresh().await;
+    not_found_and_conflict_statuses_on(&s).await;
+    fresh().await;
+    invalid_input_is_rejected_precisely_and_changes_nothing_on(&s).await;
+    fresh().await;
+    requests_the_typed_client_cannot_make_on(&s).await;
+    fresh().await;
+    documents_expire_on_time_with_real_clocks_on(&s).await;
+    fresh().await;
+    touch_and_rewrites_extend_life_over_real_time_on(&s).await;
+    fresh().await;
+    read_feed_streams_pages_and_resumes_on(&s).await;
+    fresh().await;
+    large_documents_page_under_the_message_limit_on(&s).await;
 }
 
 fn invalid(result: Result<impl std::fmt::Debug, Error>) -> String {
@@ -70,7 +117,10 @@ fn invalid(result: Result<impl std::fmt::Debug, Error>) -> String {
 
 #[tokio::test]
 async fn crud_round_trip() {
-    let s = start().await;
+    crud_round_trip_on(&start().await).await;
+}
+
+async fn crud_round_trip_on(s: &Setup) {
     let c = s.collection(DefaultTtl::Off).await;
     let created = c
         .create(&json!({"id": "a", "pk": "p", "n": 1}))
@@ -132,7 +182,10 @@ async fn crud_round_trip() {
 
 #[tokio::test]
 async fn partitions_of_every_key_type() {
-    let s = start().await;
+    partitions_of_every_key_type_on(&start().await).await;
+}
+
+async fn partitions_of_every_key_type_on(s: &Setup) {
     let c = s.collection(DefaultTtl::Off).await;
     let bodies = [
         (json!({"id": "x", "pk": "s"}), PartitionKey::from("s")),
@@ -183,7 +236,10 @@ async fn partitions_of_every_key_type() {
 
 #[tokio::test]
 async fn etags_guard_every_write() {
-    let s = start().await;
+    etags_guard_every_write_on(&start().await).await;
+}
+
+async fn etags_guard_every_write_on(s: &Setup) {
     let c = s.collection(DefaultTtl::NoDefault).await;
     let v1 = c
         .create(&json!({"id": "a", "pk": "p"}))
@@ -233,7 +289,10 @@ async fn etags_guard_every_write() {
 
 #[tokio::test]
 async fn not_found_and_conflict_statuses() {
-    let s = start().await;
+    not_found_and_conflict_statuses_on(&start().await).await;
+}
+
+async fn not_found_and_conflict_statuses_on(s: &Setup) {
     let db = s.client.create_database("db").await.expect("db");
     assert!(matches!(
         s.client.create_database("db").await,
@@ -289,7 +348,10 @@ async fn not_found_and_conflict_statuses() {
 
 #[tokio::test]
 async fn invalid_input_is_rejected_precisely_and_changes_nothing() {
-    let s = start().await;
+    invalid_input_is_rejected_precisely_and_changes_nothing_on(&start().await).await;
+}
+
+async fn invalid_input_is_rejected_precisely_and_changes_nothing_on(s: &Setup) {
     let db = s.client.create_database("db").await.expect("db");
     // Collection settings.
     for (raw, ttl) in [
@@ -427,7 +489,10 @@ async fn invalid_input_is_rejected_precisely_and_changes_nothing() {
 
 #[tokio::test]
 async fn requests_the_typed_client_cannot_make() {
-    let s = start().await;
+    requests_the_typed_client_cannot_make_on(&start().await).await;
+}
+
+async fn requests_the_typed_client_cannot_make_on(s: &Setup) {
     let c = s.collection(DefaultTtl::Off).await;
     let mut raw = s.documents();
     let status = raw
@@ -471,10 +536,9 @@ async fn requests_the_typed_client_cannot_make() {
         .expect_err("two different ttls");
     assert!(status.message().contains("differ"), "{}", status.message());
 
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", s.server.local_addr()))
-            .expect("uri")
-            .connect_lazy();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", s.addr))
+        .expect("uri")
+        .connect_lazy();
     let mut collections = v1::client::CollectionsClient::new(channel);
     let status = collections
         .replace_collection(v1::ReplaceCollectionRequest {
@@ -544,7 +608,10 @@ async fn watch_until_gone(
 
 #[tokio::test]
 async fn documents_expire_on_time_with_real_clocks() {
-    let s = start().await;
+    documents_expire_on_time_with_real_clocks_on(&start().await).await;
+}
+
+async fn documents_expire_on_time_with_real_clocks_on(s: &Setup) {
     let c = s
         .collection(DefaultTtl::After(Duration::from_secs(2)))
         .await;
@@ -578,8 +645,9 @@ async fn documents_expire_on_time_with_real_clocks() {
     assert!(watch_until_gone(&c, "own", own_at, Duration::from_secs(10)).await);
     assert!(watch_until_gone(&c, "inherits", inherits_at, Duration::from_secs(10)).await);
     assert!(c.read("never", "p").await.expect("read").is_some());
-    // The purge frees storage in the background.
-    let engine = s.server.engine().get().expect("in service");
+    // The purge frees storage in the background (looked at inside a server of this process).
+    let Some(server) = &s.server else { return };
+    let engine = server.engine().get().expect("in service");
     let start = Instant::now();
     while engine.expiry_stats().documents > 1 {
         assert!(
@@ -592,7 +660,10 @@ async fn documents_expire_on_time_with_real_clocks() {
 
 #[tokio::test]
 async fn touch_and_rewrites_extend_life_over_real_time() {
-    let s = start().await;
+    touch_and_rewrites_extend_life_over_real_time_on(&start().await).await;
+}
+
+async fn touch_and_rewrites_extend_life_over_real_time_on(s: &Setup) {
     let c = s
         .collection(DefaultTtl::After(Duration::from_secs(2)))
         .await;
@@ -863,7 +934,10 @@ async fn changing_the_default_applies_at_once_over_grpc() {
 
 #[tokio::test]
 async fn read_feed_streams_pages_and_resumes() {
-    let s = start().await;
+    read_feed_streams_pages_and_resumes_on(&start().await).await;
+}
+
+async fn read_feed_streams_pages_and_resumes_on(s: &Setup) {
     let c = s.collection(DefaultTtl::NoDefault).await;
     for i in 0..120 {
         c.create(&json!({"id": format!("d{i:03}"), "pk": format!("p{}", i % 4)}))
@@ -912,7 +986,10 @@ async fn read_feed_streams_pages_and_resumes() {
 /// above the 16 MiB message limit, and the same page failed on every retry.
 #[tokio::test]
 async fn large_documents_page_under_the_message_limit() {
-    let s = start().await;
+    large_documents_page_under_the_message_limit_on(&start().await).await;
+}
+
+async fn large_documents_page_under_the_message_limit_on(s: &Setup) {
     let c = s.collection(DefaultTtl::Off).await;
     let filler = "x".repeat(900 * 1024);
     for i in 0..24 {

@@ -1,6 +1,7 @@
 //! The query conformance suite, end to end: every case of `tests/queries/*.json` (written from
 //! the Azure Cosmos DB for NoSQL reference) runs through the real client and the real gRPC API
-//! against a server on 127.0.0.1:0, over documents created through the API.
+//! against a server on 127.0.0.1:0, over documents created through the API; and the same
+//! cases against a three-node cluster, through one node, most partitions served by the others.
 
 use std::{fs, path::Path};
 
@@ -10,6 +11,9 @@ use serde_json::{Map, Value};
 
 #[path = "support/json_compare.rs"]
 mod json_compare;
+
+#[path = "support/cluster.rs"]
+mod cluster;
 
 use json_compare::{matches, same};
 
@@ -47,6 +51,17 @@ async fn every_conformance_case_over_grpc() {
     let client = Client::connect(server.local_addr().to_string())
         .await
         .expect("client");
+    every_case(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_conformance_case_through_a_three_node_cluster() {
+    let (_cluster, client) = cluster::three_nodes().await;
+    every_case(&client).await;
+}
+
+/// Runs every case through `client`, failing with every case that failed.
+async fn every_case(client: &Client) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/queries");
     let mut files: Vec<_> = fs::read_dir(&dir)
         .expect("dir")

@@ -1,5 +1,6 @@
 //! Queries end to end with the real clock: documents with 1 s TTLs leave every query path at
-//! their expiry, and hostile queries get INVALID_ARGUMENT while the server keeps serving.
+//! their expiry (and with 3 s TTLs on a three-node cluster), and hostile queries get
+//! INVALID_ARGUMENT while the server keeps serving.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,9 @@ use mayfly_client::{
 };
 use mayfly_server::RunningServer;
 use serde_json::{Value, json};
+
+#[path = "support/cluster.rs"]
+mod cluster;
 
 /// A server on 127.0.0.1:0 and its database "db".
 async fn server_with_database() -> (RunningServer, Database) {
@@ -45,15 +49,35 @@ async fn results(c: &Collection, text: &str) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn documents_leave_every_query_path_when_their_ttl_runs_out() {
     let (_server, c) = setup(DefaultTtl::NoDefault).await;
+    leave_every_query_path(&c, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_leave_every_query_path_of_a_three_node_cluster_when_their_ttl_runs_out() {
+    let (_cluster, client) = cluster::three_nodes().await;
+    let db = client.create_database("db").await.expect("db");
+    let c = db
+        .create_collection("events", "/pk")
+        .default_ttl(DefaultTtl::NoDefault)
+        .await
+        .expect("collection");
+    // Queries through one node read the others' partitions: the first round takes longer
+    // than on one node, so the documents live longer.
+    leave_every_query_path(&c, 3).await;
+}
+
+/// Half of six documents, with a TTL of `ttl` seconds, leave every query path at their expiry.
+async fn leave_every_query_path(c: &Collection, ttl: i64) {
     for i in 0..6 {
         let mut doc =
             json!({"id": format!("d{i}"), "pk": format!("p{}", i % 3), "n": i, "tags": ["x", "y"]});
         if i % 2 == 0 {
-            doc["ttl"] = json!(1);
+            doc["ttl"] = json!(ttl);
         }
         c.create(&doc).await.expect("create");
     }
     let written = Instant::now();
+    let life = Duration::from_secs(ttl as u64);
     let paths = [
         "SELECT VALUE c.id FROM c",
         "SELECT VALUE c.id FROM c WHERE c.n >= 0",
@@ -65,34 +89,31 @@ async fn documents_leave_every_query_path_when_their_ttl_runs_out() {
     let before: Vec<usize> = {
         let mut counts = Vec::new();
         for text in paths {
-            counts.push(results(&c, text).await.len());
+            counts.push(results(c, text).await.len());
         }
         counts
     };
-    let count_before = results(&c, "SELECT VALUE COUNT(1) FROM c").await;
+    let count_before = results(c, "SELECT VALUE COUNT(1) FROM c").await;
     // The whole first round must have run before any document expired.
     assert!(
-        written.elapsed() < Duration::from_millis(900),
+        written.elapsed() < life - Duration::from_millis(100),
         "too slow to observe the expiry"
     );
     assert_eq!(before, [6, 6, 6, 12, 6, 3]);
     assert_eq!(count_before, [json!(6)]);
 
-    tokio::time::sleep(Duration::from_millis(1100).saturating_sub(written.elapsed())).await;
+    tokio::time::sleep((life + Duration::from_millis(100)).saturating_sub(written.elapsed())).await;
     let mut after = Vec::new();
     for text in paths {
-        after.push(results(&c, text).await.len());
+        after.push(results(c, text).await.len());
     }
     assert_eq!(
         after,
         [3, 3, 3, 6, 3, 3],
-        "the three 1 s documents are gone from every path"
+        "the three short-lived documents are gone from every path"
     );
-    assert_eq!(
-        results(&c, "SELECT VALUE COUNT(1) FROM c").await,
-        [json!(3)]
-    );
-    let odd: Vec<Value> = results(&c, "SELECT VALUE c.n FROM c ORDER BY c.n DESC").await;
+    assert_eq!(results(c, "SELECT VALUE COUNT(1) FROM c").await, [json!(3)]);
+    let odd: Vec<Value> = results(c, "SELECT VALUE c.n FROM c ORDER BY c.n DESC").await;
     assert_eq!(odd, [json!(5), json!(3), json!(1)]);
 }
 

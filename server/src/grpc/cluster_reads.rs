@@ -123,9 +123,10 @@ impl DocumentsService {
             feed,
             request,
         };
-        relay(token, move |token| {
+        let page = (hops.feed.page_size, self.engine()?.page_bytes());
+        relay(token, page, move |token, size| {
             let hops = hops.clone();
-            async move { hops.hop(token).await }
+            async move { hops.hop(token, size).await }
         })
         .await
     }
@@ -211,16 +212,21 @@ struct FeedHops {
 impl Hops {
     /// The query's pages from `token` on, each from the node serving it.
     async fn relay(self, token: Option<String>) -> Result<PageStream<QueryPage>, Status> {
-        relay(token, move |token| {
+        let page = (self.plan.page_size, self.on.service.engine()?.page_bytes());
+        relay(token, page, move |token, size| {
             let hops = self.clone();
-            async move { hops.hop(token).await }
+            async move { hops.hop(token, size).await }
         })
         .await
     }
 
     /// The pages of the node serving the partition `token` starts in, up to that node's last
     /// (a handoff, or the query's end).
-    async fn hop(&self, token: Option<String>) -> Result<PageStream<QueryPage>, Status> {
+    async fn hop(
+        &self,
+        token: Option<String>,
+        page_size: usize,
+    ) -> Result<PageStream<QueryPage>, Status> {
         let engine = self.on.service.engine()?;
         let plan = &self.plan;
         let cursor = engine
@@ -234,7 +240,10 @@ impl Hops {
                 .ok_or_else(|| Status::internal("a relayed query reads one shard at a time"))?,
         };
         if cursor.shard().is_some() && engine.serves(shard) {
-            let source = StreamingQuery(plan.clone());
+            let source = StreamingQuery {
+                plan: plan.clone(),
+                page_size,
+            };
             return self
                 .on
                 .service
@@ -246,6 +255,7 @@ impl Hops {
             .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut request = self.request.clone();
         request.continuation = token.unwrap_or_default();
+        request.page_size = page_size as u32;
         let pages = client
             .query(self.on.forwarded(request))
             .await
@@ -353,7 +363,11 @@ impl Hops {
 
 impl FeedHops {
     /// The pages of the node serving the partition `token` starts in, up to that node's last.
-    async fn hop(&self, token: Option<String>) -> Result<PageStream<ReadFeedPage>, Status> {
+    async fn hop(
+        &self,
+        token: Option<String>,
+        page_size: usize,
+    ) -> Result<PageStream<ReadFeedPage>, Status> {
         let engine = self.on.service.engine()?;
         let feed = &self.feed;
         let shard = engine
@@ -366,7 +380,10 @@ impl FeedHops {
                 .open_stream(
                     self.on.grant.clone(),
                     self.on.share.clone(),
-                    feed.clone(),
+                    Feed {
+                        page_size,
+                        ..feed.clone()
+                    },
                     token,
                 )
                 .await;
@@ -376,6 +393,7 @@ impl FeedHops {
             .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut request = self.request.clone();
         request.continuation = token.unwrap_or_default();
+        request.page_size = page_size as u32;
         let pages = client
             .read_feed(self.on.forwarded(request))
             .await

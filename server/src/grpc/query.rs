@@ -38,7 +38,11 @@ pub(super) struct Plan {
 /// A streaming query: each page is computed from the continuation the one before left, at
 /// its own clock reading. In a cluster, the stream ends at a page that hands off to another
 /// node (see [`engine::QueryPage::handoff`]): its continuation goes on there.
-pub(super) struct StreamingQuery(pub(super) Arc<Plan>);
+pub(super) struct StreamingQuery {
+    pub(super) plan: Arc<Plan>,
+    /// Results per page: the plan's, or fewer to fill a page another node began.
+    pub(super) page_size: usize,
+}
 
 impl PageSource for StreamingQuery {
     type Message = QueryPage;
@@ -51,7 +55,7 @@ impl PageSource for StreamingQuery {
         at: &Self::Cursor,
         reads: QueryReads,
     ) -> Outcome<(QueryPage, Option<Self::Cursor>)> {
-        let plan = &self.0;
+        let plan = &self.plan;
         let cursor = match engine.query_cursor(&plan.path, &plan.spec, &plan.scope, at.as_deref()) {
             Ok(cursor) => cursor,
             Err(e) => return Outcome::failed(e),
@@ -61,7 +65,7 @@ impl PageSource for StreamingQuery {
                 &plan.path,
                 &plan.spec,
                 &plan.scope,
-                plan.page_size,
+                self.page_size,
                 cursor,
                 engine.query_reading(),
                 reads,
@@ -189,7 +193,15 @@ impl DocumentsService {
         }
         let QueryCursor::Offset(offset) = cursor else {
             return self
-                .open_stream(grant, share, StreamingQuery(plan), token)
+                .open_stream(
+                    grant,
+                    share,
+                    StreamingQuery {
+                        page_size: plan.page_size,
+                        plan,
+                    },
+                    token,
+                )
                 .await;
         };
         // Every result first, at one clock reading; stopped if the client leaves meanwhile.
