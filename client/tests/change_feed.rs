@@ -14,6 +14,30 @@ use mayfly_client::{
 };
 use serde_json::json;
 
+#[path = "support/cluster.rs"]
+mod cluster;
+
+/// The cases above, through one node of a three-node cluster: most partitions they write and
+/// read are served by the other two. Each runs as on a fresh server (the cluster's databases
+/// deleted before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
+    let (_cluster, client) = cluster::three_nodes().await;
+    let fresh = || async {
+        for db in client.list_databases().await.expect("list") {
+            client.database(&db).delete().await.expect("delete");
+        }
+    };
+    fresh().await;
+    a_consumer_sees_every_change_in_order_and_resumes_exactly_once_on(&client).await;
+    fresh().await;
+    an_expiry_reaches_a_consumer_at_its_instant_on(&client).await;
+    fresh().await;
+    consumers_of_feed_ranges_share_every_event_once_on(&client).await;
+    fresh().await;
+    a_collection_without_a_feed_refuses_consumers_on(&client).await;
+}
+
 async fn collection(client: &Client, name: &str, ttl: DefaultTtl) -> Collection {
     let db = match client.create_database("db").await {
         Ok(db) => db,
@@ -50,7 +74,11 @@ fn ev(kind: ChangeKind, id: &str) -> (ChangeKind, String) {
 #[tokio::test]
 async fn a_consumer_sees_every_change_in_order_and_resumes_exactly_once() {
     let (_server, client) = start().await;
-    let c = collection(&client, "orders", DefaultTtl::NoDefault).await;
+    a_consumer_sees_every_change_in_order_and_resumes_exactly_once_on(&client).await;
+}
+
+async fn a_consumer_sees_every_change_in_order_and_resumes_exactly_once_on(client: &Client) {
+    let c = collection(client, "orders", DefaultTtl::NoDefault).await;
     let mut all = c
         .changes()
         .all_versions_and_deletes()
@@ -125,7 +153,11 @@ async fn a_consumer_sees_every_change_in_order_and_resumes_exactly_once() {
 #[tokio::test]
 async fn an_expiry_reaches_a_consumer_at_its_instant() {
     let (_server, client) = start().await;
-    let c = collection(&client, "sessions", DefaultTtl::NoDefault).await;
+    an_expiry_reaches_a_consumer_at_its_instant_on(&client).await;
+}
+
+async fn an_expiry_reaches_a_consumer_at_its_instant_on(client: &Client) {
+    let c = collection(client, "sessions", DefaultTtl::NoDefault).await;
     let mut feed = c
         .changes()
         .all_versions_and_deletes()
@@ -171,7 +203,11 @@ async fn an_expiry_reaches_a_consumer_at_its_instant() {
 #[tokio::test]
 async fn consumers_of_feed_ranges_share_every_event_once() {
     let (_server, client) = start().await;
-    let c = collection(&client, "events", DefaultTtl::NoDefault).await;
+    consumers_of_feed_ranges_share_every_event_once_on(&client).await;
+}
+
+async fn consumers_of_feed_ranges_share_every_event_once_on(client: &Client) {
+    let c = collection(client, "events", DefaultTtl::NoDefault).await;
     for i in 0..60 {
         c.create(&json!({"id": format!("e{i}"), "pk": format!("p{}", i % 17)}))
             .await
@@ -227,7 +263,11 @@ async fn consumers_of_feed_ranges_share_every_event_once() {
 #[tokio::test]
 async fn a_collection_without_a_feed_refuses_consumers() {
     let (_server, client) = start().await;
-    let c = collection(&client, "quiet", DefaultTtl::NoDefault).await;
+    a_collection_without_a_feed_refuses_consumers_on(&client).await;
+}
+
+async fn a_collection_without_a_feed_refuses_consumers_on(client: &Client) {
+    let c = collection(client, "quiet", DefaultTtl::NoDefault).await;
     c.replace_settings(
         CollectionSettings::new(DefaultTtl::NoDefault).change_feed_retention(Duration::ZERO),
     )

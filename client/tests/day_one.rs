@@ -22,6 +22,40 @@ use mayfly_server::RunningServer;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+#[path = "support/cluster.rs"]
+mod cluster;
+
+/// The cases above, through one node of a three-node cluster: most partitions they write and
+/// read are served by the other two. Each runs as on a fresh server (the cluster's databases
+/// deleted before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
+    let (_cluster, client) = cluster::three_nodes().await;
+    let fresh = || async {
+        for db in client.list_databases().await.expect("list") {
+            client.database(&db).delete().await.expect("delete");
+        }
+    };
+    fresh().await;
+    reads_feeds_writes_and_queries_fill_system_properties_alike_on(&client).await;
+    fresh().await;
+    a_document_that_does_not_fit_its_type_is_named_with_the_path_on(&client).await;
+    fresh().await;
+    an_unused_query_parameter_is_refused_by_name_on(&client).await;
+    fresh().await;
+    json_pointers_from_user_keys_patch_the_right_property_on(&client).await;
+    fresh().await;
+    unsigned_and_32_bit_integers_are_partition_keys_on(&client).await;
+    fresh().await;
+    error_details_carry_the_typed_status_code_on(&client).await;
+    fresh().await;
+    feeds_and_queries_stream_with_the_clients_stream_ext_on(&client).await;
+    fresh().await;
+    keyed_writes_sent_again_apply_once_on(&client).await;
+    fresh().await;
+    must_live_rules_refuse_an_order_that_could_expire_on(&client).await;
+}
+
 async fn collection(client: &Client, partition_key_path: &str) -> Collection {
     client
         .create_database("shop")
@@ -81,7 +115,11 @@ fn assert_system_properties(item: &Item<Cart>, ttl: Option<i64>) {
 #[tokio::test]
 async fn reads_feeds_writes_and_queries_fill_system_properties_alike() {
     let (_server, client) = start().await;
-    let carts = collection(&client, "/user").await;
+    reads_feeds_writes_and_queries_fill_system_properties_alike_on(&client).await;
+}
+
+async fn reads_feeds_writes_and_queries_fill_system_properties_alike_on(client: &Client) {
+    let carts = collection(client, "/user").await;
     let created = carts
         .create(&cart("c1"))
         .ttl(DocumentTtl::After(Duration::from_secs(600)))
@@ -179,7 +217,11 @@ async fn reads_feeds_writes_and_queries_fill_system_properties_alike() {
 #[tokio::test]
 async fn a_document_that_does_not_fit_its_type_is_named_with_the_path() {
     let (_server, client) = start().await;
-    let carts = collection(&client, "/user").await;
+    a_document_that_does_not_fit_its_type_is_named_with_the_path_on(&client).await;
+}
+
+async fn a_document_that_does_not_fit_its_type_is_named_with_the_path_on(client: &Client) {
+    let carts = collection(client, "/user").await;
     carts
         .create(&json!({"id": "c1", "user": "ann", "lines": [
             {"sku": "tea", "qty": 1},
@@ -243,7 +285,11 @@ async fn a_document_that_does_not_fit_its_type_is_named_with_the_path() {
 #[tokio::test]
 async fn an_unused_query_parameter_is_refused_by_name() {
     let (_server, client) = start().await;
-    let carts = collection(&client, "/user").await;
+    an_unused_query_parameter_is_refused_by_name_on(&client).await;
+}
+
+async fn an_unused_query_parameter_is_refused_by_name_on(client: &Client) {
+    let carts = collection(client, "/user").await;
     carts.create(&cart("c1")).await.expect("create");
 
     // A typo, and a name without its '@': each refused, named, before anything is read.
@@ -295,7 +341,11 @@ async fn an_unused_query_parameter_is_refused_by_name() {
 #[tokio::test]
 async fn json_pointers_from_user_keys_patch_the_right_property() {
     let (_server, client) = start().await;
-    let carts = collection(&client, "/user").await;
+    json_pointers_from_user_keys_patch_the_right_property_on(&client).await;
+}
+
+async fn json_pointers_from_user_keys_patch_the_right_property_on(client: &Client) {
+    let carts = collection(client, "/user").await;
     // Keys chosen by users, as object keys: '/' and '~' would otherwise split or escape.
     let odd = ["tea/green", "mug~1", "~0/~1"];
     let mut items = serde_json::Map::new();
@@ -329,7 +379,11 @@ async fn json_pointers_from_user_keys_patch_the_right_property() {
 #[tokio::test]
 async fn unsigned_and_32_bit_integers_are_partition_keys() {
     let (_server, client) = start().await;
-    let c = collection(&client, "/store").await;
+    unsigned_and_32_bit_integers_are_partition_keys_on(&client).await;
+}
+
+async fn unsigned_and_32_bit_integers_are_partition_keys_on(client: &Client) {
+    let c = collection(client, "/store").await;
     c.create(&json!({"id": "a", "store": 42}))
         .await
         .expect("create");
@@ -356,6 +410,10 @@ async fn unsigned_and_32_bit_integers_are_partition_keys() {
 #[tokio::test]
 async fn error_details_carry_the_typed_status_code() {
     let (_server, client) = start().await;
+    error_details_carry_the_typed_status_code_on(&client).await;
+}
+
+async fn error_details_carry_the_typed_status_code_on(client: &Client) {
     client.create_database("shop").await.expect("db");
     let err = client.create_database("shop").await.expect_err("exists");
     let details = err.details().expect("from the server");
@@ -468,7 +526,11 @@ fn key_from_env_sends_mayfly_key_when_it_is_set() {
 #[tokio::test]
 async fn feeds_and_queries_stream_with_the_clients_stream_ext() {
     let (_server, client) = start().await;
-    let carts = collection(&client, "/user").await;
+    feeds_and_queries_stream_with_the_clients_stream_ext_on(&client).await;
+}
+
+async fn feeds_and_queries_stream_with_the_clients_stream_ext_on(client: &Client) {
+    let carts = collection(client, "/user").await;
     for n in 0..5 {
         carts.create(&cart(&format!("c{n}"))).await.expect("create");
     }
@@ -533,7 +595,11 @@ fn the_client_crate_is_ready_to_publish() {
 #[tokio::test]
 async fn keyed_writes_sent_again_apply_once() {
     let (_server, client) = start().await;
-    let carts = collection(&client, "/user").await;
+    keyed_writes_sent_again_apply_once_on(&client).await;
+}
+
+async fn keyed_writes_sent_again_apply_once_on(client: &Client) {
+    let carts = collection(client, "/user").await;
     let doc = json!({"id": "c1", "user": "ann", "n": 0});
     let key = mayfly_client::new_idempotency_key();
     let first = carts
@@ -598,6 +664,10 @@ async fn keyed_writes_sent_again_apply_once() {
 #[tokio::test]
 async fn must_live_rules_refuse_an_order_that_could_expire() {
     let (_server, client) = start().await;
+    must_live_rules_refuse_an_order_that_could_expire_on(&client).await;
+}
+
+async fn must_live_rules_refuse_an_order_that_could_expire_on(client: &Client) {
     let shop = client
         .create_database("shop")
         .await

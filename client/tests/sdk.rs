@@ -23,6 +23,44 @@ use mayfly_client::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+#[path = "support/cluster.rs"]
+mod cluster;
+
+/// The cases above, through one node of a three-node cluster: most partitions they write and
+/// read are served by the other two. Each runs as on a fresh server (the cluster's databases
+/// deleted before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
+    let (_cluster, client) = cluster::three_nodes().await;
+    let fresh = || async {
+        for db in client.list_databases().await.expect("list") {
+            client.database(&db).delete().await.expect("delete");
+        }
+    };
+    fresh().await;
+    every_server_error_carries_its_reason_on(&client).await;
+    fresh().await;
+    page_size_zero_is_refused_before_sending_on(&client).await;
+    fresh().await;
+    create_if_not_exists_creates_then_finds_on(&client).await;
+    fresh().await;
+    items_carry_value_and_system_properties_in_one_read_on(&client).await;
+    fresh().await;
+    keep_keeps_a_documents_own_ttl_across_writes_on(&client).await;
+    fresh().await;
+    twenty_tasks_incrementing_through_update_count_to_200_on(&client).await;
+    fresh().await;
+    a_missing_document_is_an_outcome_for_every_verb_on(&client).await;
+    fresh().await;
+    feeds_and_queries_stream_typed_values_on(&client).await;
+    fresh().await;
+    twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts_on(&client).await;
+    fresh().await;
+    a_batch_whose_57th_of_100_operations_fails_changes_nothing_on(&client).await;
+    fresh().await;
+    batch_and_patch_mistakes_are_refused_naming_the_rule_on(&client).await;
+}
+
 async fn collection(client: &Client, ttl: DefaultTtl) -> Collection {
     let db = client
         .create_database_if_not_exists("db")
@@ -232,11 +270,15 @@ async fn https_without_tls_configured_is_refused() {
 #[tokio::test]
 async fn every_server_error_carries_its_reason() {
     let (_server, client) = start().await;
+    every_server_error_carries_its_reason_on(&client).await;
+}
+
+async fn every_server_error_carries_its_reason_on(client: &Client) {
     client.create_database("db").await.expect("db");
     let db_exists = client.create_database("db").await.expect_err("exists");
     assert!(matches!(db_exists, Error::Conflict(_)));
     assert_eq!(db_exists.reason(), Some(&Reason::DatabaseExists));
-    let c = collection(&client, DefaultTtl::NoDefault).await;
+    let c = collection(client, DefaultTtl::NoDefault).await;
     c.create(&json!({"id": "a", "pk": "p"})).await.expect("new");
     let doc_exists = c
         .create(&json!({"id": "a", "pk": "p"}))
@@ -290,7 +332,11 @@ async fn every_server_error_carries_its_reason() {
 #[tokio::test]
 async fn page_size_zero_is_refused_before_sending() {
     let (_server, client) = start().await;
-    let c = collection(&client, DefaultTtl::Off).await;
+    page_size_zero_is_refused_before_sending_on(&client).await;
+}
+
+async fn page_size_zero_is_refused_before_sending_on(client: &Client) {
+    let c = collection(client, DefaultTtl::Off).await;
     for size in [0, 1001] {
         let feed = c.read_feed().page_size(size).await.expect_err("refused");
         assert_eq!(feed.reason(), Some(&Reason::InvalidPageSize), "{feed}");
@@ -309,6 +355,10 @@ async fn page_size_zero_is_refused_before_sending() {
 #[tokio::test]
 async fn create_if_not_exists_creates_then_finds() {
     let (_server, client) = start().await;
+    create_if_not_exists_creates_then_finds_on(&client).await;
+}
+
+async fn create_if_not_exists_creates_then_finds_on(client: &Client) {
     let db = client
         .create_database_if_not_exists("app")
         .await
@@ -370,7 +420,11 @@ struct Counter {
 #[tokio::test]
 async fn items_carry_value_and_system_properties_in_one_read() {
     let (_server, client) = start().await;
-    let c = collection(&client, DefaultTtl::NoDefault).await;
+    items_carry_value_and_system_properties_in_one_read_on(&client).await;
+}
+
+async fn items_carry_value_and_system_properties_in_one_read_on(client: &Client) {
+    let c = collection(client, DefaultTtl::NoDefault).await;
     let counter = Counter {
         id: "a".into(),
         pk: "p".into(),
@@ -427,7 +481,11 @@ async fn items_carry_value_and_system_properties_in_one_read() {
 #[tokio::test]
 async fn keep_keeps_a_documents_own_ttl_across_writes() {
     let (_server, client) = start().await;
-    let c = collection(&client, DefaultTtl::NoDefault).await;
+    keep_keeps_a_documents_own_ttl_across_writes_on(&client).await;
+}
+
+async fn keep_keeps_a_documents_own_ttl_across_writes_on(client: &Client) {
+    let c = collection(client, DefaultTtl::NoDefault).await;
     let sixty = DocumentTtl::After(Duration::from_secs(60));
     let v1 = c
         .create(&json!({"id": "a", "pk": "p", "n": 1}))
@@ -504,7 +562,11 @@ async fn keep_keeps_a_documents_own_ttl_across_writes() {
 #[tokio::test]
 async fn twenty_tasks_incrementing_through_update_count_to_200() {
     let (_server, client) = start().await;
-    let c = Arc::new(collection(&client, DefaultTtl::NoDefault).await);
+    twenty_tasks_incrementing_through_update_count_to_200_on(&client).await;
+}
+
+async fn twenty_tasks_incrementing_through_update_count_to_200_on(client: &Client) {
+    let c = Arc::new(collection(client, DefaultTtl::NoDefault).await);
     c.create(&Counter {
         id: "hits".into(),
         pk: "p".into(),
@@ -563,7 +625,11 @@ async fn assert_counted_to_200(c: &Collection) {
 #[tokio::test]
 async fn a_missing_document_is_an_outcome_for_every_verb() {
     let (_server, client) = start().await;
-    let c = collection(&client, DefaultTtl::NoDefault).await;
+    a_missing_document_is_an_outcome_for_every_verb_on(&client).await;
+}
+
+async fn a_missing_document_is_an_outcome_for_every_verb_on(client: &Client) {
+    let c = collection(client, DefaultTtl::NoDefault).await;
     let body = json!({"id": "a", "pk": "p"});
     assert!(c.read("a", "p").await.expect("read").is_none());
     assert!(
@@ -599,7 +665,11 @@ async fn a_missing_document_is_an_outcome_for_every_verb() {
 #[tokio::test]
 async fn feeds_and_queries_stream_typed_values() {
     let (_server, client) = start().await;
-    let c = collection(&client, DefaultTtl::Off).await;
+    feeds_and_queries_stream_typed_values_on(&client).await;
+}
+
+async fn feeds_and_queries_stream_typed_values_on(client: &Client) {
+    let c = collection(client, DefaultTtl::Off).await;
     for n in 0..25 {
         c.create(&Counter {
             id: format!("c{n:02}"),
@@ -667,7 +737,13 @@ async fn feeds_and_queries_stream_typed_values() {
 #[tokio::test]
 async fn twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts() {
     let (_server, client) = start().await;
-    let c = Arc::new(collection(&client, DefaultTtl::NoDefault).await);
+    twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts_on(&client).await;
+}
+
+async fn twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts_on(
+    client: &Client,
+) {
+    let c = Arc::new(collection(client, DefaultTtl::NoDefault).await);
     c.create(&json!({"id": "hits", "pk": "p", "n": 0}))
         .ttl(DocumentTtl::After(Duration::from_secs(600)))
         .await
@@ -709,7 +785,11 @@ async fn twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts(
 #[tokio::test]
 async fn a_batch_whose_57th_of_100_operations_fails_changes_nothing() {
     let (_server, client) = start().await;
-    let c = collection(&client, DefaultTtl::NoDefault).await;
+    a_batch_whose_57th_of_100_operations_fails_changes_nothing_on(&client).await;
+}
+
+async fn a_batch_whose_57th_of_100_operations_fails_changes_nothing_on(client: &Client) {
+    let c = collection(client, DefaultTtl::NoDefault).await;
     let before = c
         .create(&json!({"id": "summary", "pk": "p", "orders": 0}))
         .await
@@ -763,7 +843,11 @@ async fn a_batch_whose_57th_of_100_operations_fails_changes_nothing() {
 #[tokio::test]
 async fn batch_and_patch_mistakes_are_refused_naming_the_rule() {
     let (_server, client) = start().await;
-    let c = collection(&client, DefaultTtl::NoDefault).await;
+    batch_and_patch_mistakes_are_refused_naming_the_rule_on(&client).await;
+}
+
+async fn batch_and_patch_mistakes_are_refused_naming_the_rule_on(client: &Client) {
+    let c = collection(client, DefaultTtl::NoDefault).await;
     let misplaced = c
         .batch("p")
         .read("a")
