@@ -5,8 +5,9 @@
 //! A watch can lag while connected, so revocation is bounded by a check instead: every
 //! [`CONFIRM_INTERVAL`] each node reads the four keys from the bucket's stream leader, and it
 //! accepts keys only for [`SHARED_KEYS_TRUSTED_FOR`] after the start of its last read that
-//! succeeded (past that, `UNAVAILABLE`, `KEYS_UNCONFIRMED`). So a regenerated key stops working
-//! on every node within that bound of the regeneration's answer.
+//! succeeded (past that, `UNAVAILABLE`, `KEYS_UNCONFIRMED`). A regeneration answers once that
+//! bound and a confirming read have passed ([`REGENERATION_SETTLES`]): the new key then works
+//! on every node, and the old one on none.
 //!
 //! Each node also writes the keys it holds to its data directory's `keys/` (as a single server
 //! keeps them), so that an operator reads a key with `cat`.
@@ -28,21 +29,46 @@ const CONFIRM_INTERVAL: Duration = Duration::from_millis(500);
 /// The longest a confirming read may take: it confirms from when it began.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Replaces keys in the bucket.
+/// How long a regeneration waits, once the new key is in the bucket, before it answers: by
+/// then every node that reads the bucket has read the new key (a read that began after the
+/// put starts within a read and an interval, and ends within a read more), and none trusts a
+/// read from before it ([`SHARED_KEYS_TRUSTED_FOR`]); a node that cannot read it refuses
+/// every key, retryably. So when the answer comes, the new key works on every node and the
+/// old one on none.
+const REGENERATION_SETTLES: Duration = Duration::from_millis(2_500);
+
+/// Replaces keys in the bucket, and in this node's copy.
 #[derive(Debug)]
 struct BucketKeys {
     kv: jetstream::kv::Store,
+    copies: Option<SecretsDir>,
 }
 
 impl SharedKeys for BucketKeys {
     fn replace(&self, slot: KeySlot, key: String) -> BoxFuture<'static, Result<(), String>> {
-        let kv = self.kv.clone();
+        let (kv, copies) = (self.kv.clone(), self.copies.clone());
         Box::pin(async move {
-            kv.put(slot.file_name(), key.into())
+            kv.put(slot.file_name(), key.clone().into())
                 .await
-                .map(drop)
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            // The copy too before answering, as a single server writes its key file (the
+            // other nodes write theirs when they next confirm the keys).
+            if let Some(copies) = copies {
+                let written =
+                    tokio::task::spawn_blocking(move || copies.replace(slot.file_name(), &key))
+                        .await;
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::warn!(
+                        "cluster keys: the copy of the regenerated {slot} was not written"
+                    );
+                }
+            }
+            Ok(())
         })
+    }
+
+    fn settles_in(&self) -> Duration {
+        REGENERATION_SETTLES
     }
 }
 
@@ -58,7 +84,6 @@ pub(crate) async fn open(
     }
     let started = Instant::now();
     let keys = read_all(&kv).await?;
-    let store = Arc::new(BucketKeys { kv: kv.clone() });
     let copies = copy_to.and_then(|dir| {
         std::fs::create_dir_all(&dir)
             .and_then(|()| SecretsDir::open(&dir))
@@ -68,6 +93,10 @@ pub(crate) async fn open(
             .ok()
     });
     copy(copies.as_ref(), &keys);
+    let store = Arc::new(BucketKeys {
+        kv: kv.clone(),
+        copies: copies.clone(),
+    });
     let ring = Arc::new(KeyRing::shared(keys, store, started.into_std()));
     let task = tokio::spawn(confirm(kv, ring.clone(), copies));
     Ok((ring, task))

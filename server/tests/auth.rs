@@ -25,6 +25,8 @@ use tonic_types::StatusExt as _;
 use support::{
     Mayfly,
     clients::{self, Clients, string_pk},
+    cluster::{keyed_cluster_node, settled_map_with},
+    nats::NatsCluster,
 };
 
 /// Every RPC of the Mayfly services.
@@ -427,16 +429,19 @@ async fn call(
             .get_partition_map(with(cred, mayfly_proto::v1::GetPartitionMapRequest {}))
             .await
             .map(|map| {
-                // A single server: its shards, every one its own, placed by the specified hash.
+                // Every partition owned, placed by the specified hash; the node answering
+                // serves its own. A single server: its shards, every one its own.
                 let map = map.into_inner();
-                assert_eq!(map.node, "local");
                 assert_eq!(map.placement, "xxh3-64");
                 assert_eq!(map.owners.len(), map.partitions as usize);
                 assert!(
                     map.owners
                         .iter()
-                        .all(|o| o.owner == "local" && o.served_here)
+                        .all(|o| !o.owner.is_empty() && o.served_here == (o.owner == map.node))
                 );
+                if map.node == "local" {
+                    assert!(map.owners.iter().all(|o| o.owner == "local"));
+                }
             }),
     }
 }
@@ -479,26 +484,79 @@ async fn mint(
         .token
 }
 
-/// A server with its keys, database `d` and collections `c` and `c2` (partition key `/pk`).
-async fn secured() -> (tempfile::TempDir, Mayfly, Clients, String, String) {
+/// Where the cases run: one server, or a node of a three-node cluster.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Single,
+    Cluster,
+}
+
+/// Where a target keeps the keys it accepts (a cluster node: its copy of the cluster's).
+struct KeysDir {
+    _tmp: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl KeysDir {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A server with its keys, database `d` and collections `c` and `c2` (partition key `/pk`):
+/// one server, or three cluster nodes (the clients call the first, which forwards to the
+/// others) once their partitions' ownership has settled.
+async fn secured(target: Target) -> (KeysDir, Box<dyn std::any::Any>, Clients, String, String) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let server = Mayfly::start_with_keys(dir.path(), &[]);
-    let mut c = clients::connect(&server).await;
-    let (primary, read_only) = (
-        key(dir.path(), "primary"),
-        key(dir.path(), "primary-readonly"),
-    );
+    let (keys_in, servers, mut c): (_, Box<dyn std::any::Any>, _) = match target {
+        Target::Single => {
+            let server = Mayfly::start_with_keys(dir.path(), &[]);
+            let c = clients::connect(&server).await;
+            (dir.path().to_owned(), Box::new(server), c)
+        }
+        Target::Cluster => {
+            let nats = NatsCluster::start(3);
+            let nodes: Vec<Mayfly> = ["a", "b", "c"]
+                .into_iter()
+                .map(|node| keyed_cluster_node(&nats, dir.path(), node))
+                .collect();
+            let c = clients::connect(&nodes[0]).await;
+            let keys_in = dir.path().join("a");
+            settled_map_with(&c.admin, &["a", "b", "c"], Some(&key(&keys_in, "primary"))).await;
+            // Fields drop in order: the nodes before the NATS servers.
+            (keys_in, Box::new((nodes, nats)), c)
+        }
+    };
+    let (primary, read_only) = (key(&keys_in, "primary"), key(&keys_in, "primary-readonly"));
     for rpc in [Rpc::CreateDatabase, Rpc::CreateCollection] {
         for collection in ["c", "c2"] {
             let _ = call(&mut c, rpc, Some(&primary), collection, None).await;
         }
     }
-    (dir, server, c, primary, read_only)
+    let dir = KeysDir {
+        _tmp: dir,
+        path: keys_in,
+    };
+    (dir, servers, c, primary, read_only)
+}
+
+/// The cases below, each on a three-node cluster of its own, through its first node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cases_hold_on_a_three_node_cluster() {
+    every_rpc_needs_a_key_and_read_only_keys_only_read_at(Target::Cluster).await;
+    resource_tokens_are_held_to_their_scope_permission_and_expiry_at(Target::Cluster).await;
+    rotating_keys_never_refuses_a_client_holding_the_current_key_at(Target::Cluster).await;
+    a_token_grants_nothing_on_a_resource_created_again_under_its_name_at(Target::Cluster).await;
+    a_regenerated_key_ends_the_change_feeds_it_opened_at(Target::Cluster).await;
 }
 
 #[tokio::test]
 async fn every_rpc_needs_a_key_and_read_only_keys_only_read() {
-    let (dir, _server, mut c, primary, read_only) = secured().await;
+    every_rpc_needs_a_key_and_read_only_keys_only_read_at(Target::Single).await;
+}
+
+async fn every_rpc_needs_a_key_and_read_only_keys_only_read_at(target: Target) {
+    let (dir, _server, mut c, primary, read_only) = secured(target).await;
     assert_eq!(primary.len(), 43, "32 random bytes");
     for (rpc, needs) in EVERY_RPC {
         let none = call(&mut c, rpc, None, "c", None)
@@ -539,7 +597,11 @@ async fn every_rpc_needs_a_key_and_read_only_keys_only_read() {
 
 #[tokio::test]
 async fn resource_tokens_are_held_to_their_scope_permission_and_expiry() {
-    let (_dir, _server, mut c, primary, _) = secured().await;
+    resource_tokens_are_held_to_their_scope_permission_and_expiry_at(Target::Single).await;
+}
+
+async fn resource_tokens_are_held_to_their_scope_permission_and_expiry_at(target: Target) {
+    let (_dir, _server, mut c, primary, _) = secured(target).await;
     let collection_read = mint(&mut c, &primary, "c", None, TokenPermission::Read, None).await;
     let partition_all = mint(
         &mut c,
@@ -678,7 +740,11 @@ async fn resource_tokens_are_held_to_their_scope_permission_and_expiry() {
 
 #[tokio::test]
 async fn rotating_keys_never_refuses_a_client_holding_the_current_key() {
-    let (dir, _server, mut c, primary, _) = secured().await;
+    rotating_keys_never_refuses_a_client_holding_the_current_key_at(Target::Single).await;
+}
+
+async fn rotating_keys_never_refuses_a_client_holding_the_current_key_at(target: Target) {
+    let (dir, _server, mut c, primary, _) = secured(target).await;
     let regenerate = async |c: &mut Clients, credential: &str, kind: KeyKind| {
         c.admin
             .regenerate_key(with(
@@ -773,7 +839,11 @@ fn refused_as_deleted(result: Result<(), Status>, resource: &str, rpc: Rpc) {
 /// DB binds permissions to resource ids.
 #[tokio::test]
 async fn a_token_grants_nothing_on_a_resource_created_again_under_its_name() {
-    let (_dir, _server, mut c, primary, _) = secured().await;
+    a_token_grants_nothing_on_a_resource_created_again_under_its_name_at(Target::Single).await;
+}
+
+async fn a_token_grants_nothing_on_a_resource_created_again_under_its_name_at(target: Target) {
+    let (_dir, _server, mut c, primary, _) = secured(target).await;
     let document_rpcs = [
         Rpc::CreateDocument,
         Rpc::UpsertDocument,
@@ -921,7 +991,11 @@ async fn a_token_grants_nothing_on_a_resource_created_again_under_its_name() {
 /// the key it was opened with ends it, though nothing is written.
 #[tokio::test]
 async fn a_regenerated_key_ends_the_change_feeds_it_opened() {
-    let (_dir, _server, mut c, primary, _) = secured().await;
+    a_regenerated_key_ends_the_change_feeds_it_opened_at(Target::Single).await;
+}
+
+async fn a_regenerated_key_ends_the_change_feeds_it_opened_at(target: Target) {
+    let (_dir, _server, mut c, primary, _) = secured(target).await;
     let secondary = c
         .admin
         .regenerate_key(with(

@@ -35,7 +35,10 @@ use mayfly_server::{
 };
 use std::sync::Arc;
 
-use support::nats::NatsCluster;
+use support::{
+    cluster::{cluster_node, keyed_cluster_node, settled_map},
+    nats::NatsCluster,
+};
 
 /// The error codes JetStream answers a wrong expected sequence with: 10071 names the sequence
 /// it found; 10164 does not (a replicated stream's per-subject check, or a message of the same
@@ -766,38 +769,6 @@ async fn every_node_applies_the_catalog_log_in_one_order_with_one_answer() {
     }
 }
 
-/// `mayfly` processes of a cluster on `nats`, with 4 partitions, keeping partitions in memory.
-fn cluster_node(nats: &NatsCluster, dir: &std::path::Path, node: &str) -> support::Mayfly {
-    let args = cluster_args(nats, node);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    support::Mayfly::start(&dir.join(node), &args)
-}
-
-/// [`cluster_node`], requiring the cluster's keys (a copy in `dir/<node>/keys/`).
-fn keyed_cluster_node(nats: &NatsCluster, dir: &std::path::Path, node: &str) -> support::Mayfly {
-    let args = cluster_args(nats, node);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    support::Mayfly::start_with_keys(&dir.join(node), &args)
-}
-
-fn cluster_args(nats: &NatsCluster, node: &str) -> Vec<String> {
-    let urls = nats.urls().join(",");
-    [
-        "--storage",
-        "memory",
-        "--cluster",
-        &urls,
-        "--node-id",
-        node,
-        "--partitions",
-        "4",
-        "--shards",
-        "4",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
 /// Retries `call` while it fails UNAVAILABLE (a partition not served yet, or moving), for up
 /// to 45 s (a bound, not an expectation: on a loaded machine a node's takeovers take seconds).
 async fn when_served<T, F: std::future::Future<Output = Result<T, tonic::Status>>>(
@@ -813,57 +784,6 @@ async fn when_served<T, F: std::future::Future<Output = Result<T, tonic::Status>
             }
             Err(s) => panic!("{what}: {s}"),
         }
-    }
-}
-
-/// The partition map as `admin`'s node has it once ownership has settled over `nodes`: every
-/// partition owned by one of them, evenly (within one), unchanged over 1.5 s (nodes hand
-/// partitions over to even out). Bounded by 45 s.
-async fn settled_map(
-    admin: &mayfly_proto::v1::client::AdminClient<tonic::transport::Channel>,
-    nodes: &[&str],
-) -> mayfly_proto::v1::PartitionMap {
-    let deadline = Instant::now() + Duration::from_secs(45);
-    let read = || {
-        let mut admin = admin.clone();
-        async move {
-            admin
-                .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
-                .await
-                .expect("partition map")
-                .into_inner()
-        }
-    };
-    let owners = |m: &mayfly_proto::v1::PartitionMap| -> Vec<(String, u64)> {
-        m.owners
-            .iter()
-            .map(|o| (o.owner.clone(), o.epoch))
-            .collect()
-    };
-    let balanced = |m: &mayfly_proto::v1::PartitionMap| {
-        let counts: Vec<usize> = nodes
-            .iter()
-            .map(|n| m.owners.iter().filter(|o| o.owner == *n).count())
-            .collect();
-        let owned: usize = counts.iter().sum();
-        owned == m.owners.len()
-            && counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) <= 1
-    };
-    loop {
-        let first = read().await;
-        if balanced(&first) {
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
-            let second = read().await;
-            if owners(&first) == owners(&second) {
-                return second;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ownership did not settle over {nodes:?} in 45 s: {:?}",
-            first.owners
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
@@ -2511,7 +2431,7 @@ async fn the_clusters_keys_work_on_every_node_and_a_regenerated_one_stops_everyw
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!("old key refused on b {revoked_after:?} after its regeneration on a");
+    eprintln!("old key refused on b {revoked_after:?} after its regeneration on a was answered");
 
     // Without NATS, a node cannot know whether a key was regenerated: it refuses them all.
     for i in 0..3 {

@@ -89,6 +89,9 @@ pub struct KeyRing {
 pub trait SharedKeys: Send + Sync + fmt::Debug {
     /// Replaces the key in `slot` for every node; done once the cluster keeps it.
     fn replace(&self, slot: KeySlot, key: String) -> BoxFuture<'static, Result<(), String>>;
+
+    /// How long after a replacement every node takes the new key and none the old one.
+    fn settles_in(&self) -> Duration;
 }
 
 /// How long a cluster node accepts the keys it holds after it last began reading them from
@@ -286,6 +289,10 @@ mod tests {
     impl SharedKeys for Nowhere {
         fn replace(&self, _: KeySlot, _: String) -> BoxFuture<'static, Result<(), String>> {
             Box::pin(std::future::ready(Ok(())))
+        }
+
+        fn settles_in(&self) -> Duration {
+            Duration::ZERO
         }
     }
 

@@ -79,8 +79,8 @@ impl server::Admin for AdminService {
         if let Some(keys) = auth.keys()
             && let Some(store) = keys.shared_store()
         {
-            // A cluster's key: replaced in the cluster (on a quorum) first, then here; every
-            // other node stops taking the old one once it confirms its keys again.
+            // A cluster's key: replaced in the cluster (on a quorum), answered once every node
+            // takes the new key and none the old (see `cluster_keys`).
             let key = crate::auth::new_key();
             store.replace(slot, key.clone()).await.map_err(|e| {
                 Status::unavailable(format!(
@@ -88,6 +88,7 @@ impl server::Admin for AdminService {
                 ))
             })?;
             keys.set(slot, key.clone());
+            tokio::time::sleep(store.settles_in()).await;
             tracing::info!(key = %slot, "cluster key regenerated");
             return Ok(Response::new(RegenerateKeyResponse { kind, key }));
         }

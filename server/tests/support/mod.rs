@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test file uses part of this")]
 
 pub(crate) mod clients;
+pub(crate) mod cluster;
 pub(crate) mod nats;
 pub(crate) mod patch_ops;
 pub(crate) mod pip_tool;
