@@ -23,18 +23,13 @@ mod cluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
     let (_cluster, client) = cluster::three_nodes().await;
-    let fresh = || async {
-        for db in client.list_databases().await.expect("list") {
-            client.database(&db).delete().await.expect("delete");
-        }
-    };
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     a_consumer_sees_every_change_in_order_and_resumes_exactly_once_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     an_expiry_reaches_a_consumer_at_its_instant_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     consumers_of_feed_ranges_share_every_event_once_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     a_collection_without_a_feed_refuses_consumers_on(&client).await;
 }
 

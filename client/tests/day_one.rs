@@ -31,28 +31,23 @@ mod cluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
     let (_cluster, client) = cluster::three_nodes().await;
-    let fresh = || async {
-        for db in client.list_databases().await.expect("list") {
-            client.database(&db).delete().await.expect("delete");
-        }
-    };
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     reads_feeds_writes_and_queries_fill_system_properties_alike_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     a_document_that_does_not_fit_its_type_is_named_with_the_path_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     an_unused_query_parameter_is_refused_by_name_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     json_pointers_from_user_keys_patch_the_right_property_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     unsigned_and_32_bit_integers_are_partition_keys_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     error_details_carry_the_typed_status_code_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     feeds_and_queries_stream_with_the_clients_stream_ext_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     keyed_writes_sent_again_apply_once_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     must_live_rules_refuse_an_order_that_could_expire_on(&client).await;
 }
 

@@ -81,30 +81,25 @@ async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
         client,
     };
     // Each case as on a fresh server: the cluster's databases deleted before it.
-    let fresh = || async {
-        for db in s.client.list_databases().await.expect("list") {
-            s.client.database(&db).delete().await.expect("delete");
-        }
-    };
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     crud_round_trip_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     partitions_of_every_key_type_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     etags_guard_every_write_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     not_found_and_conflict_statuses_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     invalid_input_is_rejected_precisely_and_changes_nothing_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     requests_the_typed_client_cannot_make_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     documents_expire_on_time_with_real_clocks_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     touch_and_rewrites_extend_life_over_real_time_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     read_feed_streams_pages_and_resumes_on(&s).await;
-    fresh().await;
+    cluster::delete_every_database(&s.client).await;
     large_documents_page_under_the_message_limit_on(&s).await;
 }
 

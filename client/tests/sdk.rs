@@ -32,32 +32,27 @@ mod cluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
     let (_cluster, client) = cluster::three_nodes().await;
-    let fresh = || async {
-        for db in client.list_databases().await.expect("list") {
-            client.database(&db).delete().await.expect("delete");
-        }
-    };
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     every_server_error_carries_its_reason_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     page_size_zero_is_refused_before_sending_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     create_if_not_exists_creates_then_finds_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     items_carry_value_and_system_properties_in_one_read_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     keep_keeps_a_documents_own_ttl_across_writes_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     twenty_tasks_incrementing_through_update_count_to_200_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     a_missing_document_is_an_outcome_for_every_verb_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     feeds_and_queries_stream_typed_values_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     twenty_tasks_incrementing_through_patch_count_to_200_without_conflicts_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     a_batch_whose_57th_of_100_operations_fails_changes_nothing_on(&client).await;
-    fresh().await;
+    cluster::delete_every_database(&client).await;
     batch_and_patch_mistakes_are_refused_naming_the_rule_on(&client).await;
 }
 

@@ -19,12 +19,12 @@ use mayfly_proto::{
         oneofs::{BatchOp, PatchOp},
     },
 };
-use tonic::{Code, Request, Status};
+use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
 
 use support::{
     Mayfly,
-    clients::{self, Clients, string_pk},
+    clients::{self, Clients, string_pk, with},
     cluster::{keyed_cluster_node, settled_map_with},
     nats::NatsCluster,
 };
@@ -98,17 +98,6 @@ fn key(data_dir: &Path, name: &str) -> String {
         .expect("key file")
         .trim()
         .to_owned()
-}
-
-fn with<T>(credential: Option<&str>, message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    if let Some(credential) = credential {
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {credential}").parse().expect("ascii"),
-        );
-    }
-    request
 }
 
 fn body(id: &str, pk: &str) -> Option<JsonObject> {

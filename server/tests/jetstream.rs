@@ -971,12 +971,37 @@ async fn create_through(
     id: &str,
     pk: &str,
 ) {
-    let serde_json::Value::Object(body) = serde_json::json!({"id": id, "pk": pk}) else {
-        unreachable!()
+    create_in(documents, "c", id, pk).await;
+}
+
+/// [`create_through`], in collection `d/<collection>`.
+async fn create_in(
+    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+    collection: &str,
+    id: &str,
+    pk: &str,
+) {
+    create_body(
+        documents,
+        collection,
+        serde_json::json!({"id": id, "pk": pk}),
+    )
+    .await;
+}
+
+/// [`create_through`], of document `body`, in collection `d/<collection>`.
+async fn create_body(
+    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+    collection: &str,
+    body: serde_json::Value,
+) {
+    let id = body["id"].as_str().unwrap_or_default().to_owned();
+    let serde_json::Value::Object(body) = body else {
+        unreachable!("a document is an object")
     };
     let request = mayfly_proto::v1::CreateDocumentRequest {
         database: "d".into(),
-        collection: "c".into(),
+        collection: collection.into(),
         body: Some(mayfly_proto::json::JsonObject::new(body)),
         ..Default::default()
     };
@@ -2120,22 +2145,8 @@ async fn queries_and_feeds_across_nodes_answer_as_one_node_would_and_resume_at_a
     let owner = |pk: &str| map.owners[partition_of(pk)].owner.clone();
     assert!(pks.iter().any(|pk| owner(pk) == "a") && pks.iter().any(|pk| owner(pk) == "b"));
     for n in 0..60 {
-        let Value::Object(body) =
-            json!({"id": format!("doc-{n:02}"), "pk": pks[n % 20], "n": n, "g": n % 4})
-        else {
-            unreachable!()
-        };
-        let request = mayfly_proto::v1::CreateDocumentRequest {
-            database: "d".into(),
-            collection: "c".into(),
-            body: Some(mayfly_proto::json::JsonObject::new(body)),
-            ..Default::default()
-        };
-        when_served("create", || {
-            let (mut documents, request) = (on_a.documents.clone(), request.clone());
-            async move { documents.create_document(request).await.map(drop) }
-        })
-        .await;
+        let doc = json!({"id": format!("doc-{n:02}"), "pk": pks[n % 20], "n": n, "g": n % 4});
+        create_body(&on_a.documents, "c", doc).await;
     }
     let all_ids: Vec<Value> = (0..60).map(|n| json!(format!("doc-{n:02}"))).collect();
     let sorted = |mut v: Vec<Value>| {
@@ -2295,12 +2306,7 @@ async fn queries_and_feeds_across_nodes_answer_as_one_node_would_and_resume_at_a
 
 /// `message` with `authorization: Bearer <credential>`.
 fn keyed<T>(credential: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {credential}").parse().expect("ascii"),
-    );
-    request
+    support::clients::with(Some(credential), message)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2463,28 +2469,6 @@ async fn the_clusters_keys_work_on_every_node_and_a_regenerated_one_stops_everyw
     .await;
 }
 
-/// Creates `id` in partition `pk` of collection `f` through `documents`.
-async fn create_in_f(
-    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
-    id: &str,
-    pk: &str,
-) {
-    let serde_json::Value::Object(body) = serde_json::json!({"id": id, "pk": pk}) else {
-        unreachable!()
-    };
-    let request = mayfly_proto::v1::CreateDocumentRequest {
-        database: "d".into(),
-        collection: "f".into(),
-        body: Some(mayfly_proto::json::JsonObject::new(body)),
-        ..Default::default()
-    };
-    when_served(&format!("create {id}"), || {
-        let (mut documents, request) = (documents.clone(), request.clone());
-        async move { documents.create_document(request).await.map(drop) }
-    })
-    .await;
-}
-
 /// The ids of the events `stream` sends until `want` have come (each id once, or the test
 /// fails), and the continuation of the message carrying the last; bounded by 30 s.
 async fn feed_until(
@@ -2548,7 +2532,7 @@ async fn a_change_feed_across_nodes_shows_each_event_once_and_resumes_at_any_nod
     })
     .await;
     for (i, pk) in pks.iter().enumerate() {
-        create_in_f(&on_a.documents, &format!("one-{i}"), pk).await;
+        create_in(&on_a.documents, "f", &format!("one-{i}"), pk).await;
     }
     let (first, token) = feed_until(&mut through_b, pks.len()).await;
     let mut expected: Vec<String> = (0..pks.len()).map(|i| format!("one-{i}")).collect();
@@ -2560,7 +2544,7 @@ async fn a_change_feed_across_nodes_shows_each_event_once_and_resumes_at_any_nod
 
     // More writes, then the token resumed through a: only the new events, each once.
     for (i, pk) in pks.iter().enumerate() {
-        create_in_f(&on_b.documents, &format!("two-{i}"), pk).await;
+        create_in(&on_b.documents, "f", &format!("two-{i}"), pk).await;
     }
     let mut through_a = when_served("the change feed resumed through a", || {
         let mut documents = on_a.documents.clone();

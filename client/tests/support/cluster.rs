@@ -115,3 +115,14 @@ async fn settle(node: &RunningServer) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// Deletes every database: the next case runs as on a fresh server.
+#[allow(
+    dead_code,
+    reason = "not every suite runs several cases on one cluster"
+)]
+pub(crate) async fn delete_every_database(client: &Client) {
+    for db in client.list_databases().await.expect("list") {
+        client.database(&db).delete().await.expect("delete");
+    }
+}

@@ -13,6 +13,7 @@
 //!
 //! Continuation tokens are sealed with the cluster's key, so any node resumes any token.
 
+use std::future::Future;
 use std::sync::{
     Arc,
     atomic::{AtomicUsize, Ordering},
@@ -25,7 +26,7 @@ use mayfly_proto::v1::{
     server::Cluster,
 };
 use serde_json::Value;
-use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tonic::{Request, Response, Status, metadata::MetadataMap, transport::Channel};
 
 use super::{
     DocumentsService, convert,
@@ -250,21 +251,13 @@ impl Hops {
                 .open_stream(self.on.grant.clone(), self.on.share.clone(), source, token)
                 .await;
         }
-        let address = self.on.owner(shard).await?;
-        let mut client = DocumentsClient::new(self.on.forwarder.channel(&address)?)
-            .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut request = self.request.clone();
         request.continuation = token.unwrap_or_default();
         request.page_size = page_size as u32;
-        let pages = client
-            .query(self.on.forwarded(request))
+        let request = self.on.forwarded(request);
+        self.on
+            .pages_at(shard, |mut owner| async move { owner.query(request).await })
             .await
-            .map_err(|status| self.on.answered(shard, status))?
-            .into_inner();
-        let this = self.clone();
-        Ok(Box::pin(pages.map(move |page| {
-            page.map_err(|status| this.on.answered(shard, status))
-        })))
     }
 
     /// Every result of the query, from `offset` on, run here over the documents each
@@ -388,25 +381,41 @@ impl FeedHops {
                 )
                 .await;
         }
-        let address = self.on.owner(shard).await?;
-        let mut client = DocumentsClient::new(self.on.forwarder.channel(&address)?)
-            .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
         let mut request = self.request.clone();
         request.continuation = token.unwrap_or_default();
         request.page_size = page_size as u32;
-        let pages = client
-            .read_feed(self.on.forwarded(request))
+        let request = self.on.forwarded(request);
+        self.on
+            .pages_at(
+                shard,
+                |mut owner| async move { owner.read_feed(request).await },
+            )
             .await
-            .map_err(|status| self.on.answered(shard, status))?
-            .into_inner();
-        let on = self.on.clone();
-        Ok(Box::pin(pages.map(move |page| {
-            page.map_err(|status| on.answered(shard, status))
-        })))
     }
 }
 
 impl Onward {
+    /// The pages of the stream `open` opens at the node serving partition `shard`, its
+    /// refusals as [`Onward::answered`] says.
+    async fn pages_at<M, O, F>(&self, shard: usize, open: O) -> Result<PageStream<M>, Status>
+    where
+        M: Send + 'static,
+        O: FnOnce(DocumentsClient<Channel>) -> F,
+        F: Future<Output = Result<Response<tonic::Streaming<M>>, Status>>,
+    {
+        let address = self.owner(shard).await?;
+        let owner = DocumentsClient::new(self.forwarder.channel(&address)?)
+            .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
+        let pages = open(owner)
+            .await
+            .map_err(|status| self.answered(shard, status))?
+            .into_inner();
+        let on = self.clone();
+        Ok(Box::pin(pages.map(move |page| {
+            page.map_err(|status| on.answered(shard, status))
+        })))
+    }
+
     /// The address of the node serving partition `shard`.
     async fn owner(&self, shard: usize) -> Result<String, Status> {
         self.forwarder

@@ -114,3 +114,15 @@ pub(crate) async fn create_all(
             .expect("document");
     }
 }
+
+/// `message` with `authorization: Bearer <credential>`, if a credential is given.
+pub(crate) fn with<T>(credential: Option<&str>, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(credential) = credential {
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {credential}").parse().expect("ascii"),
+        );
+    }
+    request
+}

@@ -61,13 +61,7 @@ pub(crate) async fn settled_map_with(
     let read = || {
         let mut admin = admin.clone();
         async move {
-            let mut request = tonic::Request::new(mayfly_proto::v1::GetPartitionMapRequest {});
-            if let Some(key) = key {
-                request.metadata_mut().insert(
-                    "authorization",
-                    format!("Bearer {key}").parse().expect("ascii"),
-                );
-            }
+            let request = super::clients::with(key, mayfly_proto::v1::GetPartitionMapRequest {});
             admin
                 .get_partition_map(request)
                 .await
