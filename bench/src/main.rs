@@ -24,6 +24,7 @@ mod query;
 mod recovery;
 mod redis;
 mod soak;
+mod takeover;
 
 use std::{
     net::SocketAddr,
@@ -69,6 +70,9 @@ enum Workload {
     /// time from the kill to the first write through the new node (needs --nats and
     /// --server-bin).
     Failover,
+    /// Write --documents over two nodes a and b (run with --standbys), kill a, and time until
+    /// b serves every partition; b's catch-up rate from its log lines.
+    Takeover,
     /// Preload, then run each query shape (indexed equality, ORDER BY TOP 10, COUNT, a
     /// full-scan filter) at --concurrency and at 1 in flight.
     Query,
@@ -218,6 +222,9 @@ struct Args {
     /// `failover`: documents written before each kill.
     #[arg(long, default_value_t = 1000)]
     round_writes: u64,
+    /// `takeover`: standbys per partition on the nodes it starts.
+    #[arg(long, default_value_t = 1)]
+    standbys: u8,
     /// `failover`: the cluster's partitions.
     #[arg(long, default_value_t = 8)]
     partitions: u16,
@@ -290,6 +297,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.workload == Workload::Failover {
         return failover::run(args).await;
     }
+    if args.workload == Workload::Takeover {
+        return takeover::run(args).await;
+    }
     if args.workload == Workload::Soak {
         return soak::run(args).await;
     }
@@ -328,6 +338,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         | Workload::RedisGet
         | Workload::Recovery
         | Workload::Failover
+        | Workload::Takeover
         | Workload::Soak => {
             unreachable!(
                 "etcd, redis, recovery, failover and soak workloads return before connecting"

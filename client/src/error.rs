@@ -447,6 +447,16 @@ reasons! {
     /// The server remembers as many idempotency keys as it may; nothing was applied, and the
     /// request may be sent again later (status `RESOURCE_EXHAUSTED`).
     IdempotencyKeysFull = "IDEMPOTENCY_KEYS_FULL",
+    /// Cluster mode: the node does not serve the partition now (it moved, or its owner's lease
+    /// lapsed; status `UNAVAILABLE`, retried by the SDK's policy).
+    NotOwner = "NOT_OWNER",
+    /// Cluster mode: the partition's log does not continue the history the cluster
+    /// acknowledged, so no node serves it until an operator restores the log (status
+    /// `FAILED_PRECONDITION`, never retried).
+    LogDiverged = "LOG_DIVERGED",
+    /// Cluster mode: the node could not confirm the cluster's keys with NATS lately, so it
+    /// takes no key or token (status `UNAVAILABLE`).
+    KeysUnconfirmed = "KEYS_UNCONFIRMED",
     /// The server needs a key or token and none was sent.
     MissingCredentials = "MISSING_CREDENTIALS",
     /// The key or token is not valid.

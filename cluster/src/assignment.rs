@@ -73,6 +73,27 @@ impl<'a> Load<'a> {
     }
 }
 
+/// Up to `count` standbys for partition `partition` owned by `owner`, from `nodes` (the owner
+/// left out), by rendezvous hashing: each node's score is xxh3-64 of the partition and its
+/// id, highest first. Every node computes the same ranking, a node's departure moves only the
+/// standby roles it had, and the roles spread evenly over the nodes.
+pub fn ranked_standbys(
+    partition: usize,
+    owner: &str,
+    nodes: &[NodeId],
+    count: usize,
+) -> Vec<NodeId> {
+    let score = |node: &str| {
+        let mut key = (partition as u64).to_le_bytes().to_vec();
+        key.extend_from_slice(node.as_bytes());
+        xxhash_rust::xxh3::xxh3_64(&key)
+    };
+    let mut ranked: Vec<&NodeId> = nodes.iter().filter(|n| *n != owner).collect();
+    ranked.sort_by_key(|n| (std::cmp::Reverse(score(n)), n.as_str()));
+    ranked.dedup();
+    ranked.into_iter().take(count).cloned().collect()
+}
+
 /// The assignment of `partitions` partitions over `nodes` (at least one), each with `standbys`
 /// standbys (fewer while there are fewer other nodes), starting from `current`.
 pub fn assign(
@@ -233,6 +254,35 @@ mod tests {
                 assert_eq!(a.owner, b.standbys[0], "{b:?} -> {a:?}");
             }
         }
+    }
+
+    #[test]
+    fn standbys_rank_the_same_everywhere_spread_and_stay_put() {
+        let four = nodes(&["a", "b", "c", "d"]);
+        let mut roles: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for p in 0..64 {
+            let ranked = ranked_standbys(p, "a", &four, 2);
+            assert_eq!(ranked.len(), 2);
+            assert!(!ranked.contains(&"a".to_string()), "{ranked:?}");
+            assert_ne!(ranked[0], ranked[1]);
+            // Any node, given the nodes in any order, ranks them alike.
+            let reversed: Vec<NodeId> = four.iter().rev().cloned().collect();
+            assert_eq!(ranked_standbys(p, "a", &reversed, 2), ranked);
+            *roles.entry(ranked[0].clone()).or_default() += 1;
+            // A node leaving that was not a standby changes nothing.
+            let other = four
+                .iter()
+                .find(|n| *n != "a" && !ranked.contains(n))
+                .expect("a fourth node");
+            let left: Vec<NodeId> = four.iter().filter(|n| *n != other).cloned().collect();
+            assert_eq!(ranked_standbys(p, "a", &left, 2), ranked);
+        }
+        // The first standby's role spreads over b, c and d.
+        assert!(roles.values().all(|&n| n >= 12), "{roles:?}");
+        assert_eq!(
+            ranked_standbys(0, "a", &nodes(&["a"]), 1),
+            Vec::<NodeId>::new()
+        );
     }
 
     proptest! {

@@ -37,6 +37,9 @@ pub enum Divergence {
     Forked { at: u64 },
     /// An older owner wrote it after a newer one had.
     EpochBackwards { last: u64, found: u64 },
+    /// The log ends before messages this copy applied from it: they were lost (stream
+    /// sequences, `applied` being the last this copy applied).
+    Shortened { applied: u64, end: u64 },
 }
 
 impl fmt::Display for Divergence {
@@ -61,6 +64,10 @@ impl fmt::Display for Divergence {
             Divergence::EpochBackwards { last, found } => write!(
                 f,
                 "a message of owner epoch {found} after one of epoch {last}"
+            ),
+            Divergence::Shortened { applied, end } => write!(
+                f,
+                "the log ends at stream sequence {end}, though this copy applied it to {applied}: messages were lost"
             ),
         }
     }

@@ -108,8 +108,24 @@ pub async fn catch_up(
     partition: u32,
     followed: &mut Followed,
 ) -> Result<(), CatchUpError> {
-    let end = log_end(stream, partition).await?;
-    if end.subject_seq <= followed.subject_seq {
+    // Committed messages do not go away (no snapshots purge the log yet): a log ending
+    // before what this copy applied from it lost them. Asked again over a second before it is
+    // believed, in case a stream leader just elected answered before applying its log.
+    let mut end_seq = read_end(stream, partition).await?;
+    for _ in 0..3 {
+        if end_seq >= followed.subject_seq {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        end_seq = read_end(stream, partition).await?;
+    }
+    if end_seq < followed.subject_seq {
+        return Err(CatchUpError::Diverged(Divergence::Shortened {
+            applied: followed.subject_seq,
+            end: end_seq,
+        }));
+    }
+    if end_seq == followed.subject_seq {
         return Ok(());
     }
     let config = OrderedConfig {
@@ -128,14 +144,14 @@ pub async fn catch_up(
         .await
         .map_err(|e| unavailable(&e))?;
     let mut messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
-    while followed.subject_seq < end.subject_seq {
+    while followed.subject_seq < end_seq {
         let message = match tokio::time::timeout(QUIET, messages.next()).await {
             Ok(Some(Ok(message))) => message,
             Ok(Some(Err(e))) => return Err(unavailable(&e).into()),
             Ok(None) | Err(_) => {
                 return Err(TakeoverError::Unavailable(format!(
                     "the log of partition {partition} stopped at stream sequence {} before its end at {}",
-                    followed.subject_seq, end.subject_seq
+                    followed.subject_seq, end_seq
                 ))
                 .into());
             }
@@ -176,6 +192,16 @@ pub async fn catch_up(
         followed.subject_seq = seq;
     }
     Ok(())
+}
+
+/// The stream sequence of the partition's last message. A damaged last message still counts:
+/// the catch-up reads up to it, and the chain's check says how the log diverged.
+async fn read_end(stream: &Stream, partition: u32) -> Result<u64, CatchUpError> {
+    match log_end(stream, partition).await {
+        Ok(end) => Ok(end.subject_seq),
+        Err(TakeoverError::Unreadable { subject_seq, .. }) => Ok(subject_seq),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Applies one commit to the engine, off the async workers (it writes storage).

@@ -166,6 +166,16 @@ impl Held {
 #[derive(Debug, Clone, Default)]
 pub struct Watch {
     seen: Option<(u64, u64)>,
+    /// How much longer than a lease this contender waits: a node that is not the partition's
+    /// first standby lets the standby, whose copy is caught up, take it first.
+    patience_ms: u64,
+}
+
+impl Watch {
+    /// Waits `extra_ms` longer than a lease before taking a lapsed partition.
+    pub fn set_patience(&mut self, extra_ms: u64) {
+        self.patience_ms = extra_ms;
+    }
 }
 
 /// The partitions' leases.
@@ -284,7 +294,7 @@ impl Leases {
         // Handed to this node: its previous owner stopped serving before it wrote the key, so
         // it is taken at once, at the epoch the handover gave it.
         let handed_here = held_by.handed && held_by.owner == node;
-        if !handed_here && now < self.timing.lapsed_at(first_seen) {
+        if !handed_here && now < self.timing.lapsed_at(first_seen) + watch.patience_ms {
             return Ok(None);
         }
         let epoch = if handed_here {

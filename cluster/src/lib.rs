@@ -17,7 +17,7 @@ pub mod log_message;
 pub mod publish_queue;
 pub mod replicated_storage;
 
-pub use assignment::{Assignment, NodeId, Replicas, assign};
+pub use assignment::{Assignment, NodeId, Replicas, assign, ranked_standbys};
 pub use catalog_log::{Apply, CatalogError, CatalogLog};
 pub use chain::{Chain, Divergence};
 pub use follower::{CatchUpError, Followed, become_owner, catch_up};

@@ -125,8 +125,9 @@ pub enum TakeoverError {
     Raced,
     /// The log's last message is of a later owner than this node's lease.
     Superseded { log_epoch: u64, epoch: u64 },
-    /// The log's last message is not one this version reads.
-    Unreadable(String),
+    /// The log's last message (at stream sequence `subject_seq`) is not one this version
+    /// reads.
+    Unreadable { subject_seq: u64, why: String },
     /// NATS did not answer.
     Unavailable(String),
 }
@@ -146,7 +147,12 @@ impl std::fmt::Display for TakeoverError {
                 f,
                 "the log's last message is of owner epoch {log_epoch}, later than this node's lease ({epoch})"
             ),
-            TakeoverError::Unreadable(e) => write!(f, "the log's last message: {e}"),
+            TakeoverError::Unreadable { subject_seq, why } => {
+                write!(
+                    f,
+                    "the log's last message (stream sequence {subject_seq}): {why}"
+                )
+            }
             TakeoverError::Unavailable(e) => write!(f, "NATS: {e}"),
         }
     }
@@ -166,12 +172,15 @@ pub async fn log_end(stream: &Stream, partition: u32) -> Result<LogPosition, Tak
         }
         Err(e) => return Err(TakeoverError::Unavailable(e.to_string())),
     };
-    let parts =
-        decode_frame(&message.payload).map_err(|e| TakeoverError::Unreadable(e.to_string()))?;
+    let unreadable = |why: String| TakeoverError::Unreadable {
+        subject_seq: message.sequence,
+        why,
+    };
+    let parts = decode_frame(&message.payload).map_err(|e| unreadable(e.to_string()))?;
     let last = parts.last().expect("a frame holds a message");
-    let decoded = LogMessage::decode(last).map_err(|e| TakeoverError::Unreadable(e.to_string()))?;
+    let decoded = LogMessage::decode(last).map_err(|e| unreadable(e.to_string()))?;
     if decoded.partition != partition {
-        return Err(TakeoverError::Unreadable(format!(
+        return Err(unreadable(format!(
             "it is partition {}'s",
             decoded.partition
         )));

@@ -34,7 +34,7 @@ pub mod v1 {
     };
     pub use crate::generated::{
         ClusterNode, CreateResourceTokenRequest, GetPartitionMapRequest, KeyKind, PartitionMap,
-        PartitionOwner, RegenerateKeyRequest, RegenerateKeyResponse, ResourceToken,
+        PartitionOwner, RegenerateKeyRequest, RegenerateKeyResponse, ResourceToken, Standby,
         TokenPermission,
     };
     pub use crate::generated::{

@@ -15,7 +15,10 @@ use parking_lot::RwLock;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
-use crate::grpc::forward::Owners;
+use crate::{
+    cluster_report::{self, PartitionCopy},
+    grpc::forward::Owners,
+};
 
 /// What the watches have seen.
 #[derive(Debug, Default)]
@@ -31,6 +34,8 @@ pub(crate) struct Directory {
     node: String,
     leases: Arc<Leases>,
     nodes: kv::Store,
+    /// The member list: each live node's heartbeat, with its report of its copies.
+    members: kv::Store,
     seen: Arc<RwLock<Seen>>,
 }
 
@@ -51,6 +56,7 @@ impl Directory {
         node: String,
         leases: Arc<Leases>,
         nodes: kv::Store,
+        members: kv::Store,
     ) -> (Arc<Self>, Vec<JoinHandle<()>>) {
         let seen: Arc<RwLock<Seen>> = Arc::default();
         let tasks = vec![
@@ -61,6 +67,7 @@ impl Directory {
             node,
             leases,
             nodes,
+            members,
             seen,
         };
         (Arc::new(directory), tasks)
@@ -173,6 +180,25 @@ impl Owners for Directory {
                 .await
                 .map_err(|e| Status::unavailable(format!("the lease of partition {p}: {e}")))?;
             out.push(lease.map_or((String::new(), 0), |(l, _)| (l.owner, l.epoch)));
+        }
+        Ok(out)
+    }
+
+    async fn members(&self) -> Result<Vec<(String, Vec<PartitionCopy>)>, Status> {
+        let unavailable =
+            |e: &dyn std::fmt::Display| Status::unavailable(format!("the cluster's members: {e}"));
+        let mut keys = self.members.keys().await.map_err(|e| unavailable(&e))?;
+        let mut ids = Vec::new();
+        while let Some(key) = keys.next().await {
+            ids.push(key.map_err(|e| unavailable(&e))?);
+        }
+        ids.sort();
+        let mut out = Vec::new();
+        for id in ids {
+            // Gone between the listing and the read: not a member any more.
+            if let Some(report) = self.members.get(&id).await.map_err(|e| unavailable(&e))? {
+                out.push((id, cluster_report::decode(&report)));
+            }
         }
         Ok(out)
     }

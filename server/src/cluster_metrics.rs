@@ -8,7 +8,7 @@ use std::sync::{
     atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
 };
 
-use mayfly_cluster::PublishQueue;
+use mayfly_cluster::{Clocks, PublishQueue};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -30,6 +30,30 @@ pub(crate) struct PartitionMetrics {
     pub(crate) handovers: AtomicU64,
     /// Its log does not continue the history this node applied.
     pub(crate) diverged: AtomicBool,
+    /// This node follows it as a standby (keeps its copy caught up with the log).
+    pub(crate) following: AtomicBool,
+    /// How far this node's copy goes in its change log (while following).
+    pub(crate) applied: AtomicU64,
+    /// When (wall clock, Unix ms) the last catch-up that reached the log's end began: the copy
+    /// holds everything the log held then.
+    pub(crate) caught_up_at_ms: AtomicU64,
+}
+
+impl PartitionMetrics {
+    /// Its copy holds the log up to `applied`, as the log was at `since_ms`.
+    pub(crate) fn caught_up(&self, applied: u64, since_ms: u64) {
+        self.applied.store(applied, Ordering::Relaxed);
+        self.caught_up_at_ms.store(since_ms, Ordering::Relaxed);
+        self.following.store(true, Ordering::Relaxed);
+    }
+
+    /// How long ago (ms, at `now_ms`) the copy last held everything the log held; `None`
+    /// unless this node follows the partition.
+    pub(crate) fn apply_lag_ms(&self, now_ms: u64) -> Option<u64> {
+        self.following
+            .load(Ordering::Relaxed)
+            .then(|| now_ms.saturating_sub(self.caught_up_at_ms.load(Ordering::Relaxed)))
+    }
 }
 
 /// The node's figures, read by `GET /metrics`.
@@ -142,6 +166,20 @@ impl Collector for ClusterCollector {
                 ConstCounter::new(value(p)).encode(family.encode_family(&label(p))?)?;
             }
         }
+        // Only for what this node follows: a served partition's log is its own, and one it
+        // neither serves nor follows has no copy here to lag.
+        let now = mayfly_cluster::SystemClocks.wall_ms();
+        let mut family = encoder.encode_descriptor(
+            "mayfly_cluster_apply_lag_seconds",
+            "For a partition this node follows as a standby: how long ago its copy last held everything the partition's log held",
+            None,
+            ConstGauge::new(0f64).metric_type(),
+        )?;
+        for (p, partition) in m.partitions.iter().enumerate() {
+            if let Some(lag) = partition.apply_lag_ms(now) {
+                ConstGauge::new(lag as f64 / 1_000.0).encode(family.encode_family(&label(p))?)?;
+            }
+        }
         let skew = ConstGauge::new(m.clock_skew_ms.load(Ordering::Relaxed) as f64 / 1_000.0);
         skew.encode(encoder.encode_descriptor(
             "mayfly_cluster_clock_skew_seconds",
@@ -155,6 +193,19 @@ impl Collector for ClusterCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apply_lag_is_the_age_of_the_log_the_copy_last_held_whole() {
+        let m = PartitionMetrics::default();
+        assert_eq!(m.apply_lag_ms(5_000), None, "not followed: no copy to lag");
+        m.caught_up(42, 4_200);
+        assert_eq!(m.apply_lag_ms(5_000), Some(800));
+        assert_eq!(m.applied.load(Ordering::Relaxed), 42);
+        // A clock read before the catch-up began does not go negative.
+        assert_eq!(m.apply_lag_ms(4_000), Some(0));
+        m.following.store(false, Ordering::Relaxed);
+        assert_eq!(m.apply_lag_ms(5_000), None);
+    }
 
     #[test]
     fn skew_is_what_falls_outside_the_exchange() {

@@ -11,6 +11,7 @@
 //! commits the log refused).
 
 use std::{
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -27,6 +28,7 @@ use mayfly_cluster::{
     assign, become_owner, catch_up,
     lease_store::renew_interval,
     publish_queue::{LOG_STREAMS, log_streams},
+    ranked_standbys,
 };
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore, watch},
@@ -40,6 +42,7 @@ use crate::{
     cluster_directory::Directory,
     cluster_keys,
     cluster_metrics::{ClusterMetrics, clock_skew_ms},
+    cluster_report::{self, PartitionCopy},
     engine::{Engine, EngineConfig, LeaseClock, SystemClock, TokenKey},
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
     storage::MemoryStorage,
@@ -58,6 +61,64 @@ pub struct ClusterConfig {
     pub replicas: usize,
     /// Where the other nodes reach this one (`host:port`); `None`: the address it listens on.
     pub advertise: Option<String>,
+    /// How many other nodes keep each partition's copy caught up with its log, ready to take
+    /// it over within a lease when its owner dies (fewer while there are fewer nodes).
+    pub standbys: usize,
+    /// When this node serves TLS, the CA (PEM) that issued the other nodes' certificates: it
+    /// checks them by it when it forwards (`None`: the `--tls-client-ca`, which then must be
+    /// given).
+    pub peer_ca: Option<PathBuf>,
+    /// How the node proves itself to the NATS servers and checks them.
+    pub nats: NatsAuth,
+}
+
+/// How a node proves itself to the NATS servers and checks them (docs/cluster.md, "Security").
+#[derive(Debug, Clone, Default)]
+pub struct NatsAuth {
+    /// NATS credentials: a `.creds` file (a user JWT and its nkey seed, for servers run in
+    /// operator mode) or a file holding a bare user nkey seed (`SU…`, for a server whose
+    /// `authorization` lists the user's public nkey).
+    pub credentials: Option<PathBuf>,
+    /// Connect over TLS only, checking the servers' certificates against this CA (PEM).
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate and its key (PEM), for servers that verify their clients.
+    pub tls_identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl NatsAuth {
+    /// The options to connect with, or why they cannot be made.
+    async fn options(&self) -> Result<async_nats::ConnectOptions, ServeError> {
+        let mut options = match &self.credentials {
+            None => async_nats::ConnectOptions::new(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ServeError::Config(format!("--cluster-creds {}: {e}", path.display()))
+                })?;
+                if text.contains("BEGIN NATS USER JWT") {
+                    async_nats::ConnectOptions::new()
+                        .credentials_file(path)
+                        .await
+                        .map_err(|e| {
+                            ServeError::Config(format!("--cluster-creds {}: {e}", path.display()))
+                        })?
+                } else if text.trim().starts_with("SU") {
+                    async_nats::ConnectOptions::with_nkey(text.trim().to_string())
+                } else {
+                    return Err(ServeError::Config(format!(
+                        "--cluster-creds {}: neither a NATS credentials file (a user JWT and seed) nor a user nkey seed (SU…)",
+                        path.display()
+                    )));
+                }
+            }
+        };
+        if let Some(ca) = &self.tls_ca {
+            options = options.require_tls(true).add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &self.tls_identity {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        Ok(options)
+    }
 }
 
 /// How long joining waits for NATS JetStream to take the cluster's streams and buckets (a
@@ -196,7 +257,11 @@ pub async fn join(
     advertise: &str,
     keys: Option<Option<std::path::PathBuf>>,
 ) -> Result<(Engine, CatalogRoute, Arc<dyn Owners>, ClusterNode), ServeError> {
-    let client = async_nats::connect(config.urls.clone())
+    let client = config
+        .nats
+        .options()
+        .await?
+        .connect(config.urls.clone())
         .await
         .map_err(|e| failed(&format!("connecting to {}", config.urls.join(",")), e))?;
     let js = jetstream::new(client.clone());
@@ -273,12 +338,17 @@ pub async fn join(
         nodes.put(&config.node_id, advertise.to_string().into())
     })
     .await?;
-    let (directory, watching) = Directory::start(config.node_id.clone(), leases.clone(), nodes);
-    tasks.extend(watching);
     let members = patiently("opening the member list", || {
         expiring_bucket(js_join, "mayfly-members", config.replicas, MEMBER_TTL)
     })
     .await?;
+    let (directory, watching) = Directory::start(
+        config.node_id.clone(),
+        leases.clone(),
+        nodes,
+        members.clone(),
+    );
+    tasks.extend(watching);
     patiently("joining the member list", || {
         members.put(&config.node_id, Bytes::new())
     })
@@ -286,7 +356,7 @@ pub async fn join(
     let (leaving_tx, leaving) = watch::channel(false);
     let metrics = Arc::new(ClusterMetrics::new(queues.clone()));
     // Measured before this node contends for anything.
-    if let Some(skew) = sample_clock(&members, &config.node_id).await
+    if let Some(skew) = sample_clock(&members, &config.node_id, Bytes::new()).await
         && !metrics.record_clock_skew(skew)
     {
         metrics.set_clock_ok(false);
@@ -298,7 +368,7 @@ pub async fn join(
     tasks.push(tokio::spawn(heartbeat(
         (members.clone(), leaving.clone()),
         config.node_id.clone(),
-        metrics.clone(),
+        (metrics.clone(), engine.clone()),
     )));
     // Nodes starting together split the partitions: each contends at once for those the
     // assignment over the nodes it sees gives it, and for the rest only once they have gone
@@ -306,15 +376,24 @@ pub async fn join(
     // the members present, and owners hand partitions over to even it out.
     tokio::time::sleep(NODE_SETTLE).await;
     let live = node_ids(&members).await?;
-    let preferred = Arc::new(assign(None, partitions, &live, 0));
+    let preferred = Arc::new(assign(None, partitions, &live, config.standbys));
     let (desired_tx, desired) = watch::channel(preferred.clone());
     let owned = Arc::new(AtomicUsize::new(0));
     let members_store = members.clone();
     tasks.push(tokio::spawn(rebalance(
         (members, leaving.clone()),
         directory.clone(),
-        (config.node_id.clone(), partitions),
+        (config.node_id.clone(), partitions, config.standbys),
         desired_tx,
+    )));
+    let alarms = patiently("opening the alarms bucket", || {
+        bucket(js_join, ALARMS, config.replicas)
+    })
+    .await?;
+    tasks.push(tokio::spawn(watch_alarms(
+        alarms.clone(),
+        engine.clone(),
+        metrics.clone(),
     )));
     let handing_over = Arc::new(Semaphore::new(1));
     let ready = patiently("opening the readiness bucket", || {
@@ -339,6 +418,7 @@ pub async fn join(
             leaving: leaving.clone(),
             owned: owned.clone(),
             metrics: metrics.clone(),
+            alarms: alarms.clone(),
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
@@ -380,7 +460,7 @@ const HEARTBEAT: Duration = Duration::from_secs(2);
 async fn heartbeat(
     (members, leaving): (jetstream::kv::Store, watch::Receiver<bool>),
     node: String,
-    metrics: Arc<ClusterMetrics>,
+    (metrics, engine): (Arc<ClusterMetrics>, Engine),
 ) {
     let mut last_within = metrics.clock_ok();
     loop {
@@ -389,7 +469,8 @@ async fn heartbeat(
             // Left the member list: not back on it.
             return;
         }
-        match sample_clock(&members, &node).await {
+        let report = copies_report(&metrics, &engine);
+        match sample_clock(&members, &node, report.into()).await {
             // Two samples in a row decide: one may be a replica's answer gone stale.
             Some(skew) => {
                 let within = metrics.record_clock_skew(skew);
@@ -414,12 +495,36 @@ async fn heartbeat(
     }
 }
 
+/// What this node's heartbeat says of its copies (see [`crate::cluster_report`]).
+fn copies_report(metrics: &ClusterMetrics, engine: &Engine) -> String {
+    let now = SystemClocks.wall_ms();
+    let copies: Vec<PartitionCopy> = (0..metrics.partitions.len())
+        .filter_map(|p| {
+            let m = &metrics.partitions[p];
+            let partition = p as u32;
+            if m.served.load(Ordering::Relaxed) {
+                Some(PartitionCopy::Serves {
+                    partition,
+                    log_end: engine.log_end(p),
+                })
+            } else {
+                m.apply_lag_ms(now).map(|lag_ms| PartitionCopy::Follows {
+                    partition,
+                    applied: m.applied.load(Ordering::Relaxed),
+                    lag_ms,
+                })
+            }
+        })
+        .collect();
+    cluster_report::encode(&copies)
+}
+
 /// Renews this node's membership and measures its clock by it: this node's wall clock minus
 /// the time the NATS server stamped on the write. `None`: not written, or the entry read back
 /// is not this write (a replica behind).
-async fn sample_clock(members: &jetstream::kv::Store, node: &str) -> Option<i64> {
+async fn sample_clock(members: &jetstream::kv::Store, node: &str, report: Bytes) -> Option<i64> {
     let before = SystemClocks.wall_ms();
-    let revision = match members.put(node, Bytes::new()).await {
+    let revision = match members.put(node, report).await {
         Ok(revision) => revision,
         Err(e) => {
             tracing::warn!(error = %e, "membership not renewed; retrying");
@@ -443,7 +548,7 @@ async fn sample_clock(members: &jetstream::kv::Store, node: &str) -> Option<i64>
 async fn rebalance(
     (members, mut leaving): (jetstream::kv::Store, watch::Receiver<bool>),
     directory: Arc<Directory>,
-    (node, partitions): (String, usize),
+    (node, partitions, standbys): (String, usize, usize),
     desired: watch::Sender<Arc<Assignment>>,
 ) {
     loop {
@@ -469,11 +574,15 @@ async fn rebalance(
             }
         };
         let mut current = Vec::with_capacity(partitions);
+        // Every node computes the same assignment from the same leases and members (a node
+        // hands a partition over only to one that agrees it is to have it), so the standbys
+        // are a function of them too: ranked by rendezvous hashing, they stay put while the
+        // owner and the members do.
         for p in 0..partitions {
             match directory.owner(p as u32).await {
                 Ok(owner) => current.push(Replicas {
+                    standbys: ranked_standbys(p, &owner, &live, standbys),
                     owner,
-                    standbys: Vec::new(),
                 }),
                 Err(e) => {
                     tracing::debug!(partition = p, error = %e, "lease not read");
@@ -491,7 +600,7 @@ async fn rebalance(
             }),
             partitions,
             &live,
-            0,
+            standbys,
         );
         desired.send_if_modified(|d| {
             let changed = **d != next;
@@ -640,6 +749,68 @@ struct Partition {
     /// The partitions this node serves, counted for [`ClusterNode::leave`].
     owned: Arc<AtomicUsize>,
     metrics: Arc<ClusterMetrics>,
+    /// The cluster's alarms: a partition whose log diverged is stopped on every node.
+    alarms: jetstream::kv::Store,
+}
+
+/// The bucket of the cluster's alarms: key `diverged.<partition>`, whose value says where a
+/// node found the partition's log not continuing the history it applied. While it is there no
+/// node serves or takes the partition; an operator clears it (`nats kv del mayfly-alarms
+/// diverged.<partition>`) once the log is restored (docs/cluster.md, "Repair").
+const ALARMS: &str = "mayfly-alarms";
+
+/// Keeps every shard's diverged mark as the alarms bucket has it: a partition whose log one
+/// node found diverged answers `LOG_DIVERGED` on every node.
+async fn watch_alarms(alarms: jetstream::kv::Store, engine: Engine, metrics: Arc<ClusterMetrics>) {
+    loop {
+        match alarms.watch_with_history("diverged.>").await {
+            Ok(mut watch) => {
+                while let Some(entry) = watch.next().await {
+                    let Ok(entry) = entry else { break };
+                    let Some(p) = entry
+                        .key
+                        .strip_prefix("diverged.")
+                        .and_then(|p| p.parse::<usize>().ok())
+                        .filter(|p| *p < metrics.partitions.len())
+                    else {
+                        continue;
+                    };
+                    let why = match entry.operation {
+                        jetstream::kv::Operation::Put => {
+                            Some(String::from_utf8_lossy(&entry.value).to_string())
+                        }
+                        jetstream::kv::Operation::Delete | jetstream::kv::Operation::Purge => None,
+                    };
+                    match &why {
+                        Some(why) => {
+                            tracing::error!(partition = p, why = %why, "the partition's log diverged: it serves nothing until an operator restores the log and clears the alarm")
+                        }
+                        None => tracing::warn!(
+                            partition = p,
+                            "the partition's divergence alarm was cleared"
+                        ),
+                    }
+                    engine.set_diverged(p, why.as_deref());
+                    metrics.partitions[p]
+                        .diverged
+                        .store(why.is_some(), Ordering::Relaxed);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "alarms watch not made"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// What the assignment gives a node of one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// It is to own it: it keeps its copy caught up and says when it is ready for a handover.
+    Owner,
+    /// It keeps its copy caught up, and contends in this rank when the owner's lease lapses.
+    Standby(usize),
+    /// Nothing: it contends only after the standbys had their chance.
+    None,
 }
 
 /// How long a node's word that it is ready to take a partition holds.
@@ -690,10 +861,20 @@ impl Partition {
                 // Leaving: this node takes no partition again.
                 std::future::pending::<()>().await;
             }
-            if !self.metrics.clock_ok() {
+            // Not while its log is known to have diverged (on any node), nor by a clock off.
+            if !self.metrics.clock_ok() || self.engine.diverged(self.p as usize).is_some() {
                 tokio::time::sleep(interval).await;
                 continue;
             }
+            let role = self.role();
+            // On a lapse the first standby, whose copy is caught up, goes first; the rest wait
+            // one more lease, and catch up from the log only if it did not take the partition.
+            watch.set_patience(match role {
+                Role::Owner | Role::Standby(0) => 0,
+                Role::Standby(_) => LeaseTiming::DEFAULT.length_ms,
+                Role::None if self.has_standby() => LeaseTiming::DEFAULT.length_ms,
+                Role::None => 0,
+            });
             match self
                 .leases
                 .try_acquire(self.p, &self.node, &mut watch, &clocks)
@@ -703,19 +884,71 @@ impl Partition {
                 Ok(None) => {}
                 Err(e) => tracing::debug!(partition = self.p, error = %e, "lease not read"),
             }
-            if self.desired_owner().as_deref() == Some(self.node.as_str()) {
+            let metrics = &self.metrics.partitions[self.p as usize];
+            if role == Role::None {
+                metrics.following.store(false, Ordering::Relaxed);
+            } else {
+                let since = clocks.wall_ms();
                 match catch_up(&self.stream, &self.engine, self.p, followed).await {
                     Ok(()) => {
-                        let key = format!("p.{}", self.p);
-                        if let Err(e) = self.ready.put(key, self.node.clone().into()).await {
-                            tracing::debug!(partition = self.p, error = %e, "readiness not said");
+                        metrics.caught_up(followed.chain.last, since);
+                        if role == Role::Owner {
+                            let key = format!("p.{}", self.p);
+                            if let Err(e) = self.ready.put(key, self.node.clone().into()).await {
+                                tracing::debug!(partition = self.p, error = %e, "readiness not said");
+                            }
                         }
                     }
+                    Err(CatchUpError::Diverged(d)) => self.raise_alarm(&d.to_string()).await,
                     Err(e) => tracing::debug!(partition = self.p, error = %e, "not caught up yet"),
                 }
             }
             tokio::time::sleep(interval).await;
         }
+    }
+
+    /// Stops the partition on every node: its log does not continue the history this node
+    /// applied (`why`). Set locally at once, and in the alarms bucket for the others (tried
+    /// until written: a node that cannot say it keeps the partition stopped here meanwhile).
+    async fn raise_alarm(&self, why: &str) {
+        let p = self.p as usize;
+        tracing::error!(
+            partition = p,
+            why,
+            "the partition's log diverged: raising the alarm"
+        );
+        self.engine.set_diverged(p, Some(why));
+        self.metrics.partitions[p]
+            .diverged
+            .store(true, Ordering::Relaxed);
+        let key = format!("diverged.{p}");
+        while let Err(e) = self.alarms.put(&key, why.to_string().into()).await {
+            tracing::warn!(partition = p, error = %e, "the divergence alarm not written yet");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// What the assignment gives this node of the partition.
+    fn role(&self) -> Role {
+        let desired = self.desired.borrow();
+        match desired.partitions.get(self.p as usize) {
+            Some(r) if r.owner == self.node => Role::Owner,
+            Some(r) => r
+                .standbys
+                .iter()
+                .position(|s| *s == self.node)
+                .map_or(Role::None, Role::Standby),
+            None => Role::None,
+        }
+    }
+
+    /// Whether the assignment names a standby for the partition.
+    fn has_standby(&self) -> bool {
+        let desired = self.desired.borrow();
+        desired
+            .partitions
+            .get(self.p as usize)
+            .is_some_and(|r| !r.standbys.is_empty())
     }
 
     /// The node the assignment gives the partition to.
@@ -743,6 +976,8 @@ impl Partition {
         let mut renewing = AbortOnDrop(tokio::spawn(self.renew(held, lost.clone(), stop)));
         let still_held = || !lost.load(Ordering::SeqCst);
         let mut refusals = 0;
+        // How much of the log the takeover replays (a standby's copy is nearly there).
+        let (from, began) = (followed.chain.last, Instant::now());
         loop {
             match become_owner(
                 &self.js,
@@ -759,6 +994,8 @@ impl Partition {
                         epoch = position.epoch,
                         log_end = position.last,
                         handed,
+                        replayed = position.last.saturating_sub(from),
+                        took_ms = began.elapsed().as_millis() as u64,
                         "serving the partition"
                     );
                     let m = &self.metrics.partitions[self.p as usize];
@@ -802,10 +1039,8 @@ impl Partition {
                 Err(e) => {
                     // Unrenewed, the lease lapses and another node takes the partition.
                     tracing::error!(partition = self.p, error = %e, "cannot serve the partition");
-                    if matches!(e, CatchUpError::Diverged(_)) {
-                        self.metrics.partitions[self.p as usize]
-                            .diverged
-                            .store(true, Ordering::Relaxed);
+                    if let CatchUpError::Diverged(d) = &e {
+                        self.raise_alarm(&d.to_string()).await;
                     }
                     renewing.0.abort();
                     self.engine.set_following(self.p as usize, true);
@@ -814,6 +1049,9 @@ impl Partition {
             }
         }
         self.owned.fetch_add(1, Ordering::SeqCst);
+        self.metrics.partitions[self.p as usize]
+            .following
+            .store(false, Ordering::Relaxed);
         let position = loop {
             tokio::select! {
                 // Lost: the renewals stopped serving the partition.

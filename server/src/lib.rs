@@ -11,6 +11,7 @@ mod cluster_directory;
 mod cluster_keys;
 mod cluster_metrics;
 pub mod cluster_node;
+pub mod cluster_report;
 pub mod current_engine;
 /// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test; only
 /// with the `fuzzing` feature (which the tests of this package turn on), never in a server.
@@ -26,7 +27,7 @@ mod server;
 /// the server has always used.
 pub use mayfly_engine::{engine, model, storage};
 
-pub use cluster_node::ClusterConfig;
+pub use cluster_node::{ClusterConfig, NatsAuth};
 pub use current_engine::CurrentEngine;
 pub use net::MAX_MESSAGE_BYTES;
 pub use server::{AuthConfig, Config, Network, RunningServer, ServeError, StorageConfig, serve};

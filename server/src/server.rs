@@ -184,6 +184,7 @@ impl RunningServer {
     /// this returns.
     pub async fn start(config: Config) -> Result<Self, ServeError> {
         config.limits.check().map_err(ServeError::Config)?;
+        let tls_files = config.tls.clone();
         let tls = match config.tls {
             Some(files) => Some(Arc::new(ServerTls::load(files).map_err(ServeError::Tls)?)),
             None => None,
@@ -208,14 +209,23 @@ impl RunningServer {
                     ));
                 }
                 let settings = EngineSettings::from(&config.limits);
+                // A node serving TLS is reached, and reaches the others, over TLS.
+                let peer_tls = match &tls_files {
+                    None => None,
+                    Some(files) => Some(
+                        crate::net::peer_tls(files, cluster.peer_ca.as_deref())
+                            .map_err(ServeError::Config)?,
+                    ),
+                };
+                let scheme = if peer_tls.is_some() { "https" } else { "http" };
                 let advertise = match &cluster.advertise {
-                    Some(address) => format!("http://{address}"),
+                    Some(address) => format!("{scheme}://{address}"),
                     None if local_addr.ip().is_unspecified() => {
                         return Err(ServeError::Config(format!(
                             "cluster mode listening on {local_addr}: give --advertise HOST:PORT, the address the other nodes reach this one at"
                         )));
                     }
-                    None => format!("http://{local_addr}"),
+                    None => format!("{scheme}://{local_addr}"),
                 };
                 let keys = match &config.auth {
                     AuthConfig::Cluster { copy_to } => Some(copy_to.clone()),
@@ -228,8 +238,7 @@ impl RunningServer {
                     keys,
                 )
                 .await?;
-                // Forwarding speaks plaintext gRPC to the other nodes for now.
-                let forwarder = tls.is_none().then(|| Forwarder::new(owners.clone()));
+                let forwarder = Some(Forwarder::new(owners.clone(), peer_tls));
                 let metrics = node.metrics();
                 (
                     engine,

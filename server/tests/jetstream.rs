@@ -36,7 +36,7 @@ use mayfly_server::{
 use std::sync::Arc;
 
 use support::{
-    cluster::{cluster_node, keyed_cluster_node, settled_map},
+    cluster::{cluster_args, cluster_node, keyed_cluster_node, settled_map},
     nats::NatsCluster,
 };
 
@@ -929,8 +929,23 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         map.owners
     );
     assert_eq!(map.owners.iter().filter(|o| o.owner == "b").count(), 2);
+    // Each node follows the other's partitions as their standby (`--standbys 1`), caught up
+    // with the log once the writes stop: the map shows it from the nodes' heartbeats.
+    let map = standbys_caught_up(&on_b.admin).await;
+    for owner in &map.owners {
+        let standby = if owner.owner == "a" { "b" } else { "a" };
+        assert_eq!(owner.standbys.len(), 1, "{owner:?}");
+        assert_eq!(owner.standbys[0].node, standby, "{owner:?}");
+        assert!(owner.standbys[0].applied > 0, "{owner:?}");
+    }
+    for node in &map.nodes {
+        assert!(
+            node.live && node.serves == 2 && node.follows == 2,
+            "{node:?}"
+        );
+    }
 
-    // a dies. b takes its partitions once their leases lapse, rebuilt from their logs.
+    // a dies. b takes its partitions once their leases lapse, from its caught-up copies.
     let killed = Instant::now();
     a.kill9();
     let mut first = None;
@@ -962,6 +977,40 @@ async fn a_killed_nodes_partitions_serve_again_on_another_with_every_acknowledge
         first.expect("read"),
         acked.len()
     );
+}
+
+/// The partition map, once every partition's owner reported its log end and a standby
+/// reported a copy caught up with it (within 45 s: heartbeats come every 2 s).
+async fn standbys_caught_up(
+    admin: &mayfly_proto::v1::client::AdminClient<tonic::transport::Channel>,
+) -> mayfly_proto::v1::PartitionMap {
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        let map = admin
+            .clone()
+            .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+            .await
+            .expect("partition map")
+            .into_inner();
+        // Each owner's heartbeat says it serves what its lease says (its log end is then in
+        // the standbys' `behind`), and each standby is caught up with it.
+        let reported = map
+            .nodes
+            .iter()
+            .all(|n| n.serves as usize == map.owners.iter().filter(|o| o.owner == n.id).count());
+        let caught_up = map.owners.iter().all(|o| {
+            !o.standbys.is_empty() && o.standbys.iter().all(|s| s.behind == 0 && s.applied > 0)
+        });
+        if reported && caught_up {
+            return map;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "standbys never caught up: {:?}",
+            map.owners
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Creates `d/c` document `id` in partition `pk` through `documents`, retrying while the
@@ -1086,6 +1135,399 @@ async fn assert_present(
             serde_json::json!(id)
         );
     }
+}
+
+/// A damaged message on one partition's log, and another partition's last message gone (as a
+/// NATS replica that corrupted or lost data might serve them): the standby following each log
+/// finds it does not continue the history it applied and raises the cluster's alarm; from then
+/// on each partition answers `LOG_DIVERGED` on every node (rather than serve a history that
+/// may have lost an acknowledged write), its owner included, and the partition map says why;
+/// every other partition serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_log_diverged_is_refused_on_every_node_and_the_rest_serve_on() {
+    use tonic_types::StatusExt;
+
+    let (nodes, on_a, on_b, _) = two_nodes().await;
+    let mut written = Vec::new();
+    for i in 0..16 {
+        let (id, pk) = (format!("doc-{i}"), format!("p{i}"));
+        create_through(&on_a.documents, &id, &pk).await;
+        written.push((id, pk));
+    }
+    let map = standbys_caught_up(&on_b.admin).await;
+    // A partition of a's with documents, and one of b's.
+    let victim_of = |node: &str| {
+        map.owners
+            .iter()
+            .find(|o| {
+                o.owner == node
+                    && written
+                        .iter()
+                        .any(|(_, pk)| partition_of(pk) == o.partition as usize)
+            })
+            .unwrap_or_else(|| panic!("{node} owns no partition with documents"))
+            .partition
+    };
+    let (damaged, shortened) = (victim_of("a"), victim_of("b"));
+    let victims = [damaged, shortened];
+    let js = client(&nodes.nats).await;
+    js.publish(publish_queue::subject(damaged), "not a frame".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("acknowledged");
+    let stream = js
+        .get_stream(format!(
+            "MAYFLY_LOG_{}",
+            shortened % publish_queue::LOG_STREAMS
+        ))
+        .await
+        .expect("stream");
+    let last = stream
+        .get_last_raw_message_by_subject(&publish_queue::subject(shortened))
+        .await
+        .expect("the partition's last message");
+    assert!(
+        stream.delete_message(last.sequence).await.expect("delete"),
+        "the last message of partition {shortened} deleted"
+    );
+
+    let read =
+        |documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+         id: &str,
+         pk: &str| {
+            let mut documents = documents.clone();
+            let request = mayfly_proto::v1::ReadDocumentRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                id: id.into(),
+                partition_key: Some(support::clients::string_pk(pk)),
+            };
+            async move { documents.read_document(request).await }
+        };
+    let deadline = Instant::now() + Duration::from_secs(45);
+    for (name, documents) in [("a", &on_a.documents), ("b", &on_b.documents)] {
+        for (id, pk) in &written {
+            loop {
+                let answer = read(documents, id, pk).await;
+                let last = format!("{answer:?}");
+                if !victims.contains(&(partition_of(pk) as u32)) {
+                    // Served on, or moving (a retry finds it).
+                    match answer {
+                        Ok(doc) => {
+                            let body = doc.into_inner().body.expect("a body").into_map();
+                            assert_eq!(body["id"], serde_json::json!(id));
+                            break;
+                        }
+                        Err(s) if s.code() == tonic::Code::Unavailable => {}
+                        Err(s) => panic!("{id} through {name}: {s}"),
+                    }
+                } else {
+                    match answer {
+                        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                            let reason =
+                                s.get_error_details().error_info().map(|i| i.reason.clone());
+                            assert_eq!(reason.as_deref(), Some("LOG_DIVERGED"), "{s:?}");
+                            let partition = partition_of(pk);
+                            assert!(
+                                s.message()
+                                    .contains(&format!("partition {partition}'s log")),
+                                "{}",
+                                s.message()
+                            );
+                            break;
+                        }
+                        // Not raised yet, or not seen yet by this node.
+                        Ok(_) | Err(_) => {}
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{id} (partition {}, the victims {victims:?}) through {name} never answered as expected: {last}",
+                    partition_of(pk)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let map = on_b
+        .admin
+        .clone()
+        .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+        .await
+        .expect("partition map")
+        .into_inner();
+    for o in &map.owners {
+        assert_eq!(
+            o.log_diverged.is_empty(),
+            !victims.contains(&o.partition),
+            "{:?}",
+            map.owners
+        );
+    }
+    let why = &map.owners[shortened as usize].log_diverged;
+    assert!(why.contains("messages were lost"), "{why}");
+}
+
+/// A CA, and a certificate it issued for 127.0.0.1 (no extended key usage: good for a server
+/// and a client alike), written to `dir`: (ca.pem, cert.pem, cert.key).
+fn issue_certificates(dir: &std::path::Path) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "cluster CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA");
+    let key = KeyPair::generate().expect("key");
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .expect("params")
+        .signed_by(&key, &ca)
+        .expect("signed");
+    let mut paths = Vec::new();
+    for (name, text) in [
+        ("ca.pem", ca.pem()),
+        ("cert.pem", cert.pem()),
+        ("cert.key", key.serialize_pem()),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        paths.push(path.to_str().expect("utf-8").to_owned());
+    }
+    (paths[0].clone(), paths[1].clone(), paths[2].clone())
+}
+
+/// Node to NATS over TLS (the servers' certificates checked against the cluster's CA, a client
+/// certificate shown to servers that verify clients) as a NATS user known by its nkey; node to
+/// node over TLS (each node checks the other's certificate when it forwards). A client of b
+/// writes and reads documents of every partition, half of them a's; a node without the
+/// user's credentials is refused by NATS and does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_reach_nats_over_tls_with_credentials_and_each_other_over_tls() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = issue_certificates(dir.path());
+    let user = nkeys::KeyPair::new_user();
+    let seed = dir.path().join("user.nk");
+    std::fs::write(&seed, user.seed().expect("seed")).expect("write the seed");
+    let seed = seed.to_str().expect("utf-8").to_owned();
+    let nats = NatsCluster::start_with(
+        3,
+        &format!(
+            "tls {{ cert_file: {cert:?}, key_file: {key:?}, ca_file: {ca:?}, verify: true }}\n\
+             authorization {{ users: [ {{ nkey: {:?} }} ] }}\n",
+            user.public_key()
+        ),
+    );
+    let secured = |node: &str, creds: bool| {
+        let mut args = cluster_args(&nats, node);
+        args.extend(
+            [
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--cluster-peer-ca",
+                &ca,
+                "--cluster-tls-ca",
+                &ca,
+                "--cluster-tls-cert",
+                &cert,
+                "--cluster-tls-key",
+                &key,
+            ]
+            .map(String::from),
+        );
+        if creds {
+            args.extend(["--cluster-creds".to_owned(), seed.clone()]);
+        }
+        args
+    };
+    let start = |node: &str| {
+        let args = secured(node, true);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        support::Mayfly::start(&dir.path().join(node), &args)
+    };
+    let a = start("a");
+    let b = start("b");
+    let channel = Endpoint::from_shared(format!("https://{}", b.addr))
+        .expect("uri")
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(std::fs::read(&ca).expect("ca")))
+                .identity(tonic::transport::Identity::from_pem(
+                    std::fs::read(&cert).expect("cert"),
+                    std::fs::read(&key).expect("key"),
+                )),
+        )
+        .expect("tls")
+        .connect()
+        .await
+        .expect("connects to b over TLS");
+    let mut on_b = support::clients::clients(channel);
+    support::clients::database_and_collection(&mut on_b).await;
+    let map = settled_map(&on_b.admin, &["a", "b"]).await;
+    assert!(
+        map.nodes.iter().all(|n| n.address.starts_with("https://")),
+        "{:?}",
+        map.nodes
+    );
+    let mut written = Vec::new();
+    for i in 0..12 {
+        let (id, pk) = (format!("tls-{i}"), format!("p{i}"));
+        create_through(&on_b.documents, &id, &pk).await;
+        written.push((id, pk));
+    }
+    let owners: std::collections::BTreeSet<&str> = written
+        .iter()
+        .map(|(_, pk)| map.owners[partition_of(pk)].owner.as_str())
+        .collect();
+    assert!(owners.contains("a"), "some writes went to a: {owners:?}");
+    assert_present(&on_b.documents, &written).await;
+
+    // Without the NATS user's credentials: refused, and the node says why.
+    let args = secured("c", false);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = support::Mayfly::try_start(&dir.path().join("c"), &args)
+        .err()
+        .expect("a node without credentials does not start");
+    assert!(
+        refused.stderr.to_lowercase().contains("authorization"),
+        "{}",
+        refused.stderr
+    );
+    drop((a, b));
+}
+
+/// The message block files (`.blk`) of the log streams in a NATS server's store.
+fn log_blocks(store: &std::path::Path) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &std::path::Path, in_log: bool, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            if path.is_dir() {
+                walk(&path, in_log || name.starts_with("MAYFLY_LOG_"), out);
+            } else if in_log && name.ends_with(".blk") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(store, false, &mut out);
+    out
+}
+
+/// Asks every log stream's Raft leader to step down, so that another replica (perhaps a
+/// damaged one) leads it.
+async fn step_down_log_leaders(js: &Context) {
+    for g in 0..publish_queue::LOG_STREAMS {
+        let subject = format!("STREAM.LEADER.STEPDOWN.MAYFLY_LOG_{g}");
+        let answer: Result<serde_json::Value, _> =
+            js.request(subject, &serde_json::json!({})).await;
+        eprintln!("step down MAYFLY_LOG_{g}: {answer:?}");
+    }
+}
+
+/// Jepsen's finding in NATS 2.12.1 (nats-server #7564): a truncated or bit-flipped `.blk`
+/// file on a minority of servers could lose acknowledged writes. Here one server's log stream
+/// files are truncated to half while it is down, and in a second round another server's get a
+/// bit flipped in each; each is started again under writes, and the log streams' leaders are
+/// made to step down so that a damaged replica may lead. Then a new node b catches every
+/// partition up from the log and takes them all over (a is killed). Every acknowledged write
+/// must read back through b: a history that lost one is never served (`NOT_FOUND` for an
+/// acknowledged write fails the test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_servers_damaged_stream_files_lose_no_acknowledged_write() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use support::clients::{connect, database_and_collection};
+
+    let mut nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = cluster_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let js = client(&nats).await;
+    let mut written = Vec::new();
+    let write = async |phase: &str, written: &mut Vec<(String, String)>| {
+        for i in 0..12 {
+            let (id, pk) = (format!("{phase}-{i}"), format!("p{i}"));
+            create_through(&on_a.documents, &id, &pk).await;
+            written.push((id, pk));
+        }
+    };
+    write("before", &mut written).await;
+    for (round, server) in [("truncated", 2), ("bit-flipped", 1)] {
+        nats.kill9(server);
+        let blocks = log_blocks(&nats.store(server));
+        assert!(
+            !blocks.is_empty(),
+            "no log stream files in server {server}'s store"
+        );
+        for block in &blocks {
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(block)
+                .expect("open a block file");
+            let len = file.metadata().expect("metadata").len();
+            if round == "truncated" {
+                file.set_len(len / 2).expect("truncate");
+            } else if len > 0 {
+                let at = len / 2;
+                let mut byte = [0u8];
+                file.seek(SeekFrom::Start(at)).expect("seek");
+                file.read_exact(&mut byte).expect("read");
+                byte[0] ^= 0x10;
+                file.seek(SeekFrom::Start(at)).expect("seek");
+                file.write_all(&byte).expect("flip a bit");
+            }
+            file.sync_all().expect("sync");
+        }
+        eprintln!("{round}: {} block files of server {server}", blocks.len());
+        nats.restart(server);
+        write(&format!("{round}-restarted"), &mut written).await;
+        step_down_log_leaders(&js).await;
+        write(&format!("{round}-stepped-down"), &mut written).await;
+    }
+    // b catches every partition up from the log as the damaged replicas left it, and takes
+    // them all once a dies.
+    let b = cluster_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    settled_map(&on_b.admin, &["a", "b"]).await;
+    step_down_log_leaders(&js).await;
+    a.kill9();
+    for (id, pk) in &written {
+        let request = mayfly_proto::v1::ReadDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            id: id.clone(),
+            partition_key: Some(support::clients::string_pk(pk)),
+        };
+        let read = when_served(&format!("read {id}"), || {
+            let (mut documents, request) = (on_b.documents.clone(), request.clone());
+            async move {
+                match documents.read_document(request).await {
+                    Ok(doc) => Ok(Ok(doc.into_inner())),
+                    // The partition refuses its history: allowed, never a silent loss.
+                    Err(s) if s.code() == tonic::Code::FailedPrecondition => Ok(Err(s)),
+                    Err(s) => Err(s),
+                }
+            }
+        })
+        .await;
+        match read {
+            Ok(doc) => assert_eq!(
+                doc.body.expect("a body").into_map()["id"],
+                serde_json::json!(id)
+            ),
+            Err(s) => eprintln!("{id}: its partition refuses service: {s}"),
+        }
+    }
+    eprintln!("{} acknowledged writes checked through b", written.len());
 }
 
 /// A NATS power failure: every server killed (SIGKILL; they fsync every write), then started
@@ -1990,6 +2432,9 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
             partitions: 4,
             replicas: 3,
             advertise: None,
+            standbys: 1,
+            peer_ca: None,
+            nats: Default::default(),
         }),
         ..Default::default()
     })

@@ -50,6 +50,9 @@ pub(crate) async fn three_nodes() -> (Cluster, Client) {
                 partitions: PARTITIONS,
                 replicas: 3,
                 advertise: None,
+                standbys: 1,
+                peer_ca: None,
+                nats: Default::default(),
             }),
             ..Config::default()
         })

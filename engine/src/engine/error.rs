@@ -70,6 +70,10 @@ pub enum Error {
     /// partition's owner elsewhere. Nothing was changed; the request may be retried, through
     /// a client that routes it to the owner.
     NotOwner { partition: usize },
+    /// The partition's log does not continue the history the cluster acknowledged (a message
+    /// missing, out of order or damaged): no node serves it until an operator restores the
+    /// log, rather than serve a history that may have lost an acknowledged write.
+    LogDiverged { partition: usize, why: String },
     /// The server began shutting down before the request's work was done; nothing was
     /// changed, and a feed or query resumes from its last continuation on a running server.
     ShuttingDown,
@@ -176,6 +180,10 @@ impl fmt::Display for Error {
             Error::NotOwner { partition } => write!(
                 f,
                 "this node does not serve partition {partition} now (it follows the partition's owner); nothing was changed: retry, through a client that routes to the owner"
+            ),
+            Error::LogDiverged { partition, why } => write!(
+                f,
+                "partition {partition}'s log does not continue the history the cluster acknowledged ({why}); it serves nothing until an operator restores the log and clears the alarm (docs/cluster.md, \"Repair\")"
             ),
             Error::ShuttingDown => f.write_str(
                 "the server is shutting down; retry on a running server (a feed or query resumes from its last continuation)",

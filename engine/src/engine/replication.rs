@@ -60,6 +60,17 @@ impl Engine {
         self.inner.placement
     }
 
+    /// Marks shard `shard`'s partition log as diverged (`Some`: why): it answers every request
+    /// [`Error::LogDiverged`] until the mark is cleared (`None`).
+    pub fn set_diverged(&self, shard: usize, why: Option<&str>) {
+        self.inner.shards[shard].set_diverged(why);
+    }
+
+    /// Why shard `shard`'s partition log is marked diverged, if it is.
+    pub fn diverged(&self, shard: usize) -> Option<String> {
+        self.inner.shards[shard].diverged().map(|w| w.to_string())
+    }
+
     /// The last change log position of shard `shard` (0: none).
     pub fn log_end(&self, shard: usize) -> u64 {
         self.inner.shards[shard].log_tip().seq

@@ -4,7 +4,7 @@ use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, tim
 
 use clap::{Parser, ValueEnum};
 use mayfly_server::{
-    AuthConfig, ClusterConfig, Config, RunningServer, StorageConfig,
+    AuthConfig, ClusterConfig, Config, NatsAuth, RunningServer, StorageConfig,
     auth::MIN_GIVEN_KEY_CHARS,
     engine::IdempotencyConfig,
     net::{Limits, TlsFiles},
@@ -82,6 +82,27 @@ struct Args {
     /// Replicas of the cluster's streams on the NATS servers: 3, or 1 for a single server.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=5))]
     cluster_replicas: u8,
+    /// Standbys per partition: other nodes that keep its copy caught up with its log and take
+    /// it over within a lease when its owner dies (0: a new owner replays the log instead).
+    #[arg(long, default_value_t = 1, requires = "cluster")]
+    standbys: u8,
+    /// With --tls-cert in cluster mode: the CA (PEM) that issued the other nodes' certificates,
+    /// which this node checks when it forwards to them [default: --tls-client-ca].
+    #[arg(long, requires = "cluster")]
+    cluster_peer_ca: Option<PathBuf>,
+    /// NATS credentials: a `.creds` file (user JWT and seed, for NATS in operator mode) or a
+    /// file holding a user nkey seed (`SU…`, for a NATS `authorization` listing its public key).
+    #[arg(long, requires = "cluster")]
+    cluster_creds: Option<PathBuf>,
+    /// Connect to NATS over TLS only, checking the servers' certificates against this CA (PEM).
+    #[arg(long, requires = "cluster")]
+    cluster_tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for NATS servers that verify their clients.
+    #[arg(long, requires_all = ["cluster", "cluster_tls_key"])]
+    cluster_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --cluster-tls-cert.
+    #[arg(long, requires = "cluster_tls_cert")]
+    cluster_tls_key: Option<PathBuf>,
     /// Serve every caller without a key. Without keys a server listens on loopback only,
     /// unless this is given.
     #[arg(long, conflicts_with_all = ["primary_key", "secondary_key", "primary_readonly_key", "secondary_readonly_key"])]
@@ -234,6 +255,16 @@ impl Args {
             partitions: usize::from(self.partitions),
             replicas: usize::from(self.cluster_replicas),
             advertise: self.advertise.clone(),
+            standbys: usize::from(self.standbys),
+            peer_ca: self.cluster_peer_ca.clone(),
+            nats: NatsAuth {
+                credentials: self.cluster_creds.clone(),
+                tls_ca: self.cluster_tls_ca.clone(),
+                tls_identity: self
+                    .cluster_tls_cert
+                    .clone()
+                    .zip(self.cluster_tls_key.clone()),
+            },
         }))
     }
 

@@ -3,7 +3,7 @@
 use mayfly_proto::v1::{
     ClusterNode, CreateResourceTokenRequest, GetPartitionMapRequest, KeyKind, PartitionMap,
     PartitionOwner, RegenerateKeyRequest, RegenerateKeyResponse,
-    ResourceToken as ResourceTokenProto, TokenPermission, server,
+    ResourceToken as ResourceTokenProto, Standby, TokenPermission, server,
 };
 use tonic::{Request, Response, Status};
 
@@ -15,6 +15,7 @@ use crate::{
         Action, Authenticator, DEFAULT_TOKEN_SECS, Denied, KeyAdminError, KeySlot, MAX_TOKEN_SECS,
         NoResources, Principal, ResourceToken, Target, bearer,
     },
+    cluster_report::PartitionCopy,
     current_engine::CurrentEngine,
     engine::InvalidInput,
 };
@@ -202,27 +203,32 @@ impl server::Admin for AdminService {
             crate::engine::Placement::Xxh3 => "xxh3-64",
             crate::engine::Placement::Format1 => "format-1",
         };
-        let (node, nodes, leases) = match &self.cluster {
+        let (node, nodes, leases, members) = match &self.cluster {
             Some(cluster) => (
                 cluster.node().to_string(),
                 cluster.nodes().await?,
                 cluster.leases(partitions).await?,
+                cluster.members().await?,
             ),
             None => (
                 "local".to_string(),
                 Vec::new(),
                 vec![("local".to_string(), 0); partitions as usize],
+                Vec::new(),
             ),
         };
+        let status = ClusterStatus::of(partitions, &members);
         let owners = leases
             .into_iter()
             .enumerate()
             .map(|(p, (owner, epoch))| PartitionOwner {
                 partition: p as u32,
+                standbys: status.standbys(p, &owner),
                 owner,
                 epoch,
                 log_end: engine.log_end(p),
                 served_here: engine.serves(p),
+                log_diverged: engine.diverged(p).unwrap_or_default(),
             })
             .collect();
         Ok(Response::new(PartitionMap {
@@ -231,9 +237,74 @@ impl server::Admin for AdminService {
             placement: placement.to_string(),
             nodes: nodes
                 .into_iter()
-                .map(|(id, address)| ClusterNode { id, address })
+                .map(|(id, address)| status.node(id, address))
                 .collect(),
             owners,
         }))
+    }
+}
+
+/// What the members' last heartbeats say of the partitions' copies
+/// ([`crate::cluster_report`]).
+struct ClusterStatus<'a> {
+    members: &'a [(String, Vec<PartitionCopy>)],
+    /// By partition: where its log ends, as the node serving it last reported.
+    log_ends: Vec<Option<(&'a str, u64)>>,
+}
+
+impl<'a> ClusterStatus<'a> {
+    fn of(partitions: u32, members: &'a [(String, Vec<PartitionCopy>)]) -> Self {
+        let mut log_ends = vec![None; partitions as usize];
+        for (node, copies) in members {
+            for copy in copies {
+                if let PartitionCopy::Serves { partition, log_end } = *copy
+                    && let Some(end) = log_ends.get_mut(partition as usize)
+                {
+                    *end = Some((node.as_str(), log_end));
+                }
+            }
+        }
+        ClusterStatus { members, log_ends }
+    }
+
+    /// A node of the directory, with what its last heartbeat said.
+    fn node(&self, id: String, address: String) -> ClusterNode {
+        let member = self.members.iter().find(|(m, _)| *m == id);
+        let copies = member.map_or(&[][..], |(_, c)| c.as_slice());
+        let serves = copies
+            .iter()
+            .filter(|c| matches!(c, PartitionCopy::Serves { .. }))
+            .count();
+        ClusterNode {
+            id,
+            address,
+            live: member.is_some(),
+            serves: serves as u32,
+            follows: (copies.len() - serves) as u32,
+        }
+    }
+
+    /// The nodes following partition `p` (other than its owner), in id order.
+    fn standbys(&self, p: usize, owner: &str) -> Vec<Standby> {
+        let end = self.log_ends[p].filter(|(node, _)| *node == owner);
+        self.members
+            .iter()
+            .filter(|(node, _)| node != owner)
+            .filter_map(|(node, copies)| {
+                copies.iter().find_map(|c| match *c {
+                    PartitionCopy::Follows {
+                        partition,
+                        applied,
+                        lag_ms,
+                    } if partition as usize == p => Some(Standby {
+                        node: node.clone(),
+                        applied,
+                        behind: end.map_or(0, |(_, end)| end.saturating_sub(applied)),
+                        lag_ms,
+                    }),
+                    _ => None,
+                })
+            })
+            .collect()
     }
 }

@@ -14,10 +14,11 @@ use parking_lot::Mutex;
 use tonic::{
     Request, Response, Status,
     metadata::{MetadataMap, MetadataValue},
-    transport::{Channel, Endpoint},
+    transport::{Channel, ClientTlsConfig, Endpoint},
 };
 
 use super::DocumentsService;
+use crate::cluster_report::PartitionCopy;
 
 /// Metadata naming the node that forwarded a request.
 pub const FORWARDED: &str = "mayfly-forwarded";
@@ -49,6 +50,10 @@ pub trait Owners: Send + Sync + std::fmt::Debug {
     /// Each of `partitions` partitions' lease: (owner, epoch); an empty owner for none.
     async fn leases(&self, partitions: u32) -> Result<Vec<(String, u64)>, Status>;
 
+    /// The nodes in the member list (live), each with its copies as its last heartbeat
+    /// reported them, in id order.
+    async fn members(&self) -> Result<Vec<(String, Vec<PartitionCopy>)>, Status>;
+
     /// The node a request for `partition` was forwarded to does not own it: what this node
     /// believed of it is out of date.
     fn stale(&self, _partition: u32) {}
@@ -60,13 +65,17 @@ pub struct Forwarder {
     owners: Arc<dyn Owners>,
     /// One connection per node address.
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// TLS to the other nodes (`https://` addresses), when this node serves TLS.
+    tls: Option<ClientTlsConfig>,
 }
 
 impl Forwarder {
-    pub fn new(owners: Arc<dyn Owners>) -> Self {
+    /// Forwards to the owners `owners` names, over TLS checked by `tls` if given.
+    pub fn new(owners: Arc<dyn Owners>, tls: Option<ClientTlsConfig>) -> Self {
         Forwarder {
             owners,
             channels: Arc::default(),
+            tls,
         }
     }
 
@@ -78,8 +87,14 @@ impl Forwarder {
         // A paused or unreachable owner fails the call in bounded time (the caller's deadline
         // travels with it too, as `grpc-timeout`): the client retries, and finds the new
         // owner once the lease has moved.
-        let channel = Endpoint::from_shared(address.to_string())
-            .map_err(|e| Status::internal(format!("node address {address}: {e}")))?
+        let mut endpoint = Endpoint::from_shared(address.to_string())
+            .map_err(|e| Status::internal(format!("node address {address}: {e}")))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| Status::internal(format!("TLS to node {address}: {e}")))?;
+        }
+        let channel = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(FORWARD_TIMEOUT)
             .connect_lazy();

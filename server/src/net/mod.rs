@@ -22,4 +22,5 @@ pub use limits::{Limits, MAX_MESSAGE_BYTES};
 pub(crate) use listener::incoming;
 pub(crate) use request_limits::{HTTP2_HOLDS, OPEN_MESSAGE_BYTES, RequestLimitsLayer};
 pub(crate) use serve::serve;
+pub(crate) use tls::peer_tls;
 pub use tls::{ServerTls, TlsError, TlsFiles};

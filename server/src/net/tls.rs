@@ -140,6 +140,28 @@ fn certificates(file: &PathBuf) -> Result<Vec<CertificateDer<'static>>, TlsError
     Ok(certs)
 }
 
+/// How a node serving TLS with `files` checks the other nodes when it forwards to them: by
+/// `peer_ca` (else its `--tls-client-ca`), presenting its own certificate where the nodes ask
+/// clients for one.
+pub(crate) fn peer_tls(
+    files: &TlsFiles,
+    peer_ca: Option<&std::path::Path>,
+) -> Result<tonic::transport::ClientTlsConfig, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let ca = peer_ca.or(files.client_ca.as_deref()).ok_or(
+        "a cluster node serving TLS forwards to the other nodes over TLS: give --cluster-peer-ca, the CA (PEM) that issued their certificates",
+    )?;
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+    if files.client_ca.is_some() {
+        // The other nodes ask clients for a certificate: this node shows its own.
+        config = config.identity(Identity::from_pem(read(&files.cert)?, read(&files.key)?));
+    }
+    Ok(config)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ pub(crate) fn keyed_cluster_node(
     super::Mayfly::start_with_keys(&dir.join(node), &args)
 }
 
-fn cluster_args(nats: &NatsCluster, node: &str) -> Vec<String> {
+pub(crate) fn cluster_args(nats: &NatsCluster, node: &str) -> Vec<String> {
     let urls = nats.urls().join(",");
     [
         "--storage",

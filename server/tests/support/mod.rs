@@ -43,11 +43,16 @@ impl Mayfly {
     /// Starts `mayfly`, or reports how it exited (with its stderr).
     pub(crate) fn try_start(data_dir: &Path, extra: &[&str]) -> Result<Self, Failed> {
         let mut server = Self::spawn(data_dir, extra, Stdio::piped())?;
-        // Drain stderr so the server never blocks on a full pipe.
+        // Drain stderr so the server never blocks on a full pipe (shown with
+        // MAYFLY_TEST_STDERR=1, to debug a test).
         if let Some(mut err) = server.child.stderr.take() {
             std::thread::spawn(move || {
-                let mut sink = Vec::new();
-                let _ = err.read_to_end(&mut sink);
+                if std::env::var_os("MAYFLY_TEST_STDERR").is_some() {
+                    let _ = std::io::copy(&mut err, &mut std::io::stderr());
+                } else {
+                    let mut sink = Vec::new();
+                    let _ = err.read_to_end(&mut sink);
+                }
             });
         }
         Ok(server)

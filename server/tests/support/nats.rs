@@ -46,6 +46,8 @@ pub(crate) struct NatsCluster {
     dir: tempfile::TempDir,
     binary: PathBuf,
     routes: Vec<String>,
+    /// Added to every server's configuration (TLS, authorization).
+    extra: String,
     /// One cluster at a time per test process: three fsyncing servers electing Raft leaders,
     /// and the nodes on them, are what these tests time; a dozen at once on two cores made
     /// elections and takeovers take longer than the tests' bounds.
@@ -59,19 +61,25 @@ impl NatsCluster {
     /// every server's configuration before it starts (a JetStream cluster refuses to start
     /// without routes), so they are ports the OS just handed out and freed.
     pub(crate) fn start(n: usize) -> Self {
+        Self::start_with(n, "")
+    }
+
+    /// [`NatsCluster::start`], with `extra` added to each server's configuration.
+    pub(crate) fn start_with(n: usize, extra: &str) -> Self {
         // A test that failed while holding it leaves nothing behind to protect.
         let one_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().expect("temp dir");
         let binary = nats_server();
         let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
         let servers = (0..n)
-            .map(|i| start_server(&binary, dir.path(), (i, "127.0.0.1:-1"), &routes))
+            .map(|i| start_server(&binary, dir.path(), (i, "127.0.0.1:-1"), &routes, extra))
             .collect();
         NatsCluster {
             servers,
             dir,
             binary,
             routes,
+            extra: extra.to_owned(),
             _one_at_a_time: one_at_a_time,
         }
     }
@@ -87,7 +95,18 @@ impl NatsCluster {
     pub(crate) fn restart(&mut self, i: usize) {
         let port = self.servers[i].url.rsplit(':').next().map(str::to_string);
         let listen = format!("127.0.0.1:{}", port.as_deref().unwrap_or("-1"));
-        self.servers[i] = start_server(&self.binary, self.dir.path(), (i, &listen), &self.routes);
+        self.servers[i] = start_server(
+            &self.binary,
+            self.dir.path(),
+            (i, &listen),
+            &self.routes,
+            &self.extra,
+        );
+    }
+
+    /// Where server `i` keeps its JetStream files.
+    pub(crate) fn store(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("n{i}"))
     }
 
     /// Every server's client URL.
@@ -108,6 +127,7 @@ fn start_server(
     dir: &Path,
     (i, listen): (usize, &str),
     routes: &[String],
+    extra: &str,
 ) -> NatsServer {
     let store = dir.join(format!("n{i}"));
     let route_urls: Vec<String> = routes
@@ -118,7 +138,7 @@ fn start_server(
         // A commit (a transactional batch of up to 8 MiB) travels in one message.
         "server_name: n{i}\nlisten: {listen}\nmax_payload: 16MB\n\
          jetstream {{ store_dir: {store:?}, sync_interval: always }}\n\
-         cluster {{ name: mayfly-test, listen: {}, routes: [{}] }}\n",
+         cluster {{ name: mayfly-test, listen: {}, routes: [{}] }}\n{extra}\n",
         routes[i],
         route_urls.join(", ")
     );

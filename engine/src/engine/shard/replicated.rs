@@ -67,9 +67,26 @@ impl Shard {
         self.lock().advance_to(floor);
     }
 
-    /// Why this shard answers no client now, if it does not: it follows an owner elsewhere, or
-    /// its lease has ended. Read under the lock, in the hold that answers.
+    /// Marks this shard's partition log as diverged (`Some`: why), or clears the mark.
+    pub(crate) fn set_diverged(&self, why: Option<&str>) {
+        self.lock().diverged = why.map(std::sync::Arc::from);
+    }
+
+    /// Why its partition's log is marked diverged, if it is.
+    pub(crate) fn diverged(&self) -> Option<std::sync::Arc<str>> {
+        self.lock().diverged.clone()
+    }
+
+    /// Why this shard answers no client now, if it does not: its partition's log diverged, it
+    /// follows an owner elsewhere, or its lease has ended. Read under the lock, in the hold
+    /// that answers.
     pub(super) fn not_serving(&self, st: &ShardState) -> Option<Error> {
+        if let Some(why) = &st.diverged {
+            return Some(Error::LogDiverged {
+                partition: self.index,
+                why: why.to_string(),
+            });
+        }
         let lapsed = match (st.serve_until, &self.lease_clock) {
             (None, _) => false,
             (Some(until), Some(clock)) => clock.now_ms() >= until,

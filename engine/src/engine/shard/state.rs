@@ -32,6 +32,9 @@ pub(crate) struct ShardState {
     /// It follows an owner elsewhere (cluster mode): its purge does not run, and nothing is
     /// decided by its clock (see `replicated.rs`).
     pub(super) following: bool,
+    /// Its partition's log does not continue the history the cluster acknowledged (cluster
+    /// mode): why. It serves nothing until an operator acts (docs/cluster.md, "Repair").
+    pub(super) diverged: Option<std::sync::Arc<str>>,
     /// Its partition lease ends at this reading of the engine's lease clock (cluster mode);
     /// `None`: no lease bounds it.
     pub(super) serve_until: Option<u64>,
@@ -221,6 +224,7 @@ impl ShardState {
             last_now: now,
             log_seq: 0,
             following: false,
+            diverged: None,
             serve_until: None,
             time_cap: None,
             log_lsn: Lsn::ZERO,
