@@ -554,7 +554,11 @@ impl<'a> IntoFuture for Batch<'a> {
             let client = &collection.client;
             let response = client
                 .call(call, || {
-                    let mut documents = client.documents.clone();
+                    let mut documents = client.documents_for(
+                        &request.database,
+                        &request.collection,
+                        request.partition_key.as_ref(),
+                    );
                     let request = request.clone();
                     async move { documents.execute_batch(request).await }
                 })

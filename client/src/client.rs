@@ -10,22 +10,24 @@ use tonic::{
     Status,
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
-    transport::{Channel, Endpoint},
+    transport::{Channel, ClientTlsConfig, Endpoint},
 };
 
 use crate::{
+    PartitionKey,
     collection::{
         Collection, CollectionInfo, IndexingMode, IndexingPaths, MustLiveRule, wire_retention,
     },
     error::{Error, ErrorDetails, Reason},
     retry::RetryPolicy,
+    routing::{Connector, Router},
     tls::Tls,
     ttl::DefaultTtl,
 };
 
 /// Largest message accepted from the server: a 2 MiB JSON document takes several times that
 /// as a protobuf Struct.
-const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
@@ -39,6 +41,8 @@ pub struct Client {
     pub(crate) collections: CollectionsClient<Transport>,
     pub(crate) documents: DocumentsClient<Transport>,
     settings: Arc<Settings>,
+    /// In a cluster: sends requests that name their partition to its owner.
+    router: Option<Router>,
 }
 
 /// What every request of a client shares.
@@ -85,6 +89,7 @@ pub struct ClientBuilder {
     request_timeout: Option<Duration>,
     keep_alive: Option<(Duration, Duration)>,
     retry: RetryPolicy,
+    route_to_owners: bool,
 }
 
 impl std::fmt::Debug for ClientBuilder {
@@ -101,6 +106,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("request_timeout", &self.request_timeout)
             .field("keep_alive", &self.keep_alive)
             .field("retry", &self.retry)
+            .field("route_to_owners", &self.route_to_owners)
             .finish()
     }
 }
@@ -348,6 +354,22 @@ impl ClientBuilder {
         self
     }
 
+    /// In a cluster, whether requests that name their partition key (reads, replaces, deletes,
+    /// patches, batches, and writes given a key) go straight to the node that owns the
+    /// partition, by the partition map the client fetches from its server in the background
+    /// (and again every 10 s, or after a request fails as one to a moved partition would). On
+    /// by default; off, every request goes to the address given, which forwards it (one more
+    /// hop). A single server is unaffected either way. Turn it off where the nodes' advertised
+    /// addresses cannot be reached from the client (behind a load balancer, say).
+    ///
+    /// ```
+    /// let builder = mayfly_client::Client::builder("127.0.0.1:7070").route_to_owners(false);
+    /// ```
+    pub fn route_to_owners(mut self, route: bool) -> Self {
+        self.route_to_owners = route;
+        self
+    }
+
     /// Connects, failing with [`Error::Connect`] (naming the address and the cause) if the
     /// server cannot be reached within the connect timeout.
     ///
@@ -360,7 +382,7 @@ impl ClientBuilder {
     /// ```
     pub async fn connect(self) -> Result<Client, Error> {
         let limit = self.connect_timeout;
-        let (endpoint, credentials, settings) = self.prepare()?;
+        let (endpoint, credentials, settings, connector) = self.prepare()?;
         // The endpoint's own timeout covers the TCP connect only; this one the TLS and HTTP/2
         // handshakes too (a server that accepts and never answers a ClientHello).
         let channel = match tokio::time::timeout(limit, endpoint.connect()).await {
@@ -373,7 +395,12 @@ impl ClientBuilder {
                 return Err(Error::connect(&settings.address, &cause));
             }
         };
-        Ok(Client::with_credentials(channel, credentials, settings))
+        Ok(Client::with_credentials(
+            channel,
+            credentials,
+            settings,
+            connector,
+        ))
     }
 
     /// A client that connects on its first request (and again after the connection drops),
@@ -388,15 +415,18 @@ impl ClientBuilder {
     /// # Ok(()) }
     /// ```
     pub fn connect_lazy(self) -> Result<Client, Error> {
-        let (endpoint, credentials, settings) = self.prepare()?;
+        let (endpoint, credentials, settings, connector) = self.prepare()?;
         Ok(Client::with_credentials(
             endpoint.connect_lazy(),
             credentials,
             settings,
+            connector,
         ))
     }
 
-    fn prepare(self) -> Result<(Endpoint, Credentials, Settings), Error> {
+    /// The endpoint, credentials and settings, and (when routing) how to reach other nodes
+    /// the same way.
+    fn prepare(self) -> Result<(Endpoint, Credentials, Settings, Option<Nodes>), Error> {
         let address = self.address.as_str();
         let uri = match (address.split_once("://"), &self.tls) {
             (None, None) => format!("http://{address}"),
@@ -432,27 +462,21 @@ impl ClientBuilder {
         };
         // An address that does not parse (a port above 65535, say) cannot be connected to:
         // reported like any other connect failure, with the address and why.
-        let mut endpoint = Endpoint::from_shared(uri)
-            .map_err(|e| {
+        let options = EndpointOptions {
+            tls: self.tls.as_ref().map(Tls::config),
+            connect_timeout: self.connect_timeout,
+            keep_alive: self.keep_alive,
+        };
+        let endpoint = options.endpoint(uri).map_err(|e| match e {
+            EndpointError::Address(e) => {
                 let cause = io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!("not a valid server address: {e}"),
                 );
                 Error::connect(address, &cause)
-            })?
-            .tcp_nodelay(true)
-            .connect_timeout(self.connect_timeout);
-        if let Some((interval, timeout)) = self.keep_alive {
-            endpoint = endpoint
-                .http2_keep_alive_interval(interval)
-                .keep_alive_timeout(timeout)
-                .keep_alive_while_idle(true);
-        }
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint
-                .tls_config(tls.config())
-                .map_err(|e| Error::invalid(format!("TLS settings: {}", with_sources(&e)), None))?;
-        }
+            }
+            EndpointError::Tls(e) => Error::invalid(format!("TLS settings: {e}"), None),
+        })?;
         let credentials = match self.credential {
             None => Credentials(None),
             Some(credential) => {
@@ -470,7 +494,56 @@ impl ClientBuilder {
             request_timeout: self.request_timeout,
             retry: self.retry,
         };
-        Ok((endpoint, credentials, settings))
+        let nodes = self.route_to_owners.then(|| {
+            let tls = options.tls.is_some();
+            let connector: Connector = Arc::new(move |address: &str| {
+                options
+                    .endpoint(address.to_owned())
+                    .ok()
+                    .map(|e| e.connect_lazy())
+            });
+            Nodes { connector, tls }
+        });
+        Ok((endpoint, credentials, settings, nodes))
+    }
+}
+
+/// How the client reaches the cluster's other nodes, when it routes to them.
+struct Nodes {
+    connector: Connector,
+    tls: bool,
+}
+
+/// What every connection of a client is made with.
+struct EndpointOptions {
+    tls: Option<ClientTlsConfig>,
+    connect_timeout: Duration,
+    keep_alive: Option<(Duration, Duration)>,
+}
+
+enum EndpointError {
+    Address(String),
+    Tls(String),
+}
+
+impl EndpointOptions {
+    fn endpoint(&self, uri: String) -> Result<Endpoint, EndpointError> {
+        let mut endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| EndpointError::Address(e.to_string()))?
+            .tcp_nodelay(true)
+            .connect_timeout(self.connect_timeout);
+        if let Some((interval, timeout)) = self.keep_alive {
+            endpoint = endpoint
+                .http2_keep_alive_interval(interval)
+                .keep_alive_timeout(timeout)
+                .keep_alive_while_idle(true);
+        }
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| EndpointError::Tls(with_sources(&e)))?;
+        }
+        Ok(endpoint)
     }
 }
 
@@ -546,6 +619,16 @@ impl Client {
                 },
                 None => send().await.map_err(|s| self.error(s)),
             };
+            if let (Err(e), Some(router)) = (&outcome, &self.router)
+                && matches!(
+                    e,
+                    Error::Unavailable(_) | Error::Connect { .. } | Error::Timeout(_)
+                )
+            {
+                // Perhaps sent to a node that lost the partition, or died: the map is
+                // fetched again before requests are routed by it.
+                router.suspect();
+            }
             match outcome {
                 Ok(response) => return Ok(response),
                 Err(e) if settings.retry.may_retry(call, &e, attempt) => {
@@ -555,6 +638,25 @@ impl Client {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Where to send a request for `partition_key`'s partition of `database`/`collection`: its
+    /// owner, when the client routes and knows it, else the client's server (a request without
+    /// a partition key, the server's to find from the body, goes there too).
+    pub(crate) fn documents_for(
+        &self,
+        database: &str,
+        collection: &str,
+        partition_key: Option<&mayfly_proto::v1::PartitionKey>,
+    ) -> DocumentsClient<Transport> {
+        self.router
+            .as_ref()
+            .zip(partition_key)
+            .and_then(|(router, pk)| {
+                let pk = PartitionKey::from_proto(Some(pk.clone()));
+                router.documents_for(database, collection, &pk)
+            })
+            .unwrap_or_else(|| self.documents.clone())
     }
 
     /// A status from this client's server as an [`Error`].
@@ -608,11 +710,26 @@ impl Client {
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             keep_alive: Some((DEFAULT_KEEP_ALIVE_INTERVAL, DEFAULT_KEEP_ALIVE_TIMEOUT)),
             retry: RetryPolicy::default(),
+            route_to_owners: true,
         }
     }
 
-    fn with_credentials(channel: Channel, credentials: Credentials, settings: Settings) -> Self {
+    fn with_credentials(
+        channel: Channel,
+        credentials: Credentials,
+        settings: Settings,
+        nodes: Option<Nodes>,
+    ) -> Self {
+        let router = nodes.map(|nodes| {
+            Router::new(
+                channel.clone(),
+                credentials.clone(),
+                nodes.connector,
+                nodes.tls,
+            )
+        });
         Client {
+            router,
             settings: Arc::new(settings),
             databases: DatabasesClient::with_interceptor(channel.clone(), credentials.clone()),
             collections: CollectionsClient::with_interceptor(channel.clone(), credentials.clone()),

@@ -570,7 +570,11 @@ impl Collection {
         let read = self
             .client
             .call(Call::Idempotent, || {
-                let mut documents = self.client.documents.clone();
+                let mut documents = self.client.documents_for(
+                    &request.database,
+                    &request.collection,
+                    request.partition_key.as_ref(),
+                );
                 let request = request.clone();
                 async move { documents.read_document(request).await }
             })

@@ -142,6 +142,7 @@ mod patch;
 mod query;
 mod requests;
 mod retry;
+mod routing;
 mod tls;
 mod ttl;
 

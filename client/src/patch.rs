@@ -631,7 +631,11 @@ impl<'a> IntoFuture for Patch<'a> {
             let client = &collection.client;
             let answer = client
                 .call_response(Call::Once.keyed(&idempotency_key), || {
-                    let mut documents = client.documents.clone();
+                    let mut documents = client.documents_for(
+                        &request.database,
+                        &request.collection,
+                        request.partition_key.as_ref(),
+                    );
                     let request = request.clone();
                     async move { documents.patch_document(request).await }
                 })

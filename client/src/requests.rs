@@ -172,7 +172,11 @@ impl<'a> IntoFuture for CreateDocument<'a> {
             let client = &collection.client;
             let document = client
                 .call(Call::Write.keyed(&idempotency_key), || {
-                    let mut documents = client.documents.clone();
+                    let mut documents = client.documents_for(
+                        &request.database,
+                        &request.collection,
+                        request.partition_key.as_ref(),
+                    );
                     let request = request.clone();
                     async move { documents.create_document(request).await }
                 })
@@ -303,7 +307,11 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
             let client = &collection.client;
             let v1::UpsertDocumentResponse { document, outcome } = client
                 .call(Call::Write.keyed(&idempotency_key), || {
-                    let mut documents = client.documents.clone();
+                    let mut documents = client.documents_for(
+                        &request.database,
+                        &request.collection,
+                        request.partition_key.as_ref(),
+                    );
                     let request = request.clone();
                     async move { documents.upsert_document(request).await }
                 })
@@ -494,7 +502,11 @@ pub(crate) async fn send_replace(
     let client = &collection.client;
     let written = client
         .call(call, || {
-            let mut documents = client.documents.clone();
+            let mut documents = client.documents_for(
+                &request.database,
+                &request.collection,
+                request.partition_key.as_ref(),
+            );
             let request = request.clone();
             async move { documents.replace_document(request).await }
         })
@@ -582,7 +594,11 @@ impl<'a> IntoFuture for TouchDocument<'a> {
             let client = &collection.client;
             let touched = client
                 .call(call, || {
-                    let mut documents = client.documents.clone();
+                    let mut documents = client.documents_for(
+                        &request.database,
+                        &request.collection,
+                        request.partition_key.as_ref(),
+                    );
                     let request = request.clone();
                     async move { documents.touch_document(request).await }
                 })
@@ -671,7 +687,11 @@ impl<'a> IntoFuture for DeleteDocument<'a> {
             let client = &collection.client;
             let deleted = client
                 .call(call, || {
-                    let mut documents = client.documents.clone();
+                    let mut documents = client.documents_for(
+                        &request.database,
+                        &request.collection,
+                        request.partition_key.as_ref(),
+                    );
                     let request = request.clone();
                     async move { documents.delete_document(request).await }
                 })

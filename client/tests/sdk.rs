@@ -31,7 +31,7 @@ mod cluster;
 /// deleted before it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
-    let (_cluster, client) = cluster::three_nodes().await;
+    let (mut cluster, client) = cluster::three_nodes().await;
     cluster::delete_every_database(&client).await;
     every_server_error_carries_its_reason_on(&client).await;
     cluster::delete_every_database(&client).await;
@@ -54,6 +54,79 @@ async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
     a_batch_whose_57th_of_100_operations_fails_changes_nothing_on(&client).await;
     cluster::delete_every_database(&client).await;
     batch_and_patch_mistakes_are_refused_naming_the_rule_on(&client).await;
+    cluster::delete_every_database(&client).await;
+    the_client_routes_to_each_partitions_owner(&mut cluster, &client).await;
+}
+
+/// The client sends each request that names its partition key to the partition's owner, by
+/// the map it fetched: with the node it was given stopped, it still reads, patches and writes
+/// in batches the partitions the other nodes own, while a client that does not route (the
+/// same requests through the stopped node) cannot.
+async fn the_client_routes_to_each_partitions_owner(
+    cluster: &mut cluster::Cluster,
+    client: &Client,
+) {
+    let docs = collection(client, DefaultTtl::Off).await;
+    let keys: Vec<String> = (0..24).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        docs.create(&json!({"id": k, "pk": k, "n": 0}))
+            .await
+            .expect("create");
+    }
+    let plain = Client::builder(&cluster.addr)
+        .route_to_owners(false)
+        .retry(mayfly_client::RetryPolicy::none())
+        .connect()
+        .await
+        .expect("connects");
+    // The map, as the client fetches it in the background after its first routed request.
+    let map = mayfly_proto::v1::client::AdminClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr))
+            .expect("uri")
+            .connect_lazy(),
+    )
+    .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+    .await
+    .expect("map")
+    .into_inner();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let elsewhere: Vec<&String> = keys
+        .iter()
+        .filter(|k| {
+            let p = mayfly_server::engine::xxh3_partition(
+                "db",
+                docs.id(),
+                &mayfly_server::model::PartitionKeyValue::String(k.as_str().into()),
+                map.partitions as usize,
+            );
+            map.owners[p].owner != map.node
+        })
+        .collect();
+    assert!(
+        elsewhere.len() >= 8,
+        "{} of 24 keys elsewhere",
+        elsewhere.len()
+    );
+    cluster.stop_first().await;
+    let plain_docs = plain.database("db").collection(docs.id());
+    for k in &elsewhere {
+        let read = docs.read(k, k.as_str()).await.expect("read from the owner");
+        assert_eq!(read.expect("present").id(), k.as_str());
+        let patched = docs
+            .patch(k, k.as_str())
+            .incr("/n", 1)
+            .await
+            .expect("patch at the owner");
+        assert!(matches!(patched, PatchOutcome::Patched(_)), "{patched:?}");
+        docs.batch(k.as_str())
+            .upsert(&json!({"id": format!("{k}-b"), "pk": k}))
+            .await
+            .expect("batch at the owner");
+        assert!(
+            plain_docs.read(k, k.as_str()).await.is_err(),
+            "the stopped node does not answer"
+        );
+    }
 }
 
 async fn collection(client: &Client, ttl: DefaultTtl) -> Collection {

@@ -119,6 +119,15 @@ async fn settle(node: &RunningServer) {
     }
 }
 
+impl Cluster {
+    /// Shuts the node the client calls down (it hands its partitions over as it leaves).
+    #[allow(dead_code, reason = "not every suite stops a node")]
+    pub(crate) async fn stop_first(&mut self) {
+        let first = self._nodes.remove(0);
+        first.shutdown().await.expect("the node shuts down");
+    }
+}
+
 /// Deletes every database: the next case runs as on a fresh server.
 #[allow(
     dead_code,
