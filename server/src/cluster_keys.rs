@@ -18,7 +18,10 @@ use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
 use futures_util::future::BoxFuture;
 use tokio::{task::JoinHandle, time::Instant};
 
-use crate::auth::{KeyRing, KeySlot, SHARED_KEYS_TRUSTED_FOR, SecretsDir, SharedKeys, new_key};
+use crate::{
+    auth::{KeyRing, KeySlot, SHARED_KEYS_TRUSTED_FOR, SecretsDir, SharedKeys, new_key},
+    cluster_seal::ClusterSeal,
+};
 
 /// The bucket the keys are kept in.
 pub(crate) const BUCKET: &str = "mayfly-keys";
@@ -42,13 +45,15 @@ const REGENERATION_SETTLES: Duration = Duration::from_millis(2_500);
 struct BucketKeys {
     kv: jetstream::kv::Store,
     copies: Option<SecretsDir>,
+    seal: Arc<ClusterSeal>,
 }
 
 impl SharedKeys for BucketKeys {
     fn replace(&self, slot: KeySlot, key: String) -> BoxFuture<'static, Result<(), String>> {
         let (kv, copies) = (self.kv.clone(), self.copies.clone());
+        let sealed = self.seal.seal(slot.file_name(), key.as_bytes());
         Box::pin(async move {
-            kv.put(slot.file_name(), key.clone().into())
+            kv.put(slot.file_name(), sealed.into())
                 .await
                 .map_err(|e| e.to_string())?;
             // The copy too before answering, as a single server writes its key file (the
@@ -77,13 +82,15 @@ impl SharedKeys for BucketKeys {
 pub(crate) async fn open(
     kv: jetstream::kv::Store,
     copy_to: Option<PathBuf>,
+    seal: Arc<ClusterSeal>,
 ) -> Result<(Arc<KeyRing>, JoinHandle<()>), String> {
     for slot in KeySlot::ALL {
         // Only the first node's draw is kept: `create` refuses a key that exists.
-        let _ = kv.create(slot.file_name(), new_key().into()).await;
+        let drawn = seal.seal(slot.file_name(), new_key().as_bytes());
+        let _ = kv.create(slot.file_name(), drawn.into()).await;
     }
     let started = Instant::now();
-    let keys = read_all(&kv).await?;
+    let keys = read_all(&kv, &seal).await?;
     let copies = copy_to.and_then(|dir| {
         std::fs::create_dir_all(&dir)
             .and_then(|()| SecretsDir::open(&dir))
@@ -96,21 +103,27 @@ pub(crate) async fn open(
     let store = Arc::new(BucketKeys {
         kv: kv.clone(),
         copies: copies.clone(),
+        seal: seal.clone(),
     });
     let ring = Arc::new(KeyRing::shared(keys, store, started.into_std()));
-    let task = tokio::spawn(confirm(kv, ring.clone(), copies));
+    let task = tokio::spawn(confirm(kv, ring.clone(), copies, seal));
     Ok((ring, task))
 }
 
 /// Reads the keys from the bucket's leader every [`CONFIRM_INTERVAL`], for as long as the node
 /// runs.
-async fn confirm(kv: jetstream::kv::Store, ring: Arc<KeyRing>, copies: Option<SecretsDir>) {
+async fn confirm(
+    kv: jetstream::kv::Store,
+    ring: Arc<KeyRing>,
+    copies: Option<SecretsDir>,
+    seal: Arc<ClusterSeal>,
+) {
     let mut held: Option<[String; 4]> = None;
     let mut failing = false;
     loop {
         tokio::time::sleep(CONFIRM_INTERVAL).await;
         let started = Instant::now();
-        match tokio::time::timeout(READ_TIMEOUT, read_all(&kv)).await {
+        match tokio::time::timeout(READ_TIMEOUT, read_all(&kv, &seal)).await {
             Ok(Ok(keys)) => {
                 if held.as_ref() != Some(&keys) {
                     // Files written and fsynced: off the async workers.
@@ -144,7 +157,7 @@ async fn confirm(kv: jetstream::kv::Store, ring: Arc<KeyRing>, copies: Option<Se
 
 /// The four keys as the bucket's stream leader has them (a KV read may be answered by a
 /// replica that lags).
-async fn read_all(kv: &jetstream::kv::Store) -> Result<[String; 4], String> {
+async fn read_all(kv: &jetstream::kv::Store, seal: &ClusterSeal) -> Result<[String; 4], String> {
     let mut keys: [String; 4] = Default::default();
     for (slot, key) in KeySlot::ALL.into_iter().zip(keys.iter_mut()) {
         let subject = format!("$KV.{BUCKET}.{}", slot.file_name());
@@ -156,8 +169,8 @@ async fn read_all(kv: &jetstream::kv::Store) -> Result<[String; 4], String> {
                 LastRawMessageErrorKind::NoMessageFound => format!("the {slot} is missing"),
                 _ => format!("reading the {slot}: {e}"),
             })?;
-        *key = String::from_utf8(message.payload.to_vec())
-            .map_err(|_| format!("the {slot} is not text"))?;
+        let opened = seal.open(slot.file_name(), &message.payload)?;
+        *key = String::from_utf8(opened).map_err(|_| format!("the {slot} is not text"))?;
         if key.is_empty() {
             return Err(format!("the {slot} was deleted"));
         }

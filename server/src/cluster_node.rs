@@ -43,6 +43,7 @@ use crate::{
     cluster_keys,
     cluster_metrics::{ClusterMetrics, clock_skew_ms},
     cluster_report::{self, PartitionCopy},
+    cluster_seal::ClusterSeal,
     engine::{Engine, EngineConfig, LeaseClock, SystemClock, TokenKey},
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
     storage::MemoryStorage,
@@ -70,6 +71,9 @@ pub struct ClusterConfig {
     pub peer_ca: Option<PathBuf>,
     /// How the node proves itself to the NATS servers and checks them.
     pub nats: NatsAuth,
+    /// The cluster key (64 hex digits) every node is given: the cluster's secrets are sealed
+    /// with it on the NATS servers (`None`: kept in clear; see `cluster_seal.rs`).
+    pub key_file: Option<PathBuf>,
 }
 
 /// How a node proves itself to the NATS servers and checks them (docs/cluster.md, "Security").
@@ -270,7 +274,11 @@ pub async fn join(
     let mut impatient = js.clone();
     impatient.set_timeout(Duration::from_secs(2));
     let js_join = &impatient;
-    engine_config.token_key = agree_on_settings(js_join, config).await?;
+    let seal = Arc::new(match &config.key_file {
+        Some(path) => ClusterSeal::from_file(path).map_err(ServeError::Config)?,
+        None => ClusterSeal::clear(),
+    });
+    engine_config.token_key = agree_on_settings(js_join, config, &seal).await?;
     let keys = match keys {
         None => None,
         Some(copy_to) => {
@@ -280,7 +288,7 @@ pub async fn join(
             .await?;
             Some(
                 patiently("reading the cluster's keys", || {
-                    cluster_keys::open(bucket.clone(), copy_to.clone())
+                    cluster_keys::open(bucket.clone(), copy_to.clone(), seal.clone())
                 })
                 .await?,
             )
@@ -643,7 +651,11 @@ async fn expiring_bucket(
 /// Every node must place documents over the same number of partitions: the first node to
 /// join records it, and a node that says otherwise is refused. Returns the key the cluster's
 /// continuation tokens are sealed with, drawn likewise by the first node.
-async fn agree_on_settings(js: &Context, config: &ClusterConfig) -> Result<TokenKey, ServeError> {
+async fn agree_on_settings(
+    js: &Context,
+    config: &ClusterConfig,
+    seal: &ClusterSeal,
+) -> Result<TokenKey, ServeError> {
     let kv = patiently("opening the cluster's settings", || {
         bucket(js, "mayfly-cluster", config.replicas)
     })
@@ -673,16 +685,28 @@ async fn agree_on_settings(js: &Context, config: &ClusterConfig) -> Result<Token
     let drawn = TokenKey::random();
     let stored = patiently("reading the cluster's continuation key", || async {
         let _ = kv
-            .create("continuation-key", drawn.to_bytes().to_vec().into())
+            .create(
+                "continuation-key",
+                seal.seal("continuation-key", &drawn.to_bytes()).into(),
+            )
             .await;
         match kv.get("continuation-key").await {
-            Ok(Some(stored)) => <[u8; 32]>::try_from(&stored[..])
-                .map_err(|_| format!("it is {} bytes, not 32", stored.len())),
+            Ok(Some(stored)) => Ok(stored),
             Ok(None) => Err("it is missing".to_string()),
             Err(e) => Err(e.to_string()),
         }
     })
     .await?;
+    // Not retried: a node given the wrong key file (or none) fails at once, saying so.
+    let opened = seal
+        .open("continuation-key", &stored)
+        .map_err(ServeError::Config)?;
+    let stored = <[u8; 32]>::try_from(&opened[..]).map_err(|_| {
+        ServeError::Config(format!(
+            "the cluster's continuation key is {} bytes, not 32",
+            opened.len()
+        ))
+    })?;
     Ok(TokenKey::from_bytes(stored))
 }
 

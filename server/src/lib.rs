@@ -12,6 +12,7 @@ mod cluster_keys;
 mod cluster_metrics;
 pub mod cluster_node;
 pub mod cluster_report;
+mod cluster_seal;
 pub mod current_engine;
 /// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test; only
 /// with the `fuzzing` feature (which the tests of this package turn on), never in a server.

@@ -1400,6 +1400,83 @@ async fn nodes_reach_nats_over_tls_with_credentials_and_each_other_over_tls() {
     drop((a, b));
 }
 
+/// With `--cluster-key-file`, the cluster's secrets are sealed on the NATS servers: the buckets
+/// hold neither the account keys nor the continuation key in clear, the keys work on a node
+/// given the file, and a node without it does not start, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clusters_secrets_are_sealed_on_nats_with_the_cluster_key() {
+    let nats = NatsCluster::start(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key_file = dir.path().join("cluster.key");
+    std::fs::write(&key_file, format!("{}\n", "0123456789abcdef".repeat(4))).expect("write");
+    let key_file = key_file.to_str().expect("utf-8").to_owned();
+    let sealed_args = |node: &str| {
+        let mut args = cluster_args(&nats, node);
+        args.extend(["--cluster-key-file".to_owned(), key_file.clone()]);
+        args
+    };
+    let args = sealed_args("a");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = support::Mayfly::start_with_keys(&dir.path().join("a"), &args);
+    let primary = std::fs::read_to_string(dir.path().join("a/keys/primary")).expect("a's copy");
+    let primary = primary.trim();
+    let mut on_a = support::clients::connect(&a).await;
+    on_a.databases
+        .list_databases(support::clients::with(
+            Some(primary),
+            mayfly_proto::v1::ListDatabasesRequest {},
+        ))
+        .await
+        .expect("the cluster's key works");
+
+    let js = client(&nats).await;
+    for (bucket, name) in [
+        ("mayfly-keys", "primary"),
+        ("mayfly-keys", "secondary"),
+        ("mayfly-keys", "primary-readonly"),
+        ("mayfly-keys", "secondary-readonly"),
+        ("mayfly-cluster", "continuation-key"),
+    ] {
+        let kv = js.get_key_value(bucket).await.expect("bucket");
+        let stored = kv.get(name).await.expect("read").expect("stored");
+        assert!(stored.starts_with(b"mfs1:"), "{bucket}/{name} is sealed");
+        assert!(
+            !stored
+                .windows(primary.len())
+                .any(|w| w == primary.as_bytes()),
+            "{bucket}/{name} does not hold the key in clear"
+        );
+    }
+
+    // A node without the file, and one with another key, refuse to start.
+    let args = cluster_args(&nats, "b");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = support::Mayfly::try_start_with_keys(&dir.path().join("b"), &args)
+        .err()
+        .expect("a node without the cluster key does not start");
+    assert!(
+        refused.stderr.contains("--cluster-key-file"),
+        "{}",
+        refused.stderr
+    );
+    let other = dir.path().join("other.key");
+    std::fs::write(&other, "f".repeat(64)).expect("write");
+    let mut args = cluster_args(&nats, "c");
+    args.extend([
+        "--cluster-key-file".to_owned(),
+        other.to_str().expect("utf-8").to_owned(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = support::Mayfly::try_start_with_keys(&dir.path().join("c"), &args)
+        .err()
+        .expect("a node with another cluster key does not start");
+    assert!(
+        refused.stderr.contains("does not open"),
+        "{}",
+        refused.stderr
+    );
+}
+
 /// The message block files (`.blk`) of the log streams in a NATS server's store.
 fn log_blocks(store: &std::path::Path) -> Vec<std::path::PathBuf> {
     fn walk(dir: &std::path::Path, in_log: bool, out: &mut Vec<std::path::PathBuf>) {
@@ -2435,6 +2512,7 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
             standbys: 1,
             peer_ca: None,
             nats: Default::default(),
+            key_file: None,
         }),
         ..Default::default()
     })

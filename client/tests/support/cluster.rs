@@ -53,6 +53,7 @@ pub(crate) async fn three_nodes() -> (Cluster, Client) {
                 standbys: 1,
                 peer_ca: None,
                 nats: Default::default(),
+                key_file: None,
             }),
             ..Config::default()
         })

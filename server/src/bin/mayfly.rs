@@ -90,6 +90,11 @@ struct Args {
     /// which this node checks when it forwards to them [default: --tls-client-ca].
     #[arg(long, requires = "cluster")]
     cluster_peer_ca: Option<PathBuf>,
+    /// The cluster key: a file of 64 hex digits (`openssl rand -hex 32`), the same on every
+    /// node from the cluster's start; the cluster's keys and continuation key are sealed with
+    /// it on the NATS servers (without it they are kept in clear there).
+    #[arg(long, requires = "cluster")]
+    cluster_key_file: Option<PathBuf>,
     /// NATS credentials: a `.creds` file (user JWT and seed, for NATS in operator mode) or a
     /// file holding a user nkey seed (`SU…`, for a NATS `authorization` listing its public key).
     #[arg(long, requires = "cluster")]
@@ -257,6 +262,7 @@ impl Args {
             advertise: self.advertise.clone(),
             standbys: usize::from(self.standbys),
             peer_ca: self.cluster_peer_ca.clone(),
+            key_file: self.cluster_key_file.clone(),
             nats: NatsAuth {
                 credentials: self.cluster_creds.clone(),
                 tls_ca: self.cluster_tls_ca.clone(),

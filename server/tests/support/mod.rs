@@ -71,6 +71,15 @@ impl Mayfly {
         Self::spawn_with(data_dir, extra, stderr, false, &[])
     }
 
+    /// [`Mayfly::start_with_keys`], or how it exited (with its stderr).
+    #[allow(
+        dead_code,
+        reason = "not every test binary starts a keyed server that fails"
+    )]
+    pub(crate) fn try_start_with_keys(data_dir: &Path, extra: &[&str]) -> Result<Self, Failed> {
+        Self::spawn_with(data_dir, extra, Stdio::piped(), true, &[])
+    }
+
     /// [`Mayfly::start`] with environment variables set for the server.
     pub(crate) fn start_with_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         Self::spawn_with(data_dir, extra, Stdio::null(), false, env).unwrap_or_else(|f| {
