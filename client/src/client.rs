@@ -628,6 +628,11 @@ impl Client {
                 // Perhaps sent to a node that lost the partition, or died: the map is
                 // fetched again before requests are routed by it.
                 router.suspect();
+                // Not connected at all (nothing was sent): if it was routed, to an address
+                // perhaps unreachable from here, sent again at once to the client's server.
+                if matches!(e, Error::Connect { .. }) && router.pause() {
+                    continue;
+                }
             }
             match outcome {
                 Ok(response) => return Ok(response),

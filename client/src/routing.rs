@@ -31,6 +31,17 @@ const MAP_TTL: Duration = Duration::from_secs(10);
 /// again.
 const SINGLE_TTL: Duration = Duration::from_secs(60);
 
+/// The least time between two fetches of the map: failures do not make a client hammer its
+/// server (each map reads every partition's lease from NATS).
+const MIN_FETCH_GAP: Duration = Duration::from_secs(1);
+
+/// How long a fetch may take before it is given up (and tried again later).
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long routing pauses after a routed request could not connect to the owner (its
+/// advertised address unreachable from here, say): requests go to the client's server.
+const CONNECT_PAUSE: Duration = Duration::from_secs(60);
+
 /// Where each partition is served, as the map last said.
 #[derive(Debug)]
 struct Routes {
@@ -46,6 +57,10 @@ struct State {
     routes: Option<Arc<Routes>>,
     /// A fetch is under way.
     fetching: bool,
+    /// When the last fetch began.
+    last_fetch: Option<Instant>,
+    /// Routing is paused until then (a routed request could not connect).
+    paused_until: Option<Instant>,
     /// A request failed as one sent to a node that no longer owns its partition would: the
     /// map is fetched again before it is trusted.
     stale: bool,
@@ -113,15 +128,22 @@ impl Router {
             Some(r) if r.partitions == 0 => r.fetched.elapsed() > SINGLE_TTL,
             Some(r) => state.stale || r.fetched.elapsed() > MAP_TTL,
         };
-        if due && !state.fetching {
+        let gap_passed = state
+            .last_fetch
+            .is_none_or(|at| at.elapsed() >= MIN_FETCH_GAP);
+        if due && !state.fetching && gap_passed {
             // Off the request's path: this request goes by what is known now.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 state.fetching = true;
+                state.last_fetch = Some(Instant::now());
                 runtime.spawn(self.clone().fetch());
             }
         }
         let routes = state.routes.clone()?;
-        if routes.partitions == 0 || state.stale {
+        let paused = state
+            .paused_until
+            .is_some_and(|until| Instant::now() < until);
+        if routes.partitions == 0 || state.stale || paused {
             return None;
         }
         let p = partition(database, collection, partition_key, routes.partitions);
@@ -149,12 +171,30 @@ impl Router {
             .stale = true;
     }
 
+    /// A request could not connect (perhaps to an owner's advertised address this client
+    /// cannot reach): routing pauses for [`CONNECT_PAUSE`]. Whether it was routing until now,
+    /// so that the caller may send the request again at once, to its own server.
+    pub(crate) fn pause(&self) -> bool {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let was_routing = state
+            .paused_until
+            .is_none_or(|until| Instant::now() >= until)
+            && state.routes.as_ref().is_some_and(|r| r.partitions > 0);
+        state.paused_until = Some(Instant::now() + CONNECT_PAUSE);
+        was_routing
+    }
+
     async fn fetch(self) {
-        let answer = self
-            .admin
-            .clone()
-            .get_partition_map(GetPartitionMapRequest {})
-            .await;
+        let mut admin = self.admin.clone();
+        let answer = tokio::time::timeout(
+            FETCH_TIMEOUT,
+            admin.get_partition_map(GetPartitionMapRequest {}),
+        )
+        .await
+        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("the map took too long")));
         let mut state = self
             .state
             .lock()
@@ -165,7 +205,9 @@ impl Router {
             // Not answered: the map known so far holds, and is asked for again at the next
             // request once it is due. A first answer that fails (an older server, a server
             // away) is taken as a single server's, asked again in a minute.
+            // (A failure to fetch says nothing against the map known so far: trusted again.)
             Err(_) => {
+                state.stale = false;
                 match &state.routes {
                     Some(routes) => {
                         state.routes = Some(Arc::new(Routes {
@@ -191,15 +233,17 @@ impl Router {
             .map(|n| (n.id.as_str(), n.address.as_str()))
             .collect();
         let routable = !map.nodes.is_empty() && map.placement == "xxh3-64";
-        let owners = map
-            .owners
-            .iter()
-            .map(|o| {
-                addresses
-                    .get(o.owner.as_str())
-                    .map_or_else(String::new, |a| (*a).to_owned())
-            })
-            .collect();
+        let mut owners = vec![String::new(); map.partitions as usize];
+        for o in &map.owners {
+            if let (Some(slot), Some(address)) = (
+                owners.get_mut(o.partition as usize),
+                addresses.get(o.owner.as_str()),
+            ) {
+                *slot = (*address).to_owned();
+            }
+        }
+        // Connections to nodes gone from the map are dropped.
+        state.channels.retain(|address, _| owners.contains(address));
         state.routes = Some(Arc::new(Routes {
             partitions: if routable { map.partitions as usize } else { 0 },
             owners,

@@ -26,6 +26,10 @@ use crate::{
     publish_queue::{LogPosition, PublishQueue, TakeoverError, log_end, subject, take_over},
 };
 
+/// How long a log must keep ending below what a copy applied from it before the copy calls it
+/// shortened (see [`catch_up`]).
+const SHORTENED_FOR: Duration = Duration::from_secs(10);
+
 /// How long a catch-up waits for the next message before asking where the log ends again.
 const QUIET: Duration = Duration::from_secs(2);
 
@@ -109,14 +113,14 @@ pub async fn catch_up(
     followed: &mut Followed,
 ) -> Result<(), CatchUpError> {
     // Committed messages do not go away (no snapshots purge the log yet): a log ending
-    // before what this copy applied from it lost them. Asked again over a second before it is
-    // believed, in case a stream leader just elected answered before applying its log.
+    // before what this copy applied from it lost them. Believed only once it has held for
+    // [`SHORTENED_FOR`]: a stream leader just elected may answer before it has applied its
+    // log, and one cut off from the others may answer until it steps down; a false alarm
+    // would stop the partition everywhere until an operator acts.
     let mut end_seq = read_end(stream, partition).await?;
-    for _ in 0..3 {
-        if end_seq >= followed.subject_seq {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(400)).await;
+    let first_short = std::time::Instant::now();
+    while end_seq < followed.subject_seq && first_short.elapsed() < SHORTENED_FOR {
+        tokio::time::sleep(Duration::from_secs(1)).await;
         end_seq = read_end(stream, partition).await?;
     }
     if end_seq < followed.subject_seq {

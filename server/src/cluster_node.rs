@@ -119,7 +119,9 @@ impl NatsAuth {
             options = options.require_tls(true).add_root_certificates(ca.clone());
         }
         if let Some((cert, key)) = &self.tls_identity {
-            options = options.add_client_certificate(cert.clone(), key.clone());
+            options = options
+                .require_tls(true)
+                .add_client_certificate(cert.clone(), key.clone());
         }
         Ok(options)
     }
@@ -755,7 +757,7 @@ async fn live_members(
     node: &str,
 ) -> Result<Vec<String>, ServeError> {
     let now_ms = SystemClocks.wall_ms() as i128;
-    let mut live = Vec::new();
+    let (mut live, mut stale) = (Vec::new(), Vec::new());
     for id in node_ids(members).await? {
         let entry = members
             .entry(&id)
@@ -765,7 +767,16 @@ async fn live_members(
         let age_ms = now_ms - entry.created.unix_timestamp_nanos() / 1_000_000;
         if id == node || age_ms <= HEARTBEAT_FRESH.as_millis() as i128 {
             live.push(id);
+        } else {
+            stale.push(id);
         }
+    }
+    // Every other member stale at once is NATS slow to take heartbeats (or this node's view
+    // of them behind), not every other node dead: counted as they are, or this node would
+    // take every partition as its own.
+    if live.len() == 1 && !stale.is_empty() {
+        live.append(&mut stale);
+        live.sort();
     }
     Ok(live)
 }
@@ -910,8 +921,8 @@ impl Partition {
         let clocks = SystemClocks;
         let interval = renew_interval(&LeaseTiming::DEFAULT);
         let mut watch = Watch::default();
-        // Long enough ago that a standby catches up at once.
-        let mut last_followed = Instant::now() - STANDBY_FOLLOW;
+        // None: a standby catches up at once.
+        let mut last_followed: Option<Instant> = None;
         // A free partition goes first to the node the assignment gives it; one with an owner
         // goes to whoever finds its lease lapsed first.
         let free = matches!(self.leases.read(self.p).await, Ok(None));
@@ -949,8 +960,10 @@ impl Partition {
             let metrics = &self.metrics.partitions[self.p as usize];
             if role == Role::None {
                 metrics.following.store(false, Ordering::Relaxed);
-            } else if role == Role::Owner || last_followed.elapsed() >= STANDBY_FOLLOW {
-                last_followed = Instant::now();
+            } else if role == Role::Owner
+                || last_followed.is_none_or(|at| at.elapsed() >= STANDBY_FOLLOW)
+            {
+                last_followed = Some(Instant::now());
                 let since = clocks.wall_ms();
                 match catch_up(&self.stream, &self.engine, self.p, followed).await {
                     Ok(()) => {

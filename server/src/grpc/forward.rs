@@ -90,6 +90,13 @@ impl Forwarder {
         let mut endpoint = Endpoint::from_shared(address.to_string())
             .map_err(|e| Status::internal(format!("node address {address}: {e}")))?;
         if let Some(tls) = &self.tls {
+            // A node of a TLS cluster advertising plaintext (misconfigured, or a forged
+            // directory entry) gets nothing: the caller's key would travel in clear.
+            if !address.starts_with("https://") {
+                return Err(Status::unavailable(format!(
+                    "node address {address} is not https://: this node forwards over TLS only"
+                )));
+            }
             endpoint = endpoint
                 .tls_config(tls.clone())
                 .map_err(|e| Status::internal(format!("TLS to node {address}: {e}")))?;
