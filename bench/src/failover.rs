@@ -9,10 +9,7 @@
 //! Start from fresh NATS servers (`scripts/cluster.sh clean` first): "logged writes" counts
 //! this run's only.
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use mayfly_proto::{
     json::JsonObject,
@@ -27,13 +24,31 @@ use tonic::transport::{Channel, Endpoint};
 use crate::{Args, recovery};
 
 /// A node this workload started: killed when dropped, so that no error leaves one running.
-struct Node(recovery::Server);
+pub(crate) struct Node(pub(crate) recovery::Server);
 
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.0.child.kill();
         let _ = self.0.child.wait();
     }
+}
+
+/// Starts `bin` as cluster node `node` on the NATS servers `nats`, in memory, on `data`, with
+/// `extra` flags; the node and a lazy connection to it whose requests time out after `timeout`.
+pub(crate) fn start_node(
+    bin: &std::path::Path,
+    data: &std::path::Path,
+    (nats, node): (&str, &str),
+    extra: &[&str],
+    timeout: Duration,
+) -> Result<(Node, Channel), Box<dyn std::error::Error>> {
+    let mut args = vec!["--storage", "memory", "--cluster", nats, "--node-id", node];
+    args.extend(extra);
+    let server = recovery::start(bin, data, 64, &args)?;
+    let channel = Endpoint::from_shared(format!("http://{}", server.addr))?
+        .timeout(timeout)
+        .connect_lazy();
+    Ok((Node(server), channel))
 }
 
 /// A write of document `id` in partition `pk` through `channel`.
@@ -82,29 +97,14 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("failover needs --nats (the NATS servers' URLs, comma-separated)")?;
     let partitions = args.partitions.to_string();
     let dir = tempfile::tempdir()?;
-    let start = |node: String| -> Result<(Node, Channel), Box<dyn std::error::Error>> {
-        let data: PathBuf = dir.path().join(&node);
-        let server = recovery::start(
+    let start = |node: String| {
+        start_node(
             &bin,
-            &data,
-            64,
-            &[
-                "--storage",
-                "memory",
-                "--cluster",
-                &nats,
-                "--node-id",
-                &node,
-                "--partitions",
-                &partitions,
-                "--shards",
-                &partitions,
-            ],
-        )?;
-        let channel = Endpoint::from_shared(format!("http://{}", server.addr))?
-            .timeout(Duration::from_secs(5))
-            .connect_lazy();
-        Ok((Node(server), channel))
+            &dir.path().join(&node),
+            (&nats, &node),
+            &["--partitions", &partitions, "--shards", &partitions],
+            Duration::from_secs(5),
+        )
     };
     let run_id = std::process::id();
     let (mut owner, owner_channel) = start(format!("f{run_id}-0"))?;

@@ -8,10 +8,7 @@
 //! partitions from b's own log lines (records replayed, and how long the slowest partition
 //! took), and checks that b counts every document afterwards.
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use mayfly_proto::{
     json::{JsonObject, JsonValue},
@@ -23,19 +20,9 @@ use mayfly_proto::{
     },
 };
 use serde_json::{Value, json};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::{Args, recovery};
-
-/// A node this workload started: killed when dropped.
-struct Node(recovery::Server);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.0.child.kill();
-        let _ = self.0.child.wait();
-    }
-}
+use crate::{Args, failover::start_node};
 
 const DATABASE: &str = "takeover";
 
@@ -130,29 +117,14 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let standbys = args.standbys.to_string();
     let dir = tempfile::tempdir()?;
     let run_id = std::process::id();
-    let start = |node: &str| -> Result<(Node, Channel), Box<dyn std::error::Error>> {
-        let data: PathBuf = dir.path().join(node);
-        let server = recovery::start(
+    let start = |node: &str| {
+        start_node(
             &bin,
-            &data,
-            64,
-            &[
-                "--storage",
-                "memory",
-                "--cluster",
-                &nats,
-                "--node-id",
-                node,
-                "--partitions",
-                &partitions,
-                "--standbys",
-                &standbys,
-            ],
-        )?;
-        let channel = Endpoint::from_shared(format!("http://{}", server.addr))?
-            .timeout(Duration::from_secs(30))
-            .connect_lazy();
-        Ok((Node(server), channel))
+            &dir.path().join(node),
+            (&nats, node),
+            &["--partitions", &partitions, "--standbys", &standbys],
+            Duration::from_secs(30),
+        )
     };
     let (a_id, b_id) = (format!("t{run_id}-a"), format!("t{run_id}-b"));
     let (a, on_a) = start(&a_id)?;

@@ -87,6 +87,25 @@ impl Directory {
     }
 }
 
+/// Every key of `kv` with its value, in key order; a key gone between the listing and its read
+/// is left out. `what` names the bucket in errors.
+async fn entries(kv: &kv::Store, what: &str) -> Result<Vec<(String, bytes::Bytes)>, Status> {
+    let unavailable = |e: &dyn std::fmt::Display| Status::unavailable(format!("{what}: {e}"));
+    let mut keys = kv.keys().await.map_err(|e| unavailable(&e))?;
+    let mut ids = Vec::new();
+    while let Some(key) = keys.next().await {
+        ids.push(key.map_err(|e| unavailable(&e))?);
+    }
+    ids.sort();
+    let mut out = Vec::new();
+    for id in ids {
+        if let Some(value) = kv.get(&id).await.map_err(|e| unavailable(&e))? {
+            out.push((id, value));
+        }
+    }
+    Ok(out)
+}
+
 /// Keeps `seen.owners` current; an entry that fails to decode is forgotten (read from the key
 /// when needed).
 async fn watch_leases(leases: Arc<Leases>, seen: Arc<RwLock<Seen>>) {
@@ -153,22 +172,11 @@ impl Owners for Directory {
     }
 
     async fn nodes(&self) -> Result<Vec<(String, String)>, Status> {
-        let unavailable = |e: &dyn std::fmt::Display| {
-            Status::unavailable(format!("the cluster's node directory: {e}"))
-        };
-        let mut keys = self.nodes.keys().await.map_err(|e| unavailable(&e))?;
-        let mut ids = Vec::new();
-        while let Some(key) = keys.next().await {
-            ids.push(key.map_err(|e| unavailable(&e))?);
-        }
-        ids.sort();
-        let mut out = Vec::new();
-        for id in ids {
-            let address = self.nodes.get(&id).await.map_err(|e| unavailable(&e))?;
-            let address = address.map(|a| String::from_utf8_lossy(&a).to_string());
-            out.push((id, address.unwrap_or_default()));
-        }
-        Ok(out)
+        let entries = entries(&self.nodes, "the cluster's node directory").await?;
+        Ok(entries
+            .into_iter()
+            .map(|(id, address)| (id, String::from_utf8_lossy(&address).to_string()))
+            .collect())
     }
 
     async fn leases(&self, partitions: u32) -> Result<Vec<(String, u64)>, Status> {
@@ -185,22 +193,11 @@ impl Owners for Directory {
     }
 
     async fn members(&self) -> Result<Vec<(String, Vec<PartitionCopy>)>, Status> {
-        let unavailable =
-            |e: &dyn std::fmt::Display| Status::unavailable(format!("the cluster's members: {e}"));
-        let mut keys = self.members.keys().await.map_err(|e| unavailable(&e))?;
-        let mut ids = Vec::new();
-        while let Some(key) = keys.next().await {
-            ids.push(key.map_err(|e| unavailable(&e))?);
-        }
-        ids.sort();
-        let mut out = Vec::new();
-        for id in ids {
-            // Gone between the listing and the read: not a member any more.
-            if let Some(report) = self.members.get(&id).await.map_err(|e| unavailable(&e))? {
-                out.push((id, cluster_report::decode(&report)));
-            }
-        }
-        Ok(out)
+        let entries = entries(&self.members, "the cluster's members").await?;
+        Ok(entries
+            .into_iter()
+            .map(|(id, report)| (id, cluster_report::decode(&report)))
+            .collect())
     }
 
     async fn owner_address(&self, partition: u32) -> Option<String> {
