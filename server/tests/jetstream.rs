@@ -1400,6 +1400,72 @@ async fn nodes_reach_nats_over_tls_with_credentials_and_each_other_over_tls() {
     drop((a, b));
 }
 
+/// A node serving TLS forwards to the other nodes over TLS only: to a node that advertises
+/// plaintext (misconfigured, or a forged directory entry) it forwards nothing, since the
+/// caller's key would travel in clear; the caller gets `UNAVAILABLE` saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_node_never_forwards_in_clear() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = issue_certificates(dir.path());
+    let nats = NatsCluster::start(3);
+    let mut args = cluster_args(&nats, "a");
+    args.extend(
+        [
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--cluster-peer-ca",
+            &ca,
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = support::Mayfly::start(&dir.path().join("a"), &args);
+    let b = cluster_node(&nats, dir.path(), "b");
+    let channel = Endpoint::from_shared(format!("https://{}", a.addr))
+        .expect("uri")
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(std::fs::read(&ca).expect("ca"))),
+        )
+        .expect("tls")
+        .connect()
+        .await
+        .expect("connects to a over TLS");
+    let mut on_a = support::clients::clients(channel);
+    support::clients::database_and_collection(&mut on_a).await;
+    let map = settled_map(&on_a.admin, &["a", "b"]).await;
+    let pk = (0..64)
+        .map(|i| format!("p{i}"))
+        .find(|pk| map.owners[partition_of(pk)].owner == "b")
+        .expect("a key of b's");
+    let body = serde_json::json!({"id": "x", "pk": pk});
+    let serde_json::Value::Object(body) = body else {
+        unreachable!()
+    };
+    let refused = on_a
+        .documents
+        .clone()
+        .create_document(mayfly_proto::v1::CreateDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            body: Some(mayfly_proto::json::JsonObject::new(body)),
+            ..Default::default()
+        })
+        .await
+        .expect_err("not forwarded in clear");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("forwards over TLS only"),
+        "{}",
+        refused.message()
+    );
+    drop((a, b));
+}
+
 /// With `--cluster-key-file`, the cluster's secrets are sealed on the NATS servers: the buckets
 /// hold neither the account keys nor the continuation key in clear, the keys work on a node
 /// given the file, and a node without it does not start, saying why.
