@@ -268,6 +268,19 @@ impl RequestTable {
         self.insert((collection, scope), record, lsn, Kept::Gone);
     }
 
+    /// Every key remembered and not past its window at `now`, with its record: what a
+    /// snapshot of the shard carries (cluster mode).
+    pub(crate) fn live(&self, now: Millis) -> Vec<(CollectionUid, DocKey, RequestRecord)> {
+        let mut out: Vec<_> = self
+            .keys
+            .iter()
+            .filter(|(_, r)| r.record.forget_at > now)
+            .map(|((c, k), r)| (*c, k.clone(), r.record))
+            .collect();
+        out.sort_by_key(|(_, _, r)| r.forget_at);
+        out
+    }
+
     /// A key recovered from storage: remembered, its answer gone.
     pub(crate) fn recover(
         &mut self,

@@ -76,7 +76,7 @@ pub use query_reads::{
     Cancel, INLINE_READS, INLINE_READS_MAY_BLOCK, PageMemory, QUERY_TIME_LIMIT, QueryReads,
 };
 pub use recovery::{ExpiryRebuild, Recovery};
-pub use shard::ReplicatedCommit;
+pub use shard::{ReplicatedCommit, ShardSnapshot};
 pub use token_seal::TokenKey;
 pub use walk::{MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QueryMetrics, QueryPage};
 // The domain types, where the engine's callers have always found them.

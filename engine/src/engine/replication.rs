@@ -2,7 +2,11 @@
 //! elsewhere applies the owner's commits from the partition's log, and serves once promoted.
 //! The engine knows nothing of NATS: the cluster crate reads the log and calls these.
 
-use super::{Engine, Millis, error::Error, shard::ReplicatedCommit};
+use super::{
+    Engine, Millis,
+    error::Error,
+    shard::{ReplicatedCommit, ShardSnapshot},
+};
 use crate::storage::Lsn;
 
 impl Engine {
@@ -74,5 +78,23 @@ impl Engine {
     /// The last change log position of shard `shard` (0: none).
     pub fn log_end(&self, shard: usize) -> u64 {
         self.inner.shards[shard].log_tip().seq
+    }
+
+    /// Shard `shard`'s snapshot (see [`ShardSnapshot`]), handed to `then` under the shard lock,
+    /// so that what `then` queues is ordered among the shard's commits.
+    pub fn snapshot_shard<R>(
+        &self,
+        shard: usize,
+        then: impl FnOnce(ShardSnapshot) -> R,
+    ) -> Result<R, Error> {
+        self.inner.shards[shard].snapshot(&*self.inner.clock, then)
+    }
+
+    /// Makes following shard `shard`'s documents `snapshot`'s and moves its log to the
+    /// snapshot's position (refused, changing nothing, if its log is already past it). Blocks
+    /// on storage.
+    pub fn load_snapshot(&self, shard: usize, snapshot: &ShardSnapshot) -> Result<(), Error> {
+        let handed_out = self.inner.catalog.read().last_uid();
+        self.inner.shards[shard].load_snapshot(snapshot, handed_out)
     }
 }

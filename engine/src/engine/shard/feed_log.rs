@@ -60,9 +60,11 @@ impl Shard {
         self.durable_log.load(Ordering::Acquire)
     }
 
-    /// One past the highest position of `uid`'s records retention removed (0: none).
+    /// One past the highest position of `uid`'s records retention removed (0: none), or
+    /// past the snapshot this shard was loaded from.
     pub(crate) fn log_floor(&self, uid: CollectionUid) -> Result<u64, StorageError> {
-        self.store.change_log().log_floor(uid)
+        let loaded = self.history_from.load(Ordering::Acquire);
+        Ok(self.store.change_log().log_floor(uid)?.max(loaded))
     }
 
     /// Removes up to `limit` of `uid`'s records below `below`; returns how many.

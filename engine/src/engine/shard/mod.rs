@@ -17,8 +17,10 @@ pub(super) mod purge_batch;
 mod rebuild;
 mod replicated;
 mod slab;
+mod snapshot;
 
 pub use replicated::ReplicatedCommit;
+pub use snapshot::ShardSnapshot;
 mod state;
 mod tracking;
 
@@ -101,6 +103,9 @@ pub(crate) struct Shard {
     lease_clock: Option<Arc<dyn LeaseClock>>,
     /// This shard, for the durability wait of what it answers (see [`crate::storage::Storage::durable_in`]).
     set: ShardSet,
+    /// Its change log holds nothing below this position: a snapshot was loaded there
+    /// (cluster mode), and the records before it are not this copy's.
+    history_from: AtomicU64,
 }
 
 impl Shard {
@@ -124,6 +129,7 @@ impl Shard {
             index,
             lease_clock,
             set: ShardSet::one(index),
+            history_from: AtomicU64::new(0),
         }
     }
 

@@ -232,7 +232,7 @@ impl Shard {
     /// (`None`: the indexer owes them). A commit holds each document once, but for an expiry
     /// logged before the write that re-creates it, which finds the expired version's slot as
     /// the owner did.
-    fn change_of(
+    pub(super) fn change_of(
         &self,
         st: &ShardState,
         collection: CollectionUid,
@@ -305,7 +305,11 @@ impl Shard {
         })
     }
 
-    fn stored_terms_of(&self, collection: CollectionUid, key: &DocKey) -> Result<Vec<Term>, Error> {
+    pub(super) fn stored_terms_of(
+        &self,
+        collection: CollectionUid,
+        key: &DocKey,
+    ) -> Result<Vec<Term>, Error> {
         Ok(self
             .store
             .get_terms(collection, key)
@@ -348,7 +352,7 @@ fn decode(commit: &ReplicatedCommit<'_>) -> Result<Vec<(CollectionUid, ChangeRec
 
 /// How a collection's writes get their index entries.
 #[derive(Debug, Clone)]
-enum Indexing {
+pub(super) enum Indexing {
     /// The background indexer owes them (a lazy collection with a policy).
     Owed,
     /// With the write, under this policy (`None`: no entries).
@@ -356,14 +360,14 @@ enum Indexing {
 }
 
 impl Indexing {
-    fn of(cs: &CollectionShard) -> Self {
+    pub(super) fn of(cs: &CollectionShard) -> Self {
         match &cs.policy {
             Some(_) if cs.lazy => Indexing::Owed,
             policy => Indexing::Eager(policy.clone()),
         }
     }
 
-    fn same(&self, other: &Indexing) -> bool {
+    pub(super) fn same(&self, other: &Indexing) -> bool {
         match (self, other) {
             (Indexing::Owed, Indexing::Owed) => true,
             (Indexing::Eager(a), Indexing::Eager(b)) => same_policy(a.as_ref(), b.as_ref()),
@@ -372,7 +376,7 @@ impl Indexing {
     }
 
     /// A record's new terms (`None`: owed, or not a write).
-    fn terms(&self, record: &ChangeRecord) -> Result<Option<Vec<Term>>, Error> {
+    pub(super) fn terms(&self, record: &ChangeRecord) -> Result<Option<Vec<Term>>, Error> {
         let (Indexing::Eager(policy), Some(body)) = (self, &record.body) else {
             return Ok(None);
         };

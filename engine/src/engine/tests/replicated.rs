@@ -570,3 +570,221 @@ async fn a_leased_shard_acts_on_no_time_past_its_cap_nor_below_a_raised_floor() 
     f.engine.raise_time(shard, T0 + 3_000);
     assert_eq!(f.engine.shard_time(shard), T0 + 3_000);
 }
+
+/// Every shard's snapshot of `owner`, taken now.
+fn snapshots(owner: &Engine) -> Vec<crate::engine::ShardSnapshot> {
+    (0..SHARDS)
+        .map(|shard| owner.snapshot_shard(shard, |s| s).expect("snapshot"))
+        .collect()
+}
+
+/// Applies the shipped commits after each shard's snapshot, in order.
+fn ship_after(commits: &[Shipped], snaps: &[crate::engine::ShardSnapshot], follower: &Engine) {
+    for c in commits.iter().filter(|c| c.after >= snaps[c.shard].seq) {
+        apply(follower, c).expect("the follower takes the owner's commit after the snapshot");
+    }
+}
+
+#[tokio::test]
+async fn a_node_loading_a_snapshot_and_the_log_after_it_holds_what_the_owner_holds() {
+    let (owner_node, shipped, follower_node) = owner_and_follower();
+    let (owner, follower) = (&owner_node.f, &follower_node.f);
+    let uid = owner.engine.get_collection(&owner.path).expect("c").uid;
+    let docs = [
+        ("a", "p1"),
+        ("b", "p2"),
+        ("c", "p3"),
+        ("d", "p4"),
+        ("e", "p5"),
+        ("f", "p6"),
+    ];
+    for (i, &(id, pk)) in docs.iter().enumerate() {
+        let ttl = match id {
+            "b" | "e" => json!({"ttl": 5}),
+            "c" => json!({"ttl": -1}),
+            _ => json!({"n": i}),
+        };
+        owner
+            .engine
+            .create_document(&owner.path, in_partition(id, pk, ttl), None)
+            .result
+            .expect("create");
+        owner.advance(10);
+    }
+    owner
+        .engine
+        .delete_document(&owner.path, &key("p4", "d"), None)
+        .result
+        .expect("delete");
+    let request = RequestKey {
+        key: ResourceId::parse(IdKind::IdempotencyKey, "once").expect("key"),
+        fingerprint: [7; 16],
+    };
+    owner
+        .engine
+        .keyed(Some(&request))
+        .create_document(&owner.path, in_partition("g", "p7", json!({})), None)
+        .result
+        .expect("keyed create");
+    // e expires and the owner logs it; b is due but not purged yet when the snapshot is taken.
+    owner.advance(5_000);
+    owner
+        .engine
+        .touch_document(&owner.path, &key("p2", "b"), None)
+        .result
+        .ok();
+    let snaps = snapshots(&owner.engine);
+    assert!(snaps.iter().map(|s| s.documents.len()).sum::<usize>() >= 5);
+    // The owner goes on after the snapshot: the follower applies only what follows it.
+    owner
+        .engine
+        .replace_document(
+            &owner.path,
+            key("p1", "a"),
+            in_partition("a", "p1", json!({"n": 9})),
+            None,
+        )
+        .result
+        .expect("replace");
+    owner.advance(1_000);
+    assert!(owner.engine.purge_now() >= 1, "b and e expire");
+    owner
+        .engine
+        .delete_document(&owner.path, &key("p6", "f"), None)
+        .result
+        .expect("delete after the snapshot");
+    let commits = std::mem::take(&mut *shipped.lock().expect("not poisoned"));
+    for (shard, snap) in snaps.iter().enumerate() {
+        follower
+            .engine
+            .load_snapshot(shard, snap)
+            .expect("loads into an empty shard");
+        assert_eq!(follower.engine.log_end(shard), snap.seq);
+    }
+    ship_after(&commits, &snaps, &follower.engine);
+    follower.clock.set(owner.clock.now());
+    for shard in 0..SHARDS {
+        assert_eq!(follower.engine.log_end(shard), owner.engine.log_end(shard));
+        for &(id, pk) in &docs {
+            if matches!(id, "b" | "e" | "d" | "f") {
+                continue;
+            }
+            let terms = |n: &Node| {
+                n.storage
+                    .shard(shard)
+                    .get_terms(uid, &key(pk, id))
+                    .expect("terms")
+            };
+            assert_eq!(
+                terms(&follower_node),
+                terms(&owner_node),
+                "{id}'s index entries"
+            );
+        }
+        follower.engine.set_following(shard, false);
+    }
+    for &(id, pk) in docs.iter().chain([("g", "p7")].iter()) {
+        assert_eq!(seen(follower, id, pk), seen(owner, id, pk), "{id}");
+    }
+    assert!(seen(follower, "a", "p1").is_some_and(|(_, _, _, body)| body.contains("\"n\":9")));
+    // The remembered request came with the snapshot: a retry is not applied twice.
+    let retried = follower
+        .engine
+        .keyed(Some(&request))
+        .create_document(&follower.path, in_partition("g", "p7", json!({})), None)
+        .result;
+    assert!(
+        matches!(retried, Err(Error::RequestApplied { .. })),
+        "{retried:?}"
+    );
+    // Versions handed out after promotion are above the owner's.
+    let newer = follower
+        .engine
+        .create_document(&follower.path, in_partition("h", "p8", json!({})), None)
+        .result
+        .expect("create on the promoted node");
+    let owner_newest = seen(owner, "a", "p1").expect("a").0;
+    assert!(newer.etag.0 > owner_newest);
+    // The default TTL (100 s) still runs from each document's own write: a expires on both.
+    owner.advance(100_000);
+    follower.clock.set(owner.clock.now());
+    assert_eq!(seen(follower, "a", "p1"), None);
+    assert!(seen(follower, "c", "p3").is_some(), "ttl -1 lives on");
+}
+
+#[tokio::test]
+async fn a_snapshot_replaces_a_copy_left_behind_and_its_feed_before_it_is_behind() {
+    let (owner_node, shipped, follower_node) = owner_and_follower();
+    let (owner, follower) = (&owner_node.f, &follower_node.f);
+    for id in ["a", "b", "c"] {
+        owner.create(id, None);
+    }
+    assert!(ship(&shipped, &follower.engine) >= 3);
+    // Missed by the follower: the log before the snapshot is gone.
+    owner
+        .engine
+        .delete_document(&owner.path, &key("p", "a"), None)
+        .result
+        .expect("delete");
+    owner
+        .engine
+        .replace_document(
+            &owner.path,
+            key("p", "b"),
+            body(json!({"id": "b", "pk": "p", "v": 2})),
+            None,
+        )
+        .result
+        .expect("replace");
+    owner.create("d", None);
+    shipped.lock().expect("not poisoned").clear();
+    let snaps = snapshots(&owner.engine);
+    for (shard, snap) in snaps.iter().enumerate() {
+        follower.engine.load_snapshot(shard, snap).expect("loads");
+    }
+    // Loaded again (or an older one): behind this copy now, refused.
+    let ahead = snaps
+        .iter()
+        .position(|s| s.seq > 0)
+        .expect("a shard with records");
+    let older = crate::engine::ShardSnapshot {
+        seq: snaps[ahead].seq - 1,
+        ..snaps[ahead].clone()
+    };
+    assert!(follower.engine.load_snapshot(ahead, &older).is_err());
+    owner.create("e", None);
+    ship_after(
+        &std::mem::take(&mut *shipped.lock().expect("not poisoned")),
+        &snaps,
+        &follower.engine,
+    );
+    follower.clock.set(owner.clock.now());
+    for shard in 0..SHARDS {
+        follower.engine.set_following(shard, false);
+    }
+    for id in ["a", "b", "c", "d", "e"] {
+        assert_eq!(seen(follower, id, "p"), seen(owner, id, "p"), "{id}");
+    }
+    assert_eq!(
+        seen(follower, "a", "p"),
+        None,
+        "deleted while the copy was behind"
+    );
+    // This copy's change log starts after the snapshot: a feed reader from before it is
+    // behind (the floor), never handed a history with the missed changes left out.
+    let uid = owner.engine.get_collection(&owner.path).expect("c").uid;
+    let floor = follower.engine.inner.shards[ahead]
+        .log_floor(uid)
+        .expect("floor");
+    assert_eq!(floor, snaps[ahead].seq + 1);
+    assert!(
+        follower_node
+            .storage
+            .shard(ahead)
+            .change_log()
+            .read_log(uid, 0, 100)
+            .expect("log")
+            .iter()
+            .all(|(seq, _)| *seq > snaps[ahead].seq)
+    );
+}
