@@ -7,7 +7,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::log_message::{DecodeError, LogMessage, MessageKind, link};
+use crate::log_message::{DecodeError, LogMessage, link};
 
 /// Where a partition's applied history stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +85,8 @@ impl Chain {
     }
 
     /// Checks that `bytes` continue this history; if they do, moves past the message and
-    /// returns it. A `rebase` replaces the history (the caller loads its snapshot), so only its
-    /// partition and epoch are checked. Nothing changes on a refusal.
+    /// returns it (a snapshot's part continues it like any message: it holds no records).
+    /// Nothing changes on a refusal.
     pub fn accept(&mut self, bytes: &Bytes) -> Result<LogMessage, Divergence> {
         let message = LogMessage::decode(bytes).map_err(Divergence::Corrupt)?;
         if message.partition != self.partition {
@@ -100,30 +100,20 @@ impl Chain {
                 found: message.epoch,
             });
         }
-        if matches!(message.kind, MessageKind::Rebase { .. }) {
-            // A rebase seen again, or an older one, would roll the history back.
-            if message.epoch == self.epoch && message.after <= self.last && self.last > 0 {
-                return Err(Divergence::Rewind {
-                    last: self.last,
-                    found_after: message.after,
-                });
-            }
-        } else {
-            if message.after > self.last {
-                return Err(Divergence::Gap {
-                    last: self.last,
-                    found_after: message.after,
-                });
-            }
-            if message.after < self.last {
-                return Err(Divergence::Rewind {
-                    last: self.last,
-                    found_after: message.after,
-                });
-            }
-            if message.previous_link != self.link {
-                return Err(Divergence::Forked { at: self.last });
-            }
+        if message.after > self.last {
+            return Err(Divergence::Gap {
+                last: self.last,
+                found_after: message.after,
+            });
+        }
+        if message.after < self.last {
+            return Err(Divergence::Rewind {
+                last: self.last,
+                found_after: message.after,
+            });
+        }
+        if message.previous_link != self.link {
+            return Err(Divergence::Forked { at: self.last });
         }
         *self = Chain {
             partition: self.partition,
@@ -138,7 +128,7 @@ impl Chain {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log_message::tests::commit;
+    use crate::log_message::{MessageKind, tests::commit};
 
     /// A partition's history written by its owner: messages of `sizes` records each, chained.
     fn history(sizes: &[usize]) -> Vec<Bytes> {
@@ -242,36 +232,37 @@ mod tests {
     }
 
     #[test]
-    fn a_rebase_replaces_the_history() {
+    fn a_snapshots_parts_continue_the_history_at_its_position() {
         let mut follower = Chain::new(4);
-        for bytes in history(&[1, 1]) {
-            follower.accept(&bytes).expect("continues");
+        let log = history(&[1, 2]);
+        for bytes in &log {
+            follower.accept(bytes).expect("continues");
         }
-        let rebase = LogMessage {
-            kind: MessageKind::Rebase {
-                snapshot: "p4-e4-s9".into(),
+        let part = |link| LogMessage {
+            kind: MessageKind::Snapshot {
+                part: 0,
+                parts: 1,
+                bytes: Bytes::from_static(b"state"),
             },
-            epoch: 4,
-            after: 9,
-            previous_link: 12345,
+            after: 3,
+            previous_link: link,
             records: Vec::new(),
             remembered: Vec::new(),
             ..commit(4, 0, 0, 0)
         };
-        let bytes = Bytes::from(rebase.encode());
-        follower.accept(&bytes).expect("a rebase is taken");
-        assert_eq!((follower.last, follower.epoch), (9, 4));
-        assert_eq!(follower.link, link(12345, &bytes));
-        // Delivered again, it is refused rather than rolling back what followed it.
-        let next = Bytes::from(commit(4, 9, follower.link, 2).encode());
-        let next = LogMessage::decode(&next).map(|m| LogMessage { epoch: 4, ..m });
-        let next = Bytes::from(next.expect("decodes").encode());
-        follower.accept(&next).expect("continues after the rebase");
+        let bytes = Bytes::from(part(follower.link).encode());
+        follower
+            .accept(&bytes)
+            .expect("a part at the history's end");
+        assert_eq!(follower.last, 3, "it moves no position");
+        // A copy behind it finds a gap: it loads the snapshot instead (`follower.rs`).
+        let mut behind = Chain::new(4);
+        behind.accept(&log[0]).expect("first");
         assert_eq!(
-            follower.accept(&bytes),
-            Err(Divergence::Rewind {
-                last: 11,
-                found_after: 9
+            behind.accept(&bytes),
+            Err(Divergence::Gap {
+                last: 1,
+                found_after: 3
             })
         );
     }

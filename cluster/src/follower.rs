@@ -3,9 +3,8 @@
 //! from the stream in order, checked against the chain of those before it, and applied through
 //! the engine; then the node publishes its `takeover` at the log's end, and its shard serves.
 //!
-//! Built so far: catch-up from the start of the subject (snapshots come later) and a takeover
-//! at a given epoch. The lease that decides who takes over is `lease_store.rs`'s; wiring the
-//! two together in the server is the next step.
+//! A node whose copy is behind the log's first message (the owner purged the log below a
+//! snapshot) loads the snapshot the log starts with, then applies what follows it.
 
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use crate::{
     chain::{Chain, Divergence},
     log_message::{LogMessage, MessageKind, decode_frame},
     publish_queue::{LogPosition, PublishQueue, TakeoverError, log_end, subject, take_over},
+    snapshot::Assembly,
 };
 
 /// How long a log must keep ending below what a copy applied from it before the copy calls it
@@ -76,6 +76,9 @@ pub struct Followed {
     /// A message applied part-way (a commit in it refused): its stream sequence, and how many
     /// of its commits were applied.
     partial: Option<(u64, usize)>,
+    /// A snapshot being read because the log starts with it, past this copy's end (loaded
+    /// once its last part is in), and the stream sequence read up to before it.
+    assembly: Option<(Assembly, u64)>,
 }
 
 impl Followed {
@@ -85,6 +88,7 @@ impl Followed {
             chain: Chain::new(partition),
             subject_seq: 0,
             partial: None,
+            assembly: None,
         }
     }
 
@@ -100,6 +104,7 @@ impl Followed {
             },
             subject_seq: position.subject_seq,
             partial: None,
+            assembly: None,
         }
     }
 }
@@ -117,6 +122,8 @@ pub async fn catch_up(
     // [`SHORTENED_FOR`]: a stream leader just elected may answer before it has applied its
     // log, and one cut off from the others may answer until it steps down; a false alarm
     // would stop the partition everywhere until an operator acts.
+    // A snapshot read whole whose load was refused (the catalog behind): again.
+    load_if_complete(engine, partition, followed).await?;
     let mut end_seq = read_end(stream, partition).await?;
     let first_short = std::time::Instant::now();
     while end_seq < followed.subject_seq && first_short.elapsed() < SHORTENED_FOR {
@@ -175,19 +182,58 @@ pub async fn catch_up(
             _ => 0,
         };
         for (i, part) in parts.into_iter().enumerate().skip(done) {
+            if let Some((assembly, _)) = &mut followed.assembly {
+                if let Err(d) = assembly.add(&part, seq) {
+                    let first = assembly.first_seq;
+                    // Purged again while it was read: read again from the log's new start.
+                    if log_first(stream, partition).await? > first {
+                        let (_, resume_from) = followed.assembly.take().expect("read");
+                        followed.subject_seq = resume_from;
+                        followed.partial = None;
+                        return Err(TakeoverError::Unavailable(format!(
+                            "the log of partition {partition} was purged past the snapshot being read; reading the newer one"
+                        ))
+                        .into());
+                    }
+                    return Err(CatchUpError::Diverged(d));
+                }
+                // Marked taken before the load, which a catalog behind may refuse for now.
+                followed.partial = Some((seq, i + 1));
+                load_if_complete(engine, partition, followed).await?;
+                continue;
+            }
             let mut next = followed.chain;
-            let m = next.accept(&part).map_err(CatchUpError::Diverged)?;
+            let m = match next.accept(&part) {
+                Ok(m) => m,
+                // The log starts past this copy with a snapshot: the owner purged what came
+                // before it (a snapshot's first part always starts a frame). Anything else
+                // that does not continue the history is a divergence.
+                Err(d @ (Divergence::Gap { .. } | Divergence::Forked { .. })) if i == 0 => {
+                    match Assembly::start(partition, &part, seq) {
+                        Some(assembly) if log_first(stream, partition).await? >= seq => {
+                            tracing::info!(
+                                partition,
+                                at = assembly.chain.last,
+                                from = followed.chain.last,
+                                "the log starts with a snapshot past this copy: loading it"
+                            );
+                            followed.assembly = Some((assembly, followed.subject_seq));
+                            followed.partial = Some((seq, i + 1));
+                            load_if_complete(engine, partition, followed).await?;
+                            continue;
+                        }
+                        _ => return Err(CatchUpError::Diverged(d)),
+                    }
+                }
+                Err(d) => return Err(CatchUpError::Diverged(d)),
+            };
             // Every time an owner acted on is at or below a watermark it logged since (or
             // its lease's end): this copy's time starts there if it is promoted.
             engine.raise_time(partition as usize, m.watermark);
             match m.kind {
                 MessageKind::Commit => apply(engine, partition, m).await?,
-                MessageKind::Takeover => {}
-                MessageKind::Rebase { snapshot } => {
-                    return Err(CatchUpError::Refused(format!(
-                        "a rebase onto snapshot {snapshot}, which this version cannot load yet"
-                    )));
-                }
+                // A snapshot at this copy's end: it holds what this copy holds.
+                MessageKind::Takeover | MessageKind::Snapshot { .. } => {}
             }
             followed.chain = next;
             followed.partial = Some((seq, i + 1));
@@ -195,6 +241,52 @@ pub async fn catch_up(
         followed.partial = None;
         followed.subject_seq = seq;
     }
+    Ok(())
+}
+
+/// The stream sequence of the partition's first message (`u64::MAX`: none): below it, the
+/// owner purged the log. Asked of the stream leader.
+async fn log_first(stream: &Stream, partition: u32) -> Result<u64, CatchUpError> {
+    match stream
+        .get_first_raw_message_by_subject(subject(partition), 1)
+        .await
+    {
+        Ok(first) => Ok(first.sequence),
+        Err(e)
+            if e.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(u64::MAX)
+        }
+        Err(e) => Err(TakeoverError::Unavailable(e.to_string()).into()),
+    }
+}
+
+/// Loads the snapshot `followed` has read whole, if it has, into the engine; this copy is the
+/// log up to the snapshot's last part from then on.
+async fn load_if_complete(
+    engine: &Engine,
+    partition: u32,
+    followed: &mut Followed,
+) -> Result<(), CatchUpError> {
+    let Some((assembly, _)) = followed.assembly.as_ref().filter(|(a, _)| a.complete()) else {
+        return Ok(());
+    };
+    let snapshot = assembly.snapshot().map_err(CatchUpError::Diverged)?;
+    let (documents, at) = (snapshot.documents.len(), snapshot.seq);
+    let loader = engine.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        loader.raise_time(partition as usize, snapshot.time);
+        loader.load_snapshot(partition as usize, &snapshot)
+    })
+    .await;
+    match loaded {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(CatchUpError::Refused(e.to_string())),
+        Err(e) => return Err(CatchUpError::Refused(format!("the load task failed: {e}"))),
+    }
+    tracing::info!(partition, at, documents, "loaded the partition's snapshot");
+    followed.chain = assembly.chain;
+    followed.assembly = None;
     Ok(())
 }
 

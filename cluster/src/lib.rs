@@ -4,8 +4,8 @@
 //! the lease timing that keeps two owners from serving at once.
 //! On NATS so far: the leases, in a KV bucket, and an owner's commit path: each partition's
 //! publish queue (fenced, batched publishes to its log subject) under the node's storage, so
-//! that a write is durable once it is on the local disk and on a JetStream quorum. Followers
-//! (applying the log) come next, in the note's build order.
+//! that a write is durable once it is on the local disk and on a JetStream quorum; followers
+//! applying the log; snapshots in the log, below which the owner purges it.
 
 pub mod assignment;
 pub mod catalog_log;
@@ -16,6 +16,7 @@ pub mod lease_store;
 pub mod log_message;
 pub mod publish_queue;
 pub mod replicated_storage;
+pub mod snapshot;
 
 pub use assignment::{Assignment, NodeId, Replicas, assign, ranked_standbys};
 pub use catalog_log::{Apply, CatalogError, CatalogLog};

@@ -1,12 +1,13 @@
 //! The message a partition's owner publishes to its log subject: one commit's change log
 //! records and what a follower needs to apply them as the owner did, or a `takeover` (a new
-//! owner fencing the old one), or a `rebase` (history goes on from a snapshot). See
-//! `docs/cluster.md`, "What is replicated".
+//! owner fencing the old one), or one part of a snapshot (the partition's state at the
+//! position, for a node that lacks the log before it). See `docs/cluster.md`, "What is
+//! replicated" and "Snapshots and retention".
 //!
 //! Layout, big-endian: `format (u8) | kind (u8) | partition (u32) | epoch (u64) | after (u64) |
 //! previous link (u64) | watermark (u64) | catalog seq (u64) | versions below (u64) | record
-//! count (u32) | records | remembered count (u32) | remembered | snapshot name (u16 length,
-//! UTF-8; rebase only)`. A record is `collection uid (u64) | length (u32) | bytes`, at positions
+//! count (u32) | records | remembered count (u32) | remembered | part (u32) | parts (u32) |
+//! length (u32) | bytes (a snapshot's part only)`. A record is `collection uid (u64) | length (u32) | bytes`, at positions
 //! `after + 1`, `after + 2`, …; a remembered request is `collection uid (u64) | partition key
 //! (order-preserving) | key length (u16) | key | fingerprint (16) | applied at (u64) | forget at
 //! (u64)`.
@@ -32,8 +33,9 @@ pub enum MessageKind {
     /// A new owner's first message: no records, it only moves the subject on so that the old
     /// owner's next publish fails its expectation.
     Takeover,
-    /// History goes on from the named snapshot (after a repair): no records.
-    Rebase { snapshot: String },
+    /// Part `part` (from 0) of `parts` of the partition's snapshot at position `after`
+    /// (`snapshot.rs`): no records; the parts follow each other in the log.
+    Snapshot { part: u32, parts: u32, bytes: Bytes },
 }
 
 impl MessageKind {
@@ -41,7 +43,8 @@ impl MessageKind {
         match self {
             MessageKind::Commit => 1,
             MessageKind::Takeover => 2,
-            MessageKind::Rebase { .. } => 3,
+            // 3 was a `rebase`, never written.
+            MessageKind::Snapshot { .. } => 4,
         }
     }
 }
@@ -54,6 +57,51 @@ pub struct Remembered {
     /// `id` is the idempotency key, in the partition the request wrote to.
     pub key: DocKey,
     pub record: RequestRecord,
+}
+
+impl Remembered {
+    /// Appends its bytes to `out`.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.collection.0.to_be_bytes());
+        self.key.partition_key.encode_ordered(out);
+        let key = self.key.id.as_str().as_bytes();
+        // Idempotency keys are ids: at most 255 characters.
+        out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        out.extend_from_slice(key);
+        out.extend_from_slice(&self.record.fingerprint);
+        out.extend_from_slice(&self.record.applied_at.to_be_bytes());
+        out.extend_from_slice(&self.record.forget_at.to_be_bytes());
+    }
+
+    /// Reads one from `r`.
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let collection = CollectionUid(r.u64()?);
+        let (partition_key, rest) = PartitionKeyValue::decode_ordered(&r.bytes[r.at..])
+            .filter(|(pk, _)| match pk {
+                // What the engine stores: finite, and 0 for -0.
+                PartitionKeyValue::Number(x) => x.is_finite() && x.to_bits() != (-0.0f64).to_bits(),
+                _ => true,
+            })
+            .ok_or(DecodeError("bad partition key"))?;
+        r.at = r.bytes.len() - rest.len();
+        let len = usize::from(r.u16()?);
+        let key = std::str::from_utf8(&r.take(len)?)
+            .map_err(|_| DecodeError("idempotency key is not UTF-8"))?
+            .to_string();
+        let id = DocumentId::parse_stored(IdKind::IdempotencyKey, &key)
+            .map_err(|_| DecodeError("bad idempotency key"))?;
+        let fingerprint = r.take(16)?.as_ref().try_into().expect("16 bytes");
+        let record = RequestRecord {
+            fingerprint,
+            applied_at: r.u64()?,
+            forget_at: r.u64()?,
+        };
+        Ok(Remembered {
+            collection,
+            key: DocKey { partition_key, id },
+            record,
+        })
+    }
 }
 
 /// One message of a partition's log.
@@ -121,20 +169,13 @@ impl LogMessage {
         }
         out.extend_from_slice(&count(self.remembered.len()).to_be_bytes());
         for r in &self.remembered {
-            out.extend_from_slice(&r.collection.0.to_be_bytes());
-            r.key.partition_key.encode_ordered(&mut out);
-            let key = r.key.id.as_str().as_bytes();
-            // Idempotency keys are ids: at most 255 characters.
-            out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-            out.extend_from_slice(key);
-            out.extend_from_slice(&r.record.fingerprint);
-            out.extend_from_slice(&r.record.applied_at.to_be_bytes());
-            out.extend_from_slice(&r.record.forget_at.to_be_bytes());
+            r.encode(&mut out);
         }
-        if let MessageKind::Rebase { snapshot } = &self.kind {
-            let len = u16::try_from(snapshot.len()).expect("snapshot names are short");
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(snapshot.as_bytes());
+        if let MessageKind::Snapshot { part, parts, bytes } = &self.kind {
+            out.extend_from_slice(&part.to_be_bytes());
+            out.extend_from_slice(&parts.to_be_bytes());
+            out.extend_from_slice(&count(bytes.len()).to_be_bytes());
+            out.extend_from_slice(bytes);
         }
         out
     }
@@ -160,47 +201,25 @@ impl LogMessage {
         let n = r.u32()?;
         let mut remembered = Vec::new();
         for _ in 0..n {
-            let collection = CollectionUid(r.u64()?);
-            let (partition_key, rest) = PartitionKeyValue::decode_ordered(&r.bytes[r.at..])
-                .filter(|(pk, _)| match pk {
-                    // What the engine stores: finite, and 0 for -0.
-                    PartitionKeyValue::Number(x) => {
-                        x.is_finite() && x.to_bits() != (-0.0f64).to_bits()
-                    }
-                    _ => true,
-                })
-                .ok_or(DecodeError("bad partition key"))?;
-            r.at = r.bytes.len() - rest.len();
-            let len = usize::from(r.u16()?);
-            let key = std::str::from_utf8(&r.take(len)?)
-                .map_err(|_| DecodeError("idempotency key is not UTF-8"))?
-                .to_string();
-            let id = DocumentId::parse_stored(IdKind::IdempotencyKey, &key)
-                .map_err(|_| DecodeError("bad idempotency key"))?;
-            let fingerprint = r.take(16)?.as_ref().try_into().expect("16 bytes");
-            let record = RequestRecord {
-                fingerprint,
-                applied_at: r.u64()?,
-                forget_at: r.u64()?,
-            };
-            remembered.push(Remembered {
-                collection,
-                key: DocKey { partition_key, id },
-                record,
-            });
+            remembered.push(Remembered::decode(&mut r)?);
         }
         let kind = match kind_code {
             // A commit may hold no record: it remembered requests, or kept the version floor.
             1 => MessageKind::Commit,
             2 if records.is_empty() => MessageKind::Takeover,
-            3 if records.is_empty() => {
-                let len = usize::from(r.u16()?);
-                let name = std::str::from_utf8(&r.take(len)?)
-                    .map_err(|_| DecodeError("snapshot name is not UTF-8"))?
-                    .to_string();
-                MessageKind::Rebase { snapshot: name }
+            4 if records.is_empty() && remembered.is_empty() => {
+                let (part, parts) = (r.u32()?, r.u32()?);
+                if part >= parts {
+                    return Err(DecodeError("a snapshot part past its count"));
+                }
+                let len = r.u32()? as usize;
+                MessageKind::Snapshot {
+                    part,
+                    parts,
+                    bytes: r.take(len)?,
+                }
             }
-            2 | 3 => return Err(DecodeError("records do not fit the kind")),
+            2 | 4 => return Err(DecodeError("records do not fit the kind")),
             _ => return Err(DecodeError("unknown kind")),
         };
         if r.at != bytes.len() {
@@ -271,13 +290,13 @@ fn count(n: usize) -> u32 {
     u32::try_from(n).expect("a message holds fewer than 2^32 items and bytes per item")
 }
 
-struct Reader<'a> {
-    bytes: &'a Bytes,
-    at: usize,
+pub(crate) struct Reader<'a> {
+    pub(crate) bytes: &'a Bytes,
+    pub(crate) at: usize,
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<Bytes, DecodeError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<Bytes, DecodeError> {
         let end = self
             .at
             .checked_add(n)
@@ -292,19 +311,19 @@ impl Reader<'_> {
         Ok(self.take(N)?.as_ref().try_into().expect("N bytes"))
     }
 
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.array::<1>()?[0])
     }
 
-    fn u16(&mut self) -> Result<u16, DecodeError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_be_bytes(self.array()?))
     }
 
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_be_bytes(self.array()?))
     }
 
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_be_bytes(self.array()?))
     }
 }
@@ -367,13 +386,15 @@ pub(crate) mod tests {
             remembered: Vec::new(),
             ..commit(4, 10, 77, 0)
         };
-        let rebase = LogMessage {
-            kind: MessageKind::Rebase {
-                snapshot: "p4-e3-s10".into(),
+        let part = LogMessage {
+            kind: MessageKind::Snapshot {
+                part: 1,
+                parts: 3,
+                bytes: Bytes::from_static(b"state"),
             },
             ..takeover.clone()
         };
-        for message in [commit(4, 10, 77, 3), takeover, rebase] {
+        for message in [commit(4, 10, 77, 3), takeover, part] {
             let bytes = Bytes::from(message.encode());
             assert_eq!(LogMessage::decode(&bytes), Ok(message));
         }
@@ -438,7 +459,8 @@ pub(crate) mod tests {
                 message.kind = if kind == 1 {
                     MessageKind::Takeover
                 } else {
-                    MessageKind::Rebase { snapshot: "s".into() }
+                    message.remembered.clear();
+                    MessageKind::Snapshot { part: 0, parts: 2, bytes: Bytes::from_static(b"s") }
                 };
             }
             let mut bytes = message.encode();

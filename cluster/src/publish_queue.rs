@@ -27,13 +27,17 @@ use async_nats::jetstream::{
 };
 use bytes::Bytes;
 use mayfly_engine::{
+    engine::ShardSnapshot,
     model::CollectionUid,
     storage::{DurableFuture, LogRecord, Lsn, StorageError},
 };
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
-use crate::log_message::{LogMessage, MessageKind, Remembered, decode_frame, encode_frame, link};
+use crate::{
+    log_message::{LogMessage, MessageKind, Remembered, decode_frame, encode_frame, link},
+    snapshot,
+};
 
 /// Log streams: partition `p` is in stream `p % LOG_STREAMS`, so that the streams' Raft leaders
 /// spread over three NATS servers.
@@ -99,6 +103,41 @@ pub struct Commit {
     pub remembered: Vec<Remembered>,
     /// Every version handed out is below this.
     pub versions_below: u64,
+}
+
+/// What waits in a publish queue: commits in commit order, and snapshots among them.
+#[derive(Debug)]
+enum Item {
+    Commit(Commit),
+    /// The shard's snapshot at the position the commits before it end at: split into parts
+    /// by the publisher.
+    Snapshot(Box<ShardSnapshot>),
+    /// One part of a snapshot at position `at`.
+    Part {
+        at: u64,
+        part: u32,
+        parts: u32,
+        bytes: Bytes,
+    },
+}
+
+impl Item {
+    /// About how many bytes it takes in a frame.
+    fn size(&self) -> usize {
+        match self {
+            Item::Commit(c) => c.records.iter().map(|(_, r)| r.len() + 12).sum(),
+            Item::Snapshot(_) => 0,
+            Item::Part { bytes, .. } => bytes.len() + 64,
+        }
+    }
+}
+
+/// A snapshot of the partition this queue published whole: the stream sequence of its first
+/// part. The log may be purged below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Published {
+    at: u64,
+    first_seq: u64,
 }
 
 /// Where a partition's log ends: what the next publish follows.
@@ -276,8 +315,8 @@ pub struct PublishQueue {
 
 #[derive(Debug)]
 struct Queue {
-    /// Commits not yet sent, in commit order.
-    waiting: VecDeque<Commit>,
+    /// Commits (and snapshots) not yet sent, in commit order.
+    waiting: VecDeque<Item>,
     /// Where every commit sent or waiting, not yet acknowledged, was applied locally: in
     /// order, since the shard lock orders both.
     unacked: VecDeque<Lsn>,
@@ -302,6 +341,10 @@ struct Queue {
     position: Option<LogPosition>,
     /// One more at each start and stop: a publisher of an earlier ownership stops.
     generation: u64,
+    /// The first part of the snapshot being published, once acknowledged.
+    snapshot_started: Option<Published>,
+    /// The last two snapshots this ownership published whole, oldest first.
+    snapshots: VecDeque<Published>,
 }
 
 impl PublishQueue {
@@ -321,6 +364,8 @@ impl PublishQueue {
                 watermark: 0,
                 position: None,
                 generation: 0,
+                snapshot_started: None,
+                snapshots: VecDeque::new(),
             }),
             wake: Notify::new(),
             progress: watch::Sender::new(()),
@@ -339,6 +384,8 @@ impl PublishQueue {
         q.position = Some(*position);
         q.stalled = None;
         q.generation += 1;
+        q.snapshot_started = None;
+        q.snapshots.clear();
         q.generation
     }
 
@@ -448,9 +495,32 @@ impl PublishQueue {
         }
         q.next = Some(next + commit.records.len() as u64);
         q.unacked.push_back(commit.lsn);
-        q.waiting.push_back(commit);
+        q.waiting.push_back(Item::Commit(commit));
         drop(q);
         self.wake.notify_one();
+    }
+
+    /// Queues the shard's snapshot (called under the shard lock, as its commits are) while
+    /// this node owns the partition: its parts go to the log after the commits queued before
+    /// it. `false`: not queued (the node does not own the partition, the queue failed, or the
+    /// snapshot is not at the position the queued commits end at).
+    pub fn enqueue_snapshot(&self, snapshot: ShardSnapshot) -> bool {
+        let mut q = self.queue.lock();
+        if q.failed.is_some() || q.next != Some(snapshot.seq + 1) {
+            return false;
+        }
+        q.waiting.push_back(Item::Snapshot(Box::new(snapshot)));
+        drop(q);
+        self.wake.notify_one();
+        true
+    }
+
+    /// The stream sequence below which the partition's log may be purged: the first part of
+    /// the older of the last two snapshots this ownership published whole (the log then still
+    /// holds a snapshot interval's commits for a standby reading behind). `None`: fewer.
+    pub fn purge_below(&self) -> Option<u64> {
+        let q = self.queue.lock();
+        (q.snapshots.len() >= 2).then(|| q.snapshots[0].first_seq)
     }
 
     /// `None` if every commit this queue took at or before `lsn` is acknowledged; else a
@@ -523,6 +593,48 @@ impl PublishQueue {
         (mut position, generation): (LogPosition, u64),
     ) {
         loop {
+            // A snapshot is split into parts outside the lock, and goes on at the front.
+            let snap = {
+                let mut q = self.queue.lock();
+                if q.failed.is_some() || q.closed || q.generation != generation {
+                    return;
+                }
+                match q.waiting.front() {
+                    Some(Item::Snapshot(_)) => match q.waiting.pop_front() {
+                        Some(Item::Snapshot(snap)) => Some(snap),
+                        _ => unreachable!("looked at"),
+                    },
+                    _ => None,
+                }
+            };
+            if let Some(snap) = snap {
+                let at = snap.seq;
+                let parts = match tokio::task::spawn_blocking(move || {
+                    snapshot::split(snapshot::encode(&snap))
+                })
+                .await
+                {
+                    Ok(parts) => parts,
+                    Err(e) => {
+                        tracing::error!(partition = self.partition, error = %e, "a snapshot was not encoded");
+                        continue;
+                    }
+                };
+                let mut q = self.queue.lock();
+                if q.generation != generation {
+                    return;
+                }
+                let n = parts.len() as u32;
+                for (i, bytes) in parts.into_iter().enumerate().rev() {
+                    q.waiting.push_front(Item::Part {
+                        at,
+                        part: i as u32,
+                        parts: n,
+                        bytes,
+                    });
+                }
+                continue;
+            }
             let batch = {
                 let mut q = self.queue.lock();
                 if q.failed.is_some() || q.closed || q.generation != generation {
@@ -530,9 +642,15 @@ impl PublishQueue {
                 }
                 let mut bytes = 0;
                 let mut batch = Vec::new();
-                while let Some(commit) = q.waiting.front() {
-                    let size: usize = commit.records.iter().map(|(_, r)| r.len() + 12).sum();
+                while let Some(item) = q.waiting.front() {
+                    let size = item.size();
                     if !batch.is_empty() && bytes + size > MAX_FRAME_BYTES {
+                        break;
+                    }
+                    // A snapshot starts a frame: the log may be purged below that frame.
+                    if !batch.is_empty()
+                        && matches!(item, Item::Part { part: 0, .. } | Item::Snapshot(_))
+                    {
                         break;
                     }
                     bytes += size;
@@ -568,8 +686,31 @@ impl PublishQueue {
                         // Stopped meanwhile: these commits already failed.
                         return;
                     }
-                    for _ in 0..batch.len() {
-                        q.unacked.pop_front();
+                    for item in &batch {
+                        match item {
+                            Item::Commit(_) => {
+                                q.unacked.pop_front();
+                            }
+                            Item::Part {
+                                at, part, parts, ..
+                            } => {
+                                if *part == 0 {
+                                    q.snapshot_started = Some(Published {
+                                        at: *at,
+                                        first_seq: subject_seq,
+                                    });
+                                }
+                                if *part + 1 == *parts
+                                    && let Some(done) = q.snapshot_started.take()
+                                {
+                                    q.snapshots.push_back(done);
+                                    if q.snapshots.len() > 2 {
+                                        q.snapshots.pop_front();
+                                    }
+                                }
+                            }
+                            Item::Snapshot(_) => {}
+                        }
                     }
                     q.stalled = None;
                     q.position = Some(position);
@@ -592,7 +733,7 @@ impl PublishQueue {
     }
 
     /// The frame of `batch`, following `position`, and where the log ends after it.
-    fn frame(&self, batch: &[Commit], position: &LogPosition) -> (Bytes, LogPosition) {
+    fn frame(&self, batch: &[Item], position: &LogPosition) -> (Bytes, LogPosition) {
         let mut after = *position;
         let watermark = {
             let mut q = self.queue.lock();
@@ -601,27 +742,50 @@ impl PublishQueue {
         };
         let messages: Vec<Vec<u8>> = batch
             .iter()
-            .map(|commit| {
+            .filter_map(|item| {
+                let (kind, records, remembered, versions_below) = match item {
+                    Item::Commit(commit) => (
+                        MessageKind::Commit,
+                        commit
+                            .records
+                            .iter()
+                            .map(|(c, r)| (*c, r.to_bytes()))
+                            .collect(),
+                        commit.remembered.clone(),
+                        commit.versions_below,
+                    ),
+                    Item::Part {
+                        part, parts, bytes, ..
+                    } => (
+                        MessageKind::Snapshot {
+                            part: *part,
+                            parts: *parts,
+                            bytes: bytes.clone(),
+                        },
+                        Vec::new(),
+                        Vec::new(),
+                        0,
+                    ),
+                    // Split before it is batched.
+                    Item::Snapshot(_) => return None,
+                };
+                let moved = records.len() as u64;
                 let message = LogMessage {
-                    kind: MessageKind::Commit,
+                    kind,
                     partition: self.partition,
                     epoch: after.epoch,
                     after: after.last,
                     previous_link: after.link,
                     watermark,
                     catalog_seq: 0,
-                    versions_below: commit.versions_below,
-                    records: commit
-                        .records
-                        .iter()
-                        .map(|(c, r)| (*c, r.to_bytes()))
-                        .collect(),
-                    remembered: commit.remembered.clone(),
+                    versions_below,
+                    records,
+                    remembered,
                 }
                 .encode();
-                after.last += commit.records.len() as u64;
+                after.last += moved;
                 after.link = link(after.link, &message);
-                message
+                Some(message)
             })
             .collect();
         (Bytes::from(encode_frame(&messages)), after)

@@ -27,7 +27,7 @@ use mayfly_cluster::{
     LogPosition, PublishQueue, Replicas, ReplicatedStorage, SystemClocks, TakeoverError, Watch,
     assign, become_owner, catch_up,
     lease_store::renew_interval,
-    publish_queue::{LOG_STREAMS, log_streams},
+    publish_queue::{LOG_STREAMS, log_streams, subject},
     ranked_standbys,
 };
 use tokio::{
@@ -65,6 +65,10 @@ pub struct ClusterConfig {
     /// How many other nodes keep each partition's copy caught up with its log, ready to take
     /// it over within a lease when its owner dies (fewer while there are fewer nodes).
     pub standbys: usize,
+    /// An owner snapshots a partition into its log after this many records (or 10 minutes
+    /// with any), and purges the log below the snapshot before (docs/cluster.md,
+    /// "Snapshots and retention").
+    pub snapshot_records: u64,
     /// When this node serves TLS, the CA (PEM) that issued the other nodes' certificates: it
     /// checks them by it when it forwards (`None`: the `--tls-client-ca`, which then must be
     /// given).
@@ -429,6 +433,7 @@ pub async fn join(
             owned: owned.clone(),
             metrics: metrics.clone(),
             alarms: alarms.clone(),
+            snapshot_records: config.snapshot_records,
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
@@ -815,7 +820,28 @@ struct Partition {
     metrics: Arc<ClusterMetrics>,
     /// The cluster's alarms: a partition whose log diverged is stopped on every node.
     alarms: jetstream::kv::Store,
+    /// The owner snapshots the partition into its log after this many records.
+    snapshot_records: u64,
 }
+
+/// An owner's snapshots of its partition, and its purges of the log below them.
+struct Snapshots {
+    /// The log position of the last snapshot queued (or where the ownership began).
+    at: u64,
+    since: Instant,
+    /// The stream sequence the log was last purged below.
+    purged_below: u64,
+}
+
+/// Records after which an owner snapshots a partition, unless told otherwise
+/// ([`ClusterConfig::snapshot_records`]).
+pub const DEFAULT_SNAPSHOT_RECORDS: u64 = 100_000;
+
+/// How often an owner looks whether a snapshot is due.
+const SNAPSHOT_CHECK: Duration = Duration::from_secs(1);
+
+/// An owner snapshots a partition with any records since the last after this long.
+const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(600);
 
 /// The bucket of the cluster's alarms: key `diverged.<partition>`, whose value says where a
 /// node found the partition's log not continuing the history it applied. While it is there no
@@ -1128,10 +1154,16 @@ impl Partition {
         self.metrics.partitions[self.p as usize]
             .following
             .store(false, Ordering::Relaxed);
+        let mut snapshots = Snapshots {
+            at: self.engine.log_end(self.p as usize),
+            since: Instant::now(),
+            purged_below: 0,
+        };
         let position = loop {
             tokio::select! {
                 // Lost: the renewals stopped serving the partition.
                 _ = &mut renewing.0 => break self.queue.stop(),
+                () = tokio::time::sleep(SNAPSHOT_CHECK) => self.snapshot_and_purge(&mut snapshots).await,
                 wanted = self.handover_wanted() => {
                     if let Some(position) =
                         self.hand_over(wanted, &stop_renewing, &mut renewing).await
@@ -1159,6 +1191,64 @@ impl Partition {
                     "stopped owning the partition with commits NATS had not acknowledged: this node's copy may hold what the log does not, and it takes the partition again only after a restart"
                 );
                 false
+            }
+        }
+    }
+
+    /// Queues the partition's snapshot once [`Partition::snapshot_records`] records (or
+    /// [`SNAPSHOT_INTERVAL`] with any) followed the last, and purges the log below the older
+    /// of the last two snapshots published whole (docs/cluster.md, "Snapshots and retention").
+    async fn snapshot_and_purge(&self, s: &mut Snapshots) {
+        let p = self.p as usize;
+        let records = self.engine.log_end(p).saturating_sub(s.at);
+        if records >= self.snapshot_records
+            || (records > 0 && s.since.elapsed() >= SNAPSHOT_INTERVAL)
+        {
+            let (engine, queue) = (self.engine.clone(), self.queue.clone());
+            // Under the shard lock: it reads every document's metadata and body there.
+            let taken = tokio::task::spawn_blocking(move || {
+                engine.snapshot_shard(p, |snap| {
+                    let (at, documents) = (snap.seq, snap.documents.len());
+                    (queue.enqueue_snapshot(snap), at, documents)
+                })
+            })
+            .await;
+            match taken {
+                Ok(Ok((true, at, documents))) => {
+                    s.at = at;
+                    s.since = Instant::now();
+                    tracing::info!(
+                        partition = p,
+                        at,
+                        documents,
+                        "snapshot queued to the partition's log"
+                    );
+                }
+                Ok(Ok((false, ..))) => {}
+                Ok(Err(e)) => tracing::warn!(partition = p, error = %e, "snapshot not taken"),
+                Err(e) => tracing::warn!(partition = p, error = %e, "snapshot task failed"),
+            }
+        }
+        if let Some(below) = self.queue.purge_below()
+            && below > s.purged_below
+        {
+            match self
+                .stream
+                .purge()
+                .filter(subject(self.p))
+                .sequence(below)
+                .await
+            {
+                Ok(purged) => {
+                    s.purged_below = below;
+                    tracing::info!(
+                        partition = p,
+                        below,
+                        purged = purged.purged,
+                        "purged the partition's log below a snapshot"
+                    );
+                }
+                Err(e) => tracing::warn!(partition = p, error = %e, "log not purged; retrying"),
             }
         }
     }

@@ -28,7 +28,7 @@ mod server;
 /// the server has always used.
 pub use mayfly_engine::{engine, model, storage};
 
-pub use cluster_node::{ClusterConfig, NatsAuth};
+pub use cluster_node::{ClusterConfig, DEFAULT_SNAPSHOT_RECORDS, NatsAuth};
 pub use current_engine::CurrentEngine;
 pub use net::MAX_MESSAGE_BYTES;
 pub use server::{AuthConfig, Config, Network, RunningServer, ServeError, StorageConfig, serve};

@@ -2576,6 +2576,7 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
             replicas: 3,
             advertise: None,
             standbys: 1,
+            snapshot_records: mayfly_server::DEFAULT_SNAPSHOT_RECORDS,
             peer_ca: None,
             nats: Default::default(),
             key_file: None,
@@ -3178,4 +3179,141 @@ async fn a_change_feed_across_nodes_shows_each_event_once_and_resumes_at_any_nod
     let mut ids = ids;
     ids.sort();
     assert_eq!(ids, [format!("one-{k}"), format!("two-{k}")]);
+}
+
+/// Whether partition `p`'s log starts with the first part of a snapshot (the owner purged it
+/// below one), and how many messages it holds.
+async fn log_start(js: &Context, p: u32) -> (bool, u64) {
+    let stream = js
+        .get_stream(publish_queue::stream_name(p))
+        .await
+        .expect("log stream");
+    let subject = publish_queue::subject(p);
+    let Ok(first) = stream.get_first_raw_message_by_subject(&subject, 1).await else {
+        return (false, 0);
+    };
+    let starts = decode_frame(&first.payload)
+        .ok()
+        .and_then(|parts| mayfly_cluster::LogMessage::decode(&parts[0]).ok())
+        .is_some_and(|m| matches!(m.kind, MessageKind::Snapshot { part: 0, .. }));
+    let mut info = stream.clone();
+    let held = info
+        .info()
+        .await
+        .map(|i| i.state.messages)
+        .unwrap_or_default();
+    (starts, held)
+}
+
+/// An owner snapshots each partition into its log every `--snapshot-records` records and
+/// purges the log below the older of its last two snapshots: the log stays bounded while
+/// writes go on. A node joining after the purge has no log to replay from the start: it loads
+/// each partition's snapshot, applies what follows, takes half the partitions over, and, the
+/// first node killed, serves every acknowledged write, and none deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_log_starts_with_a_snapshot_that_a_new_node_loads() {
+    use support::clients::{connect, database_and_collection, string_pk};
+
+    let nats = NatsCluster::start(3);
+    let js = client(&nats).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = |node: &str| {
+        let mut args = cluster_args(&nats, node);
+        args.extend(["--snapshot-records", "30"].map(String::from));
+        args
+    };
+    let start = |node: &str| {
+        let args = args(node);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        support::Mayfly::start(&dir.path().join(node), &args)
+    };
+    let a = start("a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    // Written in rounds until every partition's log starts with a snapshot: its owner took
+    // two, then purged below the older (checked each second, at most 60 s).
+    let mut written = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for _ in 0..60 {
+            let i = written.len();
+            let (id, pk) = (format!("doc-{i}"), format!("p{}", i % 24));
+            create_through(&on_a.documents, &id, &pk).await;
+            written.push((id, pk));
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let mut starts = Vec::new();
+        for p in 0..4 {
+            starts.push(log_start(&js, p).await.0);
+        }
+        if starts.iter().all(|s| *s) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "logs not purged below a snapshot: {starts:?}"
+        );
+    }
+    // A few deleted: a copy made from a snapshot must not bring them back (their deletes are
+    // in the log after the snapshot, or the next snapshot lacks them).
+    let mut deleted = Vec::new();
+    for (id, pk) in written.drain(..12) {
+        when_served(&format!("delete {id}"), || {
+            let mut documents = on_a.documents.clone();
+            let request = mayfly_proto::v1::DeleteDocumentRequest {
+                database: "d".into(),
+                collection: "c".into(),
+                id: id.clone(),
+                partition_key: Some(string_pk(&pk)),
+                ..Default::default()
+            };
+            async move { documents.delete_document(request).await }
+        })
+        .await;
+        deleted.push((id, pk));
+    }
+    let held: u64 = {
+        let mut held = 0;
+        for g in 0..publish_queue::LOG_STREAMS {
+            held = held.max(log_start(&js, g).await.1);
+        }
+        held
+    };
+    eprintln!(
+        "after {} writes over 4 partitions, the fullest log stream holds {held} messages",
+        written.len() + deleted.len() * 2
+    );
+
+    // b joins: every log starts past its (empty) copy, with a snapshot.
+    let b = start("b");
+    let on_b = connect(&b).await;
+    settled_map(&on_b.admin, &["a", "b"]).await;
+    standbys_caught_up(&on_b.admin).await;
+    a.kill9();
+    assert_present(&on_b.documents, &written).await;
+    for (id, pk) in &deleted {
+        let request = mayfly_proto::v1::ReadDocumentRequest {
+            database: "d".into(),
+            collection: "c".into(),
+            id: id.clone(),
+            partition_key: Some(string_pk(pk)),
+        };
+        let read = loop {
+            match on_b.documents.clone().read_document(request.clone()).await {
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => break other,
+            }
+        };
+        assert_eq!(
+            read.expect_err("deleted").code(),
+            tonic::Code::NotFound,
+            "{id}"
+        );
+    }
+    // b owns everything now, and writes on from where the snapshots and logs left off.
+    create_through(&on_b.documents, "after", "p1").await;
+    let (ids, _) = query_pages(&on_b.documents, "SELECT VALUE c.id FROM c", 100, "", None).await;
+    assert_eq!(ids.len(), written.len() + 1);
 }

@@ -51,6 +51,7 @@ pub(crate) async fn three_nodes() -> (Cluster, Client) {
                 replicas: 3,
                 advertise: None,
                 standbys: 1,
+                snapshot_records: mayfly_server::DEFAULT_SNAPSHOT_RECORDS,
                 peer_ca: None,
                 nats: Default::default(),
                 key_file: None,

@@ -86,6 +86,12 @@ struct Args {
     /// it over within a lease when its owner dies (0: a new owner replays the log instead).
     #[arg(long, default_value_t = 1, requires = "cluster")]
     standbys: u8,
+    /// A partition's owner writes its snapshot to the partition's log after this many records
+    /// (or after 10 minutes with any), and purges the log below the snapshot before it: the
+    /// log stays about two snapshot intervals long, and a node that lacks it loads the
+    /// snapshot and replays what follows.
+    #[arg(long, default_value_t = mayfly_server::DEFAULT_SNAPSHOT_RECORDS, value_parser = clap::value_parser!(u64).range(1..), requires = "cluster")]
+    snapshot_records: u64,
     /// With --tls-cert in cluster mode: the CA (PEM) that issued the other nodes' certificates,
     /// which this node checks when it forwards to them [default: --tls-client-ca].
     #[arg(long, requires = "cluster")]
@@ -261,6 +267,7 @@ impl Args {
             replicas: usize::from(self.cluster_replicas),
             advertise: self.advertise.clone(),
             standbys: usize::from(self.standbys),
+            snapshot_records: self.snapshot_records,
             peer_ca: self.cluster_peer_ca.clone(),
             key_file: self.cluster_key_file.clone(),
             nats: NatsAuth {

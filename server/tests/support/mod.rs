@@ -34,8 +34,13 @@ pub(crate) struct Failed {
 impl Mayfly {
     /// Starts `mayfly` with `--listen 127.0.0.1:0 --shards 2` and the given data directory and
     /// extra flags; panics if it does not print its address.
+    /// Its log goes to the test's stderr with `MAYFLY_TEST_STDERR=1` (to debug a test).
     pub(crate) fn start(data_dir: &Path, extra: &[&str]) -> Self {
-        Self::spawn(data_dir, extra, Stdio::null()).unwrap_or_else(|f| {
+        let stderr = match std::env::var_os("MAYFLY_TEST_STDERR") {
+            Some(_) => Stdio::inherit(),
+            None => Stdio::null(),
+        };
+        Self::spawn(data_dir, extra, stderr).unwrap_or_else(|f| {
             panic!("mayfly did not start: {f:?}");
         })
     }
