@@ -451,9 +451,12 @@ reasons! {
     /// lapsed; status `UNAVAILABLE`, retried by the SDK's policy).
     NotOwner = "NOT_OWNER",
     /// Cluster mode: the partition's log does not continue the history the cluster
-    /// acknowledged, so no node serves it until an operator restores the log (status
-    /// `FAILED_PRECONDITION`, never retried).
+    /// acknowledged and no node holds a history to re-base it on, so no node serves it until
+    /// an operator restores the log (status `FAILED_PRECONDITION`, never retried).
     LogDiverged = "LOG_DIVERGED",
+    /// Cluster mode: the partition's log diverged and its owner is re-basing it on its copy;
+    /// nothing was changed (status `UNAVAILABLE`, retried by the SDK's policy).
+    LogRepairing = "LOG_REPAIRING",
     /// Cluster mode: the node could not confirm the cluster's keys with NATS lately, so it
     /// takes no key or token (status `UNAVAILABLE`).
     KeysUnconfirmed = "KEYS_UNCONFIRMED",

@@ -345,6 +345,8 @@ struct Queue {
     snapshot_started: Option<Published>,
     /// The last two snapshots this ownership published whole, oldest first.
     snapshots: VecDeque<Published>,
+    /// The log ended before this owner's last acknowledged message: NATS lost it.
+    log_lost: bool,
 }
 
 impl PublishQueue {
@@ -366,6 +368,7 @@ impl PublishQueue {
                 generation: 0,
                 snapshot_started: None,
                 snapshots: VecDeque::new(),
+                log_lost: false,
             }),
             wake: Notify::new(),
             progress: watch::Sender::new(()),
@@ -383,9 +386,13 @@ impl PublishQueue {
         q.watermark = q.watermark.max(watermark);
         q.position = Some(*position);
         q.stalled = None;
+        // An earlier ownership's failure failed its own commits; this one starts afresh (a
+        // re-base after the log lost messages restarts a failed queue).
+        q.failed = None;
         q.generation += 1;
         q.snapshot_started = None;
         q.snapshots.clear();
+        q.log_lost = false;
         q.generation
     }
 
@@ -513,6 +520,12 @@ impl PublishQueue {
         drop(q);
         self.wake.notify_one();
         true
+    }
+
+    /// Whether a publish found the log ending before this owner's last acknowledged message
+    /// (NATS lost it): the queue failed, and the owner's copy holds what the log lost.
+    pub fn log_lost(&self) -> bool {
+        self.queue.lock().log_lost
     }
 
     /// The stream sequence below which the partition's log may be purged: the first part of
@@ -843,6 +856,14 @@ impl PublishQueue {
                             }
                             "the subject's last message is still this node's".to_string()
                         }
+                        // The subject ends before the message this publish follows, which was
+                        // acknowledged: the log lost it (a purge never takes the last one).
+                        Ok(last) if last.sequence < expected => {
+                            return Err(self.lost(expected, last.sequence));
+                        }
+                        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                            return Err(self.lost(expected, 0));
+                        }
                         Ok(last) => {
                             return Err(StorageError::unavailable(format!(
                                 "partition {}: another owner has taken over its log (its last message, at stream sequence {}, is not this node's); this node no longer serves it",
@@ -877,6 +898,91 @@ impl PublishQueue {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+impl PublishQueue {
+    /// The partition's log lost this owner's acknowledged message at stream sequence
+    /// `expected` (it ends at `end`): marked, and the error its waiting commits fail with.
+    fn lost(&self, expected: u64, end: u64) -> StorageError {
+        self.queue.lock().log_lost = true;
+        StorageError::outcome_unknown(format!(
+            "partition {}: its log on NATS ends at stream sequence {end}, before this owner's acknowledged message at {expected}; the partition stops until its log is repaired",
+            self.partition
+        ))
+    }
+}
+
+/// Publishes `snapshot` (this owner's copy of `partition`, at epoch `epoch`) at the end of
+/// the partition's log, whatever the log's last message is, and returns where the log ends
+/// after it and the stream sequence of its first part: the re-base of a log that lost or
+/// damaged acknowledged messages onto the owner's copy (docs/cluster.md, "Repair"). The caller
+/// purges the log below that part, so that every node loads the snapshot. Fenced like any
+/// publish: refused if another message lands first.
+pub async fn rebase(
+    js: &Context,
+    stream: &Stream,
+    (partition, epoch, watermark): (u32, u64, u64),
+    snapshot: &ShardSnapshot,
+) -> Result<(LogPosition, u64), TakeoverError> {
+    // The log's end as it is, a damaged message included (its link is not known: the
+    // snapshot does not continue it, and every node loads it as the log's start).
+    let (mut subject_seq, mut previous) = match log_end(stream, partition).await {
+        Ok(end) => (end.subject_seq, end.link),
+        Err(TakeoverError::Unreadable { subject_seq, .. }) => (subject_seq, 0),
+        Err(e) => return Err(e),
+    };
+    let parts = snapshot::split(snapshot::encode(snapshot));
+    let n = parts.len() as u32;
+    let mut first = None;
+    for (i, bytes) in parts.into_iter().enumerate() {
+        let message = LogMessage {
+            kind: MessageKind::Snapshot {
+                part: i as u32,
+                parts: n,
+                bytes,
+            },
+            partition,
+            epoch,
+            after: snapshot.seq,
+            previous_link: previous,
+            watermark,
+            catalog_seq: 0,
+            versions_below: snapshot.versions_below,
+            records: Vec::new(),
+            remembered: Vec::new(),
+        }
+        .encode();
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(encode_frame(&[&message])))
+            .expected_last_subject_sequence(subject_seq)
+            .message_id(format!("{partition}:{epoch}:rebase:{subject_seq}"));
+        let ack = js
+            .send_publish(subject(partition), publish)
+            .await
+            .map_err(|e| TakeoverError::Unavailable(e.to_string()))?;
+        let ack = match tokio::time::timeout(ACK_TIMEOUT, ack.into_future()).await {
+            Ok(Ok(ack)) => ack,
+            Ok(Err(e)) if refused_expectation(&e) => return Err(TakeoverError::Raced),
+            Ok(Err(e)) => return Err(TakeoverError::Unavailable(e.to_string())),
+            Err(_) => {
+                return Err(TakeoverError::Unavailable(
+                    "no acknowledgement of the re-base".into(),
+                ));
+            }
+        };
+        subject_seq = ack.sequence;
+        first.get_or_insert(subject_seq);
+        previous = link(previous, &message);
+    }
+    Ok((
+        LogPosition {
+            subject_seq,
+            last: snapshot.seq,
+            link: previous,
+            epoch,
+        },
+        first.expect("a snapshot has a part"),
+    ))
 }
 
 /// Whether a publish was refused for its expected sequence: error 10071, or 10164, which

@@ -27,7 +27,7 @@ use mayfly_cluster::{
     LogPosition, PublishQueue, Replicas, ReplicatedStorage, SystemClocks, TakeoverError, Watch,
     assign, become_owner, catch_up,
     lease_store::renew_interval,
-    publish_queue::{LOG_STREAMS, log_streams, subject},
+    publish_queue::{self, LOG_STREAMS, log_streams, subject},
     ranked_standbys,
 };
 use tokio::{
@@ -409,6 +409,7 @@ pub async fn join(
         engine.clone(),
         metrics.clone(),
     )));
+    tasks.push(tokio::spawn(judge_repairs(engine.clone(), leases.clone())));
     let handing_over = Arc::new(Semaphore::new(1));
     let ready = patiently("opening the readiness bucket", || {
         expiring_bucket(js_join, "mayfly-ready", config.replicas, READY_TTL)
@@ -892,6 +893,60 @@ async fn watch_alarms(alarms: jetstream::kv::Store, engine: Engine, metrics: Arc
     }
 }
 
+/// What a divergence alarm says: where the history of the node that found it ended, and why.
+struct Alarm {
+    /// The owner epoch of the last message that node applied.
+    epoch: u64,
+}
+
+impl Alarm {
+    /// The alarm's text: `at position <last> of owner epoch <epoch>: <why>`.
+    fn text(applied: &mayfly_cluster::Chain, why: &str) -> String {
+        format!(
+            "at position {} of owner epoch {}: {why}",
+            applied.last, applied.epoch
+        )
+    }
+
+    fn parse(text: &str) -> Option<Alarm> {
+        let (_, rest) = text
+            .strip_prefix("at position ")?
+            .split_once(" of owner epoch ")?;
+        let (epoch, _) = rest.split_once(": ")?;
+        Some(Alarm {
+            epoch: epoch.parse().ok()?,
+        })
+    }
+}
+
+/// Says, every second, for each partition whose log diverged, whether its owner may be
+/// re-basing it ([`Partition::rebase`]): the lease is held, unlapsed, at the epoch the alarm
+/// names (the finder's history ends in that owner's epoch). Such a partition answers
+/// `LOG_REPAIRING` (retryable); any other `LOG_DIVERGED` (an operator must act).
+async fn judge_repairs(engine: Engine, leases: Arc<Leases>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for p in 0..engine.shard_count() {
+            let Some(why) = engine.diverged(p) else {
+                continue;
+            };
+            let Some(alarm) = Alarm::parse(&why) else {
+                engine.set_log_repairing(p, false);
+                continue;
+            };
+            let repairing = match leases.read(p as u32).await {
+                Ok(Some((lease, _))) => {
+                    lease.epoch == alarm.epoch && lease.lease_until > SystemClocks.wall_ms()
+                }
+                Ok(None) => false,
+                // NATS not answering: judged again next time.
+                Err(_) => continue,
+            };
+            engine.set_log_repairing(p, repairing);
+        }
+    }
+}
+
 /// What the assignment gives a node of one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -1001,7 +1056,9 @@ impl Partition {
                             }
                         }
                     }
-                    Err(CatchUpError::Diverged(d)) => self.raise_alarm(&d.to_string()).await,
+                    Err(CatchUpError::Diverged(d)) => {
+                        self.raise_alarm(&d.to_string(), &followed.chain).await
+                    }
                     Err(e) => tracing::debug!(partition = self.p, error = %e, "not caught up yet"),
                 }
             }
@@ -1010,10 +1067,13 @@ impl Partition {
     }
 
     /// Stops the partition on every node: its log does not continue the history this node
-    /// applied (`why`). Set locally at once, and in the alarms bucket for the others (tried
-    /// until written: a node that cannot say it keeps the partition stopped here meanwhile).
-    async fn raise_alarm(&self, why: &str) {
+    /// applied (`why`), which ends at `applied`. Set locally at once, and in the alarms bucket
+    /// for the others (tried until written: a node that cannot say it keeps the partition
+    /// stopped here meanwhile). The alarm says where the finder's history ended: an owner
+    /// whose history it is a prefix of re-bases the log on its copy ([`Partition::rebase`]).
+    async fn raise_alarm(&self, why: &str, applied: &mayfly_cluster::Chain) {
         let p = self.p as usize;
+        let why = &Alarm::text(applied, why);
         tracing::error!(
             partition = p,
             why,
@@ -1141,12 +1201,15 @@ impl Partition {
                 Err(e) => {
                     // Unrenewed, the lease lapses and another node takes the partition.
                     tracing::error!(partition = self.p, error = %e, "cannot serve the partition");
+                    let diverged = matches!(e, CatchUpError::Diverged(_));
                     if let CatchUpError::Diverged(d) = &e {
-                        self.raise_alarm(&d.to_string()).await;
+                        self.raise_alarm(&d.to_string(), &followed.chain).await;
                     }
                     renewing.0.abort();
                     self.engine.set_following(self.p as usize, true);
-                    return false;
+                    // After a divergence it follows again once the log is repaired (the
+                    // alarm cleared): its copy is what it applied of the log.
+                    return diverged;
                 }
             }
         }
@@ -1163,7 +1226,7 @@ impl Partition {
             tokio::select! {
                 // Lost: the renewals stopped serving the partition.
                 _ = &mut renewing.0 => break self.queue.stop(),
-                () = tokio::time::sleep(SNAPSHOT_CHECK) => self.snapshot_and_purge(&mut snapshots).await,
+                () = tokio::time::sleep(SNAPSHOT_CHECK) => self.tend(epoch, &mut snapshots).await,
                 wanted = self.handover_wanted() => {
                     if let Some(position) =
                         self.hand_over(wanted, &stop_renewing, &mut renewing).await
@@ -1193,6 +1256,122 @@ impl Partition {
                 false
             }
         }
+    }
+
+    /// An owner's periodic care of its partition's log: a log that lost this owner's
+    /// acknowledged messages raises the alarm; a diverged log is re-based on this owner's copy
+    /// where it can be; otherwise snapshots and purges.
+    async fn tend(&self, epoch: u64, snapshots: &mut Snapshots) {
+        let p = self.p as usize;
+        if self.queue.log_lost() && self.engine.diverged(p).is_none() {
+            let applied = mayfly_cluster::Chain {
+                partition: self.p,
+                last: self.engine.log_end(p),
+                link: 0,
+                epoch,
+            };
+            self.raise_alarm(
+                "the log lost messages this owner published and NATS acknowledged",
+                &applied,
+            )
+            .await;
+        }
+        if self.engine.diverged(p).is_some() {
+            if self.rebase(epoch).await {
+                *snapshots = Snapshots {
+                    at: self.engine.log_end(p),
+                    since: Instant::now(),
+                    purged_below: 0,
+                };
+            }
+            return;
+        }
+        self.snapshot_and_purge(snapshots).await;
+    }
+
+    /// Re-bases the diverged log on this owner's copy (docs/cluster.md, "Repair"), if the node
+    /// that found the divergence had applied a history that ends in a message of this
+    /// ownership's epoch: that history is then a prefix of this owner's (the takeover that
+    /// began the epoch continued it, and only this owner writes at its epoch), so this copy
+    /// holds every acknowledged write the finder had, and every one this owner published.
+    /// Publishes the copy's snapshot at the log's end, purges the log below it (every node then
+    /// loads it), publishes on after it and clears the alarm. `false`: not re-based (not this
+    /// owner's history, or NATS refused; tried again at the next tick).
+    async fn rebase(&self, epoch: u64) -> bool {
+        let p = self.p as usize;
+        let Some(why) = self.engine.diverged(p) else {
+            return false;
+        };
+        match Alarm::parse(&why) {
+            Some(alarm) if alarm.epoch == epoch => {}
+            // Found in a history this owner may not hold whole: an operator decides.
+            _ => return false,
+        }
+        tracing::warn!(partition = p, why = %why, "re-basing the partition's log on this node's copy");
+        // Nothing more is committed (the diverged shard takes no request, and its purge is
+        // stopped while it follows); what was queued goes first, or fails with the queue.
+        self.engine.set_following(p, true);
+        let _ = self.queue.drained(DRAIN_TIMEOUT).await;
+        let _ = self.queue.stop();
+        let engine = self.engine.clone();
+        let snapshot =
+            match tokio::task::spawn_blocking(move || engine.snapshot_shard(p, |s| s)).await {
+                Ok(Ok(snapshot)) => snapshot,
+                Ok(Err(e)) => {
+                    tracing::error!(partition = p, error = %e, "no snapshot to re-base on");
+                    return false;
+                }
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "the snapshot task failed");
+                    return false;
+                }
+            };
+        let watermark = self.engine.shard_time(p);
+        let (position, first) = match publish_queue::rebase(
+            &self.js,
+            &self.stream,
+            (self.p, epoch, watermark),
+            &snapshot,
+        )
+        .await
+        {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "the re-base was not published; retrying");
+                return false;
+            }
+        };
+        // The log starts with the re-base: every node's catch-up loads it, whatever it holds.
+        if let Err(e) = self
+            .stream
+            .purge()
+            .filter(subject(self.p))
+            .sequence(first)
+            .await
+        {
+            tracing::warn!(partition = p, error = %e, "the log below the re-base was not purged; retrying");
+            return false;
+        }
+        let generation = self.queue.start(&position, watermark);
+        tokio::spawn(self.queue.clone().publish(
+            self.js.clone(),
+            self.stream.clone(),
+            (position, generation),
+        ));
+        self.engine.set_following(p, false);
+        // Cleared last: the nodes catch up from the log only once it is.
+        let key = format!("diverged.{p}");
+        while let Err(e) = self.alarms.delete(&key).await {
+            tracing::warn!(partition = p, error = %e, "the divergence alarm not cleared yet");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        tracing::warn!(
+            partition = p,
+            at = snapshot.seq,
+            documents = snapshot.documents.len(),
+            "re-based the partition's log on this node's copy; the alarm is cleared"
+        );
+        true
     }
 
     /// Queues the partition's snapshot once [`Partition::snapshot_records`] records (or
@@ -1427,4 +1606,28 @@ fn set_serving_bounds(engine: &Engine, p: u32, held: &Held) {
         held.serves_until().unwrap_or(0),
         held.time_cap(),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_alarm_names_the_epoch_its_finders_history_ends_in() {
+        let applied = mayfly_cluster::Chain {
+            partition: 3,
+            last: 41,
+            link: 7,
+            epoch: 5,
+        };
+        let text = Alarm::text(&applied, "the log went back: a: b");
+        assert_eq!(
+            text,
+            "at position 41 of owner epoch 5: the log went back: a: b"
+        );
+        assert_eq!(Alarm::parse(&text).map(|a| a.epoch), Some(5));
+        // An operator's or an older version's text: no re-base on it.
+        assert!(Alarm::parse("messages were lost").is_none());
+        assert!(Alarm::parse("at position 1 of owner epoch x: y").is_none());
+    }
 }

@@ -74,6 +74,10 @@ pub enum Error {
     /// missing, out of order or damaged): no node serves it until an operator restores the
     /// log, rather than serve a history that may have lost an acknowledged write.
     LogDiverged { partition: usize, why: String },
+    /// The partition's log diverged as for [`Error::LogDiverged`], and its owner, which holds
+    /// the history the divergence was found in, is re-basing the log on its copy: nothing was
+    /// changed; retry in a few seconds.
+    LogRepairing { partition: usize, why: String },
     /// The server began shutting down before the request's work was done; nothing was
     /// changed, and a feed or query resumes from its last continuation on a running server.
     ShuttingDown,
@@ -183,7 +187,11 @@ impl fmt::Display for Error {
             ),
             Error::LogDiverged { partition, why } => write!(
                 f,
-                "partition {partition}'s log does not continue the history the cluster acknowledged ({why}); it serves nothing until an operator restores the log and clears the alarm (docs/cluster.md, \"Repair\")"
+                "partition {partition}'s log does not continue the history the cluster acknowledged ({why}); no node holds a history to re-base it on, and it serves nothing until an operator restores the log and clears the alarm (docs/cluster.md, \"Repair\")"
+            ),
+            Error::LogRepairing { partition, why } => write!(
+                f,
+                "partition {partition}'s log does not continue the history the cluster acknowledged ({why}); its owner is re-basing the log on its copy; nothing was changed: retry in a few seconds"
             ),
             Error::ShuttingDown => f.write_str(
                 "the server is shutting down; retry on a running server (a feed or query resumes from its last continuation)",

@@ -70,6 +70,13 @@ impl Engine {
         self.inner.shards[shard].set_diverged(why);
     }
 
+    /// Whether shard `shard`'s diverged log may be being re-based by its owner: requests are
+    /// answered [`Error::LogRepairing`] (retryable) rather than [`Error::LogDiverged`]. A
+    /// newly marked shard is taken to be repairing until this says otherwise.
+    pub fn set_log_repairing(&self, shard: usize, repairing: bool) {
+        self.inner.shards[shard].set_repairing(repairing);
+    }
+
     /// Why shard `shard`'s partition log is marked diverged, if it is.
     pub fn diverged(&self, shard: usize) -> Option<String> {
         self.inner.shards[shard].diverged().map(|w| w.to_string())

@@ -42,6 +42,7 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::ShuttingDown => (Code::Unavailable, "SHUTTING_DOWN"),
         Error::NotOwner { .. } => (Code::Unavailable, "NOT_OWNER"),
         Error::LogDiverged { .. } => (Code::FailedPrecondition, "LOG_DIVERGED"),
+        Error::LogRepairing { .. } => (Code::Unavailable, "LOG_REPAIRING"),
         Error::NoMemory => (Code::ResourceExhausted, "RESPONSE_BUDGET_EXHAUSTED"),
         Error::ContinuationStale { .. } => (Code::FailedPrecondition, "CONTINUATION_STALE"),
         Error::KeyReused { .. } => (Code::InvalidArgument, "IDEMPOTENCY_KEY_REUSED"),

@@ -68,8 +68,18 @@ impl Shard {
     }
 
     /// Marks this shard's partition log as diverged (`Some`: why), or clears the mark.
+    /// Newly marked, it is taken to be repairing until [`Shard::set_repairing`] says not.
     pub(crate) fn set_diverged(&self, why: Option<&str>) {
-        self.lock().diverged = why.map(std::sync::Arc::from);
+        let mut st = self.lock();
+        if st.diverged.is_none() {
+            st.repairing = true;
+        }
+        st.diverged = why.map(std::sync::Arc::from);
+    }
+
+    /// Whether its owner may be re-basing its diverged log (see [`Error::LogRepairing`]).
+    pub(crate) fn set_repairing(&self, repairing: bool) {
+        self.lock().repairing = repairing;
     }
 
     /// Why its partition's log is marked diverged, if it is.
@@ -82,9 +92,11 @@ impl Shard {
     /// that answers.
     pub(super) fn not_serving(&self, st: &ShardState) -> Option<Error> {
         if let Some(why) = &st.diverged {
-            return Some(Error::LogDiverged {
-                partition: self.index,
-                why: why.to_string(),
+            let (partition, why) = (self.index, why.to_string());
+            return Some(if st.repairing {
+                Error::LogRepairing { partition, why }
+            } else {
+                Error::LogDiverged { partition, why }
             });
         }
         let lapsed = match (st.serve_until, &self.lease_clock) {

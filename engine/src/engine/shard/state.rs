@@ -35,6 +35,9 @@ pub(crate) struct ShardState {
     /// Its partition's log does not continue the history the cluster acknowledged (cluster
     /// mode): why. It serves nothing until an operator acts (docs/cluster.md, "Repair").
     pub(super) diverged: Option<std::sync::Arc<str>>,
+    /// While diverged: its owner may be re-basing the log on its copy (the request is
+    /// answered as retryable), rather than waiting for an operator.
+    pub(super) repairing: bool,
     /// Its partition lease ends at this reading of the engine's lease clock (cluster mode);
     /// `None`: no lease bounds it.
     pub(super) serve_until: Option<u64>,
@@ -225,6 +228,7 @@ impl ShardState {
             log_seq: 0,
             following: false,
             diverged: None,
+            repairing: false,
             serve_until: None,
             time_cap: None,
             log_lsn: Lsn::ZERO,
