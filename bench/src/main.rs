@@ -225,6 +225,10 @@ struct Args {
     /// `takeover`: standbys per partition on the nodes it starts.
     #[arg(long, default_value_t = 1)]
     standbys: u8,
+    /// `takeover`: the nodes' `--snapshot-records` (an owner snapshots each partition into its
+    /// log after this many records and purges the log below the snapshot before).
+    #[arg(long, default_value_t = 100_000)]
+    snapshot_records: u64,
     /// `failover`: the cluster's partitions.
     #[arg(long, default_value_t = 8)]
     partitions: u16,

@@ -5,8 +5,9 @@
 //! batches of 100, 16 in flight, through b), waits until the partitions are split between the
 //! nodes (and, with standbys, until each standby's copy has caught up with the log), kills a
 //! with SIGKILL and times until b serves every partition. It prints b's catch-up of a's
-//! partitions from b's own log lines (records replayed, and how long the slowest partition
-//! took), and checks that b counts every document afterwards.
+//! partitions from b's own log lines (positions gone through, those from snapshots loaded where
+//! `--snapshot-records` let the owner purge the log below one, and how long the slowest
+//! partition took), and checks that b counts every document afterwards.
 
 use std::time::{Duration, Instant};
 
@@ -115,6 +116,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("takeover needs --nats (the NATS servers' URLs, comma-separated)")?;
     let partitions = args.partitions.to_string();
     let standbys = args.standbys.to_string();
+    let snapshot_records = args.snapshot_records.to_string();
     let dir = tempfile::tempdir()?;
     let run_id = std::process::id();
     let start = |node: &str| {
@@ -122,7 +124,14 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             &bin,
             &dir.path().join(node),
             (&nats, node),
-            &["--partitions", &partitions, "--standbys", &standbys],
+            &[
+                "--partitions",
+                &partitions,
+                "--standbys",
+                &standbys,
+                "--snapshot-records",
+                &snapshot_records,
+            ],
             Duration::from_secs(30),
         )
     };
@@ -221,9 +230,12 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let serving = killed.elapsed();
     // b's own account of each takeover: records replayed and how long it took.
     let (mut replayed, mut slowest, mut seen) = (0u64, 0u64, 0usize);
+    // Positions covered by snapshots loaded (the logs were purged below them) and documents.
+    let (mut loaded, mut loaded_documents) = (0u64, 0u64);
+    let show = std::env::var_os("MAYFLY_BENCH_LOGS").is_some();
     while let Ok(line) = b.0.logs.try_recv() {
-        if !line.contains("serving the partition") {
-            continue;
+        if show {
+            eprintln!("b: {line}");
         }
         let field = |name: &str| -> u64 {
             line.split_once(&format!("{name}="))
@@ -231,6 +243,14 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0)
         };
+        if line.contains("loaded the partition's snapshot") {
+            loaded += field("at");
+            loaded_documents += field("documents");
+            continue;
+        }
+        if !line.contains("serving the partition") {
+            continue;
+        }
         replayed += field("replayed");
         slowest = slowest.max(field("took_ms"));
         seen += 1;
@@ -252,8 +272,9 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!(
-        "standbys {}: kill -9 of a (owning {} of {} partitions) -> b serving all of them: {} ms; b's takeovers ({seen}) replayed {replayed} records, the slowest in {slowest} ms ({:.0} records/s); b counts {count} of {} documents",
+        "standbys {}, snapshots every {} records: kill -9 of a (owning {} of {} partitions) -> b serving all of them: {} ms; b's takeovers ({seen}) went {replayed} positions (of which {loaded} from snapshots holding {loaded_documents} documents, the rest replayed), the slowest in {slowest} ms ({:.0} positions/s); b counts {count} of {} documents",
         args.standbys,
+        args.snapshot_records,
         moving.len(),
         before.owners.len(),
         serving.as_millis(),
