@@ -195,20 +195,8 @@ impl Shard {
             .map(|(_, r)| r.version.saturating_add(1))
             .fold(commit.versions_below, u64::max);
         self.versions.fetch_max(floor, Ordering::SeqCst);
-        if changes.is_empty() {
-            // Every record was of a deleted collection: the positions are passed.
-            st.log_seq = last;
-            return Ok(Lsn::ZERO);
-        }
-        let (_, lsn) = st
-            .commit_logged(
-                &*self.store,
-                &changes,
-                Some(given),
-                (&self.metrics, &self.versions),
-            )
-            .map_err(Error::Storage)?;
-        st.client_lsn = lsn;
+        // Every record of a deleted collection: the positions are passed, nothing written.
+        let lsn = self.commit_given(st, &changes, given)?;
         // A logged expiry is final: dead at once, deleted by the purge once promoted. Unless
         // the same commit wrote the document again (its position moved on).
         for (slot, seq, at) in expiries {
@@ -225,6 +213,32 @@ impl Shard {
             st.docs.get_mut(slot).dead = true;
             st.pending.push_back((r, at));
         }
+        Ok(lsn)
+    }
+
+    /// Commits `changes` as an owner made them, ending the shard's log at `given.last` (with
+    /// no change, only the position moves); where storage applied them.
+    pub(super) fn commit_given(
+        &self,
+        st: &mut ShardState,
+        changes: &[Change],
+        given: GivenLog,
+    ) -> Result<Lsn, Error> {
+        let last = given.last;
+        if changes.is_empty() {
+            st.log_seq = last;
+            return Ok(Lsn::ZERO);
+        }
+        let (_, lsn) = st
+            .commit_logged(
+                &*self.store,
+                changes,
+                Some(given),
+                (&self.metrics, &self.versions),
+            )
+            .map_err(Error::Storage)?;
+        st.client_lsn = lsn;
+        st.log_seq = last;
         Ok(lsn)
     }
 

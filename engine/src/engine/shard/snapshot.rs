@@ -209,20 +209,7 @@ impl Shard {
             seqs,
             expired: Vec::new(),
         };
-        if changes.is_empty() {
-            st.log_seq = snapshot.seq;
-        } else {
-            let (_, lsn) = st
-                .commit_logged(
-                    &*self.store,
-                    &changes,
-                    Some(given),
-                    (&self.metrics, &self.versions),
-                )
-                .map_err(Error::Storage)?;
-            st.client_lsn = lsn;
-            st.log_seq = snapshot.seq;
-        }
+        self.commit_given(st, &changes, given)?;
         // The change log before the snapshot is not this copy's: readers below it are behind.
         self.history_from
             .fetch_max(snapshot.seq + 1, Ordering::AcqRel);
