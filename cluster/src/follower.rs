@@ -268,7 +268,7 @@ async fn load_if_complete(
     partition: u32,
     followed: &mut Followed,
 ) -> Result<(), CatchUpError> {
-    let Some((assembly, _)) = followed.assembly.as_ref().filter(|(a, _)| a.complete()) else {
+    let Some((assembly, _)) = followed.assembly.as_mut().filter(|(a, _)| a.complete()) else {
         return Ok(());
     };
     let snapshot = assembly.snapshot().map_err(CatchUpError::Diverged)?;
@@ -276,13 +276,23 @@ async fn load_if_complete(
     let loader = engine.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         loader.raise_time(partition as usize, snapshot.time);
-        loader.load_snapshot(partition as usize, &snapshot)
+        let loaded = loader.load_snapshot(partition as usize, &snapshot);
+        (loaded, snapshot)
     })
     .await;
     match loaded {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(CatchUpError::Refused(e.to_string())),
-        Err(e) => return Err(CatchUpError::Refused(format!("the load task failed: {e}"))),
+        Ok((Ok(()), _)) => {}
+        Ok((Err(e), snapshot)) => {
+            assembly.keep(snapshot);
+            return Err(CatchUpError::Refused(e.to_string()));
+        }
+        Err(e) => {
+            // The assembly's bytes went with the task: read the snapshot again.
+            let (_, resume_from) = followed.assembly.take().expect("read");
+            followed.subject_seq = resume_from;
+            followed.partial = None;
+            return Err(CatchUpError::Refused(format!("the load task failed: {e}")));
+        }
     }
     tracing::info!(partition, at, documents, "loaded the partition's snapshot");
     followed.chain = assembly.chain;

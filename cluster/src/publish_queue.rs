@@ -405,6 +405,8 @@ impl PublishQueue {
         let mut q = self.queue.lock();
         q.generation += 1;
         q.next = None;
+        // A snapshot not published yet is dropped: it holds nothing the log lacks.
+        q.waiting.retain(|item| matches!(item, Item::Commit(_)));
         let clean = q.failed.is_none() && q.unacked.is_empty() && q.waiting.is_empty();
         let position = if clean {
             q.position.take()
@@ -437,7 +439,8 @@ impl PublishQueue {
                 if q.failed.is_some() {
                     return false;
                 }
-                if q.unacked.is_empty() && q.waiting.is_empty() {
+                // Commits only: a snapshot waiting holds nothing the log lacks.
+                if q.unacked.is_empty() && !q.waiting.iter().any(|i| matches!(i, Item::Commit(_))) {
                     return true;
                 }
             }
@@ -513,13 +516,30 @@ impl PublishQueue {
     /// snapshot is not at the position the queued commits end at).
     pub fn enqueue_snapshot(&self, snapshot: ShardSnapshot) -> bool {
         let mut q = self.queue.lock();
-        if q.failed.is_some() || q.next != Some(snapshot.seq + 1) {
+        if !Self::takes_snapshot(&q) || q.next != Some(snapshot.seq + 1) {
             return false;
         }
         q.waiting.push_back(Item::Snapshot(Box::new(snapshot)));
         drop(q);
         self.wake.notify_one();
         true
+    }
+
+    /// Whether a snapshot would be queued now: the node owns the partition, the queue has not
+    /// failed, and no earlier snapshot is still being published (one at a time, so that
+    /// snapshots never pile up behind a slow log).
+    pub fn takes_snapshot_now(&self) -> bool {
+        Self::takes_snapshot(&self.queue.lock())
+    }
+
+    fn takes_snapshot(q: &Queue) -> bool {
+        q.next.is_some()
+            && q.failed.is_none()
+            && q.snapshot_started.is_none()
+            && !q
+                .waiting
+                .iter()
+                .any(|i| matches!(i, Item::Snapshot(_) | Item::Part { .. }))
     }
 
     /// Whether a publish found the log ending before this owner's last acknowledged message
@@ -927,11 +947,21 @@ pub async fn rebase(
     // The log's end as it is, a damaged message included (its link is not known: the
     // snapshot does not continue it, and every node loads it as the log's start).
     let (mut subject_seq, mut previous) = match log_end(stream, partition).await {
+        // A later owner wrote: this owner's lease is gone, and its copy is not the history.
+        Ok(end) if end.epoch > epoch => {
+            return Err(TakeoverError::Superseded {
+                log_epoch: end.epoch,
+                epoch,
+            });
+        }
         Ok(end) => (end.subject_seq, end.link),
         Err(TakeoverError::Unreadable { subject_seq, .. }) => (subject_seq, 0),
         Err(e) => return Err(e),
     };
-    let parts = snapshot::split(snapshot::encode(snapshot));
+    let encoded = snapshot.clone();
+    let parts = tokio::task::spawn_blocking(move || snapshot::split(snapshot::encode(&encoded)))
+        .await
+        .map_err(|e| TakeoverError::Unavailable(format!("the snapshot was not encoded: {e}")))?;
     let n = parts.len() as u32;
     let mut first = None;
     for (i, bytes) in parts.into_iter().enumerate() {

@@ -122,6 +122,8 @@ pub struct Assembly {
     parts: u32,
     next: u32,
     bytes: Vec<u8>,
+    /// Decoded, its load refused for now (kept for the next try).
+    decoded: Option<ShardSnapshot>,
 }
 
 impl Assembly {
@@ -137,7 +139,7 @@ impl Assembly {
         else {
             return None;
         };
-        if m.partition != partition {
+        if m.partition != partition || bytes.len() > PART_BYTES {
             return None;
         }
         Some(Assembly {
@@ -152,6 +154,7 @@ impl Assembly {
             parts: *parts,
             next: 1,
             bytes: bytes.to_vec(),
+            decoded: None,
         })
     }
 
@@ -162,7 +165,7 @@ impl Assembly {
         let m = chain.accept(raw)?;
         match m.kind {
             MessageKind::Snapshot { part, parts, bytes }
-                if part == self.next && parts == self.parts =>
+                if part == self.next && parts == self.parts && bytes.len() <= PART_BYTES =>
             {
                 self.bytes.extend_from_slice(&bytes);
                 self.next += 1;
@@ -176,14 +179,24 @@ impl Assembly {
         }
     }
 
+    /// Keeps `snapshot` (from [`Assembly::snapshot`]) for another try at loading it.
+    pub fn keep(&mut self, snapshot: ShardSnapshot) {
+        self.decoded = Some(snapshot);
+    }
+
     /// Whether every part is in.
     pub fn complete(&self) -> bool {
         self.next == self.parts
     }
 
-    /// The snapshot, once [`Assembly::complete`]; checked against its position in the log.
-    pub fn snapshot(&self) -> Result<ShardSnapshot, Divergence> {
-        let snapshot = decode(&Bytes::from(self.bytes.clone())).map_err(Divergence::Corrupt)?;
+    /// The snapshot, once [`Assembly::complete`] (its bytes are taken); checked against its
+    /// position in the log.
+    pub fn snapshot(&mut self) -> Result<ShardSnapshot, Divergence> {
+        if let Some(snapshot) = self.decoded.take() {
+            return Ok(snapshot);
+        }
+        let snapshot =
+            decode(&Bytes::from(std::mem::take(&mut self.bytes))).map_err(Divergence::Corrupt)?;
         if snapshot.seq != self.chain.last {
             return Err(Divergence::Corrupt(DecodeError(
                 "a snapshot at another position than its message's",
@@ -281,7 +294,14 @@ mod tests {
                 assembly.add(part, 10 + i as u64).expect("the next part");
             }
             assert!(assembly.complete());
-            assert_eq!(assembly.snapshot().expect("whole"), s);
+            let whole = assembly.snapshot().expect("whole");
+            assert_eq!(whole, s);
+            assembly.keep(whole);
+            assert_eq!(
+                assembly.snapshot().expect("kept"),
+                s,
+                "kept for another try"
+            );
             assert_eq!(assembly.chain.last, 41);
         }
     }

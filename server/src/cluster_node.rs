@@ -908,6 +908,15 @@ impl Alarm {
         )
     }
 
+    /// Whether alarm `standing` stays rather than `new`: it names an epoch no later, or is
+    /// not one this version reads (an operator's, or an older node's).
+    fn stands_before(standing: &str, new: &str) -> bool {
+        match (Alarm::parse(standing), Alarm::parse(new)) {
+            (Some(old), Some(new)) => old.epoch <= new.epoch,
+            _ => true,
+        }
+    }
+
     fn parse(text: &str) -> Option<Alarm> {
         let (_, rest) = text
             .strip_prefix("at position ")?
@@ -1084,10 +1093,46 @@ impl Partition {
             .diverged
             .store(true, Ordering::Relaxed);
         let key = format!("diverged.{p}");
-        while let Err(e) = self.alarms.put(&key, why.to_string().into()).await {
-            tracing::warn!(partition = p, error = %e, "the divergence alarm not written yet");
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        // The alarm naming the earliest epoch stands: a history an earlier owner wrote may hold
+        // writes the current owner never saw, and then no re-base may go ahead (a later finder
+        // must not write over that evidence).
+        loop {
+            match self.write_alarm(&key, why).await {
+                Ok(standing) => {
+                    self.engine.set_diverged(p, Some(&standing));
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "the divergence alarm not written yet");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
         }
+    }
+
+    /// Writes alarm `why` at `key` unless one naming an epoch no later (or one not read as an
+    /// alarm of this version's) is there; the alarm that stands.
+    async fn write_alarm(&self, key: &str, why: &str) -> Result<String, String> {
+        let fail = |e: &dyn std::fmt::Display| e.to_string();
+        match self.alarms.entry(key).await.map_err(|e| fail(&e))? {
+            Some(entry) if entry.operation == jetstream::kv::Operation::Put => {
+                let standing = String::from_utf8_lossy(&entry.value).to_string();
+                if Alarm::stands_before(&standing, why) {
+                    return Ok(standing);
+                }
+                self.alarms
+                    .update(key, why.to_string().into(), entry.revision)
+                    .await
+                    .map_err(|e| fail(&e))?;
+            }
+            _ => {
+                self.alarms
+                    .create(key, why.to_string().into())
+                    .await
+                    .map_err(|e| fail(&e))?;
+            }
+        }
+        Ok(why.to_string())
     }
 
     /// What the assignment gives this node of the partition.
@@ -1226,7 +1271,14 @@ impl Partition {
             tokio::select! {
                 // Lost: the renewals stopped serving the partition.
                 _ = &mut renewing.0 => break self.queue.stop(),
-                () = tokio::time::sleep(SNAPSHOT_CHECK) => self.tend(epoch, &mut snapshots).await,
+                () = tokio::time::sleep(SNAPSHOT_CHECK) => {
+                    if !self.tend(epoch, &mut snapshots).await {
+                        // A re-base begun and not finished, the alarm gone meanwhile: the log
+                        // is not this node's to publish to; the lease lapses to another.
+                        tracing::warn!(partition = self.p, "giving the partition up after an unfinished re-base");
+                        break self.queue.stop();
+                    }
+                }
                 wanted = self.handover_wanted() => {
                     if let Some(position) =
                         self.hand_over(wanted, &stop_renewing, &mut renewing).await
@@ -1261,7 +1313,9 @@ impl Partition {
     /// An owner's periodic care of its partition's log: a log that lost this owner's
     /// acknowledged messages raises the alarm; a diverged log is re-based on this owner's copy
     /// where it can be; otherwise snapshots and purges.
-    async fn tend(&self, epoch: u64, snapshots: &mut Snapshots) {
+    /// `false`: this node must give the partition up (its publisher stopped for a re-base
+    /// that did not finish, and no alarm is left to finish it for).
+    async fn tend(&self, epoch: u64, snapshots: &mut Snapshots) -> bool {
         let p = self.p as usize;
         if self.queue.log_lost() && self.engine.diverged(p).is_none() {
             let applied = mayfly_cluster::Chain {
@@ -1284,9 +1338,27 @@ impl Partition {
                     purged_below: 0,
                 };
             }
-            return;
+            return true;
+        }
+        if !self.queue.owns() {
+            return false;
         }
         self.snapshot_and_purge(snapshots).await;
+        true
+    }
+
+    /// Whether this node holds the partition's lease at `epoch`, as the stream leader has it,
+    /// with at least half a lease to run: checked before a re-base writes to the log.
+    async fn holds_lease(&self, epoch: u64) -> bool {
+        match self.leases.read(self.p).await {
+            Ok(Some((lease, _))) => {
+                lease.owner == self.node
+                    && lease.epoch == epoch
+                    && lease.lease_until
+                        > SystemClocks.wall_ms() + LeaseTiming::DEFAULT.length_ms / 2
+            }
+            _ => false,
+        }
     }
 
     /// Re-bases the diverged log on this owner's copy (docs/cluster.md, "Repair"), if the node
@@ -1327,6 +1399,13 @@ impl Partition {
                 }
             };
         let watermark = self.engine.shard_time(p);
+        if !self.holds_lease(epoch).await {
+            tracing::warn!(
+                partition = p,
+                "not re-basing: the lease is not surely this node's"
+            );
+            return false;
+        }
         let (position, first) = match publish_queue::rebase(
             &self.js,
             &self.stream,
@@ -1342,6 +1421,14 @@ impl Partition {
             }
         };
         // The log starts with the re-base: every node's catch-up loads it, whatever it holds.
+        // Only while the lease holds: a later owner's acknowledged commits may follow it.
+        if !self.holds_lease(epoch).await {
+            tracing::warn!(
+                partition = p,
+                "the re-base is published, but the lease is not surely this node's: not purging"
+            );
+            return false;
+        }
         if let Err(e) = self
             .stream
             .purge()
@@ -1380,8 +1467,9 @@ impl Partition {
     async fn snapshot_and_purge(&self, s: &mut Snapshots) {
         let p = self.p as usize;
         let records = self.engine.log_end(p).saturating_sub(s.at);
-        if records >= self.snapshot_records
-            || (records > 0 && s.since.elapsed() >= SNAPSHOT_INTERVAL)
+        if (records >= self.snapshot_records
+            || (records > 0 && s.since.elapsed() >= SNAPSHOT_INTERVAL))
+            && self.queue.takes_snapshot_now()
         {
             let (engine, queue) = (self.engine.clone(), self.queue.clone());
             // Under the shard lock: it reads every document's metadata and body there.
@@ -1629,5 +1717,10 @@ mod tests {
         // An operator's or an older version's text: no re-base on it.
         assert!(Alarm::parse("messages were lost").is_none());
         assert!(Alarm::parse("at position 1 of owner epoch x: y").is_none());
+        // The earliest epoch's alarm stands: a later finder does not write over it.
+        let later = "at position 90 of owner epoch 6: a gap";
+        assert!(Alarm::stands_before(&text, later));
+        assert!(!Alarm::stands_before(later, &text));
+        assert!(Alarm::stands_before("restored by hand", &text));
     }
 }

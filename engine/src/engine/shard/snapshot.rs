@@ -151,7 +151,12 @@ impl Shard {
                 }
                 return Err(unknown_collection(*collection));
             };
-            kept.insert((*collection, &record.key));
+            if !kept.insert((*collection, &record.key)) {
+                return Err(Error::Storage(StorageError::new(format!(
+                    "the snapshot names document {:?} twice",
+                    record.key.id.as_str()
+                ))));
+            }
             // Held at this very version already: nothing to write.
             if let Some(&slot) = cs.index.get(&record.key) {
                 let meta = st.docs.get(slot);
@@ -191,7 +196,10 @@ impl Shard {
         }
         for (collection, key, record) in &snapshot.remembered {
             if !st.collections.contains_key(collection) {
-                continue;
+                if collection.0 <= handed_out {
+                    continue;
+                }
+                return Err(unknown_collection(*collection));
             }
             changes.push(Change::Remember {
                 collection: *collection,
