@@ -175,18 +175,8 @@ impl Shard {
                 .records
                 .push((*collection, seq, commit.records[i].1.clone()));
         }
-        for (collection, key, record) in commit.remembered {
-            if !st.collections.contains_key(collection) {
-                if collection.0 <= handed_out {
-                    continue;
-                }
-                return Err(unknown_collection(*collection));
-            }
-            changes.push(Change::Remember {
-                collection: *collection,
-                scope: key.clone(),
-                record: *record,
-            });
+        for change in remembered(st, commit.remembered, handed_out)? {
+            changes.push(change);
             given.seqs.push(0);
         }
         // Versions are the owner's: none of them is handed out here again after a promotion.
@@ -429,6 +419,31 @@ fn new_terms(
             None => Ok(None),
         })
         .collect()
+}
+
+/// The changes that remember an owner's requests by their idempotency keys; those of a
+/// collection deleted since (its uid at or below `handed_out`) are passed over, and one this
+/// node does not know yet is refused.
+pub(super) fn remembered(
+    st: &ShardState,
+    requests: &[(CollectionUid, DocKey, RequestRecord)],
+    handed_out: u64,
+) -> Result<Vec<Change>, Error> {
+    let mut out = Vec::with_capacity(requests.len());
+    for (collection, key, record) in requests {
+        if !st.collections.contains_key(collection) {
+            if collection.0 <= handed_out {
+                continue;
+            }
+            return Err(unknown_collection(*collection));
+        }
+        out.push(Change::Remember {
+            collection: *collection,
+            scope: key.clone(),
+            record: *record,
+        });
+    }
+    Ok(out)
 }
 
 fn diverged(what: String) -> Error {

@@ -13,7 +13,10 @@ use std::sync::atomic::Ordering;
 
 use std::collections::HashSet;
 
-use super::{Change, GivenLog, RemoveCause, Shard, replicated::Indexing};
+use super::{
+    Change, GivenLog, RemoveCause, Shard,
+    replicated::{Indexing, remembered},
+};
 use crate::engine::{
     CollectionUid, Millis,
     change_feed::{ChangeOp, ChangeRecord},
@@ -194,18 +197,8 @@ impl Shard {
                 seqs.push(0);
             }
         }
-        for (collection, key, record) in &snapshot.remembered {
-            if !st.collections.contains_key(collection) {
-                if collection.0 <= handed_out {
-                    continue;
-                }
-                return Err(unknown_collection(*collection));
-            }
-            changes.push(Change::Remember {
-                collection: *collection,
-                scope: key.clone(),
-                record: *record,
-            });
+        for change in remembered(st, &snapshot.remembered, handed_out)? {
+            changes.push(change);
             seqs.push(0);
         }
         self.versions
