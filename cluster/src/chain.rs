@@ -40,6 +40,14 @@ pub enum Divergence {
     /// The log ends before messages this copy applied from it: they were lost (stream
     /// sequences, `applied` being the last this copy applied).
     Shortened { applied: u64, end: u64 },
+    /// This copy's last message is of owner `epoch`, at position `last`, but the log's
+    /// history (a snapshot's epoch table) ended that epoch at `ended`, or has no such epoch
+    /// (`None`): the copy holds writes the log lost.
+    Outlived {
+        epoch: u64,
+        last: u64,
+        ended: Option<u64>,
+    },
 }
 
 impl fmt::Display for Divergence {
@@ -68,6 +76,22 @@ impl fmt::Display for Divergence {
             Divergence::Shortened { applied, end } => write!(
                 f,
                 "the log ends at stream sequence {end}, though this copy applied it to {applied}: messages were lost"
+            ),
+            Divergence::Outlived {
+                epoch,
+                last,
+                ended: Some(ended),
+            } => write!(
+                f,
+                "this copy holds owner epoch {epoch}'s writes to position {last}, but the log's history ends that epoch at {ended}: writes were lost"
+            ),
+            Divergence::Outlived {
+                epoch,
+                last,
+                ended: None,
+            } => write!(
+                f,
+                "this copy holds owner epoch {epoch}'s writes to position {last}, an epoch the log's history lacks: writes were lost"
             ),
         }
     }

@@ -21,6 +21,7 @@ use mayfly_engine::{
 
 use crate::{
     chain::{Chain, Divergence},
+    epochs::Epochs,
     log_message::{LogMessage, MessageKind, decode_frame},
     publish_queue::{LogPosition, PublishQueue, TakeoverError, log_end, subject, take_over},
     snapshot::Assembly,
@@ -71,6 +72,8 @@ impl From<TakeoverError> for CatchUpError {
 #[derive(Debug, Clone)]
 pub struct Followed {
     pub chain: Chain,
+    /// The owner epochs of the history applied, and where each began.
+    pub epochs: Epochs,
     /// The stream sequence of the last message applied whole.
     pub subject_seq: u64,
     /// A message applied part-way (a commit in it refused): its stream sequence, and how many
@@ -86,15 +89,16 @@ impl Followed {
     pub fn new(partition: u32) -> Self {
         Followed {
             chain: Chain::new(partition),
+            epochs: Epochs::default(),
             subject_seq: 0,
             partial: None,
             assembly: None,
         }
     }
 
-    /// A copy that is the log up to `position`: an owner's that stopped with every commit
-    /// acknowledged ([`PublishQueue::stop`]).
-    pub fn at(partition: u32, position: &LogPosition) -> Self {
+    /// A copy that is the log up to `position`, whose owner epochs are `epochs`: an owner's
+    /// that stopped with every commit acknowledged ([`PublishQueue::stop`]).
+    pub fn at(partition: u32, position: &LogPosition, epochs: Epochs) -> Self {
         Followed {
             chain: Chain {
                 partition,
@@ -102,6 +106,7 @@ impl Followed {
                 link: position.link,
                 epoch: position.epoch,
             },
+            epochs,
             subject_seq: position.subject_seq,
             partial: None,
             assembly: None,
@@ -230,12 +235,14 @@ pub async fn catch_up(
             // Every time an owner acted on is at or below a watermark it logged since (or
             // its lease's end): this copy's time starts there if it is promoted.
             engine.raise_time(partition as usize, m.watermark);
+            let (epoch, after) = (m.epoch, m.after);
             match m.kind {
                 MessageKind::Commit => apply(engine, partition, m).await?,
                 // A snapshot at this copy's end: it holds what this copy holds.
                 MessageKind::Takeover | MessageKind::Snapshot { .. } => {}
             }
             followed.chain = next;
+            followed.epochs.note(epoch, after);
             followed.partial = Some((seq, i + 1));
         }
         followed.partial = None;
@@ -271,7 +278,14 @@ async fn load_if_complete(
     let Some((assembly, _)) = followed.assembly.as_mut().filter(|(a, _)| a.complete()) else {
         return Ok(());
     };
-    let snapshot = assembly.snapshot().map_err(CatchUpError::Diverged)?;
+    let (snapshot, epochs) = assembly.snapshot().map_err(CatchUpError::Diverged)?;
+    // A copy behind the log's start must be a prefix of the log's history, which the
+    // snapshot's epoch table describes: a copy ending in an epoch that the history ended
+    // earlier holds writes the log lost (found as a rewind had the log not been purged).
+    if let Err(d) = epochs.check_prefix(followed.chain.last, followed.chain.epoch) {
+        assembly.keep((snapshot, epochs));
+        return Err(CatchUpError::Diverged(d));
+    }
     let (documents, at) = (snapshot.documents.len(), snapshot.seq);
     let loader = engine.clone();
     let loaded = tokio::task::spawn_blocking(move || {
@@ -283,7 +297,7 @@ async fn load_if_complete(
     match loaded {
         Ok((Ok(()), _)) => {}
         Ok((Err(e), snapshot)) => {
-            assembly.keep(snapshot);
+            assembly.keep((snapshot, epochs));
             return Err(CatchUpError::Refused(e.to_string()));
         }
         Err(e) => {
@@ -296,6 +310,7 @@ async fn load_if_complete(
     }
     tracing::info!(partition, at, documents, "loaded the partition's snapshot");
     followed.chain = assembly.chain;
+    followed.epochs = epochs;
     followed.assembly = None;
     Ok(())
 }
@@ -377,7 +392,9 @@ pub async fn become_owner(
         .await
         {
             Ok(position) => {
-                let generation = queue.start(&position, watermark);
+                // This epoch begins at the takeover (a no-op for one stored already).
+                followed.epochs.note(position.epoch, position.last);
+                let generation = queue.start(&position, watermark, followed.epochs.clone());
                 tokio::spawn(queue.clone().publish(
                     js.clone(),
                     stream.clone(),

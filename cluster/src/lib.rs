@@ -10,6 +10,7 @@
 pub mod assignment;
 pub mod catalog_log;
 pub mod chain;
+pub mod epochs;
 pub mod follower;
 pub mod lease;
 pub mod lease_store;
@@ -21,6 +22,7 @@ pub mod snapshot;
 pub use assignment::{Assignment, NodeId, Replicas, assign, ranked_standbys};
 pub use catalog_log::{Apply, CatalogError, CatalogLog};
 pub use chain::{Chain, Divergence};
+pub use epochs::Epochs;
 pub use follower::{CatchUpError, Followed, become_owner, catch_up};
 pub use lease::{LeaseTiming, OwnerLease};
 pub use lease_store::{Clocks, Held, LeaseError, LeaseRecord, Leases, SystemClocks, Watch};

@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
 use crate::{
+    epochs::Epochs,
     log_message::{LogMessage, MessageKind, Remembered, decode_frame, encode_frame, link},
     snapshot,
 };
@@ -347,6 +348,8 @@ struct Queue {
     snapshots: VecDeque<Published>,
     /// The log ended before this owner's last acknowledged message: NATS lost it.
     log_lost: bool,
+    /// The partition's owner epochs up to this ownership's, which its snapshots carry.
+    epochs: Epochs,
 }
 
 impl PublishQueue {
@@ -369,6 +372,7 @@ impl PublishQueue {
                 snapshot_started: None,
                 snapshots: VecDeque::new(),
                 log_lost: false,
+                epochs: Epochs::default(),
             }),
             wake: Notify::new(),
             progress: watch::Sender::new(()),
@@ -377,11 +381,13 @@ impl PublishQueue {
 
     /// This node owns the partition from here, its log ending at `position` (from
     /// [`take_over`], which logged `watermark`): its shard's commits are queued from now on,
-    /// and [`PublishQueue::publish`] sends them.
+    /// and [`PublishQueue::publish`] sends them. `epochs`: the log's owner epochs, this
+    /// ownership's included, which its snapshots carry.
     ///
     /// Returns the publisher's generation, for [`PublishQueue::publish`].
-    pub fn start(&self, position: &LogPosition, watermark: u64) -> u64 {
+    pub fn start(&self, position: &LogPosition, watermark: u64, epochs: Epochs) -> u64 {
         let mut q = self.queue.lock();
+        q.epochs = epochs;
         q.next = Some(position.last + 1);
         q.watermark = q.watermark.max(watermark);
         q.position = Some(*position);
@@ -556,6 +562,11 @@ impl PublishQueue {
         (q.snapshots.len() >= 2).then(|| q.snapshots[0].first_seq)
     }
 
+    /// The log's owner epochs as this ownership began them ([`PublishQueue::start`]).
+    pub fn epochs(&self) -> Epochs {
+        self.queue.lock().epochs.clone()
+    }
+
     /// `None` if every commit this queue took at or before `lsn` is acknowledged; else a
     /// future that resolves once they are, or fails with the queue.
     pub fn wait(self: &Arc<Self>, lsn: Lsn) -> Option<DurableFuture> {
@@ -642,8 +653,9 @@ impl PublishQueue {
             };
             if let Some(snap) = snap {
                 let at = snap.seq;
+                let epochs = self.queue.lock().epochs.clone();
                 let parts = match tokio::task::spawn_blocking(move || {
-                    snapshot::split(snapshot::encode(&snap))
+                    snapshot::split(snapshot::encode(&snap, &epochs))
                 })
                 .await
                 {
@@ -942,7 +954,7 @@ pub async fn rebase(
     js: &Context,
     stream: &Stream,
     (partition, epoch, watermark): (u32, u64, u64),
-    snapshot: &ShardSnapshot,
+    (snapshot, epochs): (&ShardSnapshot, &Epochs),
 ) -> Result<(LogPosition, u64), TakeoverError> {
     // The log's end as it is, a damaged message included (its link is not known: the
     // snapshot does not continue it, and every node loads it as the log's start).
@@ -958,10 +970,13 @@ pub async fn rebase(
         Err(TakeoverError::Unreadable { subject_seq, .. }) => (subject_seq, 0),
         Err(e) => return Err(e),
     };
-    let encoded = snapshot.clone();
-    let parts = tokio::task::spawn_blocking(move || snapshot::split(snapshot::encode(&encoded)))
-        .await
-        .map_err(|e| TakeoverError::Unavailable(format!("the snapshot was not encoded: {e}")))?;
+    let (encoded, epochs) = (snapshot.clone(), epochs.clone());
+    let parts =
+        tokio::task::spawn_blocking(move || snapshot::split(snapshot::encode(&encoded, &epochs)))
+            .await
+            .map_err(|e| {
+                TakeoverError::Unavailable(format!("the snapshot was not encoded: {e}"))
+            })?;
     let n = parts.len() as u32;
     let mut first = None;
     for (i, bytes) in parts.into_iter().enumerate() {

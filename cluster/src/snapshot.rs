@@ -5,7 +5,8 @@
 //!
 //! Layout, big-endian: `format (u8) | seq (u64) | versions below (u64) | time (u64) | document
 //! count (u32) | (collection uid (u64) | head length (u32) | head | body length (u32) | body)*
-//! | remembered count (u32) | remembered (as in a log message)* | xxh3-64 of all before (u64)`.
+//! | remembered count (u32) | remembered (as in a log message)* | the partition's epoch table
+//! ([`Epochs::encode`]) | xxh3-64 of all before (u64)`.
 
 use bytes::Bytes;
 use mayfly_engine::{engine::ShardSnapshot, model::CollectionUid, storage::LogRecord};
@@ -13,16 +14,17 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::{
     chain::{Chain, Divergence},
+    epochs::Epochs,
     log_message::{DecodeError, LogMessage, MessageKind, Reader, Remembered, link},
 };
 
 /// The largest part of a snapshot one message carries: two fit in a frame.
 pub const PART_BYTES: usize = 256 * 1024;
 
-const FORMAT: u8 = 1;
+const FORMAT: u8 = 2;
 
-/// The snapshot's bytes.
-pub fn encode(s: &ShardSnapshot) -> Vec<u8> {
+/// The snapshot's bytes, with the owner epochs of the history it ends (`epochs`).
+pub fn encode(s: &ShardSnapshot, epochs: &Epochs) -> Vec<u8> {
     let bytes: usize = s.documents.iter().map(|(_, r)| r.len() + 16).sum();
     let mut out = Vec::with_capacity(64 + bytes + 64 * s.remembered.len());
     out.push(FORMAT);
@@ -46,13 +48,15 @@ pub fn encode(s: &ShardSnapshot) -> Vec<u8> {
         }
         .encode(&mut out);
     }
+    epochs.encode(&mut out);
     let sum = xxh3_64(&out);
     out.extend_from_slice(&sum.to_be_bytes());
     out
 }
 
-/// Parses a snapshot's bytes (records share `bytes`). Refuses anything damaged.
-pub fn decode(bytes: &Bytes) -> Result<ShardSnapshot, DecodeError> {
+/// Parses a snapshot's bytes (records share `bytes`), and its epoch table. Refuses anything
+/// damaged.
+pub fn decode(bytes: &Bytes) -> Result<(ShardSnapshot, Epochs), DecodeError> {
     let Some(body_len) = bytes.len().checked_sub(8) else {
         return Err(DecodeError("a snapshot shorter than its checksum"));
     };
@@ -85,16 +89,20 @@ pub fn decode(bytes: &Bytes) -> Result<ShardSnapshot, DecodeError> {
         let m = Remembered::decode(&mut r)?;
         remembered.push((m.collection, m.key, m.record));
     }
+    let epochs = Epochs::decode(&mut r)?;
     if r.at != body.len() {
         return Err(DecodeError("bytes after the snapshot"));
     }
-    Ok(ShardSnapshot {
-        seq,
-        versions_below,
-        time,
-        documents,
-        remembered,
-    })
+    Ok((
+        ShardSnapshot {
+            seq,
+            versions_below,
+            time,
+            documents,
+            remembered,
+        },
+        epochs,
+    ))
 }
 
 /// The snapshot's bytes in parts of at most [`PART_BYTES`] (one, empty or not, at least).
@@ -123,7 +131,7 @@ pub struct Assembly {
     next: u32,
     bytes: Vec<u8>,
     /// Decoded, its load refused for now (kept for the next try).
-    decoded: Option<ShardSnapshot>,
+    decoded: Option<(ShardSnapshot, Epochs)>,
 }
 
 impl Assembly {
@@ -180,7 +188,7 @@ impl Assembly {
     }
 
     /// Keeps `snapshot` (from [`Assembly::snapshot`]) for another try at loading it.
-    pub fn keep(&mut self, snapshot: ShardSnapshot) {
+    pub fn keep(&mut self, snapshot: (ShardSnapshot, Epochs)) {
         self.decoded = Some(snapshot);
     }
 
@@ -189,15 +197,15 @@ impl Assembly {
         self.next == self.parts
     }
 
-    /// The snapshot, once [`Assembly::complete`] (its bytes are taken); checked against its
-    /// position in the log.
-    pub fn snapshot(&mut self) -> Result<ShardSnapshot, Divergence> {
+    /// The snapshot and its epoch table, once [`Assembly::complete`] (its bytes are taken);
+    /// checked against its position in the log.
+    pub fn snapshot(&mut self) -> Result<(ShardSnapshot, Epochs), Divergence> {
         if let Some(snapshot) = self.decoded.take() {
             return Ok(snapshot);
         }
         let snapshot =
             decode(&Bytes::from(std::mem::take(&mut self.bytes))).map_err(Divergence::Corrupt)?;
-        if snapshot.seq != self.chain.last {
+        if snapshot.0.seq != self.chain.last {
             return Err(Divergence::Corrupt(DecodeError(
                 "a snapshot at another position than its message's",
             )));
@@ -249,9 +257,17 @@ mod tests {
         }
     }
 
+    /// The owner epochs of the tests' history.
+    fn epochs() -> Epochs {
+        let mut e = Epochs::default();
+        e.note(1, 0);
+        e.note(3, 30);
+        e
+    }
+
     /// The parts of `s` as an owner publishes them after a log ending at `link` (epoch 3).
     fn parts(s: &ShardSnapshot, mut previous: u64) -> Vec<Bytes> {
-        let chunks = split(encode(s));
+        let chunks = split(encode(s, &epochs()));
         let n = chunks.len() as u32;
         chunks
             .into_iter()
@@ -287,7 +303,10 @@ mod tests {
         for documents in [0, 3, 600] {
             let s = snapshot(documents);
             let raw = parts(&s, 99);
-            assert_eq!(raw.len(), encode(&s).len().div_ceil(PART_BYTES).max(1));
+            assert_eq!(
+                raw.len(),
+                encode(&s, &epochs()).len().div_ceil(PART_BYTES).max(1)
+            );
             let mut assembly = Assembly::start(2, &raw[0], 10).expect("a first part");
             for (i, part) in raw.iter().enumerate().skip(1) {
                 assert!(!assembly.complete());
@@ -295,11 +314,11 @@ mod tests {
             }
             assert!(assembly.complete());
             let whole = assembly.snapshot().expect("whole");
-            assert_eq!(whole, s);
+            assert_eq!(whole, (s.clone(), epochs()));
             assembly.keep(whole);
             assert_eq!(
                 assembly.snapshot().expect("kept"),
-                s,
+                (s, epochs()),
                 "kept for another try"
             );
             assert_eq!(assembly.chain.last, 41);
@@ -314,7 +333,7 @@ mod tests {
         let mut assembly = Assembly::start(2, &raw[0], 1).expect("first");
         assert!(assembly.add(&raw[2], 3).is_err(), "a part skipped");
         assert!(Assembly::start(2, &raw[1], 2).is_none(), "not a first part");
-        let mut bytes = encode(&s);
+        let mut bytes = encode(&s, &epochs());
         bytes[20] ^= 1;
         assert!(decode(&Bytes::from(bytes)).is_err(), "a flipped bit");
         assert!(decode(&Bytes::from_static(b"short")).is_err());

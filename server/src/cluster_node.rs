@@ -1296,8 +1296,10 @@ impl Partition {
             .store(false, Ordering::Relaxed);
         match position {
             Some(position) => {
-                // This copy is the log up to there: it follows on from it.
-                *followed = Followed::at(self.p, &position);
+                // This copy is the log up to there: it follows on from it (no other owner
+                // wrote meanwhile: its epochs are as they were).
+                let epochs = std::mem::take(&mut followed.epochs);
+                *followed = Followed::at(self.p, &position, epochs);
                 true
             }
             None => {
@@ -1406,11 +1408,13 @@ impl Partition {
             );
             return false;
         }
+        // The epochs this ownership began with: the re-base is at its own epoch.
+        let epochs = self.queue.epochs();
         let (position, first) = match publish_queue::rebase(
             &self.js,
             &self.stream,
             (self.p, epoch, watermark),
-            &snapshot,
+            (&snapshot, &epochs),
         )
         .await
         {
@@ -1439,7 +1443,7 @@ impl Partition {
             tracing::warn!(partition = p, error = %e, "the log below the re-base was not purged; retrying");
             return false;
         }
-        let generation = self.queue.start(&position, watermark);
+        let generation = self.queue.start(&position, watermark, epochs);
         tokio::spawn(self.queue.clone().publish(
             self.js.clone(),
             self.stream.clone(),

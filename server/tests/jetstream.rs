@@ -661,6 +661,120 @@ async fn a_new_owner_catches_up_from_the_log_and_serves_every_acknowledged_write
     );
 }
 
+/// A copy holding an earlier owner's writes that the log lost before a later takeover, which
+/// reads the log only once the new owner has purged it below a snapshot, must find the
+/// divergence (as it would have found the rewind in the whole log), not load the snapshot over
+/// its copy and forget those writes: the snapshot's epoch table says where the earlier owner's
+/// epoch ended. An empty copy loads the same snapshot and serves the new owner's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_holding_writes_a_purged_log_lost_finds_the_divergence_in_the_snapshots_epochs() {
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    let (a, a_queues, path) = owner(&js, 1).await;
+    let p = 0u32;
+    let pks: Vec<String> = (0..200)
+        .map(|i| format!("t{i}"))
+        .filter(|pk| {
+            mayfly_server::engine::xxh3_partition(
+                "db",
+                "c",
+                &PartitionKeyValue::String(pk.as_str().into()),
+                PARTITIONS as usize,
+            ) == p as usize
+        })
+        .take(12)
+        .collect();
+    assert!(pks.len() >= 8, "keys for partition {p}: {pks:?}");
+    // One message each: every create is acknowledged before the next.
+    for pk in &pks[..6] {
+        let created = a.create_document(&path, document(&format!("a-{pk}"), pk), None);
+        a.settle(created).await.expect("a's write");
+    }
+
+    // x follows the partition: its copy holds all of a's writes.
+    let (x, _x_queues) = logging_engine(&js, Arc::new(SystemClock), None);
+    collection(&x);
+    x.set_following(p as usize, true);
+    let stream = js
+        .get_stream(publish_queue::stream_name(p))
+        .await
+        .expect("log stream");
+    let mut x_followed = Followed::new(p);
+    mayfly_cluster::catch_up(&stream, &x, p, &mut x_followed)
+        .await
+        .expect("x caught up");
+    let x_end = x_followed.chain.last;
+
+    // NATS loses a's last acknowledged message; a dies; b takes over from the shortened log.
+    let last = stream
+        .get_last_raw_message_by_subject(&publish_queue::subject(p))
+        .await
+        .expect("the partition's last message");
+    assert!(stream.delete_message(last.sequence).await.expect("delete"));
+    for q in &a_queues {
+        q.close();
+    }
+    let (b, b_queues, _) = owner(&js, 2).await;
+    assert!(b.log_end(p as usize) < x_end, "b took over before x's end");
+    for pk in &pks[6..8] {
+        let created = b.create_document(&path, document(&format!("b-{pk}"), pk), None);
+        b.settle(created).await.expect("b's write");
+    }
+    // b snapshots the partition into its log and purges the log below the snapshot.
+    let queue = b_queues[p as usize].clone();
+    assert!(
+        b.snapshot_shard(p as usize, |snap| queue.enqueue_snapshot(snap))
+            .expect("snapshot taken"),
+        "snapshot queued"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        let last = stream
+            .get_last_raw_message_by_subject(&publish_queue::subject(p))
+            .await
+            .expect("last message");
+        let is_snapshot = decode_frame(&last.payload)
+            .ok()
+            .and_then(|parts| mayfly_cluster::LogMessage::decode(&parts[0]).ok())
+            .is_some_and(|m| matches!(m.kind, MessageKind::Snapshot { part: 0, .. }));
+        if is_snapshot {
+            break last.sequence;
+        }
+        assert!(Instant::now() < deadline, "the snapshot was not published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    stream
+        .purge()
+        .filter(publish_queue::subject(p))
+        .sequence(first)
+        .await
+        .expect("purged below the snapshot");
+
+    // x reads on: the log starts with the snapshot past its copy, whose epochs say a's epoch
+    // ended before x's last position.
+    match mayfly_cluster::catch_up(&stream, &x, p, &mut x_followed).await {
+        Err(CatchUpError::Diverged(d @ mayfly_cluster::Divergence::Outlived { .. })) => {
+            eprintln!("x found: {d}")
+        }
+        other => panic!("x loaded a history that lost a's write: {other:?}"),
+    }
+    assert_eq!(
+        x.log_end(p as usize),
+        x_end,
+        "x's copy, with the write the log lost, is left as it was"
+    );
+
+    // A node with no copy loads the snapshot: it holds b's writes.
+    let (z, _z_queues) = logging_engine(&js, Arc::new(SystemClock), None);
+    collection(&z);
+    z.set_following(p as usize, true);
+    let mut z_followed = Followed::new(p);
+    mayfly_cluster::catch_up(&stream, &z, p, &mut z_followed)
+        .await
+        .expect("an empty copy loads the snapshot");
+    assert_eq!(z.log_end(p as usize), b.log_end(p as usize));
+}
+
 /// A node of the catalog test: an engine and its catalog log, applying entries of the test's
 /// own format (`db NAME`, `coll DB NAME`), answering each with the uid made or the refusal.
 async fn catalog_node(js: &Context, node: &str) -> (Engine, Arc<CatalogLog<Result<u64, String>>>) {
@@ -2573,7 +2687,7 @@ async fn commits_without_records_each_reach_the_log() {
         }
     };
     let queue = PublishQueue::new(0);
-    let generation = queue.start(&position, 0);
+    let generation = queue.start(&position, 0, Default::default());
     tokio::spawn(
         queue
             .clone()
