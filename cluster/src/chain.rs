@@ -40,6 +40,9 @@ pub enum Divergence {
     /// The log ends before messages this copy applied from it: they were lost (stream
     /// sequences, `applied` being the last this copy applied).
     Shortened { applied: u64, end: u64 },
+    /// The message at stream sequence `subject_seq`, which this node had applied (or, owning
+    /// the partition, had acknowledged) up to position `last`, is gone from the log.
+    Missing { subject_seq: u64, last: u64 },
     /// This copy's last message is of owner `epoch`, at position `last`, but the log's
     /// history (a snapshot's epoch table) ended that epoch at `ended`, or has no such epoch
     /// (`None`): the copy holds writes the log lost.
@@ -76,6 +79,10 @@ impl fmt::Display for Divergence {
             Divergence::Shortened { applied, end } => write!(
                 f,
                 "the log ends at stream sequence {end}, though this copy applied it to {applied}: messages were lost"
+            ),
+            Divergence::Missing { subject_seq, last } => write!(
+                f,
+                "the log no longer holds the message at stream sequence {subject_seq} (to position {last}) that this node had applied or acknowledged: messages were lost"
             ),
             Divergence::Outlived {
                 epoch,

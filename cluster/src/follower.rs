@@ -21,6 +21,7 @@ use mayfly_engine::{
 
 use crate::{
     chain::{Chain, Divergence},
+    copy_state,
     epochs::Epochs,
     log_message::{LogMessage, MessageKind, decode_frame},
     publish_queue::{LogPosition, PublishQueue, TakeoverError, log_end, subject, take_over},
@@ -82,6 +83,11 @@ pub struct Followed {
     /// A snapshot being read because the log starts with it, past this copy's end (loaded
     /// once its last part is in), and the stream sequence read up to before it.
     assembly: Option<(Assembly, u64)>,
+    /// Where this node knew the log to stand before it rebuilt its copy (its copy's state, or
+    /// an owner's replicated mark, kept before a restart): the log must still pass through
+    /// it, at that stream sequence, or start with a snapshot that holds it. Cleared once
+    /// passed.
+    witness: Option<(Chain, u64)>,
 }
 
 impl Followed {
@@ -93,7 +99,41 @@ impl Followed {
             subject_seq: 0,
             partial: None,
             assembly: None,
+            witness: None,
         }
+    }
+
+    /// A copy that is the log up to `chain`, which ends at stream sequence `subject_seq`: a
+    /// node's own copy after a restart ([`crate::copy_state`]).
+    pub fn resumed(chain: Chain, subject_seq: u64, epochs: Epochs) -> Self {
+        Followed {
+            chain,
+            epochs,
+            subject_seq,
+            partial: None,
+            assembly: None,
+            witness: None,
+        }
+    }
+
+    /// An empty copy, rebuilt from the log, which must still hold what `known` (this node's
+    /// earlier copy, whose state it kept) held of it.
+    pub fn rebuilt(known: &Followed) -> Self {
+        Followed {
+            witness: Some((known.chain, known.subject_seq)),
+            ..Followed::new(known.chain.partition)
+        }
+    }
+
+    /// The chain position and stream sequence this copy must still find in the log.
+    pub fn witness(&self) -> Option<(Chain, u64)> {
+        self.witness
+    }
+
+    /// The history this node knows the log held: what the copy applied, or, while a rebuilt
+    /// copy has not yet passed it, what the node knew before. A divergence is found in it.
+    pub fn known_chain(&self) -> Chain {
+        self.witness.map_or(self.chain, |(known, _)| known)
     }
 
     /// A copy that is the log up to `position`, whose owner epochs are `epochs`: an owner's
@@ -110,6 +150,7 @@ impl Followed {
             subject_seq: position.subject_seq,
             partial: None,
             assembly: None,
+            witness: None,
         }
     }
 }
@@ -129,15 +170,19 @@ pub async fn catch_up(
     // would stop the partition everywhere until an operator acts.
     // A snapshot read whole whose load was refused (the catalog behind): again.
     load_if_complete(engine, partition, followed).await?;
+    // What the log must reach: what this copy applied, or what a copy before it knew.
+    let known = followed
+        .subject_seq
+        .max(followed.witness.map_or(0, |(_, seq)| seq));
     let mut end_seq = read_end(stream, partition).await?;
     let first_short = std::time::Instant::now();
-    while end_seq < followed.subject_seq && first_short.elapsed() < SHORTENED_FOR {
+    while end_seq < known && first_short.elapsed() < SHORTENED_FOR {
         tokio::time::sleep(Duration::from_secs(1)).await;
         end_seq = read_end(stream, partition).await?;
     }
-    if end_seq < followed.subject_seq {
+    if end_seq < known {
         return Err(CatchUpError::Diverged(Divergence::Shortened {
-            applied: followed.subject_seq,
+            applied: known,
             end: end_seq,
         }));
     }
@@ -247,7 +292,48 @@ pub async fn catch_up(
         }
         followed.partial = None;
         followed.subject_seq = seq;
+        // Whole frames only, and not while a snapshot is read (the copy is then the log up to
+        // its start, or being loaded).
+        if followed.assembly.is_none() {
+            pass_witness(followed, seq)?;
+            // Until a rebuilt copy has passed what the node knew, the state kept is that.
+            if followed.witness.is_none() {
+                copy_state::save(engine, partition, followed);
+            }
+        }
     }
+    // What was applied, and the state saying so, made durable together (a node killed later
+    // resumes from there, and finds a log that lost any of it).
+    engine
+        .flush_shard(partition as usize)
+        .await
+        .map_err(|e| CatchUpError::Refused(e.to_string()))?;
+    Ok(())
+}
+
+/// Checks a rebuilt copy against what the node knew of the log before (see
+/// [`Followed::witness`]) once it has applied the frame at stream sequence `seq`: the frame at
+/// the witness's sequence must end the chain where the witness did, and must not be missing.
+fn pass_witness(followed: &mut Followed, seq: u64) -> Result<(), CatchUpError> {
+    let Some((known, known_seq)) = followed.witness else {
+        return Ok(());
+    };
+    if seq < known_seq {
+        return Ok(());
+    }
+    // Kept on a divergence: the alarm names the history the node knew.
+    if seq > known_seq {
+        return Err(CatchUpError::Diverged(Divergence::Missing {
+            subject_seq: known_seq,
+            last: known.last,
+        }));
+    }
+    if (followed.chain.last, followed.chain.link) != (known.last, known.link) {
+        return Err(CatchUpError::Diverged(Divergence::Forked {
+            at: known.last,
+        }));
+    }
+    followed.witness = None;
     Ok(())
 }
 
@@ -282,11 +368,39 @@ async fn load_if_complete(
     // A copy behind the log's start must be a prefix of the log's history, which the
     // snapshot's epoch table describes: a copy ending in an epoch that the history ended
     // earlier holds writes the log lost (found as a rewind had the log not been purged).
-    if let Err(d) = epochs.check_prefix(followed.chain.last, followed.chain.epoch) {
+    let mut checked = epochs.check_prefix(followed.chain.last, followed.chain.epoch);
+    // What the node knew of the log before it rebuilt this copy: a snapshot at or past its
+    // stream sequence must hold it (the log before it is purged); one before it is loaded, and
+    // the log after it must pass through it.
+    let mut passed = false;
+    if let (Ok(()), Some((known, known_seq))) = (&checked, followed.witness)
+        && assembly.subject_seq >= known_seq
+    {
+        checked = if snapshot.seq < known.last {
+            Err(Divergence::Shortened {
+                applied: known.last,
+                end: snapshot.seq,
+            })
+        } else {
+            epochs.check_prefix(known.last, known.epoch)
+        };
+        passed = true;
+    }
+    if let Err(d) = checked {
         assembly.keep((snapshot, epochs));
         return Err(CatchUpError::Diverged(d));
     }
     let (documents, at) = (snapshot.documents.len(), snapshot.seq);
+    // Until the frame that ends the snapshot is applied: the copy is a mix if cut off.
+    let known = match followed.witness {
+        Some((chain, seq)) => Followed::resumed(chain, seq, Epochs::default()),
+        None => Followed::resumed(
+            followed.chain,
+            followed.subject_seq,
+            followed.epochs.clone(),
+        ),
+    };
+    copy_state::loading(engine, partition, &known);
     let loader = engine.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         loader.raise_time(partition as usize, snapshot.time);
@@ -312,6 +426,9 @@ async fn load_if_complete(
     followed.chain = assembly.chain;
     followed.epochs = epochs;
     followed.assembly = None;
+    if passed {
+        followed.witness = None;
+    }
     Ok(())
 }
 
@@ -394,6 +511,13 @@ pub async fn become_owner(
             Ok(position) => {
                 // This epoch begins at the takeover (a no-op for one stored already).
                 followed.epochs.note(position.epoch, position.last);
+                // The copy is the log up to the takeover; its commits from here on are ahead
+                // of this state until it stops owning cleanly.
+                copy_state::save(
+                    engine,
+                    partition,
+                    &Followed::at(partition, &position, followed.epochs.clone()),
+                );
                 let generation = queue.start(&position, watermark, followed.epochs.clone());
                 tokio::spawn(queue.clone().publish(
                     js.clone(),

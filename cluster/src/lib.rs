@@ -10,6 +10,7 @@
 pub mod assignment;
 pub mod catalog_log;
 pub mod chain;
+pub mod copy_state;
 pub mod epochs;
 pub mod follower;
 pub mod lease;

@@ -29,13 +29,15 @@ use bytes::Bytes;
 use mayfly_engine::{
     engine::ShardSnapshot,
     model::CollectionUid,
-    storage::{DurableFuture, LogRecord, Lsn, StorageError},
+    storage::{DurableFuture, LogRecord, Lsn, Storage, StorageError},
 };
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
 use crate::{
+    copy_state,
     epochs::Epochs,
+    follower::Followed,
     log_message::{LogMessage, MessageKind, Remembered, decode_frame, encode_frame, link},
     snapshot,
 };
@@ -312,6 +314,10 @@ pub struct PublishQueue {
     wake: Notify,
     /// Changed whenever commits are acknowledged or the queue fails.
     progress: watch::Sender<()>,
+    /// Where the owner keeps its replicated mark (the node's storage): where the log ended
+    /// after the last frame acknowledged, written before its commits are (see
+    /// [`crate::copy_state`]).
+    marks: std::sync::OnceLock<Arc<dyn Storage>>,
 }
 
 #[derive(Debug)]
@@ -376,6 +382,7 @@ impl PublishQueue {
             }),
             wake: Notify::new(),
             progress: watch::Sender::new(()),
+            marks: std::sync::OnceLock::new(),
         })
     }
 
@@ -562,6 +569,15 @@ impl PublishQueue {
         (q.snapshots.len() >= 2).then(|| q.snapshots[0].first_seq)
     }
 
+    /// Keeps this queue's replicated mark in `storage` from now on (see
+    /// [`crate::copy_state`]), if it keeps a node's state; a client's write waits for the
+    /// mark's durability too.
+    pub fn keep_marks_in(&self, storage: Arc<dyn Storage>) {
+        if storage.keeps_node_state() {
+            let _ = self.marks.set(storage);
+        }
+    }
+
     /// The log's owner epochs as this ownership began them ([`PublishQueue::start`]).
     pub fn epochs(&self) -> Epochs {
         self.queue.lock().epochs.clone()
@@ -726,6 +742,20 @@ impl PublishQueue {
                         subject_seq,
                         ..after
                     };
+                    // The replicated mark before the commits count as acknowledged: a client
+                    // told so waits for everything applied by then to be durable, the mark
+                    // included, so a restarted node knows the log held these commits.
+                    if let Some(storage) = self.marks.get() {
+                        let epochs = {
+                            let q = self.queue.lock();
+                            if q.generation != generation {
+                                return;
+                            }
+                            q.epochs.clone()
+                        };
+                        let mark = Followed::at(self.partition, &position, epochs);
+                        copy_state::save_in(&**storage, self.partition, &mark);
+                    }
                     let mut q = self.queue.lock();
                     if q.generation != generation {
                         // Stopped meanwhile: these commits already failed.

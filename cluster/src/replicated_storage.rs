@@ -12,6 +12,8 @@
 
 use std::{fmt, sync::Arc};
 
+use bytes::Bytes;
+
 use mayfly_engine::{
     engine::Placement,
     model::{CollectionUid, DatabaseId, DatabaseUid, DocKey},
@@ -85,6 +87,9 @@ impl ReplicatedStorage {
         max_message_bytes: usize,
     ) -> Self {
         let positions = Arc::new(Positions::default());
+        for queue in &queues {
+            queue.keep_marks_in(inner.clone());
+        }
         let shards = queues
             .into_iter()
             .enumerate()
@@ -107,12 +112,27 @@ impl ReplicatedStorage {
 
     /// Waits for the local writes up to `lsn` and for the publishes of the shards in `shards`.
     fn wait(&self, lsn: Lsn, shards: ShardSet) -> Option<DurableFuture> {
-        let mut waits: Vec<DurableFuture> = local_wait(&*self.inner, lsn).into_iter().collect();
+        let mut waits: Vec<DurableFuture> = Vec::new();
         for (i, shard) in self.shards.iter().enumerate() {
-            if shards.contains(i) {
-                waits.extend(shard.queue.wait(lsn));
+            if !shards.contains(i) {
+                continue;
+            }
+            if let Some(published) = shard.queue.wait(lsn) {
+                // Then the replicated mark the publisher wrote before it told of the
+                // acknowledgement: durable with everything applied by then.
+                let inner = self.inner.clone();
+                waits.push(Box::pin(async move {
+                    published.await?;
+                    match inner.durable(inner.last_applied()) {
+                        Some(marked) => marked.await,
+                        None => Ok(()),
+                    }
+                }));
             }
         }
+        // Asked after the publishes: a commit already acknowledged had its mark written
+        // before, which this wait then covers.
+        waits.extend(local_wait(&*self.inner, lsn));
         all(waits)
     }
 }
@@ -175,6 +195,18 @@ impl Storage for ReplicatedStorage {
 
     fn placement(&self) -> Placement {
         self.inner.placement()
+    }
+
+    fn node_state(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        self.inner.node_state(key)
+    }
+
+    fn keeps_node_state(&self) -> bool {
+        self.inner.keeps_node_state()
+    }
+
+    fn put_node_state(&self, key: &str, value: &[u8]) -> Result<(), StorageError> {
+        self.inner.put_node_state(key, value)
     }
 }
 
@@ -353,5 +385,9 @@ impl ShardStore for ReplicatedShard {
 
     fn change_log(&self) -> &dyn ChangeLog {
         self.inner.change_log()
+    }
+
+    fn clear(&self) -> Result<(), StorageError> {
+        self.inner.clear()
     }
 }

@@ -25,7 +25,7 @@ use futures_util::StreamExt;
 use mayfly_cluster::{
     Apply, Assignment, CatalogLog, CatchUpError, Clocks, Followed, Held, LeaseTiming, Leases,
     LogPosition, PublishQueue, Replicas, ReplicatedStorage, SystemClocks, TakeoverError, Watch,
-    assign, become_owner, catch_up,
+    assign, become_owner, catch_up, copy_state,
     lease_store::renew_interval,
     publish_queue::{self, LOG_STREAMS, log_streams, subject},
     ranked_standbys,
@@ -44,9 +44,10 @@ use crate::{
     cluster_metrics::{ClusterMetrics, clock_skew_ms},
     cluster_report::{self, PartitionCopy},
     cluster_seal::ClusterSeal,
-    engine::{Engine, EngineConfig, LeaseClock, SystemClock, TokenKey},
+    engine::{Engine, EngineConfig, LeaseClock, Placement, SystemClock, TokenKey},
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
-    storage::MemoryStorage,
+    server::StorageConfig,
+    storage::{DiskOptions, DiskStorage, MemoryStorage, Storage, StorageError},
 };
 
 /// How a node joins a cluster.
@@ -263,7 +264,7 @@ async fn patiently<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
 /// directory `keys` names if it names one.
 pub async fn join(
     config: &ClusterConfig,
-    mut engine_config: EngineConfig,
+    (mut engine_config, storage): (EngineConfig, &StorageConfig),
     advertise: &str,
     keys: Option<Option<std::path::PathBuf>>,
 ) -> Result<(Engine, CatalogRoute, Arc<dyn Owners>, ClusterNode), ServeError> {
@@ -308,21 +309,34 @@ pub async fn join(
     let queues: Vec<_> = (0..partitions)
         .map(|p| PublishQueue::new(p as u32))
         .collect();
-    let storage = ReplicatedStorage::new(
-        Arc::new(MemoryStorage::new()),
-        queues.clone(),
-        client.server_info().max_payload,
-    );
+    let (inner, copies, catalog_applied) = open_copies(storage, partitions).await?;
+    let replicated =
+        ReplicatedStorage::new(inner, queues.clone(), client.server_info().max_payload);
     engine_config.shards = partitions;
     engine_config.log_every_commit = true;
     engine_config.lease_clock = Some(Arc::new(BootClock));
-    let engine = Engine::new(engine_config, Arc::new(storage), Arc::new(SystemClock));
-    for p in 0..partitions {
+    let engine = if matches!(storage, StorageConfig::Memory { .. }) {
+        // Nothing to load, and uids from the catalog log alone (memory storage's own start at
+        // a random point, which would differ from node to node).
+        Engine::new(engine_config, Arc::new(replicated), Arc::new(SystemClock))
+    } else {
+        let replicated: Arc<dyn Storage> = Arc::new(replicated);
+        tokio::task::spawn_blocking(move || {
+            crate::server::load_engine(replicated, engine_config, Arc::default())
+        })
+        .await
+        .map_err(|e| ServeError::Io(std::io::Error::other(e)))??
+    };
+    for (p, copy) in copies.iter().enumerate() {
         engine.set_following(p, true);
+        // Positions the owner's commits took with nothing for this copy to keep are not in
+        // its storage's log position.
+        engine.pass_log_to(p, copy.chain.last);
     }
+    let mut copies = copies.into_iter();
 
     let catalog = patiently("opening the catalog log", || {
-        CatalogLog::<CatalogLogAnswer>::open(&js, config.replicas, &config.node_id, 0)
+        CatalogLog::<CatalogLogAnswer>::open(&js, config.replicas, &config.node_id, catalog_applied)
     })
     .await?;
     let mut tasks = vec![follow_catalog(&catalog, &engine)];
@@ -435,6 +449,7 @@ pub async fn join(
             metrics: metrics.clone(),
             alarms: alarms.clone(),
             snapshot_records: config.snapshot_records,
+            copy: copies.next().expect("one per partition"),
         };
         tasks.push(tokio::spawn(partition.serve()));
     }
@@ -718,14 +733,139 @@ async fn agree_on_settings(
     Ok(TokenKey::from_bytes(stored))
 }
 
+/// Where the node keeps its applied position in the catalog log.
+const CATALOG_STATE: &str = "catalog";
+
+/// Opens the node's own storage and what it holds of each partition (docs/cluster.md, "A
+/// node's own copy"): a copy whose kept state says where it stands in its partition's log
+/// resumes from there; any other (none kept, holding more than its state says, or cut off
+/// while loading a snapshot) is emptied, and rebuilt from the log. Also the catalog log's
+/// position applied. Memory storage holds nothing: every copy starts empty.
+async fn open_copies(
+    storage: &StorageConfig,
+    partitions: usize,
+) -> Result<(Arc<dyn Storage>, Vec<Followed>, u64), ServeError> {
+    let storage = storage.clone();
+    let empty = |p: usize| Followed::new(p as u32);
+    tokio::task::spawn_blocking(move || {
+        let options = match storage {
+            StorageConfig::Memory { .. } => {
+                let memory: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
+                return Ok((memory, (0..partitions).map(empty).collect(), 0));
+            }
+            StorageConfig::Disk(options) => options,
+        };
+        let path = options.path.display().to_string();
+        let disk = DiskStorage::open(&DiskOptions {
+            shards: Some(partitions),
+            ..options
+        })
+        .map_err(ServeError::Storage)?;
+        if disk.placement() != Placement::Xxh3 {
+            return Err(ServeError::Config(format!(
+                "the data directory {path} places documents by an older format than cluster mode's: give a new --data-dir"
+            )));
+        }
+        let inner: Arc<dyn Storage> = Arc::new(disk);
+        let unreadable = |e: StorageError| {
+            ServeError::Config(format!("the data directory {path}: {e}"))
+        };
+        let catalog = match inner.node_state(CATALOG_STATE).map_err(unreadable)? {
+            Some(bytes) => u64::from_be_bytes(bytes.as_ref().try_into().map_err(|_| {
+                ServeError::Config(format!(
+                    "the data directory {path}: its catalog log position is unreadable"
+                ))
+            })?),
+            None => 0,
+        };
+        let stated = inner.node_state(CATALOG_STATE).map_err(unreadable)?.is_some();
+        if !stated {
+            if !inner.load_catalog().map_err(unreadable)?.databases.is_empty() {
+                return Err(ServeError::Config(format!(
+                    "the data directory {path} holds databases but not where it stands in the cluster's catalog log (a single node's directory): give an empty --data-dir"
+                )));
+            }
+            // Said before any entry is applied: a crash after the first leaves it applied
+            // again, refused as a repeat, rather than a directory refused at start.
+            inner
+                .put_node_state(CATALOG_STATE, &0u64.to_be_bytes())
+                .map_err(unreadable)?;
+        }
+        let mut copies = Vec::with_capacity(partitions);
+        let (mut resumed, mut rebuilt) = (0, 0);
+        for p in 0..partitions {
+            let shard = inner.shard(p);
+            let held = shard.change_log().last_log_seq().map_err(unreadable)?;
+            let stored = copy_state::load(&*inner, p as u32).map_err(|e| {
+                ServeError::Config(format!(
+                    "the data directory {path}: {e}; move it aside to rebuild this node from the cluster"
+                ))
+            })?;
+            match stored {
+                copy_state::Stored::At(f) if held <= f.chain.last => {
+                    tracing::info!(
+                        partition = p,
+                        at = f.chain.last,
+                        epoch = f.chain.epoch,
+                        stream_seq = f.subject_seq,
+                        "resuming this node's copy where it stood in the partition's log"
+                    );
+                    resumed += 1;
+                    copies.push(*f);
+                }
+                copy_state::Stored::Unknown => {
+                    // Nothing known of it (none, unless its first state was lost).
+                    shard.clear().map_err(unreadable)?;
+                    copies.push(empty(p));
+                }
+                copy_state::Stored::At(known) | copy_state::Stored::Loading(known) => {
+                    tracing::info!(
+                        partition = p,
+                        held,
+                        at = known.chain.last,
+                        stream_seq = known.subject_seq,
+                        "this node's copy holds what the log may not: rebuilding it from the log, which must still hold what the copy knew"
+                    );
+                    rebuilt += 1;
+                    // Marked first: a crash while emptying it leaves it marked, with what the
+                    // log must still hold.
+                    copy_state::emptying_in(&*inner, p as u32, &known);
+                    shard.clear().map_err(unreadable)?;
+                    copies.push(Followed::rebuilt(&known));
+                }
+            }
+        }
+        tracing::info!(
+            data_dir = path,
+            resumed,
+            rebuilt,
+            catalog_entries = catalog,
+            "opened this node's copies"
+        );
+        Ok((inner, copies, catalog))
+    })
+    .await
+    .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
+}
+
 /// Applies the catalog log on this node, for as long as it runs.
 fn follow_catalog(catalog: &Arc<CatalogLog<CatalogLogAnswer>>, engine: &Engine) -> JoinHandle<()> {
     let applier = engine.clone();
-    let apply: Apply<CatalogLogAnswer> = Arc::new(move |_seq, entry| {
+    let apply: Apply<CatalogLogAnswer> = Arc::new(move |seq, entry| {
         let engine = applier.clone();
         Box::pin(async move {
             let (change, at) = CatalogChange::decode(&entry)?;
-            match tokio::task::spawn_blocking(move || change.apply(&engine, Some(at))).await {
+            let applied = tokio::task::spawn_blocking(move || {
+                let answer = change.apply(&engine, Some(at));
+                // After the change: a restart applies the log on from here (an entry applied
+                // again, its state lost in a crash, is refused as a repeat and changes nothing).
+                if let Err(e) = engine.put_node_state(CATALOG_STATE, &seq.to_be_bytes()) {
+                    tracing::warn!(error = %e, "the catalog log's position was not kept");
+                }
+                answer
+            })
+            .await;
+            match applied {
                 Ok(answer) => answer,
                 Err(e) => Err(Status::internal(format!("catalog task failed: {e}"))),
             }
@@ -823,6 +963,8 @@ struct Partition {
     alarms: jetstream::kv::Store,
     /// The owner snapshots the partition into its log after this many records.
     snapshot_records: u64,
+    /// This node's copy of the partition as it started: where it stands in the log.
+    copy: Followed,
 }
 
 /// An owner's snapshots of its partition, and its purges of the log below them.
@@ -993,7 +1135,7 @@ impl Partition {
     /// lease is renewed; after losing it or handing it over, contends again, following on from
     /// the log's end as this node left it, for as long as its copy is the log's.
     async fn serve(mut self) {
-        let mut followed = Followed::new(self.p);
+        let mut followed = std::mem::replace(&mut self.copy, Followed::new(self.p));
         let mut first = true;
         loop {
             let held = self.contend(first, &mut followed).await;
@@ -1024,8 +1166,12 @@ impl Partition {
                 // Leaving: this node takes no partition again.
                 std::future::pending::<()>().await;
             }
-            // Not while its log is known to have diverged (on any node), nor by a clock off.
-            if !self.metrics.clock_ok() || self.engine.diverged(self.p as usize).is_some() {
+            // Not while its log is known to have diverged (on any node), nor by a clock off,
+            // nor with storage that cannot make writes durable.
+            if !self.metrics.clock_ok()
+                || self.engine.diverged(self.p as usize).is_some()
+                || self.engine.storage_failure().is_some()
+            {
                 tokio::time::sleep(interval).await;
                 continue;
             }
@@ -1066,7 +1212,8 @@ impl Partition {
                         }
                     }
                     Err(CatchUpError::Diverged(d)) => {
-                        self.raise_alarm(&d.to_string(), &followed.chain).await
+                        self.raise_alarm(&d.to_string(), &followed.known_chain())
+                            .await
                     }
                     Err(e) => tracing::debug!(partition = self.p, error = %e, "not caught up yet"),
                 }
@@ -1248,7 +1395,8 @@ impl Partition {
                     tracing::error!(partition = self.p, error = %e, "cannot serve the partition");
                     let diverged = matches!(e, CatchUpError::Diverged(_));
                     if let CatchUpError::Diverged(d) = &e {
-                        self.raise_alarm(&d.to_string(), &followed.chain).await;
+                        self.raise_alarm(&d.to_string(), &followed.known_chain())
+                            .await;
                     }
                     renewing.0.abort();
                     self.engine.set_following(self.p as usize, true);
@@ -1273,9 +1421,10 @@ impl Partition {
                 _ = &mut renewing.0 => break self.queue.stop(),
                 () = tokio::time::sleep(SNAPSHOT_CHECK) => {
                     if !self.tend(epoch, &mut snapshots).await {
-                        // A re-base begun and not finished, the alarm gone meanwhile: the log
-                        // is not this node's to publish to; the lease lapses to another.
-                        tracing::warn!(partition = self.p, "giving the partition up after an unfinished re-base");
+                        // A re-base begun and not finished, the alarm gone meanwhile (the log
+                        // is not this node's to publish to), or storage failed: the lease
+                        // lapses to another.
+                        tracing::warn!(partition = self.p, "giving the partition up");
                         break self.queue.stop();
                     }
                 }
@@ -1300,6 +1449,7 @@ impl Partition {
                 // wrote meanwhile: its epochs are as they were).
                 let epochs = std::mem::take(&mut followed.epochs);
                 *followed = Followed::at(self.p, &position, epochs);
+                copy_state::save(&self.engine, self.p, followed);
                 true
             }
             None => {
@@ -1319,6 +1469,11 @@ impl Partition {
     /// that did not finish, and no alarm is left to finish it for).
     async fn tend(&self, epoch: u64, snapshots: &mut Snapshots) -> bool {
         let p = self.p as usize;
+        // Writes can no longer be made durable here: the partition goes to another node.
+        if let Some(e) = self.engine.storage_failure() {
+            tracing::error!(partition = p, error = %e, "giving the partition up: this node's storage failed");
+            return false;
+        }
         if self.queue.log_lost() && self.engine.diverged(p).is_none() {
             let applied = mayfly_cluster::Chain {
                 partition: self.p,

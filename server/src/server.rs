@@ -203,11 +203,6 @@ impl RunningServer {
                 None,
             ),
             Some(cluster) => {
-                if !matches!(config.storage, StorageConfig::Memory { .. }) {
-                    return Err(ServeError::Config(
-                        "cluster mode keeps this node's partitions in memory for now (the log on the NATS servers is what persists): use memory storage (--storage memory)".into(),
-                    ));
-                }
                 let settings = EngineSettings::from(&config.limits);
                 // A node serving TLS is reached, and reaches the others, over TLS.
                 let peer_tls = match &tls_files {
@@ -233,7 +228,7 @@ impl RunningServer {
                 };
                 let (engine, catalog, owners, node) = cluster_node::join(
                     cluster,
-                    settings.config(cluster.partitions),
+                    (settings.config(cluster.partitions), &config.storage),
                     &advertise,
                     keys,
                 )
@@ -441,7 +436,7 @@ fn continuation_key(data_dir: &std::path::Path) -> Result<TokenKey, ServeError> 
 }
 
 /// Loads what `storage` holds into a new engine (see [`open_engine`]).
-fn load_engine(
+pub(crate) fn load_engine(
     storage: Arc<dyn Storage>,
     config: EngineConfig,
     metrics: Arc<EngineMetrics>,
@@ -549,7 +544,7 @@ async fn serve_routed(
     // the storage is reopened once it takes writes again. The task owns the purge.
     let storage_watch = tokio::spawn(keep_storage_writable(
         current.clone(),
-        storage,
+        (storage, forwarder.is_none()),
         (&limits).into(),
         health.clone(),
     ));
@@ -715,7 +710,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 /// from the journal decides every write whose outcome was unknown), and SERVING returns.
 async fn keep_storage_writable(
     current: CurrentEngine,
-    storage: StorageConfig,
+    (storage, reopen): (StorageConfig, bool),
     settings: EngineSettings,
     health: HealthReporter,
 ) {
@@ -733,6 +728,15 @@ async fn keep_storage_writable(
                 break failure;
             }
         };
+        if !reopen {
+            // A cluster node's engine is shared with its partitions' tasks and publishes to
+            // the logs: it is not swapped for a reopened one. The node gives its partitions
+            // up (their leases lapse to the other nodes) and takes none again; restarted, it
+            // rebuilds what its directory holds (docs/cluster.md, "A node's own copy").
+            tracing::error!(error = %failure, "storage cannot make writes durable; this cluster node reports NOT_SERVING and gives its partitions up: restart it once the data directory takes writes again");
+            set_health(&health, ServingStatus::NotServing).await;
+            std::future::pending::<()>().await;
+        }
         tracing::error!(error = %failure, "storage cannot make writes durable; reporting NOT_SERVING and serving reads until the data directory takes writes again");
         set_health(&health, ServingStatus::NotServing).await;
 
@@ -847,7 +851,7 @@ mod tests {
         assert_eq!(next_status().await, Status::Serving as i32);
         let watch = tokio::spawn(keep_storage_writable(
             current.clone(),
-            StorageConfig::Disk(options),
+            (StorageConfig::Disk(options), true),
             (&Limits::default()).into(),
             health,
         ));

@@ -672,19 +672,7 @@ async fn a_copy_holding_writes_a_purged_log_lost_finds_the_divergence_in_the_sna
     let js = client(&cluster).await;
     let (a, a_queues, path) = owner(&js, 1).await;
     let p = 0u32;
-    let pks: Vec<String> = (0..200)
-        .map(|i| format!("t{i}"))
-        .filter(|pk| {
-            mayfly_server::engine::xxh3_partition(
-                "db",
-                "c",
-                &PartitionKeyValue::String(pk.as_str().into()),
-                PARTITIONS as usize,
-            ) == p as usize
-        })
-        .take(12)
-        .collect();
-    assert!(pks.len() >= 8, "keys for partition {p}: {pks:?}");
+    let pks = keys_in(p, 12);
     // One message each: every create is acknowledged before the next.
     for pk in &pks[..6] {
         let created = a.create_document(&path, document(&format!("a-{pk}"), pk), None);
@@ -721,9 +709,44 @@ async fn a_copy_holding_writes_a_purged_log_lost_finds_the_divergence_in_the_sna
         b.settle(created).await.expect("b's write");
     }
     // b snapshots the partition into its log and purges the log below the snapshot.
-    let queue = b_queues[p as usize].clone();
+    snapshot_and_purge(&b, &b_queues[p as usize], &stream, p).await;
+
+    // x reads on: the log starts with the snapshot past its copy, whose epochs say a's epoch
+    // ended before x's last position.
+    match mayfly_cluster::catch_up(&stream, &x, p, &mut x_followed).await {
+        Err(CatchUpError::Diverged(d @ mayfly_cluster::Divergence::Outlived { .. })) => {
+            eprintln!("x found: {d}")
+        }
+        other => panic!("x loaded a history that lost a's write: {other:?}"),
+    }
+    assert_eq!(
+        x.log_end(p as usize),
+        x_end,
+        "x's copy, with the write the log lost, is left as it was"
+    );
+
+    // A node with no copy loads the snapshot: it holds b's writes.
+    let (z, _z_queues) = logging_engine(&js, Arc::new(SystemClock), None);
+    collection(&z);
+    z.set_following(p as usize, true);
+    let mut z_followed = Followed::new(p);
+    mayfly_cluster::catch_up(&stream, &z, p, &mut z_followed)
+        .await
+        .expect("an empty copy loads the snapshot");
+    assert_eq!(z.log_end(p as usize), b.log_end(p as usize));
+}
+
+/// Has `owner` (whose queue for partition `p` is `queue`) snapshot the partition into its log,
+/// waits until the snapshot is published, and purges the log below it.
+async fn snapshot_and_purge(
+    owner: &Engine,
+    queue: &Arc<PublishQueue>,
+    stream: &stream::Stream,
+    p: u32,
+) {
     assert!(
-        b.snapshot_shard(p as usize, |snap| queue.enqueue_snapshot(snap))
+        owner
+            .snapshot_shard(p as usize, |snap| queue.enqueue_snapshot(snap))
             .expect("snapshot taken"),
         "snapshot queued"
     );
@@ -749,30 +772,93 @@ async fn a_copy_holding_writes_a_purged_log_lost_finds_the_divergence_in_the_sna
         .sequence(first)
         .await
         .expect("purged below the snapshot");
+}
 
-    // x reads on: the log starts with the snapshot past its copy, whose epochs say a's epoch
-    // ended before x's last position.
-    match mayfly_cluster::catch_up(&stream, &x, p, &mut x_followed).await {
-        Err(CatchUpError::Diverged(d @ mayfly_cluster::Divergence::Outlived { .. })) => {
-            eprintln!("x found: {d}")
-        }
-        other => panic!("x loaded a history that lost a's write: {other:?}"),
-    }
-    assert_eq!(
-        x.log_end(p as usize),
-        x_end,
-        "x's copy, with the write the log lost, is left as it was"
-    );
+/// `n` partition keys of the commit-path tests' collection (`db/c`) in partition `p`.
+fn keys_in(p: u32, n: usize) -> Vec<String> {
+    let pks: Vec<String> = (0..1000)
+        .map(|i| format!("t{i}"))
+        .filter(|pk| {
+            mayfly_server::engine::xxh3_partition(
+                "db",
+                "c",
+                &PartitionKeyValue::String(pk.as_str().into()),
+                PARTITIONS as usize,
+            ) == p as usize
+        })
+        .take(n)
+        .collect();
+    assert_eq!(pks.len(), n, "keys for partition {p}");
+    pks
+}
 
-    // A node with no copy loads the snapshot: it holds b's writes.
-    let (z, _z_queues) = logging_engine(&js, Arc::new(SystemClock), None);
-    collection(&z);
-    z.set_following(p as usize, true);
-    let mut z_followed = Followed::new(p);
-    mayfly_cluster::catch_up(&stream, &z, p, &mut z_followed)
+/// A copy a node rebuilds from the log after a restart (its own held more than its kept state
+/// said: an owner's commits that may not have reached the log) must still find in the log what
+/// the kept state said the log held: rebuilt from a log that lost it, it finds the divergence,
+/// where an empty copy with nothing to go by would take the shorter history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_copy_finds_a_log_that_lost_what_its_node_knew_it_held() {
+    let cluster = NatsCluster::start(3);
+    let js = client(&cluster).await;
+    let (a, a_queues, path) = owner(&js, 1).await;
+    let p = 0u32;
+    let stream = js
+        .get_stream(publish_queue::stream_name(p))
         .await
-        .expect("an empty copy loads the snapshot");
-    assert_eq!(z.log_end(p as usize), b.log_end(p as usize));
+        .expect("log stream");
+    // The log starts with a snapshot, and goes on after it.
+    let pks = keys_in(p, 8);
+    for (i, pk) in pks.iter().enumerate() {
+        if i == 4 {
+            snapshot_and_purge(&a, &a_queues[p as usize], &stream, p).await;
+        }
+        let created = a.create_document(&path, document(&format!("a-{pk}"), pk), None);
+        a.settle(created).await.expect("a's write");
+    }
+    let copy = || {
+        let (engine, queues) = logging_engine(&js, Arc::new(SystemClock), None);
+        collection(&engine);
+        engine.set_following(p as usize, true);
+        (engine, queues)
+    };
+    // What a node knew: a copy caught up to the log's end.
+    let (x, _x_queues) = copy();
+    let mut known = Followed::new(p);
+    mayfly_cluster::catch_up(&stream, &x, p, &mut known)
+        .await
+        .expect("caught up");
+
+    // Rebuilt from the log (the snapshot, before what it knew, then what follows): it passes
+    // what it knew, and is the log to there.
+    let (y, _y_queues) = copy();
+    let mut rebuilt = Followed::rebuilt(&known);
+    mayfly_cluster::catch_up(&stream, &y, p, &mut rebuilt)
+        .await
+        .expect("the log holds what the node knew");
+    assert!(rebuilt.witness().is_none(), "passed");
+    assert_eq!(rebuilt.chain, known.chain);
+
+    // The log loses its last message: rebuilt again, the copy finds it short of what it knew.
+    let last = stream
+        .get_last_raw_message_by_subject(&publish_queue::subject(p))
+        .await
+        .expect("the partition's last message");
+    assert!(stream.delete_message(last.sequence).await.expect("delete"));
+    let (z, _z_queues) = copy();
+    let mut rebuilt = Followed::rebuilt(&known);
+    match mayfly_cluster::catch_up(&stream, &z, p, &mut rebuilt).await {
+        Err(CatchUpError::Diverged(d @ mayfly_cluster::Divergence::Shortened { .. })) => {
+            eprintln!("the rebuilt copy found: {d}")
+        }
+        other => panic!("a rebuilt copy took a log that lost what its node knew: {other:?}"),
+    }
+    // With nothing to go by, an empty copy takes the shorter log.
+    let (e, _e_queues) = copy();
+    let mut empty = Followed::new(p);
+    mayfly_cluster::catch_up(&stream, &e, p, &mut empty)
+        .await
+        .expect("an empty copy with nothing known");
+    assert!(empty.chain.last < known.chain.last);
 }
 
 /// A node of the catalog test: an engine and its catalog log, applying entries of the test's
@@ -3493,4 +3579,237 @@ async fn a_purged_log_starts_with_a_snapshot_that_a_new_node_loads() {
     create_through(&on_b.documents, "after", "p1").await;
     let (ids, _) = query_pages(&on_b.documents, "SELECT VALUE c.id FROM c", 100, "", None).await;
     assert_eq!(ids.len(), written.len() + 1);
+}
+
+/// `mayfly` of a cluster on `nats` keeping its partitions in its own data directory
+/// (`dir/<node>`), its log kept for the test to read (and shown with `MAYFLY_TEST_STDERR=1`).
+fn disk_node(
+    nats: &NatsCluster,
+    dir: &std::path::Path,
+    node: &str,
+) -> (support::Mayfly, Arc<parking_lot::Mutex<String>>) {
+    let args: Vec<String> = cluster_args(nats, node)
+        .into_iter()
+        .skip(2) // "--storage memory"
+        .collect();
+    assert!(!args.contains(&"memory".to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut server = support::Mayfly::spawn(&dir.join(node), &args, std::process::Stdio::piped())
+        .unwrap_or_else(|f| panic!("mayfly did not start: {f:?}"));
+    let log = Arc::new(parking_lot::Mutex::new(String::new()));
+    let stderr = server.child.stderr.take().expect("stderr piped");
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let show = std::env::var_os("MAYFLY_TEST_STDERR").is_some();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if show {
+                eprintln!("{line}");
+            }
+            let mut kept = kept.lock();
+            kept.push_str(&line);
+            kept.push('\n');
+        }
+    });
+    (server, log)
+}
+
+/// The number after `field=` on the first line of `log` saying `what`.
+fn logged_count(log: &str, what: &str, field: &str) -> Option<u64> {
+    let line = log.lines().find(|l| l.contains(what))?;
+    let at = line.find(&format!("{field}="))? + field.len() + 1;
+    line[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
+/// Each node keeps its partitions in its own fjall (`--data-dir`), with where each copy
+/// stands in its partition's log. A node killed and restarted resumes the copies it followed
+/// from there (an owner's copy, holding commits past its kept state, is rebuilt from the log),
+/// and serves every acknowledged write once its peer dies. Then, both nodes killed, NATS loses
+/// the last acknowledged message of a partition one of them followed: restarted, that node finds
+/// the log ending before its own copy and refuses the partition (`LOG_DIVERGED`) rather than
+/// serve a history without the write; every other partition serves on. (A node keeping its
+/// copies in memory would restart empty and serve the shortened history.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_own_copies_resume_after_a_restart_and_catch_a_log_that_lost_what_they_hold() {
+    use support::clients::{connect, database_and_collection};
+
+    let nats = NatsCluster::start(3);
+    let js = client(&nats).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a, _a_log) = disk_node(&nats, dir.path(), "a");
+    let mut on_a = connect(&a).await;
+    database_and_collection(&mut on_a).await;
+    let (b, _) = disk_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    settled_map(&on_b.admin, &["a", "b"]).await;
+    let mut written = Vec::new();
+    for i in 0..40 {
+        let (id, pk) = (format!("doc-{i}"), format!("p{}", i % 12));
+        create_through(&on_a.documents, &id, &pk).await;
+        written.push((id, pk));
+    }
+    standbys_caught_up(&on_a.admin).await;
+
+    // b killed and restarted on its data directory: the copies it followed resume.
+    b.kill9();
+    for i in 40..60 {
+        let (id, pk) = (format!("doc-{i}"), format!("p{}", i % 12));
+        create_through(&on_a.documents, &id, &pk).await;
+        written.push((id, pk));
+    }
+    let (b, b_log) = disk_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    let map = settled_map(&on_b.admin, &["a", "b"]).await;
+    standbys_caught_up(&on_b.admin).await;
+    let opened = "opened this node's copies";
+    let resumed = logged_count(&b_log.lock(), opened, "resumed");
+    let rebuilt = logged_count(&b_log.lock(), opened, "rebuilt");
+    eprintln!("b restarted: {resumed:?} copies resumed, {rebuilt:?} rebuilt");
+    assert!(
+        resumed.is_some_and(|n| n >= 1),
+        "b resumed none of the copies it followed: {}",
+        b_log.lock()
+    );
+    let on_a_partitions: Vec<usize> = (0..4).filter(|&p| map.owners[p].owner == "a").collect();
+    assert!(!on_a_partitions.is_empty(), "{:?}", map.owners);
+
+    // a killed: b serves every acknowledged write, from copies it resumed or rebuilt.
+    a.kill9();
+    assert_present(&on_b.documents, &written).await;
+    // a back on its own directory: the partitions even out, and b's are followed by a.
+    let (a, _) = disk_node(&nats, dir.path(), "a");
+    let on_a = connect(&a).await;
+    let map = settled_map(&on_a.admin, &["a", "b"]).await;
+    for i in 60..72 {
+        let (id, pk) = (format!("doc-{i}"), format!("p{}", i % 12));
+        create_through(&on_a.documents, &id, &pk).await;
+        written.push((id, pk));
+    }
+    standbys_caught_up(&on_a.admin).await;
+
+    // Both killed; NATS loses the last acknowledged message of a partition a owns and b
+    // followed to its end.
+    let p = (0..4)
+        .find(|&p| map.owners[p].owner == "a")
+        .expect("a owns a partition") as u32;
+    // Each create is one position of its partition's log: b's copy holds them all once it
+    // applied that many (heartbeats may be older than the last writes).
+    let positions = written
+        .iter()
+        .filter(|(_, pk)| partition_of(pk) == p as usize)
+        .count() as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let map = on_a
+            .admin
+            .clone()
+            .get_partition_map(mayfly_proto::v1::GetPartitionMapRequest {})
+            .await
+            .expect("partition map")
+            .into_inner();
+        let applied = map.owners[p as usize]
+            .standbys
+            .iter()
+            .find(|s| s.node == "b")
+            .map(|s| s.applied);
+        if applied >= Some(positions) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's copy of partition {p} stayed at {applied:?} of {positions}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Its state is written right after each message it applies.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // And one b owns: b's own copy holds commits that may not be in the log, and is rebuilt
+    // at its restart, but the replicated mark it kept says what the log acknowledged.
+    let q = (0..4)
+        .find(|&p| map.owners[p].owner == "b")
+        .expect("b owns a partition") as u32;
+    a.kill9();
+    b.kill9();
+    let mut lost = Vec::new();
+    for p in [p, q] {
+        let stream = js
+            .get_stream(publish_queue::stream_name(p))
+            .await
+            .expect("log stream");
+        let last = stream
+            .get_last_raw_message_by_subject(&publish_queue::subject(p))
+            .await
+            .expect("the partition's last message");
+        assert!(stream.delete_message(last.sequence).await.expect("delete"));
+        eprintln!(
+            "partition {p}: its last message (stream sequence {}) deleted",
+            last.sequence
+        );
+        let written_to: Vec<_> = written
+            .iter()
+            .filter(|(_, pk)| partition_of(pk) == p as usize)
+            .cloned()
+            .collect();
+        lost.push((p, written_to.last().expect("written to").clone()));
+    }
+
+    // b alone, restarted on its copies: both partitions are refused, never served short.
+    let (b, b_log) = disk_node(&nats, dir.path(), "b");
+    let on_b = connect(&b).await;
+    for (p, (id, pk)) in &lost {
+        refused_as_lost(&on_b.documents, *p, id, pk, &b_log).await;
+    }
+    // The other partitions serve every write.
+    let elsewhere: Vec<_> = written
+        .iter()
+        .filter(|(_, pk)| ![p, q].contains(&(partition_of(pk) as u32)))
+        .cloned()
+        .collect();
+    assert!(!elsewhere.is_empty());
+    assert_present(&on_b.documents, &elsewhere).await;
+}
+
+/// Waits until reading `id` (in partition `p`) through `documents` is refused because the
+/// partition's log lost messages; fails if it is ever answered as absent.
+async fn refused_as_lost(
+    documents: &mayfly_proto::v1::client::DocumentsClient<tonic::transport::Channel>,
+    p: u32,
+    id: &str,
+    pk: &str,
+    log: &parking_lot::Mutex<String>,
+) {
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let b_log = log;
+    loop {
+        match read_doc(documents, id, pk).await {
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                assert!(
+                    s.message().contains("messages were lost"),
+                    "{}",
+                    s.message()
+                );
+                break;
+            }
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                panic!(
+                    "b served {id} (partition {p}) as absent from a log that lost it\n{}",
+                    b_log.lock()
+                )
+            }
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "partition {p} never refused: {other:?}\n{}",
+                    b_log.lock()
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
 }

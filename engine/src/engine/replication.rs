@@ -82,6 +82,38 @@ impl Engine {
         self.inner.shards[shard].diverged().map(|w| w.to_string())
     }
 
+    /// Moves following shard `shard`'s log end forward to `seq`: positions an owner's commits
+    /// took with nothing for this copy to keep (records of a collection deleted since), which
+    /// its storage does not record, known from where the node stood in the log before it
+    /// restarted. Never backwards.
+    pub fn pass_log_to(&self, shard: usize, seq: u64) {
+        self.inner.shards[shard].pass_log_to(seq);
+    }
+
+    /// A value the node keeps beside its documents (see [`crate::storage::Storage::node_state`]).
+    pub fn node_state(&self, key: &str) -> Result<Option<bytes::Bytes>, Error> {
+        self.inner.storage.node_state(key).map_err(Error::Storage)
+    }
+
+    /// Writes a value the node keeps beside its documents, after every write made before
+    /// (see [`crate::storage::Storage::put_node_state`]).
+    pub fn put_node_state(&self, key: &str, value: &[u8]) -> Result<(), Error> {
+        self.inner
+            .storage
+            .put_node_state(key, value)
+            .map_err(Error::Storage)
+    }
+
+    /// Resolves once every write applied so far is durable, as far as shard `shard`'s results
+    /// go: a follower's copy, and the state it keeps of it, before it says it applied them.
+    pub async fn flush_shard(&self, shard: usize) -> Result<(), Error> {
+        self.durable_at(
+            self.inner.storage.last_applied(),
+            crate::storage::ShardSet::one(shard),
+        )
+        .await
+    }
+
     /// The last change log position of shard `shard` (0: none).
     pub fn log_end(&self, shard: usize) -> u64 {
         self.inner.shards[shard].log_tip().seq

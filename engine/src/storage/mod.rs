@@ -504,6 +504,28 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// (a data directory's format decides it; see `engine::Placement`). No default: a storage
     /// that wraps another must pass its answer on.
     fn placement(&self) -> crate::engine::Placement;
+
+    /// A value the node keeps beside its documents under `key` (cluster mode: how far the
+    /// catalog and each partition's copy have applied their logs). `None`: never written, or
+    /// kept nowhere (memory storage keeps nothing across a restart: the default).
+    fn node_state(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// Whether values written with [`Storage::put_node_state`] are kept across a restart
+    /// (memory storage keeps none: the default).
+    fn keeps_node_state(&self) -> bool {
+        false
+    }
+
+    /// Writes `value` under `key` (see [`Storage::node_state`]). It lands after every write
+    /// applied before it: a value that survives a crash finds those writes there too. Not
+    /// waited for: durable with the next write that is.
+    fn put_node_state(&self, key: &str, value: &[u8]) -> Result<(), StorageError> {
+        let _ = (key, value);
+        Ok(())
+    }
 }
 
 /// The documents of one engine shard.
@@ -574,6 +596,14 @@ pub trait ShardStore: Send + Sync + fmt::Debug {
 
     /// This shard's change log, for reads and retention (its records are appended by `write`).
     fn change_log(&self) -> &dyn ChangeLog;
+
+    /// Removes everything this shard holds (documents, index, remembered requests, change log
+    /// and its position), before the engine loads it: a cluster node's copy of a partition
+    /// that does not match where it stands in the partition's log, rebuilt from the log. A
+    /// backend that keeps nothing across a restart has nothing to remove.
+    fn clear(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
 }
 
 /// A shard's change log outside the commit path: reading it from a position, and trimming it.

@@ -255,11 +255,6 @@ impl Args {
                 "--node-id {node_id:?}: 1 to 64 letters, digits, '-' or '_'"
             ));
         }
-        if !matches!(self.storage, StorageKind::Memory) {
-            return Err(
-                "cluster mode keeps this node's partitions in memory for now (the log on the NATS servers is what persists): add --storage memory".into(),
-            );
-        }
         Ok(Some(ClusterConfig {
             urls: urls.clone(),
             node_id: node_id.clone(),

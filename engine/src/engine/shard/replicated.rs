@@ -62,6 +62,12 @@ impl Shard {
         }
     }
 
+    /// Moves this shard's log end forward to `seq` (see `Engine::pass_log_to`).
+    pub(crate) fn pass_log_to(&self, seq: u64) {
+        let mut st = self.lock();
+        st.log_seq = st.log_seq.max(seq);
+    }
+
     /// Moves this shard's time forward to at least `floor` (an earlier owner's time).
     pub(crate) fn raise_time(&self, floor: Millis) {
         self.lock().advance_to(floor);

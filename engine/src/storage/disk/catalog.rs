@@ -48,6 +48,11 @@ pub(super) fn log_floor_key(shard: u16, uid: CollectionUid) -> Vec<u8> {
     [LOG_FLOOR_PREFIX, &shard.to_be_bytes(), &uid.0.to_be_bytes()].concat()
 }
 
+/// Where a value the node keeps beside its documents is (see `Storage::node_state`).
+pub(super) fn node_state_key(key: &str) -> Vec<u8> {
+    [b"node/", key.as_bytes()].concat()
+}
+
 pub(super) fn versions_key(shard: u16) -> Vec<u8> {
     [VERSIONS_PREFIX, &shard.to_be_bytes()].concat()
 }

@@ -391,6 +391,30 @@ impl Storage for DiskStorage {
         Ok(self.group.applied())
     }
 
+    fn node_state(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        Ok(self
+            .catalog
+            .get(catalog::node_state_key(key))
+            .map_err(storage_error)?
+            .map(|v| Bytes::copy_from_slice(&v)))
+    }
+
+    fn keeps_node_state(&self) -> bool {
+        true
+    }
+
+    fn put_node_state(&self, key: &str, value: &[u8]) -> Result<(), StorageError> {
+        self.group.check()?;
+        // Journaled after every write before it, so it never survives one of them.
+        let mut batch = self.db.batch().durability(self.group.batch_persist());
+        batch.insert(&self.catalog, catalog::node_state_key(key), value);
+        batch
+            .commit()
+            .map_err(|e| self.group.write_failed("the node's state", &e))?;
+        self.group.applied();
+        Ok(())
+    }
+
     fn load_catalog(&self) -> Result<StoredCatalog, StorageError> {
         let mut out = StoredCatalog {
             last_uid: self.last_uid.load(Ordering::SeqCst),
@@ -909,6 +933,32 @@ impl ShardStore for DiskShard {
                 self.scan_from(collection, &prefix, start, limit)
             }
         }
+    }
+
+    fn clear(&self) -> Result<(), StorageError> {
+        let prefix = codec::shard_prefix(self.index);
+        for keyspace in [
+            &self.log,
+            &self.requests,
+            &self.entries,
+            &self.terms,
+            &self.docs,
+            &self.meta,
+        ] {
+            self.drop_prefix(keyspace, &prefix)?;
+        }
+        if let Some(cache) = &self.cache {
+            cache.dropped(&prefix);
+        }
+        // The change log's position and floors go with it; the version floor stays (versions
+        // are never handed out twice).
+        let floors = [catalog::LOG_FLOOR_PREFIX, &self.index.to_be_bytes()].concat();
+        self.drop_prefix(&self.catalog, &floors)?;
+        let mut batch = self.applied_batch();
+        batch.remove(&self.catalog, catalog::log_seq_key(self.index));
+        batch.commit().map_err(storage_error)?;
+        self.group.applied();
+        Ok(())
     }
 
     fn drop_collection(&self, collection: CollectionUid) -> Result<(), StorageError> {
