@@ -45,8 +45,8 @@ use crate::{
     cluster_report::{self, PartitionCopy},
     cluster_seal::ClusterSeal,
     engine::{Engine, EngineConfig, LeaseClock, Placement, SystemClock, TokenKey},
+    engine_load::load_engine,
     grpc::{CatalogChange, CatalogRoute, catalog_change::CatalogLogAnswer, forward::Owners},
-    server::StorageConfig,
     storage::{DiskOptions, DiskStorage, MemoryStorage, Storage, StorageError},
 };
 
@@ -264,7 +264,7 @@ async fn patiently<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
 /// directory `keys` names if it names one.
 pub async fn join(
     config: &ClusterConfig,
-    (mut engine_config, storage): (EngineConfig, &StorageConfig),
+    (mut engine_config, disk): (EngineConfig, Option<&DiskOptions>),
     advertise: &str,
     keys: Option<Option<std::path::PathBuf>>,
 ) -> Result<(Engine, CatalogRoute, Arc<dyn Owners>, ClusterNode), ServeError> {
@@ -285,7 +285,8 @@ pub async fn join(
         Some(path) => ClusterSeal::from_file(path).map_err(ServeError::Config)?,
         None => ClusterSeal::clear(),
     });
-    engine_config.token_key = agree_on_settings(js_join, config, &seal).await?;
+    let (token_key, cluster_id) = agree_on_settings(js_join, config, &seal).await?;
+    engine_config.token_key = token_key;
     let keys = match keys {
         None => None,
         Some(copy_to) => {
@@ -309,23 +310,21 @@ pub async fn join(
     let queues: Vec<_> = (0..partitions)
         .map(|p| PublishQueue::new(p as u32))
         .collect();
-    let (inner, copies, catalog_applied) = open_copies(storage, partitions).await?;
+    let (inner, copies, catalog_applied) = open_copies(disk, partitions, &cluster_id).await?;
     let replicated =
         ReplicatedStorage::new(inner, queues.clone(), client.server_info().max_payload);
     engine_config.shards = partitions;
     engine_config.log_every_commit = true;
     engine_config.lease_clock = Some(Arc::new(BootClock));
-    let engine = if matches!(storage, StorageConfig::Memory { .. }) {
+    let engine = if disk.is_none() {
         // Nothing to load, and uids from the catalog log alone (memory storage's own start at
         // a random point, which would differ from node to node).
         Engine::new(engine_config, Arc::new(replicated), Arc::new(SystemClock))
     } else {
         let replicated: Arc<dyn Storage> = Arc::new(replicated);
-        tokio::task::spawn_blocking(move || {
-            crate::server::load_engine(replicated, engine_config, Arc::default())
-        })
-        .await
-        .map_err(|e| ServeError::Io(std::io::Error::other(e)))??
+        tokio::task::spawn_blocking(move || load_engine(replicated, engine_config, Arc::default()))
+            .await
+            .map_err(|e| ServeError::Io(std::io::Error::other(e)))??
     };
     for (p, copy) in copies.iter().enumerate() {
         engine.set_following(p, true);
@@ -678,7 +677,7 @@ async fn agree_on_settings(
     js: &Context,
     config: &ClusterConfig,
     seal: &ClusterSeal,
-) -> Result<TokenKey, ServeError> {
+) -> Result<(TokenKey, String), ServeError> {
     let kv = patiently("opening the cluster's settings", || {
         bucket(js, "mayfly-cluster", config.replicas)
     })
@@ -730,8 +729,26 @@ async fn agree_on_settings(
             opened.len()
         ))
     })?;
-    Ok(TokenKey::from_bytes(stored))
+    // The cluster's identity, drawn by whoever asks first: a node's data directory is bound
+    // to it (a directory of another cluster holds positions in other logs).
+    let drawn: String = TokenKey::random().to_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let id = patiently("reading the cluster's identity", || async {
+        let _ = kv.create("id", drawn.clone().into()).await;
+        match kv.get("id").await {
+            Ok(Some(stored)) => Ok(String::from_utf8_lossy(&stored).to_string()),
+            Ok(None) => Err("it is missing".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    Ok((TokenKey::from_bytes(stored), id))
 }
+
+/// Where the node keeps the identity of the cluster its data directory belongs to.
+const CLUSTER_STATE: &str = "cluster";
 
 /// Where the node keeps its applied position in the catalog log.
 const CATALOG_STATE: &str = "catalog";
@@ -740,20 +757,18 @@ const CATALOG_STATE: &str = "catalog";
 /// node's own copy"): a copy whose kept state says where it stands in its partition's log
 /// resumes from there; any other (none kept, holding more than its state says, or cut off
 /// while loading a snapshot) is emptied, and rebuilt from the log. Also the catalog log's
-/// position applied. Memory storage holds nothing: every copy starts empty.
+/// position applied. Without a data directory (memory storage) every copy starts empty.
 async fn open_copies(
-    storage: &StorageConfig,
+    disk: Option<&DiskOptions>,
     partitions: usize,
+    cluster_id: &str,
 ) -> Result<(Arc<dyn Storage>, Vec<Followed>, u64), ServeError> {
-    let storage = storage.clone();
+    let (disk, cluster_id) = (disk.cloned(), cluster_id.to_string());
     let empty = |p: usize| Followed::new(p as u32);
     tokio::task::spawn_blocking(move || {
-        let options = match storage {
-            StorageConfig::Memory { .. } => {
-                let memory: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
-                return Ok((memory, (0..partitions).map(empty).collect(), 0));
-            }
-            StorageConfig::Disk(options) => options,
+        let Some(options) = disk else {
+            let memory: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
+            return Ok((memory, (0..partitions).map(empty).collect(), 0));
         };
         let path = options.path.display().to_string();
         let disk = DiskStorage::open(&DiskOptions {
@@ -778,6 +793,18 @@ async fn open_copies(
             })?),
             None => 0,
         };
+        match inner.node_state(CLUSTER_STATE).map_err(unreadable)? {
+            Some(stored) if stored.as_ref() != cluster_id.as_bytes() => {
+                return Err(ServeError::Config(format!(
+                    "the data directory {path} belongs to another cluster ({}; this one is {cluster_id}): give this node an empty --data-dir",
+                    String::from_utf8_lossy(&stored)
+                )));
+            }
+            Some(_) => {}
+            None => inner
+                .put_node_state(CLUSTER_STATE, cluster_id.as_bytes())
+                .map_err(unreadable)?,
+        }
         let stated = inner.node_state(CATALOG_STATE).map_err(unreadable)?.is_some();
         if !stated {
             if !inner.load_catalog().map_err(unreadable)?.databases.is_empty() {

@@ -14,6 +14,7 @@ pub mod cluster_node;
 pub mod cluster_report;
 mod cluster_seal;
 pub mod current_engine;
+mod engine_load;
 /// The shared entry points of the fuzz targets (`fuzz/`) and of the corpus replay test; only
 /// with the `fuzzing` feature (which the tests of this package turn on), never in a server.
 #[cfg(feature = "fuzzing")]

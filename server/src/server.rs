@@ -1,7 +1,7 @@
 //! Assembles the gRPC server: the engine and its purge, the three Mayfly services, health,
 //! reflection (v1 and v1alpha, for grpcurl 1.8) and the optional metrics endpoint.
 
-use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, thread, time::Duration};
+use std::{fmt, future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
 use mayfly_proto::v1::server::{
     AdminServer, ClusterServer, CollectionsServer, DatabasesServer, DocumentsServer,
@@ -17,6 +17,7 @@ use crate::{
     cluster_node::{self, ClusterConfig, ClusterNode},
     current_engine::CurrentEngine,
     engine::{self, Engine, EngineConfig, EngineMetrics, IdempotencyConfig, SystemClock, TokenKey},
+    engine_load::{LoadFailed, load_engine},
     grpc::{
         AdminService, CatalogRoute, ClusterService, CollectionsService, DatabasesService,
         DocumentsService,
@@ -145,6 +146,15 @@ pub enum ServeError {
     Tls(TlsError),
 }
 
+impl From<LoadFailed> for ServeError {
+    fn from(e: LoadFailed) -> Self {
+        match e {
+            LoadFailed::Recovery(e) => ServeError::Recovery(e),
+            LoadFailed::Thread(e) => ServeError::Io(e),
+        }
+    }
+}
+
 impl fmt::Display for ServeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -228,7 +238,13 @@ impl RunningServer {
                 };
                 let (engine, catalog, owners, node) = cluster_node::join(
                     cluster,
-                    (settings.config(cluster.partitions), &config.storage),
+                    (
+                        settings.config(cluster.partitions),
+                        match &config.storage {
+                            StorageConfig::Disk(options) => Some(options),
+                            StorageConfig::Memory { .. } => None,
+                        },
+                    ),
                     &advertise,
                     keys,
                 )
@@ -388,10 +404,10 @@ fn open_engine(
             let shards = disk.shard_count();
             let mut config = settings.config(shards);
             config.token_key = continuation_key(&options.path)?;
-            return load_engine(Arc::new(disk), config, metrics);
+            return Ok(load_engine(Arc::new(disk), config, metrics)?);
         }
     };
-    load_engine(storage, settings.config(shards), metrics)
+    Ok(load_engine(storage, settings.config(shards), metrics)?)
 }
 
 /// What the server's limits set in its engine.
@@ -433,54 +449,6 @@ fn continuation_key(data_dir: &std::path::Path) -> Result<TokenKey, ServeError> 
         ))
     })?;
     Ok(TokenKey::from_bytes(bytes))
-}
-
-/// Loads what `storage` holds into a new engine (see [`open_engine`]).
-pub(crate) fn load_engine(
-    storage: Arc<dyn Storage>,
-    config: EngineConfig,
-    metrics: Arc<EngineMetrics>,
-) -> Result<Engine, ServeError> {
-    let (engine, recovery) =
-        Engine::open_counting_into(config, storage, Arc::new(SystemClock), metrics)
-            .map_err(ServeError::Recovery)?;
-    if recovery.documents > 0 || recovery.collections > 0 {
-        tracing::info!(
-            databases = recovery.databases,
-            collections = recovery.collections,
-            documents = recovery.documents,
-            ms = recovery.elapsed.as_millis() as u64,
-            "recovered"
-        );
-    }
-    let background = engine.clone();
-    thread::Builder::new()
-        .name("mayfly-recovery".into())
-        .spawn(move || {
-            let rebuild = background.rebuild_expiry();
-            if rebuild.entries() > 0 {
-                let secs = rebuild.elapsed.as_secs_f64().max(1e-9);
-                tracing::info!(
-                    timers = rebuild.timers,
-                    queued = rebuild.queued,
-                    past_due = rebuild.past_due,
-                    ms = rebuild.elapsed.as_millis() as u64,
-                    entries_per_sec = (rebuild.entries() as f64 / secs) as u64,
-                    "expiry tracking rebuilt"
-                );
-            }
-            if !recovery.unfinished_deletions.is_empty() {
-                match background.free_collections(&recovery.unfinished_deletions) {
-                    Ok(()) => tracing::info!(
-                        collections = recovery.unfinished_deletions.len(),
-                        "finished freeing collections deleted before a crash"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "could not free collections deleted before a crash"),
-                }
-            }
-        })
-        .map_err(ServeError::Io)?;
-    Ok(engine)
 }
 
 /// Serves the engine in `current` on `listener` until `shutdown` completes, then drains

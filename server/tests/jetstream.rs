@@ -3773,6 +3773,21 @@ async fn a_nodes_own_copies_resume_after_a_restart_and_catch_a_log_that_lost_wha
         .collect();
     assert!(!elsewhere.is_empty());
     assert_present(&on_b.documents, &elsewhere).await;
+
+    // b's directory is bound to this cluster: against another one, b does not start.
+    b.kill9();
+    drop(nats); // one NATS cluster at a time
+    let other = NatsCluster::start(3);
+    let args: Vec<String> = cluster_args(&other, "b").into_iter().skip(2).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match support::Mayfly::try_start(&dir.path().join("b"), &args) {
+        Err(failed) => assert!(
+            failed.stderr.contains("belongs to another cluster"),
+            "{}",
+            failed.stderr
+        ),
+        Ok(_) => panic!("b started on another cluster's data directory"),
+    }
 }
 
 /// Waits until reading `id` (in partition `p`) through `documents` is refused because the
