@@ -4,10 +4,11 @@
 //! dropped.
 
 use std::{
+    collections::VecDeque,
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::mpsc,
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
@@ -31,6 +32,9 @@ pub(crate) struct NatsServer {
     child: Child,
     /// `nats://127.0.0.1:PORT` for clients.
     pub(crate) url: String,
+    /// Its log's last lines, and whether it has logged its cluster's JetStream metadata
+    /// leader (the cluster's JetStream answers from then on).
+    log: Arc<Mutex<(VecDeque<String>, bool)>>,
 }
 
 impl Drop for NatsServer {
@@ -71,9 +75,26 @@ impl NatsCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let binary = nats_server();
         let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
-        let servers = (0..n)
+        let servers: Vec<NatsServer> = (0..n)
             .map(|i| start_server(&binary, dir.path(), (i, "127.0.0.1:-1"), &routes, extra))
             .collect();
+        // Until the cluster has elected its JetStream metadata leader, every JetStream call
+        // answers "temporarily unavailable": the nodes a test starts next would spend their
+        // joining time waiting for it (seconds, more on a loaded machine).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !servers.iter().all(|s| s.log.lock().expect("log").1) {
+            if Instant::now() >= deadline {
+                let tails: Vec<String> = servers
+                    .iter()
+                    .map(|s| Vec::from(s.log.lock().expect("log").0.clone()).join("\n"))
+                    .collect();
+                panic!(
+                    "the NATS servers elected no JetStream leader in 60 s:\n{}",
+                    tails.join("\n--\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         NatsCluster {
             servers,
             dir,
@@ -158,6 +179,7 @@ fn start_server(
     let mut server = NatsServer {
         child,
         url: String::new(),
+        log: Arc::default(),
     };
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
@@ -178,8 +200,19 @@ fn start_server(
             url = port(&line).map(|p| format!("nats://127.0.0.1:{p}"));
         }
     }
-    // Keep draining its log so that the server never blocks on a full pipe.
-    std::thread::spawn(move || while rx.recv().is_ok() {});
+    // Keep draining its log so that the server never blocks on a full pipe, keeping its tail.
+    let log = server.log.clone();
+    std::thread::spawn(move || {
+        while let Ok(line) = rx.recv() {
+            let mut log = log.lock().expect("log");
+            log.1 |= line.contains("JetStream cluster metadata leader")
+                || line.contains("JetStream cluster new metadata leader");
+            log.0.push_back(line);
+            if log.0.len() > 20 {
+                log.0.pop_front();
+            }
+        }
+    });
     server.url = url.expect("client url");
     server
 }
