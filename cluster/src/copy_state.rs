@@ -87,41 +87,45 @@ pub fn load(storage: &dyn Storage, partition: u32) -> Result<Stored, String> {
     }
 }
 
-/// Records that the copy of `partition` is the log up to `f`, after every write of the copy
-/// made so far.
-pub fn save(engine: &Engine, partition: u32, f: &Followed) {
-    put(partition, &encode(FORMAT, f), |k, v| {
-        engine.put_node_state(k, v).map_err(|e| e.to_string())
-    });
+/// What a kept state says of the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// The copy is the log up to the position named (written after every write of the copy
+    /// made so far).
+    At,
+    /// The copy is being changed wholesale (a snapshot loaded into it, or emptied to be
+    /// rebuilt); the position named is what the log must still hold (see
+    /// [`Followed::witness`]).
+    Loading,
 }
 
-/// [`save`], in a node's storage (an owner's replicated mark, from its publisher).
-pub fn save_in(storage: &dyn Storage, partition: u32, f: &Followed) {
-    put(partition, &encode(FORMAT, f), |k, v| {
-        storage.put_node_state(k, v).map_err(|e| e.to_string())
-    });
+/// Where a node's state is written: through its engine, or to its storage (an owner's
+/// publisher, or before the engine is opened).
+pub trait StateStore {
+    fn put_state(&self, key: &str, value: &[u8]) -> Result<(), String>;
 }
 
-/// Records that a snapshot is being loaded into the copy of `partition`, which stood at `f`.
-pub fn loading(engine: &Engine, partition: u32, f: &Followed) {
-    put(partition, &encode(LOADING, f), |k, v| {
-        engine.put_node_state(k, v).map_err(|e| e.to_string())
-    });
+impl StateStore for Engine {
+    fn put_state(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.put_node_state(key, value).map_err(|e| e.to_string())
+    }
 }
 
-/// Records, in a node's storage before its engine is opened, that the copy of `partition` is
-/// being emptied, to be rebuilt from the log, which must still hold `f` (see
-/// [`Followed::witness`]).
-pub fn emptying_in(storage: &dyn Storage, partition: u32, f: &Followed) {
-    put(partition, &encode(LOADING, f), |k, v| {
-        storage.put_node_state(k, v).map_err(|e| e.to_string())
-    });
+impl StateStore for dyn Storage {
+    fn put_state(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.put_node_state(key, value).map_err(|e| e.to_string())
+    }
 }
 
-fn put(partition: u32, value: &[u8], write: impl FnOnce(&str, &[u8]) -> Result<(), String>) {
+/// Records what `kept` says of the copy of `partition`, standing at `f`.
+pub fn save(to: &(impl StateStore + ?Sized), partition: u32, kept: Kept, f: &Followed) {
+    let format = match kept {
+        Kept::At => FORMAT,
+        Kept::Loading => LOADING,
+    };
     // A state not written leaves an older one, which the copy outgrows: rebuilt at the next
     // start. A storage that failed refuses every write anyway.
-    if let Err(e) = write(&key(partition), value) {
+    if let Err(e) = to.put_state(&key(partition), &encode(format, f)) {
         tracing::warn!(partition, error = %e, "this node's copy state was not written");
     }
 }

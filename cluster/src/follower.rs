@@ -21,7 +21,7 @@ use mayfly_engine::{
 
 use crate::{
     chain::{Chain, Divergence},
-    copy_state,
+    copy_state::{self, Kept},
     epochs::Epochs,
     log_message::{LogMessage, MessageKind, decode_frame},
     publish_queue::{LogPosition, PublishQueue, TakeoverError, log_end, subject, take_over},
@@ -298,7 +298,7 @@ pub async fn catch_up(
             pass_witness(followed, seq)?;
             // Until a rebuilt copy has passed what the node knew, the state kept is that.
             if followed.witness.is_none() {
-                copy_state::save(engine, partition, followed);
+                copy_state::save(engine, partition, Kept::At, followed);
             }
         }
     }
@@ -400,7 +400,7 @@ async fn load_if_complete(
             followed.epochs.clone(),
         ),
     };
-    copy_state::loading(engine, partition, &known);
+    copy_state::save(engine, partition, Kept::Loading, &known);
     let loader = engine.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         loader.raise_time(partition as usize, snapshot.time);
@@ -516,6 +516,7 @@ pub async fn become_owner(
                 copy_state::save(
                     engine,
                     partition,
+                    Kept::At,
                     &Followed::at(partition, &position, followed.epochs.clone()),
                 );
                 let generation = queue.start(&position, watermark, followed.epochs.clone());

@@ -35,7 +35,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
 use crate::{
-    copy_state,
+    copy_state::{self, Kept},
     epochs::Epochs,
     follower::Followed,
     log_message::{LogMessage, MessageKind, Remembered, decode_frame, encode_frame, link},
@@ -754,7 +754,7 @@ impl PublishQueue {
                             q.epochs.clone()
                         };
                         let mark = Followed::at(self.partition, &position, epochs);
-                        copy_state::save_in(&**storage, self.partition, &mark);
+                        copy_state::save(&**storage, self.partition, Kept::At, &mark);
                     }
                     let mut q = self.queue.lock();
                     if q.generation != generation {

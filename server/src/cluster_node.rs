@@ -25,7 +25,8 @@ use futures_util::StreamExt;
 use mayfly_cluster::{
     Apply, Assignment, CatalogLog, CatchUpError, Clocks, Followed, Held, LeaseTiming, Leases,
     LogPosition, PublishQueue, Replicas, ReplicatedStorage, SystemClocks, TakeoverError, Watch,
-    assign, become_owner, catch_up, copy_state,
+    assign, become_owner, catch_up,
+    copy_state::{self, Kept},
     lease_store::renew_interval,
     publish_queue::{self, LOG_STREAMS, log_streams, subject},
     ranked_standbys,
@@ -683,17 +684,8 @@ async fn agree_on_settings(
     })
     .await?;
     let ours = config.partitions.to_string();
-    // Whoever creates the key first decides; everyone else reads it. Retried while the
-    // bucket's stream elects its leader (reads find no responder until then).
-    let stored = patiently("reading the cluster's partition count", || async {
-        let _ = kv.create("partitions", ours.clone().into()).await;
-        match kv.get("partitions").await {
-            Ok(Some(stored)) => Ok(String::from_utf8_lossy(&stored).to_string()),
-            Ok(None) => Err("it is missing".to_string()),
-            Err(e) => Err(e.to_string()),
-        }
-    })
-    .await?;
+    let stored = agree(&kv, "partitions", ours.clone().into(), "partition count").await?;
+    let stored = String::from_utf8_lossy(&stored).to_string();
     if stored != ours {
         return Err(failed(
             "joining",
@@ -705,20 +697,8 @@ async fn agree_on_settings(
     // Continuation tokens are sealed with one key cluster-wide: a client resumes a query or a
     // feed at whichever node it calls next.
     let drawn = TokenKey::random();
-    let stored = patiently("reading the cluster's continuation key", || async {
-        let _ = kv
-            .create(
-                "continuation-key",
-                seal.seal("continuation-key", &drawn.to_bytes()).into(),
-            )
-            .await;
-        match kv.get("continuation-key").await {
-            Ok(Some(stored)) => Ok(stored),
-            Ok(None) => Err("it is missing".to_string()),
-            Err(e) => Err(e.to_string()),
-        }
-    })
-    .await?;
+    let sealed = seal.seal("continuation-key", &drawn.to_bytes()).into();
+    let stored = agree(&kv, "continuation-key", sealed, "continuation key").await?;
     // Not retried: a node given the wrong key file (or none) fails at once, saying so.
     let opened = seal
         .open("continuation-key", &stored)
@@ -735,16 +715,31 @@ async fn agree_on_settings(
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let id = patiently("reading the cluster's identity", || async {
-        let _ = kv.create("id", drawn.clone().into()).await;
-        match kv.get("id").await {
-            Ok(Some(stored)) => Ok(String::from_utf8_lossy(&stored).to_string()),
+    let id = agree(&kv, "id", drawn.into(), "identity").await?;
+    Ok((
+        TokenKey::from_bytes(stored),
+        String::from_utf8_lossy(&id).to_string(),
+    ))
+}
+
+/// The value of the cluster's setting `key`: `proposed`, if this node is the first to ask,
+/// else what the first stored (create, then read). Retried while the bucket's stream elects
+/// its leader (reads find no responder until then).
+async fn agree(
+    kv: &jetstream::kv::Store,
+    key: &str,
+    proposed: Bytes,
+    what: &str,
+) -> Result<Bytes, ServeError> {
+    patiently(&format!("reading the cluster's {what}"), || async {
+        let _ = kv.create(key, proposed.clone()).await;
+        match kv.get(key).await {
+            Ok(Some(stored)) => Ok(stored),
             Ok(None) => Err("it is missing".to_string()),
             Err(e) => Err(e.to_string()),
         }
     })
-    .await?;
-    Ok((TokenKey::from_bytes(stored), id))
+    .await
 }
 
 /// Where the node keeps the identity of the cluster its data directory belongs to.
@@ -856,7 +851,7 @@ async fn open_copies(
                     rebuilt += 1;
                     // Marked first: a crash while emptying it leaves it marked, with what the
                     // log must still hold.
-                    copy_state::emptying_in(&*inner, p as u32, &known);
+                    copy_state::save(&*inner, p as u32, Kept::Loading, &known);
                     shard.clear().map_err(unreadable)?;
                     copies.push(Followed::rebuilt(&known));
                 }
@@ -1476,7 +1471,7 @@ impl Partition {
                 // wrote meanwhile: its epochs are as they were).
                 let epochs = std::mem::take(&mut followed.epochs);
                 *followed = Followed::at(self.p, &position, epochs);
-                copy_state::save(&self.engine, self.p, followed);
+                copy_state::save(&self.engine, self.p, Kept::At, followed);
                 true
             }
             None => {
