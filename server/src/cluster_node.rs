@@ -2,13 +2,14 @@
 //! catalog log, contends for the partitions' leases and serves the partitions it holds.
 //!
 //! What this version does and does not do yet (the note's build order): a node keeps its
-//! partitions in memory and rebuilds each from its log when it takes the partition over (the
-//! log, on a quorum of fsyncing NATS servers, is what persists; the node's own fjall copy comes
-//! later); a request for a partition another node owns is forwarded there, once (unary
-//! document calls; `grpc/forward.rs`); owners hand partitions over to even out the assignment
-//! over the members present ([`rebalance`]); a node that stops owning a partition with commits
-//! NATS had not acknowledged does not take it again until it restarts (its copy may hold
-//! commits the log refused).
+//! partitions in its own fjall (or in memory, `--storage memory`, rebuilding each from its log
+//! when it follows or takes it over), resumes them after a restart and rebuilds from the log
+//! those not known to be the log's ([`open_copies`]; docs/cluster.md, "A node's own copy"); a
+//! request for a partition another node owns is forwarded there, once (unary document calls;
+//! `grpc/forward.rs`); owners hand partitions over to even out the assignment over the members
+//! present ([`rebalance`]); a node that stops owning a partition with commits NATS had not
+//! acknowledged does not take it again until it restarts (its copy may hold commits the log
+//! refused; the restart rebuilds it).
 
 use std::{
     path::PathBuf,

@@ -64,8 +64,9 @@ struct Args {
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
     /// Join a cluster on NATS JetStream: the NATS servers' URLs, comma-separated (each server
-    /// run with `sync_interval: always`; see docs/cluster.md). Needs --node-id and, for now,
-    /// --storage memory.
+    /// run with `sync_interval: always`; see docs/cluster.md). Needs --node-id. On a data
+    /// directory (the default storage) the node keeps its partitions there and resumes them
+    /// after a restart; --storage memory keeps nothing.
     #[arg(long, value_delimiter = ',', requires = "node_id")]
     cluster: Option<Vec<String>>,
     /// This node's id in the cluster (unique among its nodes).
