@@ -694,11 +694,7 @@ async fn a_copy_holding_writes_a_purged_log_lost_finds_the_divergence_in_the_sna
     let x_end = x_followed.chain.last;
 
     // NATS loses a's last acknowledged message; a dies; b takes over from the shortened log.
-    let last = stream
-        .get_last_raw_message_by_subject(&publish_queue::subject(p))
-        .await
-        .expect("the partition's last message");
-    assert!(stream.delete_message(last.sequence).await.expect("delete"));
+    lose_last_message(&stream, p).await;
     for q in &a_queues {
         q.close();
     }
@@ -736,6 +732,28 @@ async fn a_copy_holding_writes_a_purged_log_lost_finds_the_divergence_in_the_sna
     assert_eq!(z.log_end(p as usize), b.log_end(p as usize));
 }
 
+/// Deletes partition `p`'s last message from its log stream, as a NATS server that lost it
+/// would serve the log; its stream sequence.
+async fn lose_last_message(stream: &stream::Stream, p: u32) -> u64 {
+    let last = stream
+        .get_last_raw_message_by_subject(&publish_queue::subject(p))
+        .await
+        .expect("the partition's last message");
+    assert!(
+        stream.delete_message(last.sequence).await.expect("delete"),
+        "the last message of partition {p} deleted"
+    );
+    last.sequence
+}
+
+/// Whether a log message's frame starts a snapshot (its first part).
+fn starts_a_snapshot(payload: &[u8]) -> bool {
+    decode_frame(&Bytes::copy_from_slice(payload))
+        .ok()
+        .and_then(|parts| mayfly_cluster::LogMessage::decode(&parts[0]).ok())
+        .is_some_and(|m| matches!(m.kind, MessageKind::Snapshot { part: 0, .. }))
+}
+
 /// Has `owner` (whose queue for partition `p` is `queue`) snapshot the partition into its log,
 /// waits until the snapshot is published, and purges the log below it.
 async fn snapshot_and_purge(
@@ -756,11 +774,7 @@ async fn snapshot_and_purge(
             .get_last_raw_message_by_subject(&publish_queue::subject(p))
             .await
             .expect("last message");
-        let is_snapshot = decode_frame(&last.payload)
-            .ok()
-            .and_then(|parts| mayfly_cluster::LogMessage::decode(&parts[0]).ok())
-            .is_some_and(|m| matches!(m.kind, MessageKind::Snapshot { part: 0, .. }));
-        if is_snapshot {
+        if starts_a_snapshot(&last.payload) {
             break last.sequence;
         }
         assert!(Instant::now() < deadline, "the snapshot was not published");
@@ -839,11 +853,7 @@ async fn a_rebuilt_copy_finds_a_log_that_lost_what_its_node_knew_it_held() {
     assert_eq!(rebuilt.chain, known.chain);
 
     // The log loses its last message: rebuilt again, the copy finds it short of what it knew.
-    let last = stream
-        .get_last_raw_message_by_subject(&publish_queue::subject(p))
-        .await
-        .expect("the partition's last message");
-    assert!(stream.delete_message(last.sequence).await.expect("delete"));
+    lose_last_message(&stream, p).await;
     let (z, _z_queues) = copy();
     let mut rebuilt = Followed::rebuilt(&known);
     match mayfly_cluster::catch_up(&stream, &z, p, &mut rebuilt).await {
@@ -1404,14 +1414,7 @@ async fn a_diverged_log_is_re_based_on_its_owners_copy_and_without_its_owner_sta
         }
     };
     let stream = stream_of(shortened).await;
-    let last = stream
-        .get_last_raw_message_by_subject(&publish_queue::subject(shortened))
-        .await
-        .expect("the partition's last message");
-    assert!(
-        stream.delete_message(last.sequence).await.expect("delete"),
-        "the last message of partition {shortened} deleted"
-    );
+    lose_last_message(&stream, shortened).await;
 
     // Found (the standbys catch up every 2 s; a shortened log is believed after 10 s), re-based,
     // served again: every write, through both nodes.
@@ -1448,11 +1451,7 @@ async fn a_diverged_log_is_re_based_on_its_owners_copy_and_without_its_owner_sta
     }
     // The owner finds the loss itself when its next publish expects the lost message: a
     // write then is answered OUTCOME_UNKNOWN (retried: it is there, in the re-based copy).
-    let last = stream
-        .get_last_raw_message_by_subject(&publish_queue::subject(shortened))
-        .await
-        .expect("the partition's last message");
-    assert!(stream.delete_message(last.sequence).await.expect("delete"));
+    lose_last_message(&stream, shortened).await;
     let (id, pk) = ("found-by-owner".to_string(), shortened_pk);
     create_through(&on_b.documents, &id, &pk).await;
     written.push((id, pk));
@@ -3455,10 +3454,7 @@ async fn log_start(js: &Context, p: u32) -> (bool, u64) {
     let Ok(first) = stream.get_first_raw_message_by_subject(&subject, 1).await else {
         return (false, 0);
     };
-    let starts = decode_frame(&first.payload)
-        .ok()
-        .and_then(|parts| mayfly_cluster::LogMessage::decode(&parts[0]).ok())
-        .is_some_and(|m| matches!(m.kind, MessageKind::Snapshot { part: 0, .. }));
+    let starts = starts_a_snapshot(&first.payload);
     let mut info = stream.clone();
     let held = info
         .info()
@@ -3742,15 +3738,8 @@ async fn a_nodes_own_copies_resume_after_a_restart_and_catch_a_log_that_lost_wha
             .get_stream(publish_queue::stream_name(p))
             .await
             .expect("log stream");
-        let last = stream
-            .get_last_raw_message_by_subject(&publish_queue::subject(p))
-            .await
-            .expect("the partition's last message");
-        assert!(stream.delete_message(last.sequence).await.expect("delete"));
-        eprintln!(
-            "partition {p}: its last message (stream sequence {}) deleted",
-            last.sequence
-        );
+        let deleted = lose_last_message(&stream, p).await;
+        eprintln!("partition {p}: its last message (stream sequence {deleted}) deleted");
         let written_to: Vec<_> = written
             .iter()
             .filter(|(_, pk)| partition_of(pk) == p as usize)
