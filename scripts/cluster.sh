@@ -4,7 +4,8 @@
 # nodes in cluster mode. For trying cluster mode and measuring it; on real machines, run one
 # NATS server and one node per machine (README, "Cluster").
 #
-#   scripts/cluster.sh start   # NATS on 127.0.0.1:4222-4224, nodes a, b, c on 127.0.0.1:7071-7073
+#   scripts/cluster.sh start   # NATS on 127.0.0.1:4222-4224 (monitoring 8222-8224), nodes a, b, c
+#                              # on 127.0.0.1:7071-7073
 #   scripts/cluster.sh nats    # the three NATS servers only (for mayfly-bench failover)
 #   scripts/cluster.sh status  # which processes run
 #   scripts/cluster.sh stop    # the NATS servers keep the logs: a start again rebuilds the nodes
@@ -24,6 +25,8 @@ mayfly=${MAYFLY:-target/release/mayfly}
 partitions=${PARTITIONS:-64}
 nodes=(a b c)
 urls=nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224
+# Each node reads the servers' /varz there and refuses to start on one without sync_interval: always.
+monitors=http://127.0.0.1:8222,http://127.0.0.1:8223,http://127.0.0.1:8224
 
 # Waits up to 30 s for a line matching $2 in file $1.
 wait_for() {
@@ -52,6 +55,7 @@ start_nats() {
     cat >"$dir/nats-$i.conf" <<EOF
 server_name: n$i
 listen: 127.0.0.1:$((4222 + i))
+http: 127.0.0.1:$((8222 + i))
 # One commit (a transactional batch of up to 8 MiB) travels in one message.
 max_payload: 16MB
 jetstream { store_dir: "$dir/nats-$i", sync_interval: always }
@@ -82,7 +86,7 @@ start() {
       *) echo "MAYFLY_STORAGE: memory or disk" >&2; exit 2 ;;
     esac
     nohup "$mayfly" "${storage[@]}" --insecure-no-auth \
-      --cluster "$urls" --node-id "$node" --partitions "$partitions" \
+      --cluster "$urls" --cluster-nats-monitor "$monitors" --node-id "$node" --partitions "$partitions" \
       --listen "127.0.0.1:$((7071 + n))" --metrics-listen "127.0.0.1:$((9091 + n))" \
       ${MAYFLY_ARGS:-} >"$dir/mayfly-$node.log" 2>&1 &
     echo $! >"$dir/mayfly-$node.pid"

@@ -65,6 +65,8 @@ pub(crate) struct ClusterMetrics {
     clock_skew_ms: AtomicI64,
     /// The skew is within [`MAX_CLOCK_SKEW_MS`], as far as the samples confirm.
     clock_ok: AtomicBool,
+    /// Every NATS server was seen, at this node's start, to fsync before it acknowledges.
+    nats_fsync_confirmed: AtomicBool,
 }
 
 impl ClusterMetrics {
@@ -74,6 +76,7 @@ impl ClusterMetrics {
             queues,
             clock_skew_ms: AtomicI64::new(0),
             clock_ok: AtomicBool::new(true),
+            nats_fsync_confirmed: AtomicBool::new(false),
         }
     }
 
@@ -87,6 +90,12 @@ impl ClusterMetrics {
     /// Whether this node may own partitions by its clock (see [`ClusterMetrics::set_clock_ok`]).
     pub(crate) fn clock_ok(&self) -> bool {
         self.clock_ok.load(Ordering::Relaxed)
+    }
+
+    /// Whether every NATS server was seen to fsync before it acknowledges (`nats_sync_check`).
+    pub(crate) fn set_nats_fsync_confirmed(&self, confirmed: bool) {
+        self.nats_fsync_confirmed
+            .store(confirmed, Ordering::Relaxed);
     }
 
     /// Decides whether this node's clock is trusted (after samples confirm it either way).
@@ -180,6 +189,14 @@ impl Collector for ClusterCollector {
                 ConstGauge::new(lag as f64 / 1_000.0).encode(family.encode_family(&label(p))?)?;
             }
         }
+        let unconfirmed =
+            ConstGauge::new(i64::from(!m.nats_fsync_confirmed.load(Ordering::Relaxed)));
+        unconfirmed.encode(encoder.encode_descriptor(
+            "mayfly_cluster_nats_fsync_unconfirmed",
+            "1 if this node could not confirm at its start that every NATS server runs JetStream with sync_interval: always (--cluster-nats-monitor)",
+            None,
+            unconfirmed.metric_type(),
+        )?)?;
         let skew = ConstGauge::new(m.clock_skew_ms.load(Ordering::Relaxed) as f64 / 1_000.0);
         skew.encode(encoder.encode_descriptor(
             "mayfly_cluster_clock_skew_seconds",

@@ -57,6 +57,10 @@ use crate::{
 pub struct ClusterConfig {
     /// The NATS servers' client URLs.
     pub urls: Vec<String>,
+    /// The NATS servers' monitoring endpoints (`http://HOST:PORT`): the node refuses to start
+    /// if one runs JetStream without `sync_interval: always` (empty: it cannot tell, and
+    /// warns; `nats_sync_check.rs`).
+    pub nats_monitors: Vec<String>,
     /// This node's id, unique in the cluster.
     pub node_id: String,
     /// The cluster's partitions: fixed when the cluster is made, the same on every node.
@@ -270,6 +274,9 @@ pub async fn join(
     advertise: &str,
     keys: Option<Option<std::path::PathBuf>>,
 ) -> Result<(Engine, CatalogRoute, Arc<dyn Owners>, ClusterNode), ServeError> {
+    let nats_fsync_confirmed = crate::nats_sync_check::check(&config.nats_monitors, &config.urls)
+        .await
+        .map_err(ServeError::Config)?;
     let client = config
         .nats
         .options()
@@ -384,6 +391,7 @@ pub async fn join(
     .await?;
     let (leaving_tx, leaving) = watch::channel(false);
     let metrics = Arc::new(ClusterMetrics::new(queues.clone()));
+    metrics.set_nats_fsync_confirmed(nats_fsync_confirmed);
     // Measured before this node contends for anything.
     if let Some(skew) = sample_clock(&members, &config.node_id, Bytes::new()).await
         && !metrics.record_clock_skew(skew)

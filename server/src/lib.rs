@@ -22,6 +22,7 @@ mod engine_load;
 pub mod fuzz_entry;
 pub mod grpc;
 mod metrics_http;
+mod nats_sync_check;
 pub mod net;
 mod server;
 

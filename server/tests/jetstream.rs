@@ -2833,6 +2833,7 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
         metrics_listen: Some("127.0.0.1:0".parse().expect("address")),
         cluster: Some(mayfly_server::ClusterConfig {
             urls: nats.urls(),
+            nats_monitors: nats.monitors(),
             node_id: "a".into(),
             partitions: 4,
             replicas: 3,
@@ -2875,6 +2876,11 @@ async fn a_cluster_nodes_metrics_show_its_partitions_and_clock() {
         assert_eq!(of("mayfly_cluster_log_lag"), 0.0);
         assert_eq!(of("mayfly_cluster_log_divergence"), 0.0);
     }
+    assert_eq!(
+        metric(&text, "mayfly_cluster_nats_fsync_unconfirmed"),
+        0.0,
+        "each server's /varz says it runs with sync_interval: always"
+    );
     let skew = metric(&text, "mayfly_cluster_clock_skew_seconds");
     assert!(skew.abs() < 1.0, "one machine's clocks agree: {skew}");
 }
@@ -3589,8 +3595,17 @@ fn disk_node(
         .skip(2) // "--storage memory"
         .collect();
     assert!(!args.contains(&"memory".to_string()));
+    logged_node(&dir.join(node), &args)
+}
+
+/// `mayfly` with `args` on `data_dir`, its log kept for the test to read (and shown with
+/// `MAYFLY_TEST_STDERR=1`).
+fn logged_node(
+    data_dir: &std::path::Path,
+    args: &[String],
+) -> (support::Mayfly, Arc<parking_lot::Mutex<String>>) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut server = support::Mayfly::spawn(&dir.join(node), &args, std::process::Stdio::piped())
+    let mut server = support::Mayfly::spawn(data_dir, &args, std::process::Stdio::piped())
         .unwrap_or_else(|f| panic!("mayfly did not start: {f:?}"));
     let log = Arc::new(parking_lot::Mutex::new(String::new()));
     let stderr = server.child.stderr.take().expect("stderr piped");
@@ -3815,5 +3830,46 @@ async fn refused_as_lost(
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
+    }
+}
+
+/// JetStream acknowledges before it fsyncs unless run with `sync_interval: always` (Jepsen lost
+/// acknowledged writes that way): a node given the NATS servers' monitoring endpoints refuses
+/// to start when one of them does, naming it; a node not given them starts, warning that it cannot
+/// tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_nats_servers_that_acknowledge_before_they_fsync() {
+    let nats = NatsCluster::start_without_sync_always_on(3, 2);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut args = cluster_args(&nats, "a");
+    let refused = {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        support::Mayfly::try_start(&dir.path().join("a"), &args)
+            .err()
+            .expect("a node refuses a NATS server without sync_interval: always")
+    };
+    assert!(!refused.status.success());
+    assert!(
+        refused
+            .stderr
+            .contains("NATS servers that acknowledge writes before they are on disk: n2 (")
+            && refused.stderr.contains("sync_interval: always"),
+        "{}",
+        refused.stderr
+    );
+
+    let monitor = args
+        .iter()
+        .position(|a| a == "--cluster-nats-monitor")
+        .expect("the harness gives the monitoring endpoints");
+    args.drain(monitor..monitor + 2);
+    let (_node, log) = logged_node(&dir.path().join("b"), &args);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log
+        .lock()
+        .contains("WARNING: cannot tell whether the NATS servers fsync before they acknowledge")
+    {
+        assert!(Instant::now() < deadline, "no warning:\n{}", log.lock());
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -42,10 +42,12 @@ pub(crate) struct Cluster {
 pub(crate) async fn three_nodes() -> (Cluster, Client) {
     let nats = nats::NatsCluster::start(3);
     let urls = nats.urls();
+    let monitors = nats.monitors();
     let start = |node: &str| {
         RunningServer::start(Config {
             cluster: Some(ClusterConfig {
                 urls: urls.clone(),
+                nats_monitors: monitors.clone(),
                 node_id: node.into(),
                 partitions: PARTITIONS,
                 replicas: 3,

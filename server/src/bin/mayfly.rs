@@ -69,6 +69,11 @@ struct Args {
     /// after a restart; --storage memory keeps nothing.
     #[arg(long, value_delimiter = ',', requires = "node_id")]
     cluster: Option<Vec<String>>,
+    /// The NATS servers' monitoring endpoints (http://HOST:PORT, each server's `http:`
+    /// setting), comma-separated: the node reads each one's /varz and refuses to start if one
+    /// runs JetStream without `sync_interval: always`. Without them it cannot tell, and warns.
+    #[arg(long, value_delimiter = ',', requires = "cluster")]
+    cluster_nats_monitor: Vec<String>,
     /// This node's id in the cluster (unique among its nodes).
     #[arg(long, requires = "cluster")]
     node_id: Option<String>,
@@ -258,6 +263,7 @@ impl Args {
         }
         Ok(Some(ClusterConfig {
             urls: urls.clone(),
+            nats_monitors: self.cluster_nats_monitor.clone(),
             node_id: node_id.clone(),
             partitions: usize::from(self.partitions),
             replicas: usize::from(self.cluster_replicas),

@@ -25,11 +25,14 @@ pub(crate) fn keyed_cluster_node(
 
 pub(crate) fn cluster_args(nats: &NatsCluster, node: &str) -> Vec<String> {
     let urls = nats.urls().join(",");
+    let monitors = nats.monitors().join(",");
     [
         "--storage",
         "memory",
         "--cluster",
         &urls,
+        "--cluster-nats-monitor",
+        &monitors,
         "--node-id",
         node,
         "--partitions",

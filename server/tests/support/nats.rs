@@ -32,6 +32,8 @@ pub(crate) struct NatsServer {
     child: Child,
     /// `nats://127.0.0.1:PORT` for clients.
     pub(crate) url: String,
+    /// `http://127.0.0.1:PORT`: its monitoring endpoint.
+    pub(crate) monitor: String,
     /// Its log's last lines, and whether it has logged its cluster's JetStream metadata
     /// leader (the cluster's JetStream answers from then on).
     log: Arc<Mutex<(VecDeque<String>, bool)>>,
@@ -52,6 +54,8 @@ pub(crate) struct NatsCluster {
     routes: Vec<String>,
     /// Added to every server's configuration (TLS, authorization).
     extra: String,
+    /// The server, if any, run without `sync_interval: always`.
+    lax: Option<usize>,
     /// One cluster at a time per test process: three fsyncing servers electing Raft leaders,
     /// and the nodes on them, are what these tests time; a dozen at once on two cores made
     /// elections and takeovers take longer than the tests' bounds.
@@ -70,13 +74,26 @@ impl NatsCluster {
 
     /// [`NatsCluster::start`], with `extra` added to each server's configuration.
     pub(crate) fn start_with(n: usize, extra: &str) -> Self {
+        Self::start_syncing(n, extra, None)
+    }
+
+    /// [`NatsCluster::start`] with server `lax` on JetStream's default fsync schedule (every
+    /// two minutes: it acknowledges before it fsyncs): what a Mayfly node must refuse.
+    pub(crate) fn start_without_sync_always_on(n: usize, lax: usize) -> Self {
+        Self::start_syncing(n, "", Some(lax))
+    }
+
+    fn start_syncing(n: usize, extra: &str, lax: Option<usize>) -> Self {
         // A test that failed while holding it leaves nothing behind to protect.
         let one_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().expect("temp dir");
         let binary = nats_server();
         let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
         let servers: Vec<NatsServer> = (0..n)
-            .map(|i| start_server(&binary, dir.path(), (i, "127.0.0.1:-1"), &routes, extra))
+            .map(|i| {
+                let listen = (i, "127.0.0.1:-1", "127.0.0.1:-1");
+                start_server(&binary, dir.path(), listen, &routes, (extra, sync(lax, i)))
+            })
             .collect();
         // Until the cluster has elected its JetStream metadata leader, every JetStream call
         // answers "temporarily unavailable": the nodes a test starts next would spend their
@@ -101,6 +118,7 @@ impl NatsCluster {
             binary,
             routes,
             extra: extra.to_owned(),
+            lax,
             _one_at_a_time: one_at_a_time,
         }
     }
@@ -114,14 +132,21 @@ impl NatsCluster {
     /// Starts server `i` again on its store and client port, after [`NatsCluster::kill9`]: it
     /// rejoins the cluster and catches up, and clients reconnect to it where they knew it.
     pub(crate) fn restart(&mut self, i: usize) {
-        let port = self.servers[i].url.rsplit(':').next().map(str::to_string);
-        let listen = format!("127.0.0.1:{}", port.as_deref().unwrap_or("-1"));
+        let port = |url: &str| url.rsplit(':').next().map(str::to_string);
+        let listen = format!(
+            "127.0.0.1:{}",
+            port(&self.servers[i].url).unwrap_or("-1".into())
+        );
+        let http = format!(
+            "127.0.0.1:{}",
+            port(&self.servers[i].monitor).unwrap_or("-1".into())
+        );
         self.servers[i] = start_server(
             &self.binary,
             self.dir.path(),
-            (i, &listen),
+            (i, &listen, &http),
             &self.routes,
-            &self.extra,
+            (&self.extra, sync(self.lax, i)),
         );
     }
 
@@ -134,6 +159,20 @@ impl NatsCluster {
     pub(crate) fn urls(&self) -> Vec<String> {
         self.servers.iter().map(|s| s.url.clone()).collect()
     }
+
+    /// Every server's monitoring endpoint (`--cluster-nats-monitor`).
+    pub(crate) fn monitors(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.monitor.clone()).collect()
+    }
+}
+
+/// Server `i`'s JetStream settings beyond its store.
+fn sync(lax: Option<usize>, i: usize) -> &'static str {
+    if lax == Some(i) {
+        ""
+    } else {
+        ", sync_interval: always"
+    }
 }
 
 /// `127.0.0.1:PORT` with a port free a moment ago.
@@ -142,13 +181,14 @@ fn free_port() -> String {
     listener.local_addr().expect("address").to_string()
 }
 
-/// Starts server `i` listening for clients on `listen` (port -1: one it picks).
+/// Starts server `i` listening for clients on `listen` and serving its monitoring endpoint on
+/// `http` (port -1: one it picks), with `sync` in its JetStream settings.
 fn start_server(
     binary: &Path,
     dir: &Path,
-    (i, listen): (usize, &str),
+    (i, listen, http): (usize, &str, &str),
     routes: &[String],
-    extra: &str,
+    (extra, sync): (&str, &str),
 ) -> NatsServer {
     let store = dir.join(format!("n{i}"));
     let route_urls: Vec<String> = routes
@@ -157,8 +197,8 @@ fn start_server(
         .collect();
     let config = format!(
         // A commit (a transactional batch of up to 8 MiB) travels in one message.
-        "server_name: n{i}\nlisten: {listen}\nmax_payload: 16MB\n\
-         jetstream {{ store_dir: {store:?}, sync_interval: always }}\n\
+        "server_name: n{i}\nlisten: {listen}\nhttp: {http}\nmax_payload: 16MB\n\
+         jetstream {{ store_dir: {store:?}{sync} }}\n\
          cluster {{ name: mayfly-test, listen: {}, routes: [{}] }}\n{extra}\n",
         routes[i],
         route_urls.join(", ")
@@ -179,6 +219,7 @@ fn start_server(
     let mut server = NatsServer {
         child,
         url: String::new(),
+        monitor: String::new(),
         log: Arc::default(),
     };
     let (tx, rx) = mpsc::channel::<String>();
@@ -190,6 +231,7 @@ fn start_server(
         }
     });
     let mut url = None;
+    let mut monitor = None;
     let deadline = Instant::now() + Duration::from_secs(20);
     let port = |line: &str| line.rsplit(':').next().map(|p| p.trim().to_string());
     while url.is_none() {
@@ -198,6 +240,10 @@ fn start_server(
             .unwrap_or_else(|_| panic!("nats-server n{i} did not say where it listens"));
         if line.contains("Listening for client connections on") {
             url = port(&line).map(|p| format!("nats://127.0.0.1:{p}"));
+        }
+        // Logged before the client port.
+        if line.contains("Starting http monitor on") {
+            monitor = port(&line).map(|p| format!("http://127.0.0.1:{p}"));
         }
     }
     // Keep draining its log so that the server never blocks on a full pipe, keeping its tail.
@@ -214,5 +260,6 @@ fn start_server(
         }
     });
     server.url = url.expect("client url");
+    server.monitor = monitor.expect("nats-server logs its monitoring port before its client port");
     server
 }
