@@ -104,6 +104,8 @@ impl Change {
 pub struct ChangeBatch {
     pub changes: Vec<Change>,
     pub continuation: String,
+    /// What this batch cost, in request units; expiry events are free.
+    pub request_charge: f64,
 }
 
 /// A part of a collection's change feed that consumers share ([`Collection::feed_ranges`]):
@@ -283,6 +285,7 @@ impl ChangeStream {
             Poll::Ready(Some(Ok(message))) => Poll::Ready(Some(Ok(ChangeBatch {
                 changes: message.events.into_iter().map(Change::from_proto).collect(),
                 continuation: message.continuation,
+                request_charge: message.request_charge,
             }))),
         }
     }

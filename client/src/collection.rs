@@ -569,7 +569,7 @@ impl Collection {
         };
         let read = self
             .client
-            .call(Call::Idempotent, || {
+            .call_response(Call::Idempotent, || {
                 let mut documents = self.client.documents_for(
                     &request.database,
                     &request.collection,
@@ -580,7 +580,7 @@ impl Collection {
             })
             .await;
         match read {
-            Ok(document) => Ok(Some(Document::from_proto(document))),
+            Ok(document) => Ok(Some(Document::from_response(document))),
             Err(Error::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }

@@ -148,7 +148,7 @@ pub(crate) fn from_json<T: DeserializeOwned>(
 }
 
 /// A document with its system properties.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Document {
     id: String,
     partition_key: PartitionKey,
@@ -159,6 +159,36 @@ pub struct Document {
     modified_at: SystemTime,
     expires_at: Option<SystemTime>,
     expires_in: Option<Duration>,
+    /// What the request that answered it cost, in hundredths of a request unit.
+    request_charge: u64,
+}
+
+/// Documents are equal when the documents are: what the requests that answered them cost is
+/// not part of them.
+impl PartialEq for Document {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            &self.id,
+            &self.partition_key,
+            &self.body,
+            self.ts,
+            &self.etag,
+            &self.ttl,
+            self.modified_at,
+            self.expires_at,
+            self.expires_in,
+        ) == (
+            &other.id,
+            &other.partition_key,
+            &other.body,
+            other.ts,
+            &other.etag,
+            &other.ttl,
+            other.modified_at,
+            other.expires_at,
+            other.expires_in,
+        )
+    }
 }
 
 pub(crate) fn system_time(ts: prost_types::Timestamp) -> SystemTime {
@@ -200,7 +230,38 @@ impl Document {
                 Duration::from_secs(u64::try_from(d.seconds).unwrap_or(0))
                     + Duration::from_nanos(u64::try_from(d.nanos).unwrap_or(0))
             }),
+            request_charge: 0,
         }
+    }
+
+    /// The document answered by `response`, with what the request cost.
+    pub(crate) fn from_response(response: tonic::Response<v1::Document>) -> Self {
+        let charge = crate::error::charge_of(response.metadata());
+        Document {
+            request_charge: charge,
+            ..Document::from_proto(response.into_inner())
+        }
+    }
+
+    /// What the request that answered this document cost, in request units (the server's
+    /// `x-request-charge`; README, "Request units"): a create, read, replace, upsert, patch
+    /// or touch. 0 for a document that came in a page (the page has the charge).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("salesdb").await?;
+    /// # let orders = db.create_collection("orders", "/customerId").await?;
+    /// let created = orders.create(&serde_json::json!({"id": "SO05", "customerId": "CO1"})).await?;
+    /// let read = orders.read("SO05", "CO1").await?.expect("alive");
+    /// assert!(created.request_charge() > read.request_charge());
+    /// assert_eq!(read.request_charge(), 1.0); // a point read of up to 1 KB
+    /// # Ok(()) }
+    /// ```
+    pub fn request_charge(&self) -> f64 {
+        self.request_charge as f64 / 100.0
     }
 
     /// The document id.
@@ -958,6 +1019,7 @@ mod tests {
             modified_at: UNIX_EPOCH,
             expires_at: None,
             expires_in: None,
+            request_charge: 0,
         };
         let Err(Error::Serialization(message)) = doc.clone().into_item::<Cart>() else {
             panic!("qty is not a number")
@@ -997,6 +1059,7 @@ mod tests {
             modified_at: UNIX_EPOCH,
             expires_at: None,
             expires_in: None,
+            request_charge: 0,
         };
         let value = serde_json::json!({"id": "a", "k": 1, "ttl": 60, "_ts": 1_790_000_000, "_etag": "0000000000000abc"});
         assert_eq!(doc.deserialize::<Value>().ok(), Some(value.clone()));

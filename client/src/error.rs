@@ -81,6 +81,19 @@ pub struct ErrorDetails {
     message: String,
     reason: Option<Reason>,
     operation_index: Option<usize>,
+    /// What the failed request cost, in hundredths of a request unit.
+    request_charge: u64,
+}
+
+/// The `x-request-charge` header of an answer, in hundredths of a request unit (0 where it is
+/// absent or not a charge).
+pub(crate) fn charge_of(metadata: &tonic::metadata::MetadataMap) -> u64 {
+    metadata
+        .get("x-request-charge")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map_or(0, |v| (v * 100.0).round() as u64)
 }
 
 impl ErrorDetails {
@@ -90,7 +103,15 @@ impl ErrorDetails {
             message: message.into(),
             reason,
             operation_index: None,
+            request_charge: 0,
         }
+    }
+
+    /// What the failed request cost, in request units: a request that reached the data
+    /// costs at least a lookup (a missing document, a failed condition); one refused before
+    /// (bad input, no access, throttled) or never answered costs 0.
+    pub fn request_charge(&self) -> f64 {
+        self.request_charge as f64 / 100.0
     }
 
     /// The gRPC status code, typed: [`StatusCode::AlreadyExists`], [`StatusCode::NotFound`],
@@ -768,6 +789,7 @@ impl Error {
             message: status.message().to_owned(),
             reason,
             operation_index,
+            request_charge: charge_of(status.metadata()),
         };
         match status.code() {
             Code::NotFound => match details.reason {

@@ -160,6 +160,8 @@ pub struct FeedPage {
     pub documents: Vec<Document>,
     /// Token to resume after this page; `None` on the last page.
     pub continuation: Option<String>,
+    /// What this page cost, in request units (README, "Request units").
+    pub request_charge: f64,
 }
 
 /// An open feed: read it page by page, or as a typed [`Stream`] with [`Feed::into_stream`].
@@ -173,10 +175,12 @@ fn feed_page(page: v1::ReadFeedPage) -> FeedPage {
     let v1::ReadFeedPage {
         documents,
         continuation,
+        request_charge,
     } = page;
     FeedPage {
         documents: documents.into_iter().map(Document::from_proto).collect(),
         continuation: (!continuation.is_empty()).then_some(continuation),
+        request_charge,
     }
 }
 

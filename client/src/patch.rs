@@ -647,7 +647,7 @@ impl<'a> IntoFuture for Patch<'a> {
                         .metadata()
                         .get("mayfly-created")
                         .is_some_and(|v| v.as_bytes() == b"true");
-                    let document = Document::from_proto(response.into_inner());
+                    let document = Document::from_response(response);
                     Ok(match created {
                         true => PatchOutcome::Created(document),
                         false => PatchOutcome::Patched(document),

@@ -193,6 +193,9 @@ pub struct QueryPage<T> {
     /// Token to resume after this page; `None` on the last page.
     pub continuation: Option<String>,
     pub metrics: QueryMetrics,
+    /// What this page cost, in request units: from its metrics and the size of its results
+    /// (README, "Request units"); the pages of a query sum to its charge.
+    pub request_charge: f64,
 }
 
 /// A running query: read it page by page with [`QueryResults::next_page`], or as a
@@ -244,6 +247,7 @@ fn convert<T: DeserializeOwned>(page: v1::QueryPage) -> Result<QueryPage<T>, Err
         results,
         continuation: (!page.continuation.is_empty()).then_some(page.continuation),
         metrics,
+        request_charge: page.request_charge,
     })
 }
 
@@ -271,7 +275,9 @@ impl<T: DeserializeOwned> QueryResults<T> {
             return Ok(Some(QueryPage {
                 results,
                 continuation: self.buffered_continuation.take(),
+                // The page's metrics and charge went with its first part.
                 metrics: QueryMetrics::default(),
+                request_charge: 0.0,
             }));
         }
         match self.stream.next().await? {

@@ -171,7 +171,7 @@ impl<'a> IntoFuture for CreateDocument<'a> {
             };
             let client = &collection.client;
             let document = client
-                .call(Call::Write.keyed(&idempotency_key), || {
+                .call_response(Call::Write.keyed(&idempotency_key), || {
                     let mut documents = client.documents_for(
                         &request.database,
                         &request.collection,
@@ -181,7 +181,7 @@ impl<'a> IntoFuture for CreateDocument<'a> {
                     async move { documents.create_document(request).await }
                 })
                 .await?;
-            Ok(Document::from_proto(document))
+            Ok(Document::from_response(document))
         })
     }
 }
@@ -305,8 +305,8 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
                 idempotency_key: idempotency_key.clone().unwrap_or_default(),
             };
             let client = &collection.client;
-            let v1::UpsertDocumentResponse { document, outcome } = client
-                .call(Call::Write.keyed(&idempotency_key), || {
+            let response = client
+                .call_response(Call::Write.keyed(&idempotency_key), || {
                     let mut documents = client.documents_for(
                         &request.database,
                         &request.collection,
@@ -316,13 +316,19 @@ impl<'a> IntoFuture for UpsertDocument<'a> {
                     async move { documents.upsert_document(request).await }
                 })
                 .await?;
-            let document = Document::from_proto(document.ok_or_else(|| {
-                Error::Other(ErrorDetails::new(
-                    tonic::Code::Internal,
-                    "upsert returned no document",
-                    None,
-                ))
-            })?);
+            let (metadata, v1::UpsertDocumentResponse { document, outcome }, extensions) =
+                response.into_parts();
+            let document = Document::from_response(tonic::Response::from_parts(
+                metadata,
+                document.ok_or_else(|| {
+                    Error::Other(ErrorDetails::new(
+                        tonic::Code::Internal,
+                        "upsert returned no document",
+                        None,
+                    ))
+                })?,
+                extensions,
+            ));
             Ok(match v1::UpsertOutcome::try_from(outcome) {
                 Ok(v1::UpsertOutcome::Created) => UpsertOutcome::Created(document),
                 _ => UpsertOutcome::Replaced(document),
@@ -501,7 +507,7 @@ pub(crate) async fn send_replace(
     let call = call.keyed(&idempotency_key);
     let client = &collection.client;
     let written = client
-        .call(call, || {
+        .call_response(call, || {
             let mut documents = client.documents_for(
                 &request.database,
                 &request.collection,
@@ -512,7 +518,7 @@ pub(crate) async fn send_replace(
         })
         .await;
     missing_or(
-        written.map(|d| ReplaceOutcome::Replaced(Document::from_proto(d))),
+        written.map(|d| ReplaceOutcome::Replaced(Document::from_response(d))),
         ReplaceOutcome::Missing,
     )
 }
@@ -593,7 +599,7 @@ impl<'a> IntoFuture for TouchDocument<'a> {
             };
             let client = &collection.client;
             let touched = client
-                .call(call, || {
+                .call_response(call, || {
                     let mut documents = client.documents_for(
                         &request.database,
                         &request.collection,
@@ -604,7 +610,7 @@ impl<'a> IntoFuture for TouchDocument<'a> {
                 })
                 .await;
             missing_or(
-                touched.map(|d| TouchOutcome::Touched(Document::from_proto(d))),
+                touched.map(|d| TouchOutcome::Touched(Document::from_response(d))),
                 TouchOutcome::Missing,
             )
         })

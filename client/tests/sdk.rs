@@ -55,6 +55,8 @@ async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
     cluster::delete_every_database(&client).await;
     batch_and_patch_mistakes_are_refused_naming_the_rule_on(&client).await;
     cluster::delete_every_database(&client).await;
+    every_answer_says_what_it_cost_on(&client).await;
+    cluster::delete_every_database(&client).await;
     the_client_routes_to_each_partitions_owner(&mut cluster, &client).await;
 }
 
@@ -928,4 +930,111 @@ async fn batch_and_patch_mistakes_are_refused_naming_the_rule_on(client: &Client
     let too_many = (0..11).fold(c.patch("a", "p"), |p, i| p.incr(&format!("/n{i}"), 1));
     let refused = too_many.await.expect_err("11 operations");
     assert_eq!(refused.reason(), Some(&Reason::InvalidPatch));
+}
+
+#[tokio::test]
+async fn every_answer_says_what_it_cost() {
+    let (_server, client) = start().await;
+    every_answer_says_what_it_cost_on(&client).await;
+}
+
+/// Request charges (README, "Request units"), through the client: every document answer,
+/// page and error says what it cost; the same operation on the same data costs the same;
+/// writes cost more with size and with indexed terms, a touch less than a rewrite; a request
+/// refused before it reached the data costs nothing.
+async fn every_answer_says_what_it_cost_on(client: &Client) {
+    let c = collection(client, DefaultTtl::NoDefault).await;
+    let small = |id: &str| json!({"id": id, "pk": "p", "n": 1, "s": "x"});
+    let a = c.create(&small("a")).await.expect("create a");
+    let b = c.create(&small("b")).await.expect("create b");
+    assert_eq!(
+        a.request_charge(),
+        b.request_charge(),
+        "same shape, same cost"
+    );
+    assert!(a.request_charge() > 4.0, "a write: {}", a.request_charge());
+    let wide = c
+        .create(&json!({"id": "w", "pk": "p", "n": 1, "s": "x", "m": 2, "t": "y", "u": [1, 2, 3]}))
+        .await
+        .expect("create wide");
+    assert!(
+        wide.request_charge() > a.request_charge(),
+        "more indexed terms"
+    );
+    let big = c
+        .create(&json!({"id": "big", "pk": "p", "n": 1, "s": "x".repeat(20_000)}))
+        .await
+        .expect("create big");
+    assert!(
+        big.request_charge() > a.request_charge() + 15.0,
+        "20 KB more written"
+    );
+
+    let read = c.read("a", "p").await.expect("read").expect("alive");
+    assert_eq!(read.request_charge(), 1.0, "a point read of under 1 KB");
+    let read_big = c.read("big", "p").await.expect("read").expect("alive");
+    assert!(read_big.request_charge() > 1.0 && read_big.request_charge() < 5.0);
+    assert_eq!(
+        c.read("big", "p")
+            .await
+            .expect("read")
+            .expect("alive")
+            .request_charge(),
+        read_big.request_charge(),
+        "the same read costs the same"
+    );
+
+    let touched = match c.touch("a", "p").await.expect("touch") {
+        TouchOutcome::Touched(d) => d,
+        TouchOutcome::Missing => panic!("a is alive"),
+    };
+    assert!(touched.request_charge() > 0.0 && touched.request_charge() < a.request_charge());
+    let same = match c.replace("a", "p", &small("a")).await.expect("replace") {
+        ReplaceOutcome::Replaced(d) => d,
+        ReplaceOutcome::Missing => panic!("a is alive"),
+    };
+    assert!(
+        same.request_charge() < a.request_charge(),
+        "a replace writing the same terms writes none: {} vs {}",
+        same.request_charge(),
+        a.request_charge()
+    );
+
+    match c.create(&small("a")).await {
+        Err(Error::Conflict(details)) => assert_eq!(details.request_charge(), 1.0, "a lookup"),
+        other => panic!("{other:?}"),
+    }
+    match c.create(&json!({"id": "bad", "pk": "p", "ttl": 0})).await {
+        Err(Error::InvalidArgument(details)) => assert_eq!(details.request_charge(), 0.0),
+        other => panic!("{other:?}"),
+    }
+
+    let page = |q: &'static str| {
+        let c = c.clone();
+        async move {
+            c.query::<serde_json::Value>(q)
+                .await
+                .expect("query")
+                .next_page()
+                .await
+                .expect("page")
+                .expect("a page")
+        }
+    };
+    let all = page("SELECT * FROM c").await;
+    assert_eq!(all.results.len(), 4);
+    assert!(all.request_charge > 2.5, "{}", all.request_charge);
+    assert_eq!(
+        page("SELECT * FROM c").await.request_charge,
+        all.request_charge
+    );
+    let one = page("SELECT * FROM c WHERE c.id = 'a'").await;
+    assert!(
+        one.request_charge < all.request_charge,
+        "fewer documents read and returned"
+    );
+
+    let mut feed = c.read_feed().await.expect("feed");
+    let first = feed.next_page().await.expect("page").expect("a page");
+    assert!(first.request_charge > 2.5, "{}", first.request_charge);
 }

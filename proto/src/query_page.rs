@@ -19,6 +19,7 @@ use crate::{generated::QueryMetrics, json};
 const RESULTS: u32 = 1;
 const CONTINUATION: u32 = 2;
 const METRICS: u32 = 3;
+const REQUEST_CHARGE: u32 = 4;
 
 /// One page of query results (see `proto/mayfly/v1/document.proto`).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -29,6 +30,8 @@ pub struct QueryPage {
     pub continuation: String,
     /// What producing this page took.
     pub metrics: Option<QueryMetrics>,
+    /// What this page cost, in request units.
+    pub request_charge: f64,
 }
 
 impl prost::Message for QueryPage {
@@ -41,6 +44,9 @@ impl prost::Message for QueryPage {
         }
         if let Some(metrics) = &self.metrics {
             encoding::message::encode(METRICS, metrics, buf);
+        }
+        if self.request_charge != 0.0 {
+            encoding::double::encode(REQUEST_CHARGE, &self.request_charge, buf);
         }
     }
 
@@ -67,6 +73,9 @@ impl prost::Message for QueryPage {
                 buf,
                 ctx,
             ),
+            REQUEST_CHARGE => {
+                encoding::double::merge(wire_type, &mut self.request_charge, buf, ctx)
+            }
             _ => encoding::skip_field(wire_type, tag, buf, ctx),
         }
     }
@@ -86,7 +95,12 @@ impl prost::Message for QueryPage {
             .metrics
             .as_ref()
             .map_or(0, |m| encoding::message::encoded_len(METRICS, m));
-        results + continuation + metrics
+        let charge = if self.request_charge == 0.0 {
+            0
+        } else {
+            encoding::double::encoded_len(REQUEST_CHARGE, &self.request_charge)
+        };
+        results + continuation + metrics + charge
     }
 
     fn clear(&mut self) {
@@ -111,6 +125,8 @@ mod tests {
         continuation: String,
         #[prost(message, optional, tag = "3")]
         metrics: Option<QueryMetrics>,
+        #[prost(double, tag = "4")]
+        request_charge: f64,
     }
 
     fn sample() -> QueryPage {
@@ -131,6 +147,7 @@ mod tests {
                 index_used: true,
                 index: "/n/?".into(),
             }),
+            request_charge: 3.27,
         }
     }
 
@@ -143,6 +160,7 @@ mod tests {
             results: page.results.iter().map(json::to_proto_value).collect(),
             continuation: page.continuation.clone(),
             metrics: page.metrics.clone(),
+            request_charge: page.request_charge,
         };
         assert_eq!(Generated::decode(&bytes[..]).expect("decodes"), theirs);
         assert_eq!(

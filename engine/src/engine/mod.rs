@@ -30,6 +30,7 @@ mod query_gather;
 mod query_reads;
 mod recovery;
 mod replication;
+mod request_charge;
 mod shard;
 mod token_seal;
 mod walk;
@@ -76,6 +77,7 @@ pub use query_reads::{
     Cancel, INLINE_READS, INLINE_READS_MAY_BLOCK, PageMemory, QUERY_TIME_LIMIT, QueryReads,
 };
 pub use recovery::{ExpiryRebuild, Recovery};
+pub use request_charge::RequestCharge;
 pub use shard::{ReplicatedCommit, ShardSnapshot};
 pub use token_seal::TokenKey;
 pub use walk::{MAX_EXAMINED_PER_PAGE, MAX_RESULT_BYTES, PAGE_TIME_LIMIT, QueryMetrics, QueryPage};

@@ -1,7 +1,7 @@
 //! What a document operation hands back: its result, and the log position that must be
 //! durable before any client may be told of it.
 
-use super::error::Error;
+use super::{error::Error, request_charge::RequestCharge};
 use crate::storage::{Lsn, ShardSet};
 
 /// A document operation's result, not yet shown to anyone. It may reflect writes that are
@@ -17,6 +17,8 @@ pub struct Outcome<T> {
     pub settle_at: Lsn,
     /// Every write the result reflects is in these shards (or the catalog).
     pub shards: ShardSet,
+    /// What the operation cost (see [`RequestCharge`]); zero until the operation says.
+    pub charge: RequestCharge,
 }
 
 impl<T> Outcome<T> {
@@ -27,6 +29,7 @@ impl<T> Outcome<T> {
             result,
             settle_at,
             shards: ShardSet::ALL,
+            charge: RequestCharge::ZERO,
         }
     }
 
@@ -41,6 +44,7 @@ impl<T> Outcome<T> {
             result: Ok(value),
             settle_at: Lsn::ZERO,
             shards: ShardSet::NONE,
+            charge: RequestCharge::ZERO,
         }
     }
 
@@ -51,7 +55,13 @@ impl<T> Outcome<T> {
             result: Err(error.into()),
             settle_at: Lsn::ZERO,
             shards: ShardSet::NONE,
+            charge: RequestCharge::ZERO,
         }
+    }
+
+    /// The same outcome, costing `charge`.
+    pub fn charged(self, charge: RequestCharge) -> Self {
+        Outcome { charge, ..self }
     }
 
     /// The same outcome with its value transformed.
@@ -60,6 +70,7 @@ impl<T> Outcome<T> {
             result: self.result.map(f),
             settle_at: self.settle_at,
             shards: self.shards,
+            charge: self.charge,
         }
     }
 }

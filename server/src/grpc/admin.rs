@@ -91,7 +91,9 @@ impl server::Admin for AdminService {
             keys.set(slot, key.clone());
             tokio::time::sleep(store.settles_in()).await;
             tracing::info!(key = %slot, "cluster key regenerated");
-            return Ok(Response::new(RegenerateKeyResponse { kind, key }));
+            return Ok(super::request_charge::metadata_response(
+                RegenerateKeyResponse { kind, key },
+            ));
         }
         // Writes and fsyncs the key file.
         let key = tokio::task::spawn_blocking(move || {
@@ -100,7 +102,9 @@ impl server::Admin for AdminService {
         .await
         .map_err(|e| Status::internal(format!("key task failed: {e}")))??;
         tracing::info!(key = %slot, "key regenerated");
-        Ok(Response::new(RegenerateKeyResponse { kind, key }))
+        Ok(super::request_charge::metadata_response(
+            RegenerateKeyResponse { kind, key },
+        ))
     }
 
     async fn create_resource_token(
@@ -185,10 +189,12 @@ impl server::Admin for AdminService {
             expires_at,
         }
         .mint(&key);
-        Ok(Response::new(ResourceTokenProto {
-            token,
-            expires_at: Some(convert::timestamp(expires_at)),
-        }))
+        Ok(super::request_charge::metadata_response(
+            ResourceTokenProto {
+                token,
+                expires_at: Some(convert::timestamp(expires_at)),
+            },
+        ))
     }
 
     async fn get_partition_map(
@@ -231,7 +237,7 @@ impl server::Admin for AdminService {
                 log_diverged: engine.diverged(p).unwrap_or_default(),
             })
             .collect();
-        Ok(Response::new(PartitionMap {
+        Ok(super::request_charge::metadata_response(PartitionMap {
             node,
             partitions,
             placement: placement.to_string(),

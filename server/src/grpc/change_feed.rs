@@ -65,6 +65,15 @@ impl PageSource for ChangeFeedPages {
             .map(|page| {
                 let default_ttl = page.default_ttl;
                 let read_at = page.read_at;
+                // Expiry events are free (docs: "Request units").
+                let (charged, bytes) = page
+                    .events
+                    .iter()
+                    .filter(|e| e.record.op != ChangeOp::Expire)
+                    .fold((0, 0), |(n, bytes), e| {
+                        (n + 1, bytes + e.record.body.as_ref().map_or(0, |b| b.len()))
+                    });
+                let charge = engine::RequestCharge::change_batch(charged, bytes);
                 let events = page
                     .events
                     .into_iter()
@@ -73,6 +82,7 @@ impl PageSource for ChangeFeedPages {
                 let message = ChangeFeedResponse {
                     events,
                     continuation: page.continuation,
+                    request_charge: charge.units(),
                 };
                 (message, Some(page.next))
             })

@@ -156,14 +156,18 @@ async fn merged(
 ) -> Result<PageStream<ChangeFeedResponse>, Status> {
     let firsts = futures_util::future::join_all(parts.iter_mut().map(|p| p.next())).await;
     let mut events = Vec::new();
+    let mut charge = 0.0;
     for first in firsts {
         let message = first.ok_or_else(|| Status::unavailable("a node's change feed ended"))??;
         moved(&engine, &mut at, &message)?;
         events.extend(message.events);
+        charge += message.request_charge;
     }
     let first = ChangeFeedResponse {
         events,
         continuation: engine.change_feed_token(&at),
+        // Each node's first batch's charge, summed (to two decimals, as each was given).
+        request_charge: (charge * 100.0).round() / 100.0,
     };
     let (messages, out) = tokio::sync::mpsc::channel(1);
     tokio::spawn(async move {
@@ -203,6 +207,7 @@ async fn merged(
             let merged = ChangeFeedResponse {
                 events: message.events,
                 continuation: engine.change_feed_token(&at),
+                request_charge: message.request_charge,
             };
             if messages.send(Ok(merged)).await.is_err() {
                 return;

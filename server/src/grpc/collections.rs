@@ -58,7 +58,9 @@ impl server::Collections for CollectionsService {
             .run(engine, CatalogChange::CreateCollection(request))
             .await?
         {
-            CatalogAnswer::Collection(collection) => Ok(Response::new(collection)),
+            CatalogAnswer::Collection(collection) => {
+                Ok(super::request_charge::metadata_response(collection))
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -74,7 +76,9 @@ impl server::Collections for CollectionsService {
         let info = engine
             .get_collection(&convert::collection_path(&database, &id).map_err(to_status)?)
             .map_err(to_status)?;
-        Ok(Response::new(convert::collection(&info)))
+        Ok(super::request_charge::metadata_response(
+            convert::collection(&info),
+        ))
     }
 
     async fn list_collections(
@@ -88,9 +92,11 @@ impl server::Collections for CollectionsService {
         let collections = engine
             .list_collections(&convert::database_id(&database).map_err(to_status)?)
             .map_err(to_status)?;
-        Ok(Response::new(ListCollectionsResponse {
-            collections: collections.iter().map(|c| convert::collection(c)).collect(),
-        }))
+        Ok(super::request_charge::metadata_response(
+            ListCollectionsResponse {
+                collections: collections.iter().map(|c| convert::collection(c)).collect(),
+            },
+        ))
     }
 
     async fn replace_collection(
@@ -107,7 +113,9 @@ impl server::Collections for CollectionsService {
             .run(engine, CatalogChange::ReplaceCollection(request))
             .await?
         {
-            CatalogAnswer::Collection(collection) => Ok(Response::new(collection)),
+            CatalogAnswer::Collection(collection) => {
+                Ok(super::request_charge::metadata_response(collection))
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -124,6 +132,8 @@ impl server::Collections for CollectionsService {
         self.catalog
             .run(engine, CatalogChange::DeleteCollection(request))
             .await?;
-        Ok(Response::new(DeleteCollectionResponse {}))
+        Ok(super::request_charge::metadata_response(
+            DeleteCollectionResponse {},
+        ))
     }
 }

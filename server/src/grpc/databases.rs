@@ -57,7 +57,9 @@ impl server::Databases for DatabasesService {
             .run(engine, CatalogChange::CreateDatabase(request))
             .await?
         {
-            CatalogAnswer::Database(database) => Ok(Response::new(database)),
+            CatalogAnswer::Database(database) => {
+                Ok(super::request_charge::metadata_response(database))
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -73,7 +75,7 @@ impl server::Databases for DatabasesService {
         engine
             .get_database(&convert::database_id(&id).map_err(to_status)?)
             .map_err(to_status)?;
-        Ok(Response::new(Database { id }))
+        Ok(super::request_charge::metadata_response(Database { id }))
     }
 
     async fn list_databases(
@@ -89,7 +91,9 @@ impl server::Databases for DatabasesService {
             .into_iter()
             .map(|id| Database { id: id.to_string() })
             .collect();
-        Ok(Response::new(ListDatabasesResponse { databases }))
+        Ok(super::request_charge::metadata_response(
+            ListDatabasesResponse { databases },
+        ))
     }
 
     async fn delete_database(
@@ -104,7 +108,9 @@ impl server::Databases for DatabasesService {
         self.catalog
             .run(engine, CatalogChange::DeleteDatabase(request))
             .await?;
-        Ok(Response::new(DeleteDatabaseResponse {}))
+        Ok(super::request_charge::metadata_response(
+            DeleteDatabaseResponse {},
+        ))
     }
 }
 

@@ -13,12 +13,13 @@ use std::mem;
 
 use super::{
     DocumentsService, caller, convert, idempotency, patch,
+    request_charge::{charged, charged_status},
     status::to_status,
     stream::{Grant, PageSource, PageStream},
 };
 use crate::{
     auth::{Action, Target},
-    engine,
+    engine::{self, RequestCharge},
     net::ConnectionInfo,
 };
 
@@ -26,11 +27,13 @@ use crate::{
 /// its answer once the writes it reflects are durable: a client is never told of (or shown) a
 /// change that a crash could take back. One engine serves both steps: a position belongs to
 /// the storage that made it.
+/// With what it cost: a request that reached the data costs at least a lookup, answered or
+/// refused (a missing document, a failed condition, a repeated idempotency key).
 async fn settle<T>(
     engine: &engine::Engine,
     op: impl FnOnce(&engine::Engine) -> engine::Outcome<T>,
-) -> Result<T, Status> {
-    engine.settle(op(engine)).await.map_err(to_status)
+) -> Result<(T, RequestCharge), Status> {
+    settled(engine, op(engine)).await
 }
 
 /// [`settle`] for operations that may take a while (a batch of a hundred documents, a patch
@@ -38,14 +41,25 @@ async fn settle<T>(
 pub(super) async fn settle_blocking<T: Send + 'static>(
     engine: engine::Engine,
     op: impl FnOnce(&engine::Engine) -> engine::Outcome<T> + Send + 'static,
-) -> Result<T, Status> {
+) -> Result<(T, RequestCharge), Status> {
     let outcome = tokio::task::spawn_blocking({
         let engine = engine.clone();
         move || op(&engine)
     })
     .await
     .map_err(|e| Status::internal(format!("document task failed: {e}")))?;
-    engine.settle(outcome).await.map_err(to_status)
+    settled(&engine, outcome).await
+}
+
+async fn settled<T>(
+    engine: &engine::Engine,
+    outcome: engine::Outcome<T>,
+) -> Result<(T, RequestCharge), Status> {
+    let charge = outcome.charge.max(RequestCharge::LOOKUP);
+    match engine.settle(outcome).await {
+        Ok(value) => Ok((value, charge)),
+        Err(e) => Err(charged_status(to_status(e), charge)),
+    }
 }
 
 fn if_match(etag: &str) -> Option<&str> {
@@ -291,9 +305,12 @@ impl PageSource for Feed {
 }
 
 fn feed_message(page: engine::FeedPage) -> ReadFeedPage {
+    let bytes = page.documents.iter().map(|d| d.body.len()).sum();
+    let charge = RequestCharge::page(0, page.documents.len() as u64, bytes);
     ReadFeedPage {
         documents: page.documents.into_iter().map(convert::document).collect(),
         continuation: page.continuation.unwrap_or_default(),
+        request_charge: charge.units(),
     }
 }
 
@@ -324,13 +341,14 @@ impl DocumentsService {
             Target::documents(&database, &collection, partition_key.as_ref()),
             &engine,
         )?;
-        let answer = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, |e| {
             e.keyed(request_key.as_ref())
                 .create_document(&path, body, partition_key)
         })
         .await?;
         let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, convert::document))
+        let response = idempotency::response(keyed, answer, convert::document);
+        Ok(charged(response, charge))
     }
 
     async fn upsert_document_here(
@@ -359,7 +377,7 @@ impl DocumentsService {
             Target::documents(&database, &collection, partition_key.as_ref()),
             &engine,
         )?;
-        let answer = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, |e| {
             e.keyed(request_key.as_ref()).upsert_document(
                 &path,
                 body,
@@ -369,7 +387,7 @@ impl DocumentsService {
         })
         .await?;
         let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, |(outcome, view)| {
+        let response = idempotency::response(keyed, answer, |(outcome, view)| {
             let outcome = match outcome {
                 engine::UpsertOutcome::Created => UpsertOutcome::Created,
                 engine::UpsertOutcome::Replaced => UpsertOutcome::Replaced,
@@ -378,7 +396,8 @@ impl DocumentsService {
                 document: Some(convert::document(view)),
                 outcome: outcome as i32,
             }
-        }))
+        });
+        Ok(charged(response, charge))
     }
 
     async fn replace_document_here(
@@ -408,13 +427,14 @@ impl DocumentsService {
             &engine,
         )?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
-        let answer = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, |e| {
             e.keyed(request_key.as_ref())
                 .replace_document(&path, key, body, if_match(&etag))
         })
         .await?;
         let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, convert::document))
+        let response = idempotency::response(keyed, answer, convert::document);
+        Ok(charged(response, charge))
     }
 
     async fn read_document_here(
@@ -436,8 +456,8 @@ impl DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        let view = settle(&engine, |e| e.read_document(&path, &key)).await?;
-        Ok(Response::new(convert::document(view)))
+        let (view, charge) = settle(&engine, |e| e.read_document(&path, &key)).await?;
+        Ok(charged(Response::new(convert::document(view)), charge))
     }
 
     async fn delete_document_here(
@@ -464,15 +484,14 @@ impl DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        let answer = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, |e| {
             e.keyed(request_key.as_ref())
                 .delete_document(&path, &key, if_match(&etag))
         })
         .await?;
         let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, |()| {
-            DeleteDocumentResponse {}
-        }))
+        let response = idempotency::response(keyed, answer, |()| DeleteDocumentResponse {});
+        Ok(charged(response, charge))
     }
 
     async fn touch_document_here(
@@ -499,13 +518,14 @@ impl DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        let answer = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, |e| {
             e.keyed(request_key.as_ref())
                 .touch_document(&path, &key, if_match(&etag))
         })
         .await?;
         let keyed = request_key.is_some();
-        Ok(idempotency::response(keyed, answer, convert::document))
+        let response = idempotency::response(keyed, answer, convert::document);
+        Ok(charged(response, charge))
     }
 
     async fn patch_document_here(
@@ -542,7 +562,7 @@ impl DocumentsService {
         // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
         // to 9 attempts under contention, the last holding its shard's lock.
         let keyed = request_key.is_some();
-        let answer = settle_blocking(engine, move |e| {
+        let (answer, charge) = settle_blocking(engine, move |e| {
             let patch = (ops.as_slice(), condition.as_deref());
             e.keyed(request_key.as_ref()).patch_document_with(
                 &path,
@@ -559,7 +579,7 @@ impl DocumentsService {
         response
             .metadata_mut()
             .insert(patch::CREATED_HEADER, patch::created_value(created));
-        Ok(response)
+        Ok(charged(response, charge))
     }
 
     async fn execute_batch_here(

@@ -16,6 +16,7 @@ mod idempotency;
 mod patch;
 mod query;
 mod relay;
+mod request_charge;
 mod status;
 mod stream;
 #[cfg(test)]

@@ -262,7 +262,13 @@ impl DocumentsService {
 
 pub(super) fn page_message(page: engine::QueryPage) -> QueryPage {
     let m = page.metrics;
+    let charge = super::request_charge::page(
+        m.index_entries_examined,
+        m.documents_examined,
+        &page.results,
+    );
     QueryPage {
+        request_charge: charge.units(),
         results: page.results,
         continuation: page.continuation.unwrap_or_default(),
         metrics: Some(QueryMetrics {

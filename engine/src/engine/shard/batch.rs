@@ -16,6 +16,7 @@ use crate::engine::{
     idempotency::Answered,
     index::terms::bounded_document_terms,
     patch,
+    request_charge::RequestCharge,
 };
 use serde_json::{Map, Value};
 
@@ -424,6 +425,7 @@ impl Shard {
         }
         // A keyed batch is remembered even if it changed nothing (only reads): the same key
         // with another request is then refused, as for any other.
+        let charge: RequestCharge = changes.iter().map(Change::charge).sum();
         changes.extend(remember);
         let (deadline, settle_at) = if changes.is_empty() {
             (None, seen_at)
@@ -461,7 +463,7 @@ impl Shard {
                 Pending::Deleted => BatchOutput::Deleted,
             })
             .collect();
-        Outcome::new(Ok(outputs), settle_at)
+        Outcome::new(Ok(outputs), settle_at).charged(charge)
     }
 }
 
@@ -547,14 +549,30 @@ impl Optimistic for Batch<'_> {
         let (keys, evaluated) = ready.read;
         let seen_at = ready.seen.seen_at;
         let when = (ready.now, seen_at);
-        shard.commit_batch(
+        let outcome = shard.commit_batch(
             ready.state,
             self.info,
             &keys,
             evaluated,
             when,
             ready.remember,
-        )
+        );
+        // The writes' charge is the commit's; each read costs a point read of what it read.
+        let reads: RequestCharge = match &outcome.result {
+            Ok(outputs) => self
+                .ops
+                .iter()
+                .zip(outputs)
+                .filter(|(op, _)| !op.writes())
+                .map(|(_, output)| match output {
+                    BatchOutput::Document(view) => RequestCharge::point_read(view.body.len()),
+                    _ => RequestCharge::LOOKUP,
+                })
+                .sum(),
+            Err(_) => RequestCharge::ZERO,
+        };
+        let charge = outcome.charge + reads;
+        outcome.charged(charge)
     }
 }
 

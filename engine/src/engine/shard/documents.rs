@@ -7,7 +7,7 @@ use super::optimistic::{Fallback, Keyed, Look, OPTIMISTIC_ATTEMPTS, Optimistic, 
 use super::*;
 use crate::engine::{
     DocumentBody, Engine, PatchOp, PatchOptions, condition::PatchCondition, idempotency::Answered,
-    index::terms::bounded_document_terms, patch,
+    index::terms::bounded_document_terms, patch, request_charge::RequestCharge,
 };
 use serde_json::{Map, Value};
 
@@ -65,6 +65,7 @@ impl Shard {
             index,
             patch,
         }];
+        let charge = changes[0].charge();
         changes.extend(remember);
         let (deadline, lsn) = match st.commit(&*self.store, &changes, &self.metrics, &self.versions)
         {
@@ -80,7 +81,7 @@ impl Shard {
         if owed {
             self.indexer_wake.notify_one();
         }
-        Outcome::new(Ok(view), settle_at)
+        Outcome::new(Ok(view), settle_at).charged(charge)
     }
 
     /// Rewrites a live document with its current body: a write that restarts its TTL clock.
@@ -159,7 +160,12 @@ impl Shard {
         key: &DocKey,
         clock: &dyn Clock,
     ) -> Outcome<DocumentView> {
-        self.judged_read(info, key, clock).within(self.set)
+        let outcome = self.judged_read(info, key, clock).within(self.set);
+        let charge = match &outcome.result {
+            Ok(view) => RequestCharge::point_read(view.body.len()),
+            Err(_) => RequestCharge::LOOKUP,
+        };
+        outcome.charged(charge)
     }
 
     fn judged_read(
@@ -568,6 +574,7 @@ impl Optimistic for Delete<'_> {
             cause: RemoveCause::Deleted,
             terms: ready.read,
         }];
+        let charge = changes[0].charge();
         changes.extend(ready.remember.take());
         match st.commit(&*shard.store, &changes, &shard.metrics, &shard.versions) {
             Ok((_, lsn)) => {
@@ -576,6 +583,7 @@ impl Optimistic for Delete<'_> {
                     Ok(()),
                     lsn.max(st.collections[&self.at.info.uid].settings_lsn),
                 )
+                .charged(charge)
             }
             Err(e) => Outcome::failed(e),
         }

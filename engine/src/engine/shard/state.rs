@@ -4,7 +4,11 @@
 #[allow(clippy::wildcard_imports, reason = "the shard module's vocabulary")]
 use super::*;
 use super::{log_appends::LogAppends, purge_batch::mark_due};
-use crate::engine::{change_feed::ChangeOp, feed::FeedScope};
+use crate::engine::{
+    change_feed::ChangeOp,
+    feed::FeedScope,
+    request_charge::{RequestCharge, changed_terms},
+};
 use std::collections::HashSet;
 
 #[derive(Debug)]
@@ -176,6 +180,39 @@ pub(in crate::engine) enum Change {
         scope: DocKey,
         record: RequestRecord,
     },
+}
+
+impl Change {
+    /// What this change costs the client whose request made it (see [`RequestCharge`]): a
+    /// touch (same body, same entries) less than a rewrite; a lazy collection's write without
+    /// the terms its indexer writes later; the purge's and the indexer's changes nothing.
+    pub(in crate::engine) fn charge(&self) -> RequestCharge {
+        match self {
+            Change::Put { record, index, .. } => {
+                let bytes = record.body.len();
+                match index {
+                    IndexChange::Unchanged => RequestCharge::touch(bytes),
+                    IndexChange::Owed => RequestCharge::write(bytes, 0),
+                    IndexChange::Replace(old, new) => {
+                        RequestCharge::write(bytes, changed_terms(old, new))
+                    }
+                }
+            }
+            Change::Remove {
+                cause: RemoveCause::Deleted,
+                terms,
+                ..
+            } => RequestCharge::delete(terms.len()),
+            Change::Remove {
+                cause: RemoveCause::Expired { .. },
+                ..
+            }
+            | Change::Expire { .. }
+            | Change::Index { .. }
+            | Change::KeepFloor
+            | Change::Remember { .. } => RequestCharge::ZERO,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
