@@ -41,6 +41,7 @@ impl Continued for QueryPage {
     fn extend(&mut self, next: Self) {
         self.results.extend(next.results);
         self.continuation = next.continuation;
+        self.request_charge = sum_charges(self.request_charge, next.request_charge);
         let m = self.metrics.get_or_insert_with(QueryMetrics::default);
         if let Some(n) = next.metrics {
             m.documents_examined += n.documents_examined;
@@ -66,7 +67,14 @@ impl Continued for ReadFeedPage {
     fn extend(&mut self, next: Self) {
         self.documents.extend(next.documents);
         self.continuation = next.continuation;
+        self.request_charge = sum_charges(self.request_charge, next.request_charge);
     }
+}
+
+/// Two pages' charges (each in units with two decimals), summed to two decimals: a page
+/// filled from the next node's costs what both nodes' work cost.
+fn sum_charges(a: f64, b: f64) -> f64 {
+    ((a + b) * 100.0).round() / 100.0
 }
 
 /// The pages from `token` on, `page_size` at most each, from `hop(token, size)`: the pages, of
