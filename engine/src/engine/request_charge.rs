@@ -30,6 +30,15 @@ impl RequestCharge {
         RequestCharge(hundredths)
     }
 
+    /// From request units as the wire carries them (two decimals); anything but a finite,
+    /// non-negative number is nothing.
+    pub fn from_units(units: f64) -> Self {
+        match units.is_finite() && units >= 0.0 {
+            true => RequestCharge((units * 100.0).round() as u64),
+            false => RequestCharge::ZERO,
+        }
+    }
+
     /// In hundredths of a unit.
     pub const fn hundredths(self) -> u64 {
         self.0
@@ -188,6 +197,12 @@ mod tests {
         assert_eq!(total.to_string(), "17.13");
         assert_eq!(total.units(), 17.13);
         assert_eq!(RequestCharge::from_hundredths(5).to_string(), "0.05");
+        assert_eq!(
+            RequestCharge::from_units(5.71),
+            RequestCharge::from_hundredths(571)
+        );
+        assert_eq!(RequestCharge::from_units(f64::NAN), RequestCharge::ZERO);
+        assert_eq!(RequestCharge::from_units(-1.0), RequestCharge::ZERO);
     }
 
     #[test]

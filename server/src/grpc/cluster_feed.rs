@@ -161,13 +161,13 @@ async fn merged(
         let message = first.ok_or_else(|| Status::unavailable("a node's change feed ended"))??;
         moved(&engine, &mut at, &message)?;
         events.extend(message.events);
-        charge += message.request_charge;
+        charge = super::request_charge::sum_units(charge, message.request_charge);
     }
     let first = ChangeFeedResponse {
         events,
         continuation: engine.change_feed_token(&at),
-        // Each node's first batch's charge, summed (to two decimals, as each was given).
-        request_charge: (charge * 100.0).round() / 100.0,
+        // Each node's first batch's charge, summed.
+        request_charge: charge,
     };
     let (messages, out) = tokio::sync::mpsc::channel(1);
     tokio::spawn(async move {

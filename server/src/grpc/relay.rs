@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use mayfly_proto::v1::{QueryMetrics, QueryPage, ReadFeedPage};
 use tonic::Status;
 
-use super::stream::PageStream;
+use super::{request_charge::sum_units, stream::PageStream};
 
 /// How long filling a page cut short by a handoff may take, as a node's own page ends on time
 /// (`PAGE_TIME_LIMIT`): past it, the page is sent as it is.
@@ -41,7 +41,7 @@ impl Continued for QueryPage {
     fn extend(&mut self, next: Self) {
         self.results.extend(next.results);
         self.continuation = next.continuation;
-        self.request_charge = sum_charges(self.request_charge, next.request_charge);
+        self.request_charge = sum_units(self.request_charge, next.request_charge);
         let m = self.metrics.get_or_insert_with(QueryMetrics::default);
         if let Some(n) = next.metrics {
             m.documents_examined += n.documents_examined;
@@ -67,14 +67,8 @@ impl Continued for ReadFeedPage {
     fn extend(&mut self, next: Self) {
         self.documents.extend(next.documents);
         self.continuation = next.continuation;
-        self.request_charge = sum_charges(self.request_charge, next.request_charge);
+        self.request_charge = sum_units(self.request_charge, next.request_charge);
     }
-}
-
-/// Two pages' charges (each in units with two decimals), summed to two decimals: a page
-/// filled from the next node's costs what both nodes' work cost.
-fn sum_charges(a: f64, b: f64) -> f64 {
-    ((a + b) * 100.0).round() / 100.0
 }
 
 /// The pages from `token` on, `page_size` at most each, from `hop(token, size)`: the pages, of

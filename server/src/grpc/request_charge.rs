@@ -43,3 +43,9 @@ pub(super) fn page(
 pub(super) fn metadata_response<T>(message: T) -> Response<T> {
     charged(Response::new(message), RequestCharge::metadata())
 }
+
+/// Two charges as the wire carries them (units, two decimals), summed exactly: a page or a
+/// change feed batch put together from several nodes' costs what each part cost.
+pub(super) fn sum_units(a: f64, b: f64) -> f64 {
+    (RequestCharge::from_units(a) + RequestCharge::from_units(b)).units()
+}
