@@ -405,6 +405,7 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
             indexing_paths: None,
             must_live: None,
             change_feed_retention: args.feed_retention,
+            throughput: None,
         })
         .await?;
     Ok(collection)

@@ -16,7 +16,8 @@ use tonic::{
 use crate::{
     PartitionKey,
     collection::{
-        Collection, CollectionInfo, IndexingMode, IndexingPaths, MustLiveRule, wire_retention,
+        Collection, CollectionInfo, IndexingMode, IndexingPaths, MustLiveRule, Throughput,
+        wire_retention,
     },
     error::{Error, ErrorDetails, Reason},
     retry::RetryPolicy,
@@ -611,6 +612,7 @@ impl Client {
     {
         let settings = &*self.settings;
         let mut attempt = 1;
+        let (mut throttled, mut waited) = (0, Duration::ZERO);
         loop {
             let outcome = match settings.request_timeout {
                 Some(limit) => match tokio::time::timeout(limit, send()).await {
@@ -633,6 +635,15 @@ impl Client {
                 if matches!(e, Error::Connect { .. }) && router.pause() {
                     continue;
                 }
+            }
+            if let Err(e) = &outcome
+                && let Some(delay) = settings.retry.throttled_delay(e, throttled, waited)
+            {
+                // Throttled: nothing was applied; sent again after the server's delay.
+                tokio::time::sleep(delay).await;
+                throttled += 1;
+                waited += delay;
+                continue;
             }
             match outcome {
                 Ok(response) => return Ok(response),
@@ -942,6 +953,7 @@ impl Database {
             indexing_paths: None,
             must_live: Vec::new(),
             change_feed_retention: None,
+            throughput: None,
         }
     }
 
@@ -1041,9 +1053,31 @@ pub struct CreateCollection<'a> {
     indexing_paths: Option<IndexingPaths>,
     must_live: Vec<MustLiveRule>,
     change_feed_retention: Option<Duration>,
+    throughput: Option<Throughput>,
 }
 
 impl CreateCollection<'_> {
+    /// What the collection may spend per second, in request units (Cosmos DB's
+    /// `OfferThroughput`; unlimited if not called). A request past it is throttled
+    /// ([`Reason::RequestRateTooLarge`](crate::Reason::RequestRateTooLarge)), which the client
+    /// retries after the server's delay ([`RetryPolicy::throttle_retries`](crate::RetryPolicy::throttle_retries)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// # let db = client.create_database("app").await?;
+    /// use mayfly_client::Throughput;
+    /// let sessions = db.create_collection("sessions", "/user").throughput(Throughput::Manual(20_000)).await?;
+    /// assert_eq!(sessions.info().await?.throughput, Some(Throughput::Manual(20_000)));
+    /// # Ok(()) }
+    /// ```
+    pub fn throughput(mut self, throughput: Throughput) -> Self {
+        self.throughput = Some(throughput);
+        self
+    }
+
     /// How long the collection's change feed keeps events (whole seconds, up to 30 days; a day
     /// if not called). `Duration::ZERO`: the collection keeps no change feed, and its writes
     /// skip the cost of one.
@@ -1162,8 +1196,10 @@ impl<'a> IntoFuture for CreateCollection<'a> {
                 indexing_paths,
                 must_live,
                 change_feed_retention,
+                throughput,
             } = self;
             let request = CreateCollectionProto {
+                throughput: throughput.map(Throughput::to_wire),
                 change_feed_retention: change_feed_retention.map(wire_retention),
                 database: database.id.clone(),
                 id: id.clone(),

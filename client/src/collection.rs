@@ -177,6 +177,45 @@ pub struct CollectionInfo {
     pub must_live: Vec<MustLiveRule>,
     /// How long the change feed keeps events (zero: the collection keeps no feed).
     pub change_feed_retention: Duration,
+    /// What it may spend per second, if provisioned.
+    pub throughput: Option<Throughput>,
+}
+
+/// A provisioned throughput, in request units per second (README, "Request units"), as
+/// Cosmos DB has them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Throughput {
+    /// This many RU/s every second: at least 400, in steps of 100.
+    Manual(u32),
+    /// Between a tenth of `max` and all of it, as used: `max` at least 1,000, in steps of
+    /// 1,000.
+    Autoscale { max: u32 },
+}
+
+impl Throughput {
+    pub(crate) fn to_wire(self) -> v1::Throughput {
+        match self {
+            Throughput::Manual(ru) => v1::Throughput {
+                manual: Some(f64::from(ru)),
+                autoscale_max: None,
+            },
+            Throughput::Autoscale { max } => v1::Throughput {
+                manual: None,
+                autoscale_max: Some(f64::from(max)),
+            },
+        }
+    }
+
+    fn from_wire(t: v1::Throughput) -> Option<Self> {
+        // The server sends whole numbers within u32.
+        let whole =
+            |v: f64| (v.is_finite() && v >= 0.0 && v <= f64::from(u32::MAX)).then_some(v as u32);
+        match (t.manual, t.autoscale_max) {
+            (Some(ru), _) => whole(ru).map(Throughput::Manual),
+            (None, Some(max)) => whole(max).map(|max| Throughput::Autoscale { max }),
+            (None, None) => None,
+        }
+    }
 }
 
 impl CollectionInfo {
@@ -191,9 +230,11 @@ impl CollectionInfo {
             index_complete,
             must_live,
             change_feed_retention,
+            throughput,
         } = c;
         let paths = indexing_paths.unwrap_or_default();
         CollectionInfo {
+            throughput: throughput.and_then(Throughput::from_wire),
             indexing_paths: IndexingPaths {
                 included: paths.included_paths,
                 excluded: paths.excluded_paths,

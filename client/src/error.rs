@@ -83,6 +83,8 @@ pub struct ErrorDetails {
     operation_index: Option<usize>,
     /// What the failed request cost, in hundredths of a request unit.
     request_charge: u64,
+    /// How long the server asked the client to wait before sending it again.
+    retry_after: Option<Duration>,
 }
 
 /// The `x-request-charge` header of an answer, in hundredths of a request unit (0 where it is
@@ -104,7 +106,14 @@ impl ErrorDetails {
             reason,
             operation_index: None,
             request_charge: 0,
+            retry_after: None,
         }
+    }
+
+    /// How long the server asked to wait before the request is sent again (a throttled
+    /// request's delay, `google.rpc.RetryInfo`), if it said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
     }
 
     /// What the failed request cost, in request units: a request that reached the data
@@ -468,6 +477,13 @@ reasons! {
     /// The server remembers as many idempotency keys as it may; nothing was applied, and the
     /// request may be sent again later (status `RESOURCE_EXHAUSTED`).
     IdempotencyKeysFull = "IDEMPOTENCY_KEYS_FULL",
+    /// The collection spent the throughput it is provisioned for now (Cosmos DB's 429); nothing
+    /// was applied, and the client sends the request again after the server's delay
+    /// ([`ErrorDetails::retry_after`]; see [`RetryPolicy::throttle_retries`](crate::RetryPolicy::throttle_retries);
+    /// status `RESOURCE_EXHAUSTED`).
+    RequestRateTooLarge = "REQUEST_RATE_TOO_LARGE",
+    /// A provisioned throughput out of its bounds (status `INVALID_ARGUMENT`).
+    InvalidThroughput = "INVALID_THROUGHPUT",
     /// Cluster mode: the node does not serve the partition now (it moved, or its owner's lease
     /// lapsed; status `UNAVAILABLE`, retried by the SDK's policy).
     NotOwner = "NOT_OWNER",
@@ -790,6 +806,10 @@ impl Error {
             reason,
             operation_index,
             request_charge: charge_of(status.metadata()),
+            retry_after: status
+                .get_error_details()
+                .retry_info()
+                .and_then(|r| r.retry_delay),
         };
         match status.code() {
             Code::NotFound => match details.reason {

@@ -43,6 +43,8 @@ pub struct RetryPolicy {
     base_delay: Duration,
     max_delay: Duration,
     retry_writes: bool,
+    throttle_retries: u32,
+    throttle_wait: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -52,6 +54,8 @@ impl Default for RetryPolicy {
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(2),
             retry_writes: false,
+            throttle_retries: 9,
+            throttle_wait: Duration::from_secs(30),
         }
     }
 }
@@ -116,6 +120,45 @@ impl RetryPolicy {
     pub fn retry_writes(mut self, retry: bool) -> Self {
         self.retry_writes = retry;
         self
+    }
+
+    /// How often a request throttled by its collection's provisioned throughput
+    /// ([`Reason::RequestRateTooLarge`](crate::Reason::RequestRateTooLarge): nothing was
+    /// applied) is sent again, each after the delay the server gave, within `max_wait` of
+    /// waiting in all (Cosmos DB's defaults: 9 and 30 s). These retries come on top of
+    /// [`max_attempts`](Self::max_attempts), and apply to every request, writes included: a
+    /// throttled write was not applied. `throttle_retries(0, ..)` hands every throttled
+    /// request to the caller.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mayfly_client::RetryPolicy;
+    /// let patient = RetryPolicy::default().throttle_retries(20, Duration::from_secs(60));
+    /// let mine = RetryPolicy::default().throttle_retries(0, Duration::ZERO);
+    /// ```
+    pub fn throttle_retries(mut self, retries: u32, max_wait: Duration) -> Self {
+        self.throttle_retries = retries;
+        self.throttle_wait = max_wait;
+        self
+    }
+
+    /// The wait before throttled request `error` is sent again, after `retried` throttled
+    /// retries that waited `waited` in all; `None` once the policy's retries or wait are
+    /// spent, or when `error` is not a throttled request.
+    pub(crate) fn throttled_delay(
+        &self,
+        error: &Error,
+        retried: u32,
+        waited: Duration,
+    ) -> Option<Duration> {
+        let Error::ResourceExhausted(details) = error else {
+            return None;
+        };
+        if details.reason() != Some(&crate::Reason::RequestRateTooLarge) {
+            return None;
+        }
+        let delay = details.retry_after().unwrap_or(self.base_delay);
+        (retried < self.throttle_retries && waited + delay <= self.throttle_wait).then_some(delay)
     }
 
     /// Whether attempt number `attempt` (from 1), which failed with `error`, is followed by

@@ -563,6 +563,7 @@ async fn requests_the_typed_client_cannot_make_on(s: &Setup) {
             indexing_paths: None,
             must_live: None,
             change_feed_retention: None,
+            throughput: None,
         })
         .await
         .expect_err("unknown enum value");

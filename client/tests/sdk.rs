@@ -1038,3 +1038,111 @@ async fn every_answer_says_what_it_cost_on(client: &Client) {
     let first = feed.next_page().await.expect("page").expect("a page");
     assert!(first.request_charge > 2.5, "{}", first.request_charge);
 }
+
+/// Provisioned throughput (README, "Request units"): a collection created with 400 RU/s
+/// admits its burst and then refuses `RESOURCE_EXHAUSTED` / `REQUEST_RATE_TOO_LARGE` with
+/// the server's delay, charging nothing and changing nothing; an unlimited collection on the
+/// same server is not held back; the client's default policy retries throttled writes after
+/// the delay until they are all applied; throughput out of bounds is refused naming its field.
+#[tokio::test]
+async fn a_collection_is_held_to_its_provisioned_throughput() {
+    let (server, client) = start().await;
+    let db = client.create_database("db").await.expect("db");
+    let limited = db
+        .create_collection("limited", "/pk")
+        .throughput(mayfly_client::Throughput::Manual(400))
+        .await
+        .expect("collection");
+    let free = db
+        .create_collection("free", "/pk")
+        .await
+        .expect("collection");
+    assert_eq!(
+        limited.info().await.expect("info").throughput,
+        Some(mayfly_client::Throughput::Manual(400))
+    );
+    assert_eq!(free.info().await.expect("info").throughput, None);
+
+    // A client that hands throttled requests back.
+    let raw = Client::builder(server.local_addr().to_string())
+        .retry(mayfly_client::RetryPolicy::none().throttle_retries(0, Duration::ZERO))
+        .connect()
+        .await
+        .expect("client");
+    let raw_db = raw.database("db");
+    let (raw_limited, raw_free) = (raw_db.collection("limited"), raw_db.collection("free"));
+    let doc = |id: String| json!({"id": id, "pk": "p", "n": 1});
+    let mut refused = None;
+    for i in 0..1_000 {
+        match raw_limited.create(&doc(format!("d{i}"))).await {
+            Ok(_) => {}
+            Err(e) => {
+                refused = Some((i, e));
+                break;
+            }
+        }
+    }
+    let (i, e) = refused.expect("400 RU/s is spent within 1,000 writes sent back to back");
+    assert!(i >= 10, "the burst (80 RU) admits a few writes first: {i}");
+    let Error::ResourceExhausted(details) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(details.reason(), Some(&Reason::RequestRateTooLarge));
+    let delay = details.retry_after().expect("a retry delay");
+    assert!(
+        delay > Duration::ZERO && delay <= Duration::from_secs(1),
+        "{delay:?}"
+    );
+    assert_eq!(details.request_charge(), 0.0);
+    assert!(details.message().contains("400 request units per second"));
+    assert!(
+        limited
+            .read(&format!("d{i}"), "p")
+            .await
+            .expect("read")
+            .is_none(),
+        "a throttled write changed nothing"
+    );
+    // The unlimited collection is not held back by the other's budget.
+    for i in 0..50 {
+        raw_free
+            .create(&doc(format!("f{i}")))
+            .await
+            .expect("unlimited");
+    }
+
+    // The default policy waits out the throttling: every write is applied.
+    for i in 0..60 {
+        limited
+            .create(&doc(format!("r{i}")))
+            .await
+            .expect("retried until admitted");
+    }
+    let mut results = limited
+        .query::<serde_json::Value>("SELECT VALUE COUNT(1) FROM c WHERE STARTSWITH(c.id, 'r')")
+        .await
+        .expect("query");
+    let page = results.next_page().await.expect("page").expect("a page");
+    assert_eq!(page.results, [json!(60)]);
+
+    for (throughput, field) in [
+        (mayfly_client::Throughput::Manual(450), "throughput.manual"),
+        (mayfly_client::Throughput::Manual(0), "throughput.manual"),
+        (
+            mayfly_client::Throughput::Autoscale { max: 500 },
+            "throughput.autoscale_max",
+        ),
+    ] {
+        match db
+            .create_collection("bad", "/pk")
+            .throughput(throughput)
+            .await
+        {
+            Err(Error::InvalidArgument(d)) => {
+                assert_eq!(d.reason(), Some(&Reason::InvalidThroughput));
+                assert!(d.message().contains(field), "{}", d.message());
+            }
+            other => panic!("{throughput:?}: {other:?}"),
+        }
+    }
+}

@@ -25,6 +25,7 @@ mod metrics_http;
 mod nats_sync_check;
 pub mod net;
 mod server;
+mod throughput_limit;
 
 /// The engine, its domain model and its storage: the `mayfly-engine` crate, under the paths
 /// the server has always used.

@@ -71,6 +71,7 @@ impl Clients {
                 indexing_paths: None,
                 must_live: None,
                 change_feed_retention: None,
+                throughput: None,
             })
             .await
             .unwrap_or_else(|e| panic!("create collection {database}/{id}: {e:?}"))

@@ -118,6 +118,7 @@ impl Clients {
                 indexing_paths: None,
                 must_live: None,
                 change_feed_retention: None,
+                throughput: None,
             })
             .await
             .expect("create collection");

@@ -96,6 +96,15 @@ pub enum Error {
     /// The shard remembers as many idempotency keys as it may; nothing was changed, and the
     /// request may be retried after `retry_after_ms`, when the oldest key is forgotten.
     KeysFull { max: usize, retry_after_ms: Millis },
+    /// The collection (or its database, whose throughput it shares) spent what it is
+    /// provisioned for now; nothing was changed, and the request may be retried after
+    /// `retry_after_ms`. Decided at the edge, before the engine is asked anything.
+    RequestRateTooLarge {
+        /// "collection db/c" or "database db".
+        budget: String,
+        limit: u32,
+        retry_after_ms: Millis,
+    },
     /// The collection keeps no change feed (its `change_feed_retention` is 0).
     NoChangeFeed {
         database: String,
@@ -214,6 +223,14 @@ impl fmt::Display for Error {
                 "the request with idempotency key '{}' was applied at {}, and its answer is no longer kept (the server restarted since, or newer answers took its place); nothing was changed now: read the documents for their current state",
                 Echo(key),
                 Rfc3339(*applied_at)
+            ),
+            Error::RequestRateTooLarge {
+                budget,
+                limit,
+                retry_after_ms,
+            } => write!(
+                f,
+                "the {budget} is provisioned {limit} request units per second and has spent them; retry in {retry_after_ms} ms, or raise its throughput"
             ),
             Error::KeysFull { max, retry_after_ms } => write!(
                 f,

@@ -520,7 +520,9 @@ impl Engine {
                 change
                     .change_feed_retention
                     .unwrap_or(current.settings.change_feed_retention()),
-            );
+            )
+            // A settings replace keeps the throughput (replaced on its own).
+            .with_throughput(current.settings.throughput());
         let index_paths = change
             .index_paths
             .unwrap_or_else(|| current.index_paths.clone());

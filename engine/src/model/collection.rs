@@ -8,6 +8,7 @@ use super::{
     invalid::InvalidInput,
     must_live::MustLive,
     partition_key::PartitionKeyPath,
+    throughput::Throughput,
     ttl::{DefaultTtl, ExpiredThrough, Rules},
 };
 
@@ -86,6 +87,8 @@ pub struct CollectionSettings {
     change_feed_retention: FeedRetention,
     /// When the change feed was last turned on (0: with the collection).
     change_feed_since: u64,
+    /// What it may spend per second (`None`: unlimited, or its database's if shared).
+    throughput: Option<Throughput>,
 }
 
 impl CollectionSettings {
@@ -99,6 +102,7 @@ impl CollectionSettings {
             indexing_mode,
             change_feed_retention: FeedRetention::DEFAULT,
             change_feed_since: 0,
+            throughput: None,
         })
     }
 
@@ -123,6 +127,16 @@ impl CollectionSettings {
             change_feed_since: at,
             ..self
         }
+    }
+
+    /// The same settings with another provisioned throughput (`None`: unlimited).
+    pub fn with_throughput(self, throughput: Option<Throughput>) -> Self {
+        CollectionSettings { throughput, ..self }
+    }
+
+    /// What the collection may spend per second, if provisioned.
+    pub fn throughput(&self) -> Option<Throughput> {
+        self.throughput
     }
 
     /// When the change feed was last turned on (0: with the collection).

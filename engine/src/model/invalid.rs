@@ -19,6 +19,12 @@ pub enum InvalidInput {
     TtlWithoutIndex,
     /// A change feed retention out of range.
     FeedRetention { raw: i64 },
+    /// A provisioned throughput (field `field`) breaking `rule`.
+    Throughput {
+        field: &'static str,
+        value: String,
+        rule: String,
+    },
     /// A count of feed ranges out of range.
     FeedRangeCount { asked: usize, max: usize },
     /// A feed range that no split of this server made.
@@ -128,6 +134,10 @@ impl fmt::Display for InvalidInput {
                 f,
                 "change_feed_retention {raw} is out of range: give seconds from 0 (no change feed) to {} (30 days)",
                 super::collection::FeedRetention::MAX_SECS
+            ),
+            InvalidInput::Throughput { field, value, rule } => write!(
+                f,
+                "{field} {value} is not a throughput this server provisions: give {rule}"
             ),
             InvalidInput::FeedRangeCount { asked, max } => write!(
                 f,

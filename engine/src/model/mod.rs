@@ -10,6 +10,7 @@ mod index_paths;
 mod invalid;
 mod must_live;
 pub(crate) mod partition_key;
+mod throughput;
 pub(crate) mod ttl;
 
 pub use collection::{
@@ -25,6 +26,9 @@ pub use must_live::{
     MAX_MUST_LIVE_BYTES, MAX_MUST_LIVE_RULES, MAX_MUST_LIVE_VALUES, MustLive, MustLiveRule,
 };
 pub use partition_key::{MAX_PARTITION_KEY_BYTES, PartitionKeyPath, PartitionKeyValue};
+pub use throughput::{
+    MAX_THROUGHPUT, MIN_AUTOSCALE_MAX_THROUGHPUT, MIN_MANUAL_THROUGHPUT, Throughput,
+};
 pub use ttl::{DefaultTtl, DocumentTtl, ExpiredThrough, MAX_TTL_SECONDS, Rules, TtlSeconds};
 
 /// Unix epoch milliseconds.

@@ -66,11 +66,12 @@ impl DocumentsService {
         // allowed to read only cannot fill the server's table of keys).
         let request_key = request_key.filter(|_| writes);
         let keyed = request_key.is_some();
-        let (answer, charge) = settle_blocking(engine, move |e| {
-            e.keyed(request_key.as_ref())
-                .execute_batch(&path, partition_key, &ops)
-        })
-        .await?;
+        let (answer, charge) =
+            settle_blocking(engine.clone(), self.admit(&engine, &path)?, move |e| {
+                e.keyed(request_key.as_ref())
+                    .execute_batch(&path, partition_key, &ops)
+            })
+            .await?;
         let response = idempotency::response(keyed, answer, |outputs| ExecuteBatchResponse {
             results: outputs.into_iter().map(result).collect(),
             request_charge: charge.units(),

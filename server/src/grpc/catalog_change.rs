@@ -134,6 +134,7 @@ impl CatalogChange {
                 indexing_paths,
                 must_live,
                 change_feed_retention,
+                throughput,
             }) => {
                 // Checked in the order a single node always checked them: which status a
                 // request with several faults gets does not change.
@@ -153,7 +154,8 @@ impl CatalogChange {
                     mode,
                 )
                 .map_err(to_status)?
-                .with_change_feed_retention(retention);
+                .with_change_feed_retention(retention)
+                .with_throughput(convert::throughput(throughput).map_err(to_status)?);
                 Planned::CreateCollection {
                     database,
                     id,

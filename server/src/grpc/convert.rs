@@ -14,6 +14,7 @@ use crate::engine::{
     DocumentView, FeedScope, IdKind, IndexPaths, IndexingMode, InvalidInput, MAX_DEPTH,
     MAX_DOCUMENT_BYTES, Millis, MustLive, MustLiveRule, PartitionKeyValue, ResourceId,
 };
+use crate::model::Throughput;
 use crate::storage::DocKey;
 
 /// The id of a database to create: every rule of today applies.
@@ -260,6 +261,7 @@ pub(crate) fn collection(info: &CollectionInfo) -> v1::Collection {
         partition_key_path: partition_key_path.to_string(),
         default_ttl: settings.default_ttl().to_raw(),
         change_feed_retention: i64::from(settings.change_feed_retention().secs()),
+        throughput: settings.throughput().map(throughput_proto),
         indexing_mode: match settings.indexing_mode() {
             IndexingMode::Consistent => v1::IndexingMode::Consistent,
             IndexingMode::Lazy => v1::IndexingMode::Lazy,
@@ -321,4 +323,37 @@ pub(crate) fn index_paths(
     paths
         .map(|p| IndexPaths::new(&p.included_paths, &p.excluded_paths).map(std::sync::Arc::new))
         .transpose()
+}
+
+/// A provisioned throughput from a request: absent (unlimited), or exactly one of manual and
+/// autoscale, each within its bounds.
+pub(crate) fn throughput(
+    given: Option<v1::Throughput>,
+) -> Result<Option<Throughput>, InvalidInput> {
+    let Some(given) = given else {
+        return Ok(None);
+    };
+    match (given.manual, given.autoscale_max) {
+        (Some(ru), None) => Throughput::manual("throughput.manual", ru).map(Some),
+        (None, Some(max)) => Throughput::autoscale("throughput.autoscale_max", max).map(Some),
+        (manual, autoscale) => Err(InvalidInput::Throughput {
+            field: "throughput",
+            value: format!("{{manual: {manual:?}, autoscale_max: {autoscale:?}}}"),
+            rule: "exactly one of manual and autoscale_max".into(),
+        }),
+    }
+}
+
+/// A provisioned throughput as clients read it.
+pub(crate) fn throughput_proto(throughput: Throughput) -> v1::Throughput {
+    match throughput {
+        Throughput::Manual { ru_per_second } => v1::Throughput {
+            manual: Some(f64::from(ru_per_second)),
+            autoscale_max: None,
+        },
+        Throughput::Autoscale { max_ru_per_second } => v1::Throughput {
+            manual: None,
+            autoscale_max: Some(f64::from(max_ru_per_second)),
+        },
+    }
 }

@@ -21,6 +21,7 @@ use crate::{
     auth::{Action, Target},
     engine::{self, RequestCharge},
     net::ConnectionInfo,
+    throughput_limit::Admitted,
 };
 
 /// Runs `op` on `engine`, the one the request took (and was authorized against), and releases
@@ -29,17 +30,20 @@ use crate::{
 /// the storage that made it.
 /// With what it cost: a request that reached the data costs at least a lookup, answered or
 /// refused (a missing document, a failed condition, a repeated idempotency key).
+/// `admitted`: the collection's budget it was admitted by, charged what it cost.
 async fn settle<T>(
     engine: &engine::Engine,
+    admitted: Option<Admitted>,
     op: impl FnOnce(&engine::Engine) -> engine::Outcome<T>,
 ) -> Result<(T, RequestCharge), Status> {
-    settled(engine, op(engine)).await
+    settled(engine, admitted, op(engine)).await
 }
 
 /// [`settle`] for operations that may take a while (a batch of a hundred documents, a patch
 /// re-applied under contention): run off the async workers.
 pub(super) async fn settle_blocking<T: Send + 'static>(
     engine: engine::Engine,
+    admitted: Option<Admitted>,
     op: impl FnOnce(&engine::Engine) -> engine::Outcome<T> + Send + 'static,
 ) -> Result<(T, RequestCharge), Status> {
     let outcome = tokio::task::spawn_blocking({
@@ -48,14 +52,18 @@ pub(super) async fn settle_blocking<T: Send + 'static>(
     })
     .await
     .map_err(|e| Status::internal(format!("document task failed: {e}")))?;
-    settled(&engine, outcome).await
+    settled(&engine, admitted, outcome).await
 }
 
 async fn settled<T>(
     engine: &engine::Engine,
+    admitted: Option<Admitted>,
     outcome: engine::Outcome<T>,
 ) -> Result<(T, RequestCharge), Status> {
     let charge = outcome.charge.max(RequestCharge::LOOKUP);
+    if let Some(admitted) = admitted {
+        admitted.charge_now(charge);
+    }
     match engine.settle(outcome).await {
         Ok(value) => Ok((value, charge)),
         Err(e) => Err(charged_status(to_status(e), charge)),
@@ -341,7 +349,7 @@ impl DocumentsService {
             Target::documents(&database, &collection, partition_key.as_ref()),
             &engine,
         )?;
-        let (answer, charge) = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, self.admit(&engine, &path)?, |e| {
             e.keyed(request_key.as_ref())
                 .create_document(&path, body, partition_key)
         })
@@ -377,7 +385,7 @@ impl DocumentsService {
             Target::documents(&database, &collection, partition_key.as_ref()),
             &engine,
         )?;
-        let (answer, charge) = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, self.admit(&engine, &path)?, |e| {
             e.keyed(request_key.as_ref()).upsert_document(
                 &path,
                 body,
@@ -427,7 +435,7 @@ impl DocumentsService {
             &engine,
         )?;
         let body = convert::document_body(body, ttl).map_err(to_status)?;
-        let (answer, charge) = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, self.admit(&engine, &path)?, |e| {
             e.keyed(request_key.as_ref())
                 .replace_document(&path, key, body, if_match(&etag))
         })
@@ -456,7 +464,10 @@ impl DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        let (view, charge) = settle(&engine, |e| e.read_document(&path, &key)).await?;
+        let (view, charge) = settle(&engine, self.admit(&engine, &path)?, |e| {
+            e.read_document(&path, &key)
+        })
+        .await?;
         Ok(charged(Response::new(convert::document(view)), charge))
     }
 
@@ -484,7 +495,7 @@ impl DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        let (answer, charge) = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, self.admit(&engine, &path)?, |e| {
             e.keyed(request_key.as_ref())
                 .delete_document(&path, &key, if_match(&etag))
         })
@@ -518,7 +529,7 @@ impl DocumentsService {
             Target::documents(&database, &collection, Some(&key.partition_key)),
             &engine,
         )?;
-        let (answer, charge) = settle(&engine, |e| {
+        let (answer, charge) = settle(&engine, self.admit(&engine, &path)?, |e| {
             e.keyed(request_key.as_ref())
                 .touch_document(&path, &key, if_match(&etag))
         })
@@ -562,17 +573,18 @@ impl DocumentsService {
         // Off the async workers: a patch re-encodes its document (up to 2 MiB) on each of up
         // to 9 attempts under contention, the last holding its shard's lock.
         let keyed = request_key.is_some();
-        let (answer, charge) = settle_blocking(engine, move |e| {
-            let patch = (ops.as_slice(), condition.as_deref());
-            e.keyed(request_key.as_ref()).patch_document_with(
-                &path,
-                &key,
-                patch,
-                if_match(&etag),
-                &options,
-            )
-        })
-        .await?;
+        let (answer, charge) =
+            settle_blocking(engine.clone(), self.admit(&engine, &path)?, move |e| {
+                let patch = (ops.as_slice(), condition.as_deref());
+                e.keyed(request_key.as_ref()).patch_document_with(
+                    &path,
+                    &key,
+                    patch,
+                    if_match(&etag),
+                    &options,
+                )
+            })
+            .await?;
         let created = answer.value.1;
         let mut response =
             idempotency::response(keyed, answer, |(view, _)| convert::document(view));

@@ -21,6 +21,7 @@ mod status;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod throughput;
 
 pub use admin::AdminService;
 pub use catalog_change::{CatalogAnswer, CatalogChange, CatalogRoute};
@@ -63,6 +64,8 @@ pub struct DocumentsService {
     pub(super) blocking_pages: Arc<tokio::sync::Semaphore>,
     /// In a cluster: sends requests for other nodes' partitions on to them.
     pub(super) forwarder: Option<forward::Forwarder>,
+    /// The collections' provisioned throughput budgets.
+    pub(super) limiter: Arc<crate::throughput_limit::Limiter<crate::model::CollectionUid>>,
 }
 
 /// How many change feed pages run on blocking threads at once: enough to keep the cores and
@@ -89,6 +92,7 @@ impl DocumentsService {
             feed_streams: Gauge::default(),
             blocking_pages: Arc::new(tokio::sync::Semaphore::new(blocking_pages())),
             forwarder: None,
+            limiter: Arc::default(),
         }
     }
 

@@ -48,6 +48,7 @@ fn code_and_reason(error: &Error) -> (Code, &'static str) {
         Error::KeyReused { .. } => (Code::InvalidArgument, "IDEMPOTENCY_KEY_REUSED"),
         Error::RequestApplied { .. } => (Code::AlreadyExists, "REQUEST_ALREADY_APPLIED"),
         Error::KeysFull { .. } => (Code::ResourceExhausted, "IDEMPOTENCY_KEYS_FULL"),
+        Error::RequestRateTooLarge { .. } => (Code::ResourceExhausted, "REQUEST_RATE_TOO_LARGE"),
         Error::NoChangeFeed { .. } => (Code::FailedPrecondition, "CHANGE_FEED_OFF"),
         Error::ChangesTrimmed { .. } | Error::FeedRestarted { .. } => {
             (Code::OutOfRange, "CHANGE_FEED_TRIMMED")
@@ -108,6 +109,7 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         }
         InvalidInput::MustLive { .. } => "MUST_LIVE",
         InvalidInput::FeedRetention { .. } => "INVALID_CHANGE_FEED_RETENTION",
+        InvalidInput::Throughput { .. } => "INVALID_THROUGHPUT",
         InvalidInput::FeedRangeCount { .. }
         | InvalidInput::FeedRange { .. }
         | InvalidInput::FeedScopeConflict => "INVALID_FEED_RANGE",
@@ -118,6 +120,10 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
 
 /// `ErrorInfo.metadata` key naming the failing operation of a batch (decimal, from 0).
 pub(crate) const BATCH_OPERATION_INDEX: &str = "operation_index";
+
+/// The header a throttled request's retry delay travels in (milliseconds), beside the
+/// `google.rpc.RetryInfo` detail.
+pub(crate) const RETRY_AFTER_MS: &str = "retry-after-ms";
 
 /// Longest status message, in bytes. The message travels twice (percent-encoded in
 /// `grpc-message`, inside the base64 details), and gRPC-core clients refuse trailers past
@@ -152,10 +158,21 @@ pub(crate) fn to_status(error: impl Into<Error>) -> Status {
         metadata.insert(BATCH_OPERATION_INDEX.to_owned(), index.to_string());
     }
     let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
-    if let Error::KeysFull { retry_after_ms, .. } = &error {
-        details.set_retry_info(Some(std::time::Duration::from_millis(*retry_after_ms)));
+    let retry_after_ms = match &error {
+        Error::KeysFull { retry_after_ms, .. }
+        | Error::RequestRateTooLarge { retry_after_ms, .. } => Some(*retry_after_ms),
+        _ => None,
+    };
+    if let Some(ms) = retry_after_ms {
+        details.set_retry_info(Some(std::time::Duration::from_millis(ms)));
     }
     let mut status = Status::with_error_details(code, bounded(error.to_string()), details);
+    if let Some(ms) = retry_after_ms {
+        // As Cosmos DB's x-ms-retry-after-ms, for clients that read headers, not details.
+        status
+            .metadata_mut()
+            .insert(RETRY_AFTER_MS, ms.to_string().parse().expect("digits"));
+    }
     if let Error::NotOwner { partition } = &error {
         // Where a forwarding node (or a client) finds which partition moved.
         status.metadata_mut().insert(
@@ -329,6 +346,15 @@ mod tests {
                 },
                 Code::ResourceExhausted,
                 "IDEMPOTENCY_KEYS_FULL",
+            ),
+            (
+                Error::RequestRateTooLarge {
+                    budget: "collection db/c".into(),
+                    limit: 400,
+                    retry_after_ms: 7,
+                },
+                Code::ResourceExhausted,
+                "REQUEST_RATE_TOO_LARGE",
             ),
         ];
         for (error, code, reason) in cases {

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::model::{
     CollectionId, CollectionInfo, CollectionSettings, CollectionUid, DatabaseId, DatabaseUid,
     DefaultTtl, ExpiredThrough, FeedRetention, IdKind, IndexPaths, IndexingMode, MustLive,
-    MustLiveRule, PartitionKeyPath,
+    MustLiveRule, PartitionKeyPath, Throughput,
 };
 use crate::storage::{StorageError, TERMS_LAYOUT};
 
@@ -117,12 +117,35 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
         },
         "changeFeedRetention": info.settings.change_feed_retention().secs(),
         "changeFeedSince": info.settings.change_feed_since(),
+        "throughput": match info.settings.throughput() {
+            None => Value::Null,
+            Some(Throughput::Manual { ru_per_second }) => json!({"manual": ru_per_second}),
+            Some(Throughput::Autoscale { max_ru_per_second }) => {
+                json!({"autoscaleMax": max_ru_per_second})
+            }
+        },
         "mustLive": info.must_live.rules().iter().map(|rule| json!({
             "path": rule.path(),
             "values": rule.values(),
         })).collect::<Vec<_>>(),
     });
     record.to_string().into_bytes()
+}
+
+/// A collection record's throughput: absent (unlimited, and every record written before
+/// throughput existed), or one of the two kinds; `None` if it is neither.
+fn decode_throughput(value: &Value) -> Option<Option<Throughput>> {
+    let ru = |field: &str| value[field].as_u64().and_then(|v| u32::try_from(v).ok());
+    match value {
+        Value::Null => Some(None),
+        _ => match (ru("manual"), ru("autoscaleMax")) {
+            (Some(ru_per_second), None) => Some(Some(Throughput::Manual { ru_per_second })),
+            (None, Some(max_ru_per_second)) => {
+                Some(Some(Throughput::Autoscale { max_ru_per_second }))
+            }
+            _ => None,
+        },
+    }
 }
 
 pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageError> {
@@ -154,7 +177,10 @@ pub(super) fn decode_collection(value: &[u8]) -> Result<CollectionInfo, StorageE
     let settings = CollectionSettings::new(default_ttl, indexing_mode)
         .map_err(|_| bad("settings"))?
         .with_change_feed_retention(retention)
-        .with_change_feed_since(record["changeFeedSince"].as_u64().unwrap_or(0));
+        .with_change_feed_since(record["changeFeedSince"].as_u64().unwrap_or(0))
+        .with_throughput(
+            decode_throughput(&record["throughput"]).ok_or_else(|| bad("throughput"))?,
+        );
     // Absent in records written before expired marks existed: nothing was marked then.
     let marks = &record["expiredThrough"];
     let mark = |field: &str| match &marks[field] {
@@ -263,12 +289,19 @@ mod tests {
 
     #[test]
     fn collections_round_trip() {
-        for (ttl, mode) in [
-            (DefaultTtl::Off, IndexingMode::None),
-            (DefaultTtl::NoDefault, IndexingMode::Lazy),
+        for (ttl, mode, throughput) in [
+            (DefaultTtl::Off, IndexingMode::None, None),
+            (
+                DefaultTtl::NoDefault,
+                IndexingMode::Lazy,
+                Some(Throughput::Manual { ru_per_second: 400 }),
+            ),
             (
                 DefaultTtl::After(TtlSeconds::new(3600).expect("valid")),
                 IndexingMode::Consistent,
+                Some(Throughput::Autoscale {
+                    max_ru_per_second: 20_000,
+                }),
             ),
         ] {
             let info = CollectionInfo {
@@ -278,7 +311,8 @@ mod tests {
                 partition_key_path: PartitionKeyPath::parse("/user/id").expect("valid"),
                 settings: CollectionSettings::new(ttl, mode)
                     .expect("valid")
-                    .with_change_feed_retention(FeedRetention::from_secs(3600).expect("valid")),
+                    .with_change_feed_retention(FeedRetention::from_secs(3600).expect("valid"))
+                    .with_throughput(throughput),
                 expired: ExpiredThrough {
                     inherited_written_by: 1_790_000_000_000,
                     own_expired_by: 1_790_000_360_000,
