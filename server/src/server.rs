@@ -570,7 +570,7 @@ async fn serve_routed(
         .with_budget(budgets.responses.clone())
         .counting_feed_streams(feed_streams);
     if let Some(forwarder) = forwarder {
-        documents = documents.forwarding(forwarder);
+        documents = documents.forwarding(forwarder, catalog.clone());
     }
     // Streams and queries still running stop with the server, not after it.
     let stop_streams = documents.stop_signal();

@@ -250,6 +250,26 @@ pub enum CatalogRoute {
 }
 
 impl CatalogRoute {
+    /// In a cluster, waits (at most `within`) until this node has applied the catalog log to
+    /// where it ends now; whether that applied anything new. Another node's collection made a
+    /// moment ago may not be applied here yet: a request naming it waits for it rather than
+    /// be told it does not exist.
+    pub async fn caught_up(&self, within: std::time::Duration) -> bool {
+        let CatalogRoute::Log(log) = self else {
+            return false;
+        };
+        let before = log.applied();
+        let Ok(Ok(end)) = tokio::time::timeout(within, log.end()).await else {
+            return false;
+        };
+        if end <= before {
+            return false;
+        }
+        tokio::time::timeout(within, log.applied_to(end))
+            .await
+            .is_ok()
+    }
+
     /// Makes `change`, checked first, and answers as the engine did.
     pub async fn run(
         &self,

@@ -157,7 +157,7 @@ impl DocumentsService {
     pub(super) async fn routed<T, U, Here, There, ThereFuture>(
         &self,
         request: Request<T>,
-        here: impl FnOnce(Request<T>) -> Here,
+        here: impl Fn(Request<T>) -> Here,
         there: There,
     ) -> Result<Response<U>, Status>
     where
@@ -170,9 +170,20 @@ impl DocumentsService {
             return here(request).await;
         };
         // A forwarded request is answered here or refused: never sent on again.
-        let copy = (request.metadata().get(FORWARDED).is_none())
-            .then(|| (request.metadata().clone(), request.get_ref().clone()));
-        let answer = here(request).await;
+        let forwarded = request.metadata().get(FORWARDED).is_some();
+        let copy = (request.metadata().clone(), request.get_ref().clone());
+        let extensions = request.extensions().clone();
+        let mut answer = here(request).await;
+        if let Err(status) = &answer
+            && catalog_missing(status)
+            && self.catalog.caught_up(CATALOG_WAIT).await
+        {
+            // Its collection (or database) was made on another node a moment ago: asked
+            // again now that this node has applied the catalog as far as it goes.
+            let (metadata, message) = copy.clone();
+            answer = here(Request::from_parts(metadata, extensions, message)).await;
+        }
+        let copy = (!forwarded).then_some(copy);
         let (Err(status), Some((metadata, message))) = (&answer, copy) else {
             return answer;
         };
@@ -208,6 +219,21 @@ impl DocumentsService {
                 _ => status,
             })
     }
+}
+
+/// How long a request naming a collection this node does not know waits for the catalog log.
+const CATALOG_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether `status` says the request's database or collection does not exist (here).
+fn catalog_missing(status: &Status) -> bool {
+    use tonic_types::StatusExt;
+    status.code() == tonic::Code::NotFound
+        && status.get_error_details().error_info().is_some_and(|info| {
+            matches!(
+                info.reason.as_str(),
+                "COLLECTION_NOT_FOUND" | "DATABASE_NOT_FOUND"
+            )
+        })
 }
 
 /// The status of a forwarded call whose owner did not answer (in time, or at all): what it

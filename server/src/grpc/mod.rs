@@ -64,6 +64,9 @@ pub struct DocumentsService {
     pub(super) blocking_pages: Arc<tokio::sync::Semaphore>,
     /// In a cluster: sends requests for other nodes' partitions on to them.
     pub(super) forwarder: Option<forward::Forwarder>,
+    /// In a cluster, the catalog log: a request naming a collection not applied here yet
+    /// waits for it (see [`catalog_change::CatalogRoute::caught_up`]).
+    pub(super) catalog: catalog_change::CatalogRoute,
     /// The collections' provisioned throughput budgets.
     pub(super) limiter: Arc<crate::throughput_limit::Limiter<crate::model::CollectionUid>>,
 }
@@ -92,13 +95,20 @@ impl DocumentsService {
             feed_streams: Gauge::default(),
             blocking_pages: Arc::new(tokio::sync::Semaphore::new(blocking_pages())),
             forwarder: None,
+            catalog: catalog_change::CatalogRoute::Local,
             limiter: Arc::default(),
         }
     }
 
-    /// The service forwarding requests for partitions other nodes own (cluster mode).
-    pub fn forwarding(mut self, forwarder: forward::Forwarder) -> Self {
+    /// The service forwarding requests for partitions other nodes own (cluster mode), on a
+    /// cluster whose catalog log is `catalog`.
+    pub fn forwarding(
+        mut self,
+        forwarder: forward::Forwarder,
+        catalog: catalog_change::CatalogRoute,
+    ) -> Self {
         self.forwarder = Some(forwarder);
+        self.catalog = catalog;
         self
     }
 
