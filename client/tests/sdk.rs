@@ -1103,6 +1103,33 @@ async fn a_collection_is_held_to_its_provisioned_throughput() {
             .is_none(),
         "a throttled write changed nothing"
     );
+    // A write that costs more than the credit left is applied and leaves a debt (about 500 RU
+    // for 500 KB): what follows is refused until it is paid, queries and feeds included.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let big = json!({"id": "big", "pk": "p", "blob": "x".repeat(500_000)});
+    let cost = raw_limited
+        .create(&big)
+        .await
+        .expect("admitted with credit");
+    assert!(cost.request_charge() > 400.0, "{}", cost.request_charge());
+    for refused in [
+        raw_limited
+            .query::<serde_json::Value>("SELECT * FROM c")
+            .await
+            .map(|_| ()),
+        raw_limited.read_feed().await.map(|_| ()),
+    ] {
+        match refused {
+            Err(Error::ResourceExhausted(d)) => {
+                assert_eq!(d.reason(), Some(&Reason::RequestRateTooLarge));
+                assert!(
+                    d.retry_after()
+                        .is_some_and(|w| w > Duration::from_millis(500))
+                );
+            }
+            other => panic!("a stream's first page is held to the budget too: {other:?}"),
+        }
+    }
     // The unlimited collection is not held back by the other's budget.
     for i in 0..50 {
         raw_free
@@ -1124,6 +1151,17 @@ async fn a_collection_is_held_to_its_provisioned_throughput() {
         .expect("query");
     let page = results.next_page().await.expect("page").expect("a page");
     assert_eq!(page.results, [json!(60)]);
+    // A feed over the collection pages on, paced by the budget: every document arrives.
+    let mut feed = limited.read_feed().page_size(10).await.expect("feed");
+    let mut read = 0;
+    while let Some(page) = feed.next_page().await.expect("page") {
+        read += page.documents.len();
+    }
+    assert_eq!(
+        read,
+        i + 1 + 60,
+        "the writes before the refusal, the big one, the retried"
+    );
 
     for (throughput, field) in [
         (mayfly_client::Throughput::Manual(450), "throughput.manual"),

@@ -48,6 +48,14 @@ impl PageSource for ChangeFeedPages {
     type Message = ChangeFeedResponse;
     type Cursor = ChangeFeedCursor;
 
+    fn pays(&self) -> bool {
+        true
+    }
+
+    fn charge(&self, page: &ChangeFeedResponse) -> engine::RequestCharge {
+        engine::RequestCharge::from_units(page.request_charge)
+    }
+
     fn inline(&self) -> QueryReads {
         // A page reads records in order and evaluates nothing: on memory storage it is
         // answered on the async worker (see the read feed's `FEED_INLINE_TIME`).

@@ -284,6 +284,14 @@ impl PageSource for Feed {
     /// The continuation; `None` for the first page of a feed started without one.
     type Cursor = Option<String>;
 
+    fn pays(&self) -> bool {
+        true
+    }
+
+    fn charge(&self, page: &ReadFeedPage) -> RequestCharge {
+        RequestCharge::from_units(page.request_charge)
+    }
+
     fn inline(&self) -> engine::QueryReads {
         engine::QueryReads::inline_within(u64::MAX, FEED_INLINE_TIME)
     }

@@ -49,6 +49,14 @@ impl PageSource for StreamingQuery {
     /// The continuation; `None` for the first page of a query started without one.
     type Cursor = Option<String>;
 
+    fn pays(&self) -> bool {
+        true
+    }
+
+    fn charge(&self, page: &QueryPage) -> engine::RequestCharge {
+        engine::RequestCharge::from_units(page.request_charge)
+    }
+
     fn page(
         &self,
         engine: &Engine,
@@ -95,6 +103,14 @@ impl PageSource for HeldResults {
     type Message = QueryPage;
     /// How many results were sent before the page.
     type Cursor = u64;
+
+    fn pays(&self) -> bool {
+        true
+    }
+
+    fn charge(&self, page: &QueryPage) -> engine::RequestCharge {
+        engine::RequestCharge::from_units(page.request_charge)
+    }
 
     fn page(&self, engine: &Engine, at: &u64, _: QueryReads) -> Outcome<(QueryPage, Option<u64>)> {
         let mut rest = self.rest.lock();
@@ -204,6 +220,9 @@ impl DocumentsService {
                 )
                 .await;
         };
+        // A collection out of throughput is refused before the run, not after it (its
+        // pages pay for it).
+        self.admit(&self.engine()?, &plan.path)?;
         // Every result first, at one clock reading; stopped if the client leaves meanwhile.
         let cancel = CancelOnDrop::new(&self.stop);
         let p = plan.clone();

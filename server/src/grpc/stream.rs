@@ -24,8 +24,11 @@ use super::{DocumentsService, status::to_status};
 use crate::{
     CurrentEngine,
     auth::{Action, Authenticator, Target, authenticate_headers},
-    engine::{self, Cancel, Engine, Outcome, PageMemory, PartitionKeyValue, QueryReads},
+    engine::{
+        self, Cancel, Engine, Outcome, PageMemory, PartitionKeyValue, QueryReads, RequestCharge,
+    },
     net::{Charge, HTTP2_HOLDS, PeerShare, ResponseBudget},
+    throughput_limit::Admitted,
 };
 
 /// A stream of pages, as the service's RPCs return it.
@@ -52,6 +55,19 @@ pub(super) trait PageSource: Send + Sync + 'static {
         at: &Self::Cursor,
         reads: QueryReads,
     ) -> Outcome<(Self::Message, Option<Self::Cursor>)>;
+
+    /// Whether its collection's provisioned throughput pays for its pages: a stream whose
+    /// pages are computed here (a relay of other nodes' pages is paid for there). Such a
+    /// stream's pages are admitted by the budget, the first refused with a delay like any
+    /// request, the next ones waiting it out, and each charged [`PageSource::charge`].
+    fn pays(&self) -> bool {
+        false
+    }
+
+    /// What a page cost.
+    fn charge(&self, _message: &Self::Message) -> RequestCharge {
+        RequestCharge::ZERO
+    }
 
     /// Waits, at most `wait`, until the page at `at` may have something to send; `Ok(false)`
     /// when the wait ran out. A finite stream's pages are always ready.
@@ -129,6 +145,11 @@ impl Grant {
         authenticate_headers(auth, headers)?;
         grant.check()?;
         Ok(grant)
+    }
+
+    /// The collection the stream reads, if its names are valid ones.
+    fn path(&self) -> Option<engine::CollectionPath> {
+        super::convert::collection_path(&self.database, &self.collection).ok()
     }
 
     /// Whether the caller may still read what the stream reads: a token that expired, or
@@ -239,7 +260,7 @@ impl DocumentsService {
             share,
             cancel: guard.signal().clone(),
         });
-        let (first, charge, next) = call.page(start).await?;
+        let (first, charge, next) = call.page(start, true).await?;
         let stream =
             futures_util::stream::unfold(Next::<S>::Ready(first, charge, next), move |next| {
                 // Owned by the stream: dropped, with the stream, when its client leaves.
@@ -255,7 +276,7 @@ impl DocumentsService {
                         }
                         Next::At(at) => at,
                     };
-                    Some(match call.page(at).await {
+                    Some(match call.page(at, false).await {
                         Ok((page, charge, next)) => {
                             drop(charge);
                             (Ok(page), next.map_or(Next::Done, Next::At))
@@ -329,6 +350,7 @@ impl<S: PageSource> Call<S> {
     async fn page(
         self: &Arc<Self>,
         mut at: S::Cursor,
+        first: bool,
     ) -> Result<(S::Message, Charge, Option<S::Cursor>), Status> {
         loop {
             if let Some(reason) = self.cancel.reason() {
@@ -349,11 +371,41 @@ impl<S: PageSource> Call<S> {
                     return Err(to_status(e));
                 }
             }
+            let admitted = match self.admitted(&engine, first).await? {
+                Some(admitted) => admitted,
+                // Throttled, and waited: asked again.
+                None => continue,
+            };
             drop(engine);
             let (page, charge, next) = self.compute(at.clone()).await?;
+            if let Some(admitted) = admitted {
+                admitted.charge_now(self.source.charge(&page));
+            }
             match next {
                 Some(next) if !self.source.send_empty(&page) => at = next,
                 next => return Ok((page, charge, next)),
+            }
+        }
+    }
+
+    /// Admission of a page by its collection's throughput, for a stream that pays for its
+    /// pages: `Some(None)` without a budget, `Some(Some(_))` admitted, `None` after waiting
+    /// out a refusal (a page after the first; the first is refused like any request).
+    async fn admitted(
+        self: &Arc<Self>,
+        engine: &Engine,
+        first: bool,
+    ) -> Result<Option<Option<Admitted>>, Status> {
+        let Some(path) = self.grant.path().filter(|_| self.source.pays()) else {
+            return Ok(Some(None));
+        };
+        match self.service.admission(engine, &path) {
+            Ok(admitted) => Ok(Some(admitted)),
+            Err((status, _)) if first => Err(status),
+            Err((_, wait)) => {
+                // At most a second at a time: the page loop checks for a stop between.
+                tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
+                Ok(None)
             }
         }
     }

@@ -3,6 +3,8 @@
 //! anything (no shard lock, fsync slot or blocking thread is taken by a refused one), and
 //! charged what it cost once answered.
 
+use std::time::Duration;
+
 use tonic::Status;
 
 use super::{DocumentsService, request_charge::charged_status, status::to_status};
@@ -21,6 +23,15 @@ impl DocumentsService {
         engine: &engine::Engine,
         path: &CollectionPath,
     ) -> Result<Option<Admitted>, Status> {
+        self.admission(engine, path).map_err(|(status, _)| status)
+    }
+
+    /// [`Self::admit`], with the delay of a refusal beside its status (a stream waits it out).
+    pub(super) fn admission(
+        &self,
+        engine: &engine::Engine,
+        path: &CollectionPath,
+    ) -> Result<Option<Admitted>, (Status, Duration)> {
         let Ok(info) = engine.get_collection(path) else {
             return Ok(None);
         };
@@ -30,13 +41,16 @@ impl DocumentsService {
         let now = self.limiter.now_ms();
         match self.limiter.admit(info.uid, throughput, now) {
             Ok(admitted) => Ok(Some(admitted)),
-            Err(wait) => Err(charged_status(
-                to_status(engine::Error::RequestRateTooLarge {
-                    budget: format!("collection {}/{}", info.database, info.id),
-                    limit: throughput.limit(),
-                    retry_after_ms: wait.as_millis() as u64,
-                }),
-                RequestCharge::ZERO,
+            Err(wait) => Err((
+                charged_status(
+                    to_status(engine::Error::RequestRateTooLarge {
+                        budget: format!("collection {}/{}", info.database, info.id),
+                        limit: throughput.limit(),
+                        retry_after_ms: wait.as_millis() as u64,
+                    }),
+                    RequestCharge::ZERO,
+                ),
+                wait,
             )),
         }
     }
