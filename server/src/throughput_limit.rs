@@ -75,6 +75,12 @@ impl Bucket {
         self.spent_now = self.spent_now.saturating_add(hundredths);
     }
 
+    /// Whether it is full at `now_ms`: it then holds nothing a new bucket would not.
+    fn full(&mut self, now_ms: u64) -> bool {
+        self.refill(now_ms);
+        self.level >= capacity(self.throughput)
+    }
+
     /// A new throughput from `now_ms` on; the credit held (or the debt) stays, within the new
     /// burst.
     pub(crate) fn set_throughput(&mut self, throughput: Throughput, now_ms: u64) {
@@ -127,9 +133,16 @@ fn capacity(throughput: Throughput) -> i64 {
 /// database's whose collections share one).
 #[derive(Debug)]
 pub(crate) struct Limiter<K> {
-    buckets: RwLock<HashMap<K, Arc<Mutex<Bucket>>>>,
+    /// The buckets, and how many there may be before full ones are forgotten.
+    buckets: RwLock<(Buckets<K>, usize)>,
     started: Instant,
 }
+
+type Buckets<K> = HashMap<K, Arc<Mutex<Bucket>>>;
+
+/// How many buckets a limiter holds before it forgets the full ones (a full bucket is made
+/// again, full, when next used: nothing is lost), and again each time they have doubled since.
+const PRUNE_AT: usize = 1_024;
 
 /// An admitted request's bucket, to charge once it is done.
 #[derive(Debug)]
@@ -154,7 +167,7 @@ impl Admitted {
 impl<K> Default for Limiter<K> {
     fn default() -> Self {
         Limiter {
-            buckets: RwLock::default(),
+            buckets: RwLock::new((HashMap::new(), PRUNE_AT)),
             started: Instant::now(),
         }
     }
@@ -175,15 +188,23 @@ impl<K: Copy + Eq + std::hash::Hash> Limiter<K> {
         throughput: Throughput,
         now_ms: u64,
     ) -> Result<Admitted, Duration> {
-        let found = self.buckets.read().get(&scope).cloned();
+        let found = self.buckets.read().0.get(&scope).cloned();
         let bucket = match found {
             Some(bucket) => bucket,
-            None => self
-                .buckets
-                .write()
-                .entry(scope)
-                .or_insert_with(|| Arc::new(Mutex::new(Bucket::new(throughput, now_ms))))
-                .clone(),
+            None => {
+                let mut guard = self.buckets.write();
+                let (buckets, prune_at) = &mut *guard;
+                // Collections come and go: without this, every one that ever had a
+                // throughput would keep its bucket.
+                if buckets.len() >= *prune_at {
+                    buckets.retain(|_, b| !b.lock().full(now_ms));
+                    *prune_at = (buckets.len() * 2).max(PRUNE_AT);
+                }
+                buckets
+                    .entry(scope)
+                    .or_insert_with(|| Arc::new(Mutex::new(Bucket::new(throughput, now_ms))))
+                    .clone()
+            }
         };
         {
             let mut b = bucket.lock();
@@ -332,6 +353,36 @@ mod tests {
         );
         // Another budget is not drawn on by theirs.
         assert!(limiter.admit(DatabaseUid(8), MANUAL_1000, 9_999).is_ok());
+    }
+
+    #[test]
+    fn full_buckets_are_forgotten_and_busy_ones_kept() {
+        let limiter = Limiter::default();
+        // A busy budget: in debt.
+        let busy = CollectionUid(0);
+        limiter
+            .admit(busy, MANUAL_1000, 0)
+            .expect("full")
+            .charge(0, ru(50_000));
+        // Thousands of budgets used once and idle since (as collections made and deleted).
+        for uid in 1..5_000 {
+            limiter
+                .admit(CollectionUid(uid), MANUAL_1000, uid)
+                .expect("full");
+        }
+        let (len, _) = {
+            let guard = limiter.buckets.read();
+            (guard.0.len(), guard.1)
+        };
+        assert!(len <= PRUNE_AT + 1, "{len} buckets kept");
+        assert!(
+            limiter.buckets.read().0.contains_key(&busy),
+            "its debt is kept"
+        );
+        assert!(
+            limiter.admit(busy, MANUAL_1000, 5_000).is_err(),
+            "and still owed"
+        );
     }
 
     #[test]

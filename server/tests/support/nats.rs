@@ -86,41 +86,57 @@ impl NatsCluster {
     fn start_syncing(n: usize, extra: &str, lax: Option<usize>) -> Self {
         // A test that failed while holding it leaves nothing behind to protect.
         let one_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = tempfile::tempdir().expect("temp dir");
         let binary = nats_server();
-        let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
-        let servers: Vec<NatsServer> = (0..n)
-            .map(|i| {
-                let listen = (i, "127.0.0.1:-1", "127.0.0.1:-1");
-                start_server(&binary, dir.path(), listen, &routes, (extra, sync(lax, i)))
-            })
-            .collect();
-        // Until the cluster has elected its JetStream metadata leader, every JetStream call
-        // answers "temporarily unavailable": the nodes a test starts next would spend their
-        // joining time waiting for it (seconds, more on a loaded machine).
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !servers.iter().all(|s| s.log.lock().expect("log").1) {
-            if Instant::now() >= deadline {
-                let tails: Vec<String> = servers
-                    .iter()
-                    .map(|s| Vec::from(s.log.lock().expect("log").0.clone()).join("\n"))
-                    .collect();
-                panic!(
-                    "the NATS servers elected no JetStream leader in 60 s:\n{}",
-                    tails.join("\n--\n")
-                );
+        // Route ports are ports the OS handed out and freed a moment before: another process
+        // may take one first (the server then stops, "address already in use"). The cluster
+        // is started again on fresh ports then, a few times at most.
+        for attempt in 1.. {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let routes: Vec<String> = (0..n).map(|_| free_port()).collect();
+            let mut servers: Vec<NatsServer> = (0..n)
+                .map(|i| {
+                    let listen = (i, "127.0.0.1:-1", "127.0.0.1:-1");
+                    start_server(&binary, dir.path(), listen, &routes, (extra, sync(lax, i)))
+                })
+                .collect();
+            // Until the cluster has elected its JetStream metadata leader, every JetStream
+            // call answers "temporarily unavailable": the nodes a test starts next would spend
+            // their joining time waiting for it (seconds, more on a loaded machine).
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut stopped = false;
+            while !servers.iter().all(|s| s.log.lock().expect("log").1) {
+                stopped = servers
+                    .iter_mut()
+                    .any(|s| s.child.try_wait().ok().flatten().is_some());
+                if stopped && attempt < 3 {
+                    break;
+                }
+                if stopped || Instant::now() >= deadline {
+                    let tails: Vec<String> = servers
+                        .iter()
+                        .map(|s| Vec::from(s.log.lock().expect("log").0.clone()).join("\n"))
+                        .collect();
+                    panic!(
+                        "the NATS servers elected no JetStream leader (attempt {attempt}):\n{}",
+                        tails.join("\n--\n")
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            if stopped {
+                continue;
+            }
+            return NatsCluster {
+                servers,
+                dir,
+                binary,
+                routes,
+                extra: extra.to_owned(),
+                lax,
+                _one_at_a_time: one_at_a_time,
+            };
         }
-        NatsCluster {
-            servers,
-            dir,
-            binary,
-            routes,
-            extra: extra.to_owned(),
-            lax,
-            _one_at_a_time: one_at_a_time,
-        }
+        unreachable!("the loop returns or panics")
     }
 
     /// SIGKILL to server `i`: no chance to flush (it runs with `sync_interval: always`).
