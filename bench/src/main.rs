@@ -174,6 +174,11 @@ struct Args {
     /// a day, if not given): what the feed costs a write is this at 0 against the default.
     #[arg(long)]
     feed_retention: Option<i64>,
+    /// The collection's provisioned throughput in RU/s (manual; unlimited if not given): what
+    /// charging and enforcing a budget costs a request is this, set far above what the run
+    /// spends, against none.
+    #[arg(long)]
+    throughput: Option<u32>,
     /// Change feed consumers (`changefeed`).
     #[arg(long, default_value_t = 10)]
     subscribers: usize,
@@ -405,7 +410,10 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
             indexing_paths: None,
             must_live: None,
             change_feed_retention: args.feed_retention,
-            throughput: None,
+            throughput: args.throughput.map(|ru| mayfly_proto::v1::Throughput {
+                manual: Some(f64::from(ru)),
+                autoscale_max: None,
+            }),
         })
         .await?;
     Ok(collection)
