@@ -111,6 +111,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let _ = DatabasesClient::new(owner_channel.clone())
         .create_database(CreateDatabaseRequest {
             id: "failover".into(),
+            ..Default::default()
         })
         .await;
     let _ = CollectionsClient::new(owner_channel.clone())

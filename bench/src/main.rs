@@ -25,6 +25,7 @@ mod recovery;
 mod redis;
 mod soak;
 mod takeover;
+mod throttle;
 
 use std::{
     net::SocketAddr,
@@ -35,7 +36,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use mayfly_proto::{
     json::JsonObject,
@@ -81,6 +82,14 @@ enum Workload {
     /// at --concurrency: prints each query's throughput as a ratio of the point reads' around
     /// it (issue 24, item 5).
     Ratios,
+    /// Issue 29's acceptance figures for provisioned throughput: a collection provisioned
+    /// --throughput RU/s (default 1,000) offered 5x its budget in small writes (--doc-bytes
+    /// default 200) for --duration s: RU/s consumed, throttles and their retry-after-ms, and
+    /// that no throttled write changed anything; a neighbour collection's point-read p99 alone
+    /// and beside that flood; the purge lag of --documents (default 100,000) expiring in a
+    /// collection provisioned by ReplaceThroughput and flooded, against one never throttled.
+    /// Needs --metrics.
+    Throttle,
     /// Increment counters: patch incr versus read-modify-write, on one hot document and on
     /// --counters documents.
     Counter,
@@ -137,7 +146,7 @@ struct Args {
     /// Seconds each timed workload runs.
     #[arg(long, default_value_t = 10)]
     duration: u64,
-    /// Approximate JSON size of each document, in bytes.
+    /// Approximate JSON size of each document, in bytes (`throttle`: 200 unless given).
     #[arg(long, default_value_t = 1024)]
     doc_bytes: usize,
     /// TTL in seconds of documents written by write and mixed, and of etcd-lease-put's leases.
@@ -157,7 +166,8 @@ struct Args {
     /// Counters the `counter` workload spreads its increments over (besides one hot one).
     #[arg(long, default_value_t = 10_000)]
     counters: u64,
-    /// Documents loaded by expiry (leased keys, for etcd-expiry).
+    /// Documents loaded by expiry (leased keys, for etcd-expiry); `throttle`: 100,000 unless
+    /// given.
     #[arg(long, default_value_t = 500_000)]
     documents: u64,
     /// Expiry spreads the documents' expiry instants over this many seconds.
@@ -176,7 +186,7 @@ struct Args {
     feed_retention: Option<i64>,
     /// The collection's provisioned throughput in RU/s (manual; unlimited if not given): what
     /// charging and enforcing a budget costs a request is this, set far above what the run
-    /// spends, against none.
+    /// spends, against none. `throttle`: the budget it floods (1,000 if not given).
     #[arg(long)]
     throughput: Option<u32>,
     /// Change feed consumers (`changefeed`).
@@ -282,7 +292,11 @@ const DATABASE: &str = "bench";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if args.workload == Workload::Throttle {
+        throttle::defaults(&mut args, &matches);
+    }
     println!("# {}", std::env::args().collect::<Vec<_>>().join(" "));
     println!(
         "# {} cores, concurrency {}, connections {}, ~{} B documents",
@@ -330,6 +344,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Workload::Expiry => bench.expiry().await?,
         Workload::Counter => bench.counters().await?,
+        Workload::Throttle => bench.throttle().await?,
         Workload::Changefeed => bench.changefeed().await?,
         Workload::ChangefeedCatchUp => bench.changefeed_catch_up().await?,
         Workload::Query => {
@@ -387,6 +402,7 @@ async fn setup(channel: &Channel, args: &Args) -> Result<String, tonic::Status> 
     databases
         .create_database(CreateDatabaseRequest {
             id: DATABASE.into(),
+            ..Default::default()
         })
         .await?;
     let collection = format!("{:?}", args.workload).to_lowercase();

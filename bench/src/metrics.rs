@@ -47,6 +47,24 @@ impl Scrape {
         self.0.get(name).copied()
     }
 
+    /// The sum of `name`'s series whose labels include each of `labels` (0 if none).
+    pub(crate) fn labelled(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(series, _)| {
+                series
+                    .strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix('{'))
+                    .is_some_and(|rest| {
+                        labels
+                            .iter()
+                            .all(|(key, value)| rest.contains(&format!("{key}=\"{value}\"")))
+                    })
+            })
+            .map(|(_, value)| value)
+            .sum()
+    }
+
     /// Cumulative bucket counts `(le, count)` of `histogram` in `self` minus `baseline`.
     pub(crate) fn histogram_delta(&self, histogram: &str, baseline: &Scrape) -> Vec<(f64, f64)> {
         let prefix = format!("{histogram}_bucket{{le=\"");

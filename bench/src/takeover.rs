@@ -140,6 +140,7 @@ pub(crate) async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     DatabasesClient::new(on_a.clone())
         .create_database(CreateDatabaseRequest {
             id: DATABASE.into(),
+            ..Default::default()
         })
         .await?;
     CollectionsClient::new(on_a.clone())

@@ -2,7 +2,8 @@
 
 use mayfly_proto::v1::{
     CreateCollectionRequest as CreateCollectionProto, CreateDatabaseRequest, DeleteDatabaseRequest,
-    GetDatabaseRequest, ListCollectionsRequest, ListDatabasesRequest,
+    GetDatabaseRequest, ListCollectionsRequest, ListDatabasesRequest, ReadThroughputRequest,
+    ReplaceThroughputRequest,
     client::{CollectionsClient, DatabasesClient, DocumentsClient},
 };
 use std::{future::IntoFuture, io, pin::Pin, sync::Arc, time::Duration};
@@ -17,7 +18,7 @@ use crate::{
     PartitionKey,
     collection::{
         Collection, CollectionInfo, IndexingMode, IndexingPaths, MustLiveRule, Throughput,
-        wire_retention,
+        ThroughputProperties, wire_retention,
     },
     error::{Error, ErrorDetails, Reason},
     retry::RetryPolicy,
@@ -730,6 +731,31 @@ impl Client {
         }
     }
 
+    /// The same client (sharing its connection) retrying by `policy` instead: e.g. one that
+    /// hands throttled requests back, for a caller that handles them itself.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use std::time::Duration;
+    /// use mayfly_client::RetryPolicy;
+    /// let own_backoff = client.with_retry(RetryPolicy::default().throttle_retries(0, Duration::ZERO));
+    /// # let _ = own_backoff;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_retry(&self, policy: RetryPolicy) -> Client {
+        Client {
+            settings: Arc::new(Settings {
+                address: self.settings.address.clone(),
+                request_timeout: self.settings.request_timeout,
+                retry: policy,
+            }),
+            ..self.clone()
+        }
+    }
+
     fn with_credentials(
         channel: Channel,
         credentials: Credentials,
@@ -767,7 +793,42 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn create_database(&self, id: &str) -> Result<Database, Error> {
-        let request = CreateDatabaseRequest { id: id.to_owned() };
+        self.create_database_with(id, None).await
+    }
+
+    /// Creates a database whose collections share `throughput` (Cosmos DB's database-level
+    /// `OfferThroughput`): every collection created in it without a throughput of its own
+    /// draws on it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use mayfly_client::Throughput;
+    /// let db = client.create_database_with_throughput("shared", Throughput::Manual(1_000)).await?;
+    /// let sessions = db.create_collection("sessions", "/user").await?;
+    /// assert!(sessions.read_throughput().await?.shared);
+    /// assert_eq!(db.read_throughput().await?.throughput, Some(Throughput::Manual(1_000)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_database_with_throughput(
+        &self,
+        id: &str,
+        throughput: Throughput,
+    ) -> Result<Database, Error> {
+        self.create_database_with(id, Some(throughput)).await
+    }
+
+    async fn create_database_with(
+        &self,
+        id: &str,
+        throughput: Option<Throughput>,
+    ) -> Result<Database, Error> {
+        let request = CreateDatabaseRequest {
+            id: id.to_owned(),
+            throughput: throughput.map(Throughput::to_wire),
+        };
         self.call(Call::Write, || {
             let mut databases = self.databases.clone();
             let request = request.clone();
@@ -843,6 +904,51 @@ impl Client {
             })
             .await?;
         Ok(response.databases.into_iter().map(|d| d.id).collect())
+    }
+}
+
+impl Client {
+    /// `ReadThroughput` of a database (`collection` empty) or a collection.
+    pub(crate) async fn read_throughput(
+        &self,
+        database: &str,
+        collection: &str,
+    ) -> Result<ThroughputProperties, Error> {
+        let request = ReadThroughputRequest {
+            database: database.to_owned(),
+            collection: collection.to_owned(),
+        };
+        let properties = self
+            .call(Call::Idempotent, || {
+                let mut databases = self.databases.clone();
+                let request = request.clone();
+                async move { databases.read_throughput(request).await }
+            })
+            .await?;
+        Ok(ThroughputProperties::from_proto(properties))
+    }
+
+    /// `ReplaceThroughput` of a database (`collection` empty) or a collection. Setting a
+    /// value is idempotent: sent again, it sets the same.
+    pub(crate) async fn replace_throughput(
+        &self,
+        database: &str,
+        collection: &str,
+        throughput: Throughput,
+    ) -> Result<ThroughputProperties, Error> {
+        let request = ReplaceThroughputRequest {
+            database: database.to_owned(),
+            collection: collection.to_owned(),
+            throughput: Some(throughput.to_wire()),
+        };
+        let properties = self
+            .call(Call::Idempotent, || {
+                let mut databases = self.databases.clone();
+                let request = request.clone();
+                async move { databases.replace_throughput(request).await }
+            })
+            .await?;
+        Ok(ThroughputProperties::from_proto(properties))
     }
 }
 
@@ -922,6 +1028,35 @@ impl Database {
             })
             .await?;
         Ok(())
+    }
+
+    /// Reads the throughput the database shares among its collections (`None` if it has
+    /// none).
+    pub async fn read_throughput(&self) -> Result<ThroughputProperties, Error> {
+        self.client.read_throughput(&self.id, "").await
+    }
+
+    /// Replaces the throughput the database shares among its collections, or gives it one;
+    /// the collections drawing on it are held to it from their next request.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use mayfly_client::Throughput;
+    /// let db = client.create_database_with_throughput("shared", Throughput::Manual(1_000)).await?;
+    /// let now = db.replace_throughput(Throughput::Manual(2_000)).await?;
+    /// assert_eq!((now.throughput, now.provisioned), (Some(Throughput::Manual(2_000)), Some(2_000)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn replace_throughput(
+        &self,
+        throughput: Throughput,
+    ) -> Result<ThroughputProperties, Error> {
+        self.client
+            .replace_throughput(&self.id, "", throughput)
+            .await
     }
 
     /// Starts creating a collection partitioned by `partition_key_path` (e.g. `"/customerId"`).

@@ -218,6 +218,32 @@ impl Throughput {
     }
 }
 
+/// What a database or a collection is provisioned (Cosmos DB's `ThroughputProperties`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThroughputProperties {
+    /// Its own throughput; `None` if it has none (unlimited, or, for a collection, drawing on
+    /// its database's shared throughput: see `shared`).
+    pub throughput: Option<Throughput>,
+    /// For a collection without throughput of its own: whether it draws on its database's.
+    pub shared: bool,
+    /// Request units per second provisioned now on the server answering: the manual rate, or
+    /// what autoscale scaled to (between a tenth of its maximum and the maximum).
+    pub provisioned: Option<u32>,
+}
+
+impl ThroughputProperties {
+    pub(crate) fn from_proto(p: v1::ThroughputProperties) -> Self {
+        ThroughputProperties {
+            throughput: p.throughput.and_then(Throughput::from_wire),
+            shared: p.shared,
+            provisioned: p
+                .provisioned
+                .filter(|v| v.is_finite() && *v >= 0.0 && *v <= f64::from(u32::MAX))
+                .map(|v| v as u32),
+        }
+    }
+}
+
 impl CollectionInfo {
     pub(crate) fn from_proto(c: v1::Collection) -> Self {
         let v1::Collection {
@@ -407,6 +433,39 @@ impl Collection {
             })
             .await?;
         Ok(CollectionInfo::from_proto(collection))
+    }
+
+    /// Reads the collection's own throughput ([`ThroughputProperties::shared`] if it draws on
+    /// its database's).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mayfly_server::RunningServer::start(Default::default()).await?;
+    /// # let client = mayfly_client::Client::connect(server.local_addr().to_string()).await?;
+    /// use mayfly_client::Throughput;
+    /// let db = client.create_database("salesdb").await?;
+    /// let orders = db.create_collection("orders", "/customerId").throughput(Throughput::Manual(400)).await?;
+    /// orders.replace_throughput(Throughput::Autoscale { max: 4_000 }).await?;
+    /// let now = orders.read_throughput().await?;
+    /// assert_eq!(now.throughput, Some(Throughput::Autoscale { max: 4_000 }));
+    /// assert_eq!(now.provisioned, Some(400), "idle: a tenth of its maximum");
+    /// # Ok(()) }
+    /// ```
+    pub async fn read_throughput(&self) -> Result<ThroughputProperties, Error> {
+        self.client.read_throughput(&self.database, &self.id).await
+    }
+
+    /// Replaces the collection's own throughput; its next request is held to it. A
+    /// collection drawing on its database's shared throughput has none of its own to replace
+    /// ([`Error::InvalidArgument`]): replace the database's.
+    pub async fn replace_throughput(
+        &self,
+        throughput: Throughput,
+    ) -> Result<ThroughputProperties, Error> {
+        self.client
+            .replace_throughput(&self.database, &self.id, throughput)
+            .await
     }
 
     /// Changes the default TTL; it applies at once to every document that inherits it.

@@ -153,7 +153,7 @@ pub use changes::{
 pub use client::{Client, ClientBuilder, CreateCollection, Database, EnsureCollection, Ensured};
 pub use collection::{
     Collection, CollectionInfo, CollectionSettings, IndexingMode, IndexingPaths, MustLiveRule,
-    Throughput,
+    Throughput, ThroughputProperties,
 };
 pub use consumer_group::{ClaimedRange, ConsumerGroup};
 pub use document::{

@@ -57,6 +57,8 @@ async fn the_cases_pass_through_a_node_of_a_three_node_cluster() {
     cluster::delete_every_database(&client).await;
     every_answer_says_what_it_cost_on(&client).await;
     cluster::delete_every_database(&client).await;
+    throughput_is_read_and_replaced_on(&client).await;
+    cluster::delete_every_database(&client).await;
     the_client_routes_to_each_partitions_owner(&mut cluster, &client).await;
 }
 
@@ -930,6 +932,88 @@ async fn batch_and_patch_mistakes_are_refused_naming_the_rule_on(client: &Client
     let too_many = (0..11).fold(c.patch("a", "p"), |p, i| p.incr(&format!("/n{i}"), 1));
     let refused = too_many.await.expect_err("11 operations");
     assert_eq!(refused.reason(), Some(&Reason::InvalidPatch));
+}
+
+#[tokio::test]
+async fn throughput_is_read_and_replaced() {
+    let (_server, client) = start().await;
+    throughput_is_read_and_replaced_on(&client).await;
+}
+
+/// A database's shared throughput and a collection's own are read and replaced (in a
+/// cluster, through its catalog log); a collection drawing on its database's has none of its
+/// own to replace; the replaced budget holds the next requests, wherever their partition is.
+async fn throughput_is_read_and_replaced_on(client: &Client) {
+    use mayfly_client::{Throughput, ThroughputProperties};
+    let db = client
+        .create_database_with_throughput("tp", Throughput::Manual(1_000))
+        .await
+        .expect("db");
+    let shared = db.create_collection("shared", "/pk").await.expect("shared");
+    let own = db
+        .create_collection("own", "/pk")
+        .throughput(Throughput::Autoscale { max: 4_000 })
+        .await
+        .expect("own");
+    assert_eq!(
+        shared.read_throughput().await.expect("read"),
+        ThroughputProperties {
+            throughput: None,
+            shared: true,
+            provisioned: None
+        }
+    );
+    assert_eq!(
+        own.read_throughput().await.expect("read"),
+        ThroughputProperties {
+            throughput: Some(Throughput::Autoscale { max: 4_000 }),
+            shared: false,
+            provisioned: Some(400),
+        },
+        "idle autoscale provisions a tenth of its maximum"
+    );
+    let e = shared
+        .replace_throughput(Throughput::Manual(400))
+        .await
+        .expect_err("no throughput of its own");
+    assert_eq!(e.reason(), Some(&Reason::InvalidThroughput), "{e:?}");
+    assert!(e.to_string().contains("collection \"shared\""), "{e}");
+    assert!(shared.read_throughput().await.expect("read").shared);
+    let replaced = db
+        .replace_throughput(Throughput::Manual(400))
+        .await
+        .expect("the database's");
+    assert_eq!(
+        (replaced.throughput, replaced.provisioned),
+        (Some(Throughput::Manual(400)), Some(400))
+    );
+    assert_eq!(
+        own.replace_throughput(Throughput::Manual(500))
+            .await
+            .expect("its own")
+            .throughput,
+        Some(Throughput::Manual(500))
+    );
+    assert_eq!(
+        own.info().await.expect("info").throughput,
+        Some(Throughput::Manual(500))
+    );
+    // The shared 400 RU/s holds the shared collection's writes, partitions of any node.
+    let raw =
+        client.with_retry(mayfly_client::RetryPolicy::none().throttle_retries(0, Duration::ZERO));
+    let raw_shared = raw.database("tp").collection("shared");
+    let mut refused = None;
+    for i in 0..2_000 {
+        let doc =
+            json!({"id": format!("d{i}"), "pk": format!("p{}", i % 16), "blob": "x".repeat(2_000)});
+        if let Err(e) = raw_shared.create(&doc).await {
+            refused = Some(e);
+            break;
+        }
+    }
+    let e = refused.expect("400 RU/s spent within 2,000 writes of 2 KB");
+    assert_eq!(e.reason(), Some(&Reason::RequestRateTooLarge), "{e:?}");
+    assert!(e.to_string().contains("database tp"), "{e}");
 }
 
 #[tokio::test]

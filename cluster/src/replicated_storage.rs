@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use mayfly_engine::{
     engine::Placement,
-    model::{CollectionUid, DatabaseId, DatabaseUid, DocKey},
+    model::{CollectionUid, DatabaseId, DatabaseUid, DocKey, Throughput},
     storage::{
         CatalogChange, ChangeLog, DocumentWrite, DurableFuture, IndexEntry, IndexRange, Lsn,
         RequestRecord, ScanRange, ShardSet, ShardStore, Storage, StorageError, StoredCatalog,
@@ -160,8 +160,13 @@ impl Storage for ReplicatedStorage {
         Ok(self.positions.next())
     }
 
-    fn put_database(&self, database: &DatabaseId, uid: DatabaseUid) -> Result<Lsn, StorageError> {
-        self.inner.put_database(database, uid)?;
+    fn put_database(
+        &self,
+        database: &DatabaseId,
+        uid: DatabaseUid,
+        throughput: Option<Throughput>,
+    ) -> Result<Lsn, StorageError> {
+        self.inner.put_database(database, uid, throughput)?;
         Ok(self.positions.next())
     }
 

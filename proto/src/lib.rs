@@ -45,8 +45,9 @@ pub mod v1 {
         GetDatabaseRequest, IndexingMode, IndexingPaths, ListCollectionsRequest,
         ListCollectionsResponse, ListDatabasesRequest, ListDatabasesResponse, MustLive,
         MustLiveRule, PartitionKey, QueryMetrics, QueryRequest, ReadDocumentRequest, ReadFeedPage,
-        ReadFeedRequest, ReplaceCollectionRequest, ReplaceDocumentRequest, Throughput,
-        TouchDocumentRequest, UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
+        ReadFeedRequest, ReadThroughputRequest, ReplaceCollectionRequest, ReplaceDocumentRequest,
+        ReplaceThroughputRequest, Throughput, ThroughputProperties, TouchDocumentRequest,
+        UpsertDocumentRequest, UpsertDocumentResponse, UpsertOutcome,
     };
     pub use crate::query_page::QueryPage;
 

@@ -17,7 +17,8 @@ use tokio::net::TcpListener;
 use crate::{
     cluster_metrics::{ClusterCollector, ClusterMetrics},
     current_engine::CurrentEngine,
-    engine::register_metrics,
+    engine::{Budget, register_metrics},
+    throughput_limit::Provisioned,
 };
 
 /// The registry served: the metrics of the engine in service, the change feed streams open,
@@ -25,6 +26,7 @@ use crate::{
 pub(crate) fn registry(
     current: &CurrentEngine,
     feed_streams: &Gauge,
+    provisioned: &Arc<Provisioned>,
     cluster: Option<Arc<ClusterMetrics>>,
 ) -> Registry {
     let mut registry = Registry::default();
@@ -34,6 +36,10 @@ pub(crate) fn registry(
         feed_streams.clone(),
     );
     let metrics = current.metrics().clone();
+    registry.register_collector(Box::new(ThroughputCollector {
+        current: current.clone(),
+        provisioned: provisioned.clone(),
+    }));
     let current = current.clone();
     register_metrics(&metrics, move || current.get().ok(), &mut registry);
     registry.register_collector(Box::new(ResidentMemory));
@@ -72,6 +78,70 @@ pub(crate) async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Per collection: request units consumed, requests throttled, and the throughput provisioned
+/// now (a database's shared throughput under `collection=""`).
+#[derive(Debug)]
+struct ThroughputCollector {
+    current: CurrentEngine,
+    provisioned: Arc<Provisioned>,
+}
+
+impl Collector for ThroughputCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Ok(engine) = self.current.get() else {
+            return Ok(());
+        };
+        let collections = engine.all_collections();
+        let labels = |database: &dyn std::fmt::Display, collection: &dyn std::fmt::Display| {
+            [
+                ("database", database.to_string()),
+                ("collection", collection.to_string()),
+            ]
+        };
+        let mut consumed = encoder.encode_descriptor(
+            "mayfly_request_units_consumed",
+            "Request units the collection's requests were charged since the server started",
+            None,
+            ConstCounter::new(0f64).metric_type(),
+        )?;
+        for (info, _) in &collections {
+            let used = self.provisioned.usage(info.uid);
+            ConstCounter::new(used.map_or(0.0, |u| u.consumed()))
+                .encode(consumed.encode_family(&labels(&info.database, &info.id))?)?;
+        }
+        let mut throttled = encoder.encode_descriptor(
+            "mayfly_requests_throttled",
+            "The collection's requests refused REQUEST_RATE_TOO_LARGE since the server started",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (info, _) in &collections {
+            let used = self.provisioned.usage(info.uid);
+            ConstCounter::new(used.map_or(0, |u| u.throttled()))
+                .encode(throttled.encode_family(&labels(&info.database, &info.id))?)?;
+        }
+        let mut provisioned = encoder.encode_descriptor(
+            "mayfly_provisioned_request_units_per_second",
+            "Throughput provisioned now: manual, or what autoscale scaled to; a database's shared one under collection=\"\"",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        let mut shared_seen = std::collections::HashSet::new();
+        for (info, shared) in &collections {
+            let (budget, throughput, collection) = match (info.settings.throughput(), shared) {
+                (Some(own), _) => (Budget::Collection(info.uid), own, info.id.to_string()),
+                (None, Some((uid, shared))) if shared_seen.insert(*uid) => {
+                    (Budget::Database(*uid), *shared, String::new())
+                }
+                _ => continue,
+            };
+            ConstGauge::new(i64::from(self.provisioned.provisioned(budget, throughput)))
+                .encode(provisioned.encode_family(&labels(&info.database, &collection))?)?;
+        }
+        Ok(())
+    }
 }
 
 /// `mayfly_process_resident_memory_bytes`, from /proc/self/statm (Linux; absent elsewhere).

@@ -554,12 +554,17 @@ async fn serve_routed(
     };
 
     let feed_streams = prometheus_client::metrics::gauge::Gauge::default();
+    // The budgets the documents service enforces, which the metrics and ReadThroughput read.
+    let provisioned = Arc::new(match &cluster_metrics {
+        Some(partitions) => crate::throughput_limit::Provisioned::in_cluster(partitions.clone()),
+        None => crate::throughput_limit::Provisioned::default(),
+    });
     // Both listeners stop on the same signal.
     let (stop_metrics, metrics_stopped) = oneshot::channel::<()>();
     let metrics_task = metrics_listener.map(|listener| {
         tokio::spawn(metrics_http::serve(
             listener,
-            metrics_http::registry(&current, &feed_streams, cluster_metrics),
+            metrics_http::registry(&current, &feed_streams, &provisioned, cluster_metrics),
             async {
                 let _ = metrics_stopped.await;
             },
@@ -568,7 +573,8 @@ async fn serve_routed(
 
     let mut documents = DocumentsService::new(current.clone(), auth.clone())
         .with_budget(budgets.responses.clone())
-        .counting_feed_streams(feed_streams);
+        .counting_feed_streams(feed_streams)
+        .with_provisioned(provisioned.clone());
     if let Some(forwarder) = forwarder {
         documents = documents.forwarding(forwarder, catalog.clone());
     }
@@ -599,7 +605,9 @@ async fn serve_routed(
         // first.
         .add_service(
             DatabasesServer::new(
-                DatabasesService::new(current.clone(), auth.clone()).with_catalog(catalog.clone()),
+                DatabasesService::new(current.clone(), auth.clone())
+                    .with_catalog(catalog.clone())
+                    .with_provisioned(provisioned),
             )
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )

@@ -13,15 +13,19 @@
 //! blocking thread, so a throttled flood holds none of them. Expiry never draws on a bucket.
 
 use std::{
-    collections::HashMap,
-    sync::Arc,
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::engine::RequestCharge;
-use crate::model::Throughput;
+use crate::cluster_metrics::ClusterMetrics;
+use crate::engine::{Budget, RequestCharge};
+use crate::model::{CollectionUid, Throughput};
 
 /// How much of a second's budget a bucket holds at most: what an idle collection may spend at
 /// once before the rate applies.
@@ -37,7 +41,18 @@ pub(crate) struct Bucket {
     window_ms: u64,
     spent_now: u64,
     spent_before: u64,
+    /// When the last request refused was told to come back: the next one refused is told to
+    /// come back a typical request's refill later, so that requests refused together come
+    /// back one after another rather than all at once, to find credit for one of them.
+    next_slot_ms: u64,
+    /// What a request here typically costs (a moving average, in hundredths).
+    typical: i64,
 }
+
+/// How far past the moment the bucket has credit again the refused are spread at most:
+/// requests refused and never sent again (a caller that does not wait) must not push the
+/// delay told to the others without bound.
+const MAX_SPREAD_MS: u64 = 1_000;
 
 impl Bucket {
     /// A full bucket at `now_ms`.
@@ -49,6 +64,8 @@ impl Bucket {
             window_ms: now_ms,
             spent_now: 0,
             spent_before: 0,
+            next_slot_ms: now_ms,
+            typical: 100,
         }
     }
 
@@ -61,8 +78,13 @@ impl Bucket {
         }
         // Hundredths refilled per millisecond: rate × 100 / 1000.
         let per_ms = (i64::from(self.throughput.limit()) / 10).max(1);
-        let wait_ms = (-self.level) / per_ms + 1;
-        Err(Duration::from_millis(wait_ms as u64))
+        let credit_at = now_ms + (self.level.saturating_neg() / per_ms + 1) as u64;
+        // Those refused before this one are told to come back first.
+        let slot = self
+            .next_slot_ms
+            .clamp(credit_at, credit_at + MAX_SPREAD_MS);
+        self.next_slot_ms = slot + (self.typical / per_ms).max(1) as u64;
+        Err(Duration::from_millis(slot - now_ms))
     }
 
     /// Charges what a request (admitted earlier) cost, at `now_ms`.
@@ -73,6 +95,8 @@ impl Bucket {
             .level
             .saturating_sub(i64::try_from(hundredths).unwrap_or(i64::MAX));
         self.spent_now = self.spent_now.saturating_add(hundredths);
+        let cost = i64::try_from(hundredths).unwrap_or(i64::MAX / 8);
+        self.typical = (self.typical.saturating_mul(7).saturating_add(cost) / 8).max(1);
     }
 
     /// Whether it is full at `now_ms`: it then holds nothing a new bucket would not.
@@ -87,28 +111,27 @@ impl Bucket {
         self.refill(now_ms);
         self.throughput = throughput;
         self.level = self.level.min(capacity(throughput));
+        // The places handed out were spaced at the old rate.
+        self.next_slot_ms = now_ms;
     }
 
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "read by ReadThroughput and the metrics, the next step of issue 29"
-        )
-    )]
-    /// What autoscale provisions now (RU/s): what was spent in the last whole second, between
-    /// a tenth of the maximum and the maximum; a manual throughput as it is.
-    pub(crate) fn provisioned(&mut self, now_ms: u64) -> u32 {
+    /// What `throughput` provisions now (RU/s) by this bucket's use: for autoscale, what was
+    /// spent in the last whole second, between a tenth of the maximum and the maximum; a
+    /// manual throughput as it is. (`throughput` is the budget's whole throughput: in a
+    /// cluster, the bucket holds this node's share of it.)
+    pub(crate) fn provisioned(&mut self, now_ms: u64, throughput: Throughput) -> u32 {
         self.refill(now_ms);
         let used = u32::try_from(self.spent_before.div_ceil(100)).unwrap_or(u32::MAX);
-        used.clamp(self.throughput.floor(), self.throughput.limit())
+        used.clamp(throughput.floor(), throughput.limit())
     }
 
     fn refill(&mut self, now_ms: u64) {
         let elapsed = now_ms.saturating_sub(self.at_ms);
         if elapsed > 0 {
-            let per_ms = i64::from(self.throughput.limit()) / 10;
-            let refill = per_ms.saturating_mul(i64::try_from(elapsed).unwrap_or(i64::MAX));
+            // rate × 100 hundredths / 1000 ms, over `elapsed` ms.
+            let refill = i64::from(self.throughput.limit())
+                .saturating_mul(i64::try_from(elapsed).unwrap_or(i64::MAX))
+                / 10;
             self.level = self
                 .level
                 .saturating_add(refill)
@@ -144,10 +167,12 @@ type Buckets<K> = HashMap<K, Arc<Mutex<Bucket>>>;
 /// again, full, when next used: nothing is lost), and again each time they have doubled since.
 const PRUNE_AT: usize = 1_024;
 
-/// An admitted request's bucket, to charge once it is done.
+/// An admitted request's bucket (if its collection has a budget) and its collection's usage,
+/// to charge once it is done.
 #[derive(Debug)]
 pub(crate) struct Admitted {
-    bucket: Arc<Mutex<Bucket>>,
+    bucket: Option<Arc<Mutex<Bucket>>>,
+    usage: Option<Arc<Usage>>,
     /// The limiter's clock.
     started: Instant,
 }
@@ -155,7 +180,14 @@ pub(crate) struct Admitted {
 impl Admitted {
     /// Charges what the request cost, at `now_ms`.
     pub(crate) fn charge(&self, now_ms: u64, charge: RequestCharge) {
-        self.bucket.lock().charge(now_ms, charge);
+        if let Some(bucket) = &self.bucket {
+            bucket.lock().charge(now_ms, charge);
+        }
+        if let Some(usage) = &self.usage {
+            usage
+                .consumed
+                .fetch_add(charge.hundredths(), Ordering::Relaxed);
+        }
     }
 
     /// Charges what the request cost, now.
@@ -214,9 +246,169 @@ impl<K: Copy + Eq + std::hash::Hash> Limiter<K> {
             b.admit(now_ms)?;
         }
         Ok(Admitted {
-            bucket,
+            bucket: Some(bucket),
+            usage: None,
             started: self.started,
         })
+    }
+
+    /// What `scope`'s budget, provisioned `throughput`, provisions now (see
+    /// [`Bucket::provisioned`]); a budget not used lately, its least.
+    pub(crate) fn provisioned(&self, scope: K, throughput: Throughput) -> u32 {
+        let bucket = self.buckets.read().0.get(&scope).cloned();
+        match bucket {
+            Some(bucket) => bucket.lock().provisioned(self.now_ms(), throughput),
+            None => throughput.floor(),
+        }
+    }
+}
+
+/// What one collection spent (hundredths of a request unit) and how many of its requests
+/// were refused, since this server started: its metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    consumed: AtomicU64,
+    throttled: AtomicU64,
+}
+
+impl Usage {
+    /// Request units consumed.
+    pub(crate) fn consumed(&self) -> f64 {
+        self.consumed.load(Ordering::Relaxed) as f64 / 100.0
+    }
+
+    /// Requests refused REQUEST_RATE_TOO_LARGE.
+    pub(crate) fn throttled(&self) -> u64 {
+        self.throttled.load(Ordering::Relaxed)
+    }
+}
+
+/// The server's provisioned throughput: a budget per collection or database that has one, and
+/// every collection's usage.
+#[derive(Debug)]
+pub(crate) struct Provisioned {
+    limiter: Limiter<Budget>,
+    /// By collection, and how many there may be before those of deleted ones are forgotten.
+    usage: RwLock<(HashMap<CollectionUid, Arc<Usage>>, usize)>,
+    /// In a cluster, the partitions and which this node serves: it holds each budget to its
+    /// share, the partitions it serves of all of them (as Cosmos DB divides a container's
+    /// throughput among its physical partitions), so that the nodes together spend the
+    /// budget, not each of them all of it.
+    partitions: Option<Arc<ClusterMetrics>>,
+}
+
+impl Default for Provisioned {
+    fn default() -> Self {
+        Provisioned {
+            limiter: Limiter::default(),
+            usage: RwLock::new((HashMap::new(), PRUNE_AT)),
+            partitions: None,
+        }
+    }
+}
+
+/// `throughput`'s share for a node serving `served` of `total` partitions (at least one:
+/// a node asked to admit a request serves its partition, or did a moment ago), rounded up.
+fn share(throughput: Throughput, served: usize, total: usize) -> Throughput {
+    if total == 0 || served >= total {
+        return throughput;
+    }
+    let part = |ru: u32| {
+        let scaled = u64::from(ru) * served.max(1) as u64;
+        u32::try_from(scaled.div_ceil(total as u64)).unwrap_or(ru)
+    };
+    match throughput {
+        Throughput::Manual { ru_per_second } => Throughput::Manual {
+            ru_per_second: part(ru_per_second),
+        },
+        Throughput::Autoscale { max_ru_per_second } => Throughput::Autoscale {
+            max_ru_per_second: part(max_ru_per_second),
+        },
+    }
+}
+
+impl Provisioned {
+    /// A cluster node's: each budget held to the share of the partitions `partitions` says
+    /// it serves.
+    pub(crate) fn in_cluster(partitions: Arc<ClusterMetrics>) -> Self {
+        Provisioned {
+            partitions: Some(partitions),
+            ..Provisioned::default()
+        }
+    }
+
+    /// What this node holds a budget of `throughput` to.
+    fn held_to(&self, throughput: Throughput) -> Throughput {
+        match &self.partitions {
+            None => throughput,
+            Some(cluster) => {
+                let served = cluster
+                    .partitions
+                    .iter()
+                    .filter(|p| p.served.load(Ordering::Relaxed))
+                    .count();
+                share(throughput, served, cluster.partitions.len())
+            }
+        }
+    }
+
+    /// Admits a request on collection `collection`, drawing on `budget` (`None`: unlimited,
+    /// always admitted); or how long until it would be. `live` names the collections that
+    /// still exist, asked for only now and then, to forget the usage of deleted ones.
+    pub(crate) fn admit(
+        &self,
+        collection: CollectionUid,
+        budget: Option<(Budget, Throughput)>,
+        live: impl FnOnce() -> HashSet<CollectionUid>,
+    ) -> Result<Admitted, Duration> {
+        let usage = self.usage_of(collection, live);
+        let Some((scope, throughput)) = budget else {
+            return Ok(Admitted {
+                bucket: None,
+                usage: Some(usage),
+                started: self.limiter.started,
+            });
+        };
+        let held_to = self.held_to(throughput);
+        match self.limiter.admit(scope, held_to, self.limiter.now_ms()) {
+            Ok(admitted) => Ok(Admitted {
+                usage: Some(usage),
+                ..admitted
+            }),
+            Err(wait) => {
+                usage.throttled.fetch_add(1, Ordering::Relaxed);
+                Err(wait)
+            }
+        }
+    }
+
+    /// Collection `collection`'s usage, made on first use.
+    fn usage_of(
+        &self,
+        collection: CollectionUid,
+        live: impl FnOnce() -> HashSet<CollectionUid>,
+    ) -> Arc<Usage> {
+        if let Some(usage) = self.usage.read().0.get(&collection) {
+            return usage.clone();
+        }
+        let mut guard = self.usage.write();
+        let (usage, prune_at) = &mut *guard;
+        if usage.len() >= *prune_at {
+            let live = live();
+            usage.retain(|uid, _| live.contains(uid));
+            *prune_at = (usage.len() * 2).max(PRUNE_AT);
+        }
+        usage.entry(collection).or_default().clone()
+    }
+
+    /// Collection `collection`'s usage so far, if it was used.
+    pub(crate) fn usage(&self, collection: CollectionUid) -> Option<Arc<Usage>> {
+        self.usage.read().0.get(&collection).cloned()
+    }
+
+    /// What `budget` provisions now, in RU/s (see [`Bucket::provisioned`]).
+    pub(crate) fn provisioned(&self, budget: Budget, throughput: Throughput) -> u32 {
+        self.limiter.provisioned(budget, throughput)
     }
 }
 
@@ -266,11 +458,46 @@ mod tests {
         // The rate for 10 s, plus the burst held at the start: 1,000 ± 5 % RU/s.
         assert!((10_000..=10_250).contains(&spent), "{spent}");
         assert!(!delays.is_empty());
+        // Refused requests that never come back are spread a second past the credit at most.
         assert!(
             delays
                 .iter()
-                .all(|d| *d > Duration::ZERO && *d <= Duration::from_millis(2))
+                .all(|d| *d > Duration::ZERO && *d <= Duration::from_millis(1_002)),
+            "{:?}",
+            delays.iter().max()
         );
+    }
+
+    /// Requests refused together are told to come back one after another, a typical
+    /// request's refill apart: each that comes back when told finds credit (nearly always at
+    /// once), where one delay for all brought them back together to find credit for one.
+    #[test]
+    fn the_refused_are_told_to_come_back_one_after_another() {
+        let mut bucket = Bucket::new(Throughput::Manual { ru_per_second: 400 }, 0);
+        // Ten writers of 5 RU each, each sending its next write as soon as one is admitted
+        // and coming back when told after a refusal: 300 writes.
+        let mut due = [0u64; 10];
+        let (mut done, mut refusals, mut t) = (0, 0, 0);
+        while done < 300 && t < 60_000 {
+            for at in due.iter_mut().filter(|at| **at == t) {
+                match bucket.admit(t) {
+                    Ok(()) => {
+                        bucket.charge(t, ru(5));
+                        done += 1;
+                        *at = t + 1;
+                    }
+                    Err(wait) => {
+                        refusals += 1;
+                        *at = t + wait.as_millis() as u64;
+                    }
+                }
+            }
+            t += 1;
+        }
+        assert_eq!(done, 300, "by {t} ms");
+        // At 400 RU/s, 1,500 RU take 3.75 s (less the 80 RU burst).
+        assert!((3_400..=4_000).contains(&t), "{t} ms");
+        assert!(refusals < 2 * 300, "{refusals} refusals for 300 writes");
     }
 
     #[test]
@@ -307,22 +534,22 @@ mod tests {
             max_ru_per_second: 10_000,
         };
         let mut bucket = Bucket::new(auto, 0);
-        assert_eq!(bucket.provisioned(1_500), 1_000, "idle: a tenth");
+        assert_eq!(bucket.provisioned(1_500, auto), 1_000, "idle: a tenth");
         // 3,000 RU in the second from 2,000 ms: it provisioned 3,000 RU/s.
         for t in 2_000..3_000 {
             bucket.admit(t).expect("under the maximum");
             bucket.charge(t, ru(3));
         }
-        assert_eq!(bucket.provisioned(3_100), 3_000);
+        assert_eq!(bucket.provisioned(3_100, auto), 3_000);
         // Offered twice the maximum: it provisions the maximum, and admits no more.
         for t in 4_000..5_000 {
             if bucket.admit(t).is_ok() {
                 bucket.charge(t, ru(20));
             }
         }
-        assert_eq!(bucket.provisioned(5_000), 10_000);
+        assert_eq!(bucket.provisioned(5_000, auto), 10_000);
         // Idle again: back to a tenth after a second.
-        assert_eq!(bucket.provisioned(7_000), 1_000);
+        assert_eq!(bucket.provisioned(7_000, auto), 1_000);
     }
 
     #[test]
@@ -393,5 +620,82 @@ mod tests {
         limiter.admit(scope, MANUAL_1000, 0).expect("full");
         let (spent, _) = offer(&mut |t| limiter.admit(scope, low, t), (1, 10_000, 5, 1));
         assert!((4_000..=4_200).contains(&spent), "{spent}");
+    }
+
+    /// Every collection's requests are counted, budget or not: what they were charged, and
+    /// how many were refused; a database's collections are counted apart though they share
+    /// one budget. The usage of deleted collections is forgotten once there are many.
+    #[test]
+    fn usage_is_counted_per_collection_and_forgotten_with_it() {
+        let provisioned = Provisioned::default();
+        let shared = Some((Budget::Database(DatabaseUid(1)), MANUAL_1000));
+        let (a, b, free) = (CollectionUid(2), CollectionUid(3), CollectionUid(4));
+        let none = || -> HashSet<CollectionUid> { unreachable!("nothing to forget yet") };
+        let (mut admitted, mut refused) = (0, 0);
+        for i in 0..400 {
+            let collection = if i % 2 == 0 { a } else { b };
+            match provisioned.admit(collection, shared, none) {
+                Ok(ok) => {
+                    ok.charge_now(ru(5));
+                    admitted += 1;
+                }
+                Err(wait) => {
+                    assert!(wait > Duration::ZERO);
+                    refused += 1;
+                }
+            }
+        }
+        provisioned
+            .admit(free, None, none)
+            .expect("unlimited")
+            .charge_now(ru(7));
+        let (ua, ub) = (
+            provisioned.usage(a).expect("used"),
+            provisioned.usage(b).expect("used"),
+        );
+        // The 200 RU burst between them, spent 5 RU at a time (within the few ms the loop
+        // takes, the refill adds little).
+        assert!((40..=60).contains(&admitted), "{admitted}");
+        assert_eq!(ua.consumed() + ub.consumed(), f64::from(admitted * 5));
+        assert_eq!(ua.throttled() + ub.throttled(), refused);
+        assert!(ua.throttled() > 0 && ub.throttled() > 0);
+        let unlimited = provisioned.usage(free).expect("used");
+        assert_eq!((unlimited.consumed(), unlimited.throttled()), (7.0, 0));
+        assert!(provisioned.usage(CollectionUid(99)).is_none());
+
+        // Collections made and deleted: only the live ones' usage stays.
+        for uid in 100..100 + PRUNE_AT as u64 {
+            provisioned
+                .admit(CollectionUid(uid), None, || HashSet::from([a]))
+                .expect("unlimited");
+        }
+        assert!(provisioned.usage(a).is_some(), "live");
+        assert!(provisioned.usage(b).is_none(), "deleted, forgotten");
+        assert!(provisioned.usage.read().0.len() < PRUNE_AT);
+    }
+
+    /// In a cluster each node holds a budget to its share: the partitions it serves of all of
+    /// them, rounded up, so that the nodes together spend the budget.
+    #[test]
+    fn a_node_holds_its_share_of_each_budget() {
+        let manual = Throughput::Manual {
+            ru_per_second: 1_000,
+        };
+        assert_eq!(share(manual, 64, 64), manual);
+        assert_eq!(share(manual, 16, 64).limit(), 250);
+        assert_eq!(share(manual, 1, 3).limit(), 334);
+        assert_eq!(share(manual, 0, 64).limit(), 16, "as if it served one");
+        let auto = Throughput::Autoscale {
+            max_ru_per_second: 4_000,
+        };
+        assert_eq!(
+            share(auto, 32, 64),
+            Throughput::Autoscale {
+                max_ru_per_second: 2_000
+            }
+        );
+        // Three nodes with a third each spend the budget between them.
+        let total: u32 = (0..3).map(|_| share(manual, 22, 64).limit()).sum();
+        assert!((1_000..=1_035).contains(&total), "{total}");
     }
 }

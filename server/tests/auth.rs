@@ -125,7 +125,13 @@ async fn call(
     match rpc {
         Rpc::CreateDatabase => c
             .databases
-            .create_database(with(cred, CreateDatabaseRequest { id: d }))
+            .create_database(with(
+                cred,
+                CreateDatabaseRequest {
+                    id: d,
+                    ..Default::default()
+                },
+            ))
             .await
             .map(drop),
         Rpc::GetDatabase => c

@@ -517,6 +517,7 @@ async fn acknowledged_writes_survive_sigkill_and_nothing_outlives_its_ttl() {
             DatabasesClient::new(channel.clone())
                 .create_database(CreateDatabaseRequest {
                     id: DATABASE.into(),
+                    ..Default::default()
                 })
                 .await
                 .expect("database");

@@ -99,7 +99,10 @@ async fn undecodable_requests_are_invalid_argument_naming_the_field() {
     // Still serving.
     let mut c = clients::connect(&server).await;
     c.databases
-        .create_database(CreateDatabaseRequest { id: "d".into() })
+        .create_database(CreateDatabaseRequest {
+            id: "d".into(),
+            ..Default::default()
+        })
         .await
         .expect("serves after bad requests");
 }

@@ -397,7 +397,10 @@ async fn ids_with_control_characters_or_only_whitespace_are_refused() {
     ] {
         assert_refused(
             c.databases
-                .create_database(CreateDatabaseRequest { id: id.into() })
+                .create_database(CreateDatabaseRequest {
+                    id: id.into(),
+                    ..Default::default()
+                })
                 .await,
             "INVALID_ID",
             &["invalid database id", says],
@@ -469,6 +472,7 @@ async fn messages_over_the_size_limit_are_refused_with_a_reason_saying_the_limit
         c.databases
             .create_database(CreateDatabaseRequest {
                 id: "i".repeat(5 << 20),
+                ..Default::default()
             })
             .await,
         Code::InvalidArgument,
@@ -479,6 +483,7 @@ async fn messages_over_the_size_limit_are_refused_with_a_reason_saying_the_limit
         c.databases
             .create_database(CreateDatabaseRequest {
                 id: too_long.clone(),
+                ..Default::default()
             })
             .await,
         Code::ResourceExhausted,

@@ -3190,7 +3190,13 @@ async fn the_clusters_keys_work_on_every_node_and_a_regenerated_one_stops_everyw
     assert_ne!(key_of("a", "secondary"), primary);
     let (mut on_a, mut on_b) = (connect(&a).await, connect(&b).await);
     on_a.databases
-        .create_database(keyed(&primary, CreateDatabaseRequest { id: "d".into() }))
+        .create_database(keyed(
+            &primary,
+            CreateDatabaseRequest {
+                id: "d".into(),
+                ..Default::default()
+            },
+        ))
         .await
         .expect("the key works on a");
     on_a.collections

@@ -48,7 +48,10 @@ fn object(value: Value) -> Map<String, Value> {
 impl Clients {
     async fn create_database(&mut self, id: &str) {
         self.databases
-            .create_database(CreateDatabaseRequest { id: id.into() })
+            .create_database(CreateDatabaseRequest {
+                id: id.into(),
+                ..Default::default()
+            })
             .await
             .unwrap_or_else(|e| panic!("create database {id}: {e:?}"));
     }

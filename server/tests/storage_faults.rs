@@ -88,6 +88,7 @@ impl Clients {
         self.databases
             .create_database(CreateDatabaseRequest {
                 id: DATABASE.into(),
+                ..Default::default()
             })
             .await
             .map(drop)

@@ -4,7 +4,9 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use super::error::Error;
-use crate::model::{CollectionId, CollectionInfo, CollectionUid, DatabaseId, DatabaseUid};
+use crate::model::{
+    CollectionId, CollectionInfo, CollectionUid, DatabaseId, DatabaseUid, Throughput,
+};
 
 /// Names to collections. The engine guards it with a lock; all methods are plain lookups.
 #[derive(Debug, Default)]
@@ -14,10 +16,11 @@ pub(crate) struct Catalog {
     next_uid: u64,
 }
 
-/// A database: its uid and its collections.
+/// A database: its uid, the throughput its collections share, and its collections.
 #[derive(Debug)]
 struct Database {
     uid: DatabaseUid,
+    throughput: Option<Throughput>,
     collections: BTreeMap<CollectionId, Arc<CollectionInfo>>,
 }
 
@@ -29,6 +32,22 @@ impl Catalog {
     /// The uid of database `database`, if there is one.
     pub(crate) fn database_uid(&self, database: &DatabaseId) -> Option<DatabaseUid> {
         self.databases.get(database).map(|d| d.uid)
+    }
+
+    /// The throughput database `database` shares among its collections (`Some(None)`: none).
+    pub(crate) fn database_throughput(&self, database: &DatabaseId) -> Option<Option<Throughput>> {
+        self.databases.get(database).map(|d| d.throughput)
+    }
+
+    /// Sets the throughput a database shares (it must exist).
+    pub(crate) fn set_database_throughput(
+        &mut self,
+        database: &DatabaseId,
+        throughput: Option<Throughput>,
+    ) {
+        if let Some(database) = self.databases.get_mut(database) {
+            database.throughput = throughput;
+        }
     }
 
     pub(crate) fn databases(&self) -> impl Iterator<Item = &DatabaseId> {
@@ -74,10 +93,16 @@ impl Catalog {
     }
 
     /// Adds a database (a database already there keeps its uid and collections).
-    pub(crate) fn add_database(&mut self, database: DatabaseId, uid: DatabaseUid) {
+    pub(crate) fn add_database(
+        &mut self,
+        database: DatabaseId,
+        uid: DatabaseUid,
+        throughput: Option<Throughput>,
+    ) {
         self.next_uid = self.next_uid.max(uid.0);
         self.databases.entry(database).or_insert_with(|| Database {
             uid,
+            throughput,
             collections: BTreeMap::new(),
         });
     }
@@ -212,14 +237,14 @@ mod tests {
         let mut catalog = Catalog::default();
         let d = id(IdKind::Database, "d");
         let first = catalog.next_database_uid();
-        catalog.add_database(d.clone(), first);
+        catalog.add_database(d.clone(), first, None);
         assert_eq!(catalog.database_uid(&d), Some(first));
         let collection = catalog.next_uid();
         assert!(collection.0 > first.0);
         catalog.remove_database(&d);
         assert_eq!(catalog.database_uid(&d), None);
         let again = catalog.next_database_uid();
-        catalog.add_database(d.clone(), again);
+        catalog.add_database(d.clone(), again, None);
         assert!(
             again.0 > collection.0,
             "a recreated database is another one"
@@ -227,7 +252,7 @@ mod tests {
         assert_eq!(catalog.database_uid(&d), Some(again));
         // A database loaded with its uid moves the counter past it.
         let mut loaded = Catalog::default();
-        loaded.add_database(d, DatabaseUid(40));
+        loaded.add_database(d, DatabaseUid(40), None);
         assert_eq!(loaded.next_uid(), CollectionUid(41));
     }
 }

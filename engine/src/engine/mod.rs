@@ -24,6 +24,7 @@ mod metrics;
 mod outcome;
 mod patch;
 mod placement;
+mod provisioned;
 mod purge;
 mod query;
 mod query_gather;
@@ -70,6 +71,7 @@ pub use metrics::{EngineMetrics, ExpiryStats, register as register_metrics};
 pub use outcome::Outcome;
 pub use patch::{MAX_PATCH_OPERATIONS, MAX_PATCH_PATH_BYTES, PatchOp, PatchOptions};
 pub use placement::{Placement, placement_key, xxh3_partition};
+pub use provisioned::{Budget, SharedThroughput};
 pub use purge::PurgeGuard;
 pub use query::{QueryCache, QuerySpec};
 pub use query_gather::{MAX_GATHERED_BYTES, gathered_too_much};
@@ -87,7 +89,7 @@ pub use crate::model::{
     DefaultTtl, DocumentId, DocumentTtl, ExpiredThrough, FeedRetention, IdKind, IndexPath,
     IndexPaths, IndexingMode, InvalidInput, MAX_ID_CHARS, MAX_MUST_LIVE_RULES,
     MAX_MUST_LIVE_VALUES, MAX_PARTITION_KEY_BYTES, MAX_TTL_SECONDS, MustLive, MustLiveRule,
-    PartitionKeyPath, PartitionKeyValue, ResourceId, Rules, SettingsChange, TtlSeconds,
+    PartitionKeyPath, PartitionKeyValue, ResourceId, Rules, SettingsChange, Throughput, TtlSeconds,
 };
 // Submodules reach the shared modules by their old names.
 use crate::model::{partition_key, ttl};
@@ -339,6 +341,16 @@ impl Engine {
 
     /// Creates a database, with a uid never handed out before.
     pub fn create_database(&self, id: DatabaseId) -> Result<DatabaseUid, Error> {
+        self.create_database_with(id, None)
+    }
+
+    /// Creates a database whose collections without a throughput of their own share
+    /// `throughput` (`None`: they have none unless given their own).
+    pub fn create_database_with(
+        &self,
+        id: DatabaseId,
+        throughput: Option<Throughput>,
+    ) -> Result<DatabaseUid, Error> {
         let _ddl = self.inner.ddl.lock();
         let uid = {
             let mut catalog = self.inner.catalog.write();
@@ -349,9 +361,9 @@ impl Engine {
             }
             catalog.next_database_uid()
         };
-        let lsn = self.inner.storage.put_database(&id, uid)?;
+        let lsn = self.inner.storage.put_database(&id, uid, throughput)?;
         self.catalog_durable(lsn)?;
-        self.inner.catalog.write().add_database(id, uid);
+        self.inner.catalog.write().add_database(id, uid, throughput);
         Ok(uid)
     }
 

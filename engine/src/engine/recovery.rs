@@ -6,7 +6,7 @@
 //! past due go straight to the purge backlog.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -101,9 +101,11 @@ impl Engine {
             for (_, uid) in &stored.databases.0 {
                 catalog.restore_last_uid(uid.map_or(0, |uid| uid.0));
             }
+            let shared: HashMap<_, _> = stored.database_throughputs.into_iter().collect();
             for (database, uid) in stored.databases {
                 let uid = uid.unwrap_or_else(|| catalog.next_database_uid());
-                catalog.add_database(database, uid);
+                let throughput = shared.get(&database).copied();
+                catalog.add_database(database, uid, throughput);
             }
             for info in stored.collections {
                 if !catalog.has_database(&info.database) {

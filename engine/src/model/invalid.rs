@@ -25,6 +25,12 @@ pub enum InvalidInput {
         value: String,
         rule: String,
     },
+    /// A throughput replaced on a collection that has none of its own: it draws on its
+    /// database's shared throughput (field `collection`).
+    SharedThroughput {
+        database: String,
+        collection: String,
+    },
     /// A count of feed ranges out of range.
     FeedRangeCount { asked: usize, max: usize },
     /// A feed range that no split of this server made.
@@ -138,6 +144,15 @@ impl fmt::Display for InvalidInput {
             InvalidInput::Throughput { field, value, rule } => write!(
                 f,
                 "{field} {value} is not a throughput this server provisions: give {rule}"
+            ),
+            InvalidInput::SharedThroughput {
+                database,
+                collection,
+            } => write!(
+                f,
+                "collection {:?} has no throughput of its own to replace: it draws on database {:?}'s shared throughput; replace the database's (leave collection empty)",
+                Echo(collection),
+                Echo(database)
             ),
             InvalidInput::FeedRangeCount { asked, max } => write!(
                 f,

@@ -21,7 +21,7 @@ pub use memory::{DEFAULT_FEED_MEMORY_BYTES, MemoryStorage};
 
 use crate::model::{
     CollectionInfo, CollectionUid, DatabaseId, DatabaseUid, DocumentId, DocumentTtl, Millis,
-    PartitionKeyValue,
+    PartitionKeyValue, Throughput,
 };
 pub use crate::model::{DocKey, StoredDocument};
 
@@ -260,6 +260,9 @@ pub struct StoredCatalog {
     pub last_uid: u64,
     /// Every document version handed out before is below this.
     pub versions_below: u64,
+    /// The throughput each database that shares one shares among its collections (from a
+    /// backend that keeps it: see [`Storage::put_database`]).
+    pub database_throughputs: Vec<(DatabaseId, Throughput)>,
 }
 
 /// The databases a backend recovered, each with the uid it was created with; `None` from a
@@ -453,10 +456,18 @@ pub trait Storage: Send + Sync + fmt::Debug {
 
     /// Records that database `database` was created with `uid`, as [`Storage::write_catalog`]
     /// records other changes; its uid comes back from [`Storage::load_catalog`], and is
-    /// counted in [`StoredCatalog::last_uid`]. A backend that keeps no uids leaves the default,
-    /// [`CatalogChange::PutDatabase`] without the uid; a backend wrapping another forwards it.
-    fn put_database(&self, database: &DatabaseId, uid: DatabaseUid) -> Result<Lsn, StorageError> {
-        let _ = uid;
+    /// counted in [`StoredCatalog::last_uid`], with the `throughput` its collections share
+    /// ([`StoredCatalog::database_throughputs`]); called again for the same database and uid,
+    /// it replaces the throughput. A backend that keeps no uids leaves the default,
+    /// [`CatalogChange::PutDatabase`] without uid or throughput; a backend wrapping another
+    /// forwards it.
+    fn put_database(
+        &self,
+        database: &DatabaseId,
+        uid: DatabaseUid,
+        throughput: Option<Throughput>,
+    ) -> Result<Lsn, StorageError> {
+        let _ = (uid, throughput);
         self.write_catalog(CatalogChange::PutDatabase(database))
     }
 

@@ -10,7 +10,8 @@ use bytes::Bytes;
 use mayfly_cluster::{CatalogError, CatalogLog};
 use mayfly_proto::v1::{
     Collection, CreateCollectionRequest, CreateDatabaseRequest, Database, DeleteCollectionRequest,
-    DeleteDatabaseRequest, ReplaceCollectionRequest,
+    DeleteDatabaseRequest, ReplaceCollectionRequest, ReplaceThroughputRequest,
+    ThroughputProperties,
 };
 use prost::Message;
 use tonic::Status;
@@ -18,8 +19,8 @@ use tonic::Status;
 use super::{convert, status::to_status};
 use crate::{
     engine::{
-        CollectionPath, CollectionSettings, DefaultTtl, Engine, Error, FeedRetention,
-        PartitionKeyPath, SettingsChange,
+        CollectionPath, CollectionSettings, DefaultTtl, Engine, Error, FeedRetention, InvalidInput,
+        PartitionKeyPath, SettingsChange, Throughput,
     },
     storage::StorageError,
 };
@@ -32,6 +33,7 @@ pub enum CatalogChange {
     CreateCollection(CreateCollectionRequest),
     ReplaceCollection(ReplaceCollectionRequest),
     DeleteCollection(DeleteCollectionRequest),
+    ReplaceThroughput(ReplaceThroughputRequest),
 }
 
 /// What a catalog change answers.
@@ -39,12 +41,15 @@ pub enum CatalogChange {
 pub enum CatalogAnswer {
     Database(Database),
     Collection(Collection),
+    /// What a database or collection is provisioned now (without this node's autoscale
+    /// figure: the service adds it).
+    Throughput(ThroughputProperties),
     Deleted,
 }
 
 /// A change checked and converted: what the engine is asked to do.
 enum Planned {
-    CreateDatabase(crate::engine::DatabaseId, String),
+    CreateDatabase(crate::engine::DatabaseId, String, Option<Throughput>),
     DeleteDatabase(crate::engine::DatabaseId),
     CreateCollection {
         database: crate::engine::DatabaseId,
@@ -56,6 +61,8 @@ enum Planned {
     },
     ReplaceCollection(CollectionPath, SettingsChange),
     DeleteCollection(CollectionPath),
+    ReplaceDatabaseThroughput(crate::engine::DatabaseId, Throughput),
+    ReplaceCollectionThroughput(CollectionPath, Throughput),
 }
 
 impl CatalogChange {
@@ -66,6 +73,7 @@ impl CatalogChange {
             CatalogChange::CreateCollection(_) => 3,
             CatalogChange::ReplaceCollection(_) => 4,
             CatalogChange::DeleteCollection(_) => 5,
+            CatalogChange::ReplaceThroughput(_) => 6,
         }
     }
 
@@ -80,6 +88,7 @@ impl CatalogChange {
             CatalogChange::CreateCollection(r) => r.encode(&mut out),
             CatalogChange::ReplaceCollection(r) => r.encode(&mut out),
             CatalogChange::DeleteCollection(r) => r.encode(&mut out),
+            CatalogChange::ReplaceThroughput(r) => r.encode(&mut out),
         }
         .expect("a Vec grows as needed");
         out.into()
@@ -102,6 +111,7 @@ impl CatalogChange {
             3 => CatalogChange::CreateCollection(Message::decode(body).map_err(bad)?),
             4 => CatalogChange::ReplaceCollection(Message::decode(body).map_err(bad)?),
             5 => CatalogChange::DeleteCollection(Message::decode(body).map_err(bad)?),
+            6 => CatalogChange::ReplaceThroughput(Message::decode(body).map_err(bad)?),
             _ => {
                 return Err(Status::internal(format!(
                     "a catalog log entry of kind {kind}, which this version does not know"
@@ -119,8 +129,12 @@ impl CatalogChange {
 
     fn plan(self) -> Result<Planned, Status> {
         Ok(match self {
-            CatalogChange::CreateDatabase(CreateDatabaseRequest { id }) => {
-                Planned::CreateDatabase(convert::new_database_id(&id).map_err(to_status)?, id)
+            CatalogChange::CreateDatabase(CreateDatabaseRequest { id, throughput }) => {
+                Planned::CreateDatabase(
+                    convert::new_database_id(&id).map_err(to_status)?,
+                    id,
+                    convert::throughput(throughput).map_err(to_status)?,
+                )
             }
             CatalogChange::DeleteDatabase(DeleteDatabaseRequest { id }) => {
                 Planned::DeleteDatabase(convert::database_id(&id).map_err(to_status)?)
@@ -195,6 +209,32 @@ impl CatalogChange {
                     convert::collection_path(&database, &id).map_err(to_status)?,
                 )
             }
+            CatalogChange::ReplaceThroughput(ReplaceThroughputRequest {
+                database,
+                collection,
+                throughput,
+            }) => {
+                let throughput = convert::throughput(throughput)
+                    .map_err(to_status)?
+                    .ok_or_else(|| {
+                        to_status(InvalidInput::Throughput {
+                            field: "throughput",
+                            value: "(absent)".into(),
+                            rule: "one: manual or autoscale_max".into(),
+                        })
+                    })?;
+                if collection.is_empty() {
+                    Planned::ReplaceDatabaseThroughput(
+                        convert::database_id(&database).map_err(to_status)?,
+                        throughput,
+                    )
+                } else {
+                    Planned::ReplaceCollectionThroughput(
+                        convert::collection_path(&database, &collection).map_err(to_status)?,
+                        throughput,
+                    )
+                }
+            }
         })
     }
 
@@ -202,9 +242,14 @@ impl CatalogChange {
     /// catalog log's; else now). Blocks until it is durable: call it off the async workers.
     pub fn apply(self, engine: &Engine, at: Option<u64>) -> Result<CatalogAnswer, Status> {
         Ok(match self.plan()? {
-            Planned::CreateDatabase(database, id) => {
-                engine.create_database(database).map_err(to_status)?;
-                CatalogAnswer::Database(Database { id })
+            Planned::CreateDatabase(database, id, throughput) => {
+                engine
+                    .create_database_with(database, throughput)
+                    .map_err(to_status)?;
+                CatalogAnswer::Database(Database {
+                    id,
+                    throughput: throughput.map(convert::throughput_proto),
+                })
             }
             Planned::DeleteDatabase(database) => {
                 engine.delete_database(&database).map_err(to_status)?;
@@ -232,6 +277,27 @@ impl CatalogChange {
             Planned::DeleteCollection(path) => {
                 engine.delete_collection(&path).map_err(to_status)?;
                 CatalogAnswer::Deleted
+            }
+            Planned::ReplaceDatabaseThroughput(database, throughput) => {
+                engine
+                    .replace_database_throughput(&database, throughput)
+                    .map_err(to_status)?;
+                CatalogAnswer::Throughput(ThroughputProperties {
+                    database: database.to_string(),
+                    throughput: Some(convert::throughput_proto(throughput)),
+                    ..ThroughputProperties::default()
+                })
+            }
+            Planned::ReplaceCollectionThroughput(path, throughput) => {
+                engine
+                    .replace_collection_throughput(&path, throughput)
+                    .map_err(to_status)?;
+                CatalogAnswer::Throughput(ThroughputProperties {
+                    database: path.database.to_string(),
+                    collection: path.collection.to_string(),
+                    throughput: Some(convert::throughput_proto(throughput)),
+                    ..ThroughputProperties::default()
+                })
             }
         })
     }
@@ -317,6 +383,17 @@ mod tests {
         assert_eq!(
             CatalogChange::decode(&entry).expect("decodes"),
             (change, 1_764_000_000_123)
+        );
+        let throughput = CatalogChange::ReplaceThroughput(ReplaceThroughputRequest {
+            database: "d".into(),
+            collection: String::new(),
+            throughput: Some(convert::throughput_proto(Throughput::Manual {
+                ru_per_second: 2_000,
+            })),
+        });
+        assert_eq!(
+            CatalogChange::decode(&throughput.encode(7)).expect("decodes"),
+            (throughput, 7)
         );
         for junk in [
             &b""[..],

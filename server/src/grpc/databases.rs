@@ -1,8 +1,11 @@
 //! `mayfly.v1.Databases`.
 
+use std::sync::Arc;
+
 use mayfly_proto::v1::{
     CreateDatabaseRequest, Database, DeleteDatabaseRequest, DeleteDatabaseResponse,
-    GetDatabaseRequest, ListDatabasesRequest, ListDatabasesResponse, server,
+    GetDatabaseRequest, ListDatabasesRequest, ListDatabasesResponse, ReadThroughputRequest,
+    ReplaceThroughputRequest, ThroughputProperties, server,
 };
 use tonic::{Request, Response, Status};
 
@@ -15,14 +18,18 @@ use super::{
 use crate::{
     auth::{Action, Authenticator, Target},
     current_engine::CurrentEngine,
+    engine::{Budget, Engine},
+    throughput_limit::Provisioned,
 };
 
-/// Serves databases from the engine.
+/// Serves databases, and the throughput of databases and collections, from the engine.
 #[derive(Debug, Clone)]
 pub struct DatabasesService {
     engine: CurrentEngine,
     auth: Authenticator,
     catalog: CatalogRoute,
+    /// The budgets enforced: what autoscale provisions now is read from them.
+    provisioned: Arc<Provisioned>,
 }
 
 impl DatabasesService {
@@ -32,7 +39,53 @@ impl DatabasesService {
             engine,
             auth,
             catalog: CatalogRoute::Local,
+            provisioned: Arc::default(),
         }
+    }
+
+    /// The same service, reading what is provisioned now from `provisioned` (the budgets the
+    /// documents service enforces).
+    pub(crate) fn with_provisioned(self, provisioned: Arc<Provisioned>) -> Self {
+        DatabasesService {
+            provisioned,
+            ..self
+        }
+    }
+
+    /// A database's or a collection's throughput, with what its budget provisions now.
+    fn throughput_of(
+        &self,
+        engine: &Engine,
+        database: String,
+        collection: String,
+    ) -> Result<ThroughputProperties, Status> {
+        let now = |budget, throughput| f64::from(self.provisioned.provisioned(budget, throughput));
+        if collection.is_empty() {
+            let id = convert::database_id(&database).map_err(to_status)?;
+            let shared = engine.database_throughput(&id).map_err(to_status)?;
+            let uid = engine.get_database(&id).map_err(to_status)?;
+            return Ok(ThroughputProperties {
+                database,
+                collection,
+                throughput: shared.map(convert::throughput_proto),
+                shared: false,
+                provisioned: shared.map(|t| now(Budget::Database(uid), t)),
+            });
+        }
+        let path = convert::collection_path(&database, &collection).map_err(to_status)?;
+        let info = engine.get_collection(&path).map_err(to_status)?;
+        let own = info.settings.throughput();
+        Ok(ThroughputProperties {
+            throughput: own.map(convert::throughput_proto),
+            shared: own.is_none()
+                && engine
+                    .database_throughput(&path.database)
+                    .map_err(to_status)?
+                    .is_some(),
+            provisioned: own.map(|t| now(Budget::Collection(info.uid), t)),
+            database,
+            collection,
+        })
     }
 
     /// The same service, its changes going `catalog`'s way (a cluster's catalog log).
@@ -72,10 +125,13 @@ impl server::Databases for DatabasesService {
         let GetDatabaseRequest { id } = request.into_inner();
         let engine = self.engine.get().map_err(to_status)?;
         caller.allow(Action::Read, Target::Database(&id), &engine)?;
-        engine
-            .get_database(&convert::database_id(&id).map_err(to_status)?)
+        let throughput = engine
+            .database_throughput(&convert::database_id(&id).map_err(to_status)?)
             .map_err(to_status)?;
-        Ok(super::request_charge::metadata_response(Database { id }))
+        Ok(super::request_charge::metadata_response(Database {
+            id,
+            throughput: throughput.map(convert::throughput_proto),
+        }))
     }
 
     async fn list_databases(
@@ -89,7 +145,14 @@ impl server::Databases for DatabasesService {
         let databases = engine
             .list_databases()
             .into_iter()
-            .map(|id| Database { id: id.to_string() })
+            .map(|id| Database {
+                throughput: engine
+                    .database_throughput(&id)
+                    .ok()
+                    .flatten()
+                    .map(convert::throughput_proto),
+                id: id.to_string(),
+            })
             .collect();
         Ok(super::request_charge::metadata_response(
             ListDatabasesResponse { databases },
@@ -111,6 +174,53 @@ impl server::Databases for DatabasesService {
         Ok(super::request_charge::metadata_response(
             DeleteDatabaseResponse {},
         ))
+    }
+
+    async fn read_throughput(
+        &self,
+        request: Request<ReadThroughputRequest>,
+    ) -> Result<Response<ThroughputProperties>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let ReadThroughputRequest {
+            database,
+            collection,
+        } = request.into_inner();
+        let engine = self.engine.get().map_err(to_status)?;
+        let target = if collection.is_empty() {
+            Target::Database(&database)
+        } else {
+            Target::collection(&database, &collection)
+        };
+        caller.allow(Action::Read, target, &engine)?;
+        let properties = self.throughput_of(&engine, database, collection)?;
+        Ok(super::request_charge::metadata_response(properties))
+    }
+
+    async fn replace_throughput(
+        &self,
+        request: Request<ReplaceThroughputRequest>,
+    ) -> Result<Response<ThroughputProperties>, Status> {
+        let caller = caller(&self.auth, &request)?;
+        let request = request.into_inner();
+        let engine = self.engine.get().map_err(to_status)?;
+        let target = if request.collection.is_empty() {
+            Target::Database(&request.database)
+        } else {
+            Target::collection(&request.database, &request.collection)
+        };
+        caller.allow(Action::Manage, target, &engine)?;
+        let (database, collection) = (request.database.clone(), request.collection.clone());
+        match self
+            .catalog
+            .run(engine.clone(), CatalogChange::ReplaceThroughput(request))
+            .await?
+        {
+            CatalogAnswer::Throughput(_) => {
+                let properties = self.throughput_of(&engine, database, collection)?;
+                Ok(super::request_charge::metadata_response(properties))
+            }
+            other => Err(unexpected(other)),
+        }
     }
 }
 

@@ -67,8 +67,8 @@ pub struct DocumentsService {
     /// In a cluster, the catalog log: a request naming a collection not applied here yet
     /// waits for it (see [`catalog_change::CatalogRoute::caught_up`]).
     pub(super) catalog: catalog_change::CatalogRoute,
-    /// The collections' provisioned throughput budgets.
-    pub(super) limiter: Arc<crate::throughput_limit::Limiter<crate::model::CollectionUid>>,
+    /// The collections' and databases' provisioned throughput budgets.
+    pub(super) limiter: Arc<crate::throughput_limit::Provisioned>,
 }
 
 /// How many change feed pages run on blocking threads at once: enough to keep the cores and
@@ -109,6 +109,16 @@ impl DocumentsService {
     ) -> Self {
         self.forwarder = Some(forwarder);
         self.catalog = catalog;
+        self
+    }
+
+    /// The service enforcing (and recording usage in) `provisioned`'s budgets, which
+    /// `ReadThroughput` and the metrics read too.
+    pub(crate) fn with_provisioned(
+        mut self,
+        provisioned: Arc<crate::throughput_limit::Provisioned>,
+    ) -> Self {
+        self.limiter = provisioned;
         self
     }
 

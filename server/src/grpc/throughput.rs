@@ -14,8 +14,9 @@ use crate::{
 };
 
 impl DocumentsService {
-    /// Admits a request on `path`'s collection by its provisioned throughput: `None` where it
-    /// has none (or is not there: the engine answers that), else what to charge once done.
+    /// Admits a request on `path`'s collection by its provisioned throughput (its own, or its
+    /// database's shared one): `None` where the collection is not there (the engine answers
+    /// that), else what to charge once done (to its budget, if any, and its usage).
     /// Refused `RESOURCE_EXHAUSTED` / `REQUEST_RATE_TOO_LARGE` with the delay until the
     /// budget has credit again; nothing is changed.
     pub(super) fn admit(
@@ -35,17 +36,20 @@ impl DocumentsService {
         let Ok(info) = engine.get_collection(path) else {
             return Ok(None);
         };
-        let Some(throughput) = info.settings.throughput() else {
-            return Ok(None);
-        };
-        let now = self.limiter.now_ms();
-        match self.limiter.admit(info.uid, throughput, now) {
+        let budget = engine.budget(&info);
+        let live = || engine.collection_uids();
+        match self.limiter.admit(info.uid, budget, live) {
             Ok(admitted) => Ok(Some(admitted)),
             Err(wait) => Err((
                 charged_status(
                     to_status(engine::Error::RequestRateTooLarge {
-                        budget: format!("collection {}/{}", info.database, info.id),
-                        limit: throughput.limit(),
+                        budget: match budget {
+                            Some((engine::Budget::Database(_), _)) => {
+                                format!("database {} (shared by its collections)", info.database)
+                            }
+                            _ => format!("collection {}/{}", info.database, info.id),
+                        },
+                        limit: budget.map_or(0, |(_, t)| t.limit()),
                         retry_after_ms: wait.as_millis() as u64,
                     }),
                     RequestCharge::ZERO,

@@ -64,7 +64,10 @@ pub(crate) fn string_pk(value: &str) -> PartitionKey {
 /// Database `d` and its collection `c` (partition key `/pk`, TTL off).
 pub(crate) async fn database_and_collection(c: &mut Clients) {
     c.databases
-        .create_database(CreateDatabaseRequest { id: "d".into() })
+        .create_database(CreateDatabaseRequest {
+            id: "d".into(),
+            ..Default::default()
+        })
         .await
         .expect("database");
     c.collections

@@ -514,6 +514,8 @@ impl Storage for PowerLossStorage {
                 .collect(),
             last_uid: image.last_uid,
             versions_below: image.versions_below,
+            // Keeps no database records beyond their ids (the trait's default).
+            database_throughputs: Vec::new(),
         })
     }
 

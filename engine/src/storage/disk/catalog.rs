@@ -64,32 +64,41 @@ pub(super) fn decode_u64(value: &[u8], what: &str) -> Result<u64, StorageError> 
         .map_err(|_| StorageError::new(format!("corrupt {what} in the data directory")))
 }
 
-/// The value of a database's record.
-pub(super) fn encode_database(uid: DatabaseUid) -> [u8; 8] {
-    uid.0.to_be_bytes()
+/// The value of a database's record: its uid, then, if its collections share a throughput, a
+/// JSON object `{"throughput": ...}` (as a collection record's).
+pub(super) fn encode_database(uid: DatabaseUid, throughput: Option<Throughput>) -> Vec<u8> {
+    let mut value = uid.0.to_be_bytes().to_vec();
+    if throughput.is_some() {
+        let record = json!({ "throughput": encode_throughput(throughput) });
+        value.extend_from_slice(record.to_string().as_bytes());
+    }
+    value
 }
 
-/// A database record: its id, and its uid unless the record predates them (an empty value).
+/// A database record: its id, its uid unless the record predates them (an empty value), and
+/// the throughput its collections share.
 pub(super) fn decode_database(
     key: &[u8],
     value: &[u8],
-) -> Result<(DatabaseId, Option<DatabaseUid>), StorageError> {
+) -> Result<(DatabaseId, Option<DatabaseUid>, Option<Throughput>), StorageError> {
     let corrupt = || StorageError::new("corrupt database record in the data directory");
     let id = key
         .strip_prefix(DATABASE_PREFIX)
         .and_then(|id| std::str::from_utf8(id).ok())
         .and_then(|id| DatabaseId::parse_stored(IdKind::Database, id).ok())
         .ok_or_else(corrupt)?;
-    let uid = match value {
-        [] => None,
-        value => Some(DatabaseUid(
-            value
-                .try_into()
-                .map(u64::from_be_bytes)
-                .map_err(|_| corrupt())?,
-        )),
+    if value.is_empty() {
+        return Ok((id, None, None));
+    }
+    let (uid, rest) = value.split_first_chunk::<8>().ok_or_else(corrupt)?;
+    let uid = DatabaseUid(u64::from_be_bytes(*uid));
+    let throughput = if rest.is_empty() {
+        None
+    } else {
+        let record: Value = serde_json::from_slice(rest).map_err(|_| corrupt())?;
+        decode_throughput(&record["throughput"]).ok_or_else(corrupt)?
     };
-    Ok((id, uid))
+    Ok((id, Some(uid), throughput))
 }
 
 pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
@@ -117,19 +126,24 @@ pub(super) fn encode_collection(info: &CollectionInfo) -> Vec<u8> {
         },
         "changeFeedRetention": info.settings.change_feed_retention().secs(),
         "changeFeedSince": info.settings.change_feed_since(),
-        "throughput": match info.settings.throughput() {
-            None => Value::Null,
-            Some(Throughput::Manual { ru_per_second }) => json!({"manual": ru_per_second}),
-            Some(Throughput::Autoscale { max_ru_per_second }) => {
-                json!({"autoscaleMax": max_ru_per_second})
-            }
-        },
+        "throughput": encode_throughput(info.settings.throughput()),
         "mustLive": info.must_live.rules().iter().map(|rule| json!({
             "path": rule.path(),
             "values": rule.values(),
         })).collect::<Vec<_>>(),
     });
     record.to_string().into_bytes()
+}
+
+/// A throughput as collection and database records hold it.
+fn encode_throughput(throughput: Option<Throughput>) -> Value {
+    match throughput {
+        None => Value::Null,
+        Some(Throughput::Manual { ru_per_second }) => json!({"manual": ru_per_second}),
+        Some(Throughput::Autoscale { max_ru_per_second }) => {
+            json!({"autoscaleMax": max_ru_per_second})
+        }
+    }
 }
 
 /// A collection record's throughput: absent (unlimited, and every record written before
@@ -258,12 +272,23 @@ mod tests {
     #[test]
     fn database_records_with_and_without_uids() {
         let key = database_key(&DatabaseId::parse(IdKind::Database, "app").expect("valid"));
-        let (id, uid) = decode_database(&key, &encode_database(DatabaseUid(9))).expect("decodes");
-        assert_eq!((id.as_str(), uid), ("app", Some(DatabaseUid(9))));
+        let (id, uid, throughput) =
+            decode_database(&key, &encode_database(DatabaseUid(9), None)).expect("decodes");
+        assert_eq!(
+            (id.as_str(), uid, throughput),
+            ("app", Some(DatabaseUid(9)), None)
+        );
+        let shared = Throughput::Autoscale {
+            max_ru_per_second: 4_000,
+        };
+        let (_, uid, throughput) =
+            decode_database(&key, &encode_database(DatabaseUid(9), Some(shared))).expect("decodes");
+        assert_eq!((uid, throughput), (Some(DatabaseUid(9)), Some(shared)));
         // Written before databases had uids.
-        let (id, uid) = decode_database(&key, b"").expect("decodes");
-        assert_eq!((id.as_str(), uid), ("app", None));
+        let (id, uid, throughput) = decode_database(&key, b"").expect("decodes");
+        assert_eq!((id.as_str(), uid, throughput), ("app", None, None));
         assert!(decode_database(&key, b"\0\0\0").is_err());
+        assert!(decode_database(&key, b"\0\0\0\0\0\0\0\x09{\"throughput\":{}}").is_err());
     }
 
     #[test]

@@ -45,7 +45,7 @@ use super::{
     IndexUpdate, LogRecord, Lsn, RequestRecord, ScanRange, ShardStore, Storage, StorageError,
     StoredCatalog, StoredDocument, StoredMeta, StoredTerms, Term, WriteBatch, index_keys,
 };
-use crate::model::{CollectionUid, DatabaseId, DatabaseUid};
+use crate::model::{CollectionUid, DatabaseId, DatabaseUid, Throughput};
 
 /// Keys deleted per batch when a collection's documents are freed.
 const DROP_BATCH: usize = 4096;
@@ -159,7 +159,11 @@ fn give_databases_uids(db: &Database, catalog: &Keyspace, last_uid: u64) -> fjal
         let (key, value) = item.into_inner()?;
         if value.is_empty() {
             last += 1;
-            batch.insert(catalog, key, catalog::encode_database(DatabaseUid(last)));
+            batch.insert(
+                catalog,
+                key,
+                catalog::encode_database(DatabaseUid(last), None),
+            );
         }
     }
     if last != last_uid {
@@ -374,14 +378,19 @@ impl Storage for DiskStorage {
         Ok(self.group.applied())
     }
 
-    fn put_database(&self, database: &DatabaseId, uid: DatabaseUid) -> Result<Lsn, StorageError> {
+    fn put_database(
+        &self,
+        database: &DatabaseId,
+        uid: DatabaseUid,
+        throughput: Option<Throughput>,
+    ) -> Result<Lsn, StorageError> {
         self.group.check()?;
         let mut batch = self.db.batch().durability(self.group.batch_persist());
         let c = &self.catalog;
         batch.insert(
             c,
             catalog::database_key(database),
-            catalog::encode_database(uid),
+            catalog::encode_database(uid, throughput),
         );
         let last = self.last_uid.fetch_max(uid.0, Ordering::SeqCst);
         batch.insert(c, catalog::LAST_UID, last.max(uid.0).to_be_bytes());
@@ -422,9 +431,11 @@ impl Storage for DiskStorage {
         };
         for item in self.catalog.prefix(catalog::DATABASE_PREFIX) {
             let (key, value) = item.into_inner().map_err(storage_error)?;
-            out.databases
-                .0
-                .push(catalog::decode_database(&key, &value)?);
+            let (id, uid, throughput) = catalog::decode_database(&key, &value)?;
+            if let Some(throughput) = throughput {
+                out.database_throughputs.push((id.clone(), throughput));
+            }
+            out.databases.0.push((id, uid));
         }
         for item in self.catalog.prefix(catalog::COLLECTION_PREFIX) {
             let (_, value) = item.into_inner().map_err(storage_error)?;
@@ -1348,7 +1359,7 @@ mod tests {
             );
             assert_eq!(catalog.last_uid, 7);
             let lsn = storage
-                .put_database(&id("new"), DatabaseUid(8))
+                .put_database(&id("new"), DatabaseUid(8), None)
                 .expect("written");
             if let Some(durable) = storage.durable(lsn) {
                 durable.await.expect("durable");
