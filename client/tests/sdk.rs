@@ -979,6 +979,18 @@ async fn throughput_is_read_and_replaced_on(client: &Client) {
     assert_eq!(e.reason(), Some(&Reason::InvalidThroughput), "{e:?}");
     assert!(e.to_string().contains("collection \"shared\""), "{e}");
     assert!(shared.read_throughput().await.expect("read").shared);
+    // A database made without shared throughput has none to replace.
+    let plain = client.create_database("tp-plain").await.expect("db");
+    let e = plain
+        .replace_throughput(Throughput::Manual(400))
+        .await
+        .expect_err("none shared");
+    assert_eq!(e.reason(), Some(&Reason::InvalidThroughput), "{e:?}");
+    assert!(e.to_string().contains(": throughput: database"), "{e}");
+    assert_eq!(
+        plain.read_throughput().await.expect("read").throughput,
+        None
+    );
     let replaced = db
         .replace_throughput(Throughput::Manual(400))
         .await

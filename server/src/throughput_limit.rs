@@ -31,7 +31,12 @@ use crate::model::{CollectionUid, Throughput};
 /// once before the rate applies.
 const BURST: Duration = Duration::from_millis(200);
 
-/// One budget: its level in hundredths of a request unit, brought up to date at `at_ms`.
+/// A bucket's level is counted in hundred-thousandths of a request unit: a rate of R RU/s
+/// refills exactly R × 100 of them a millisecond, so no fraction is lost between refills (a
+/// cluster node's share of a budget may be any whole number of RU/s, 7 as well as 400).
+const UNITS_PER_HUNDREDTH: i64 = 1_000;
+
+/// One budget: its level in units ([`UNITS_PER_HUNDREDTH`]), brought up to date at `at_ms`.
 #[derive(Debug)]
 pub(crate) struct Bucket {
     throughput: Throughput,
@@ -45,7 +50,7 @@ pub(crate) struct Bucket {
     /// come back a typical request's refill later, so that requests refused together come
     /// back one after another rather than all at once, to find credit for one of them.
     next_slot_ms: u64,
-    /// What a request here typically costs (a moving average, in hundredths).
+    /// What a request here typically costs (a moving average, in units).
     typical: i64,
 }
 
@@ -65,7 +70,7 @@ impl Bucket {
             spent_now: 0,
             spent_before: 0,
             next_slot_ms: now_ms,
-            typical: 100,
+            typical: 100 * UNITS_PER_HUNDREDTH,
         }
     }
 
@@ -76,14 +81,13 @@ impl Bucket {
         if self.level > 0 {
             return Ok(());
         }
-        // Hundredths refilled per millisecond: rate × 100 / 1000.
-        let per_ms = (i64::from(self.throughput.limit()) / 10).max(1);
-        let credit_at = now_ms + (self.level.saturating_neg() / per_ms + 1) as u64;
+        let per_ms = per_ms(self.throughput);
+        let credit_at = now_ms.saturating_add((self.level.saturating_neg() / per_ms + 1) as u64);
         // Those refused before this one are told to come back first.
         let slot = self
             .next_slot_ms
-            .clamp(credit_at, credit_at + MAX_SPREAD_MS);
-        self.next_slot_ms = slot + (self.typical / per_ms).max(1) as u64;
+            .clamp(credit_at, credit_at.saturating_add(MAX_SPREAD_MS));
+        self.next_slot_ms = slot.saturating_add((self.typical / per_ms).max(1) as u64);
         Err(Duration::from_millis(slot - now_ms))
     }
 
@@ -91,11 +95,11 @@ impl Bucket {
     pub(crate) fn charge(&mut self, now_ms: u64, charge: RequestCharge) {
         self.refill(now_ms);
         let hundredths = charge.hundredths();
-        self.level = self
-            .level
-            .saturating_sub(i64::try_from(hundredths).unwrap_or(i64::MAX));
+        let cost = i64::try_from(hundredths)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(UNITS_PER_HUNDREDTH);
+        self.level = self.level.saturating_sub(cost);
         self.spent_now = self.spent_now.saturating_add(hundredths);
-        let cost = i64::try_from(hundredths).unwrap_or(i64::MAX / 8);
         self.typical = (self.typical.saturating_mul(7).saturating_add(cost) / 8).max(1);
     }
 
@@ -128,10 +132,8 @@ impl Bucket {
     fn refill(&mut self, now_ms: u64) {
         let elapsed = now_ms.saturating_sub(self.at_ms);
         if elapsed > 0 {
-            // rate × 100 hundredths / 1000 ms, over `elapsed` ms.
-            let refill = i64::from(self.throughput.limit())
-                .saturating_mul(i64::try_from(elapsed).unwrap_or(i64::MAX))
-                / 10;
+            let refill =
+                per_ms(self.throughput).saturating_mul(i64::try_from(elapsed).unwrap_or(i64::MAX));
             self.level = self
                 .level
                 .saturating_add(refill)
@@ -147,9 +149,14 @@ impl Bucket {
     }
 }
 
-/// What a bucket holds at most, in hundredths.
+/// What a bucket holds at most, in units.
 fn capacity(throughput: Throughput) -> i64 {
-    i64::from(throughput.limit()) * 100 * BURST.as_millis() as i64 / 1_000
+    per_ms(throughput) * BURST.as_millis() as i64
+}
+
+/// Units refilled per millisecond: rate × 100 hundredths × 1,000 units / 1,000 ms.
+fn per_ms(throughput: Throughput) -> i64 {
+    (i64::from(throughput.limit()) * 100).max(1)
 }
 
 /// Every bucket of the server, by whose budget it is (`K`: a collection's uid, or a
@@ -388,13 +395,19 @@ impl Provisioned {
         collection: CollectionUid,
         live: impl FnOnce() -> HashSet<CollectionUid>,
     ) -> Arc<Usage> {
-        if let Some(usage) = self.usage.read().0.get(&collection) {
-            return usage.clone();
-        }
+        let prune = {
+            let guard = self.usage.read();
+            if let Some(usage) = guard.0.get(&collection) {
+                return usage.clone();
+            }
+            guard.0.len() >= guard.1
+        };
+        // Which collections live is asked before the lock is taken: the catalog walk holds
+        // up no request.
+        let live = prune.then(live);
         let mut guard = self.usage.write();
         let (usage, prune_at) = &mut *guard;
-        if usage.len() >= *prune_at {
-            let live = live();
+        if let Some(live) = live {
             usage.retain(|uid, _| live.contains(uid));
             *prune_at = (usage.len() * 2).max(PRUNE_AT);
         }
@@ -697,5 +710,25 @@ mod tests {
         // Three nodes with a third each spend the budget between them.
         let total: u32 = (0..3).map(|_| share(manual, 22, 64).limit()).sum();
         assert!((1_000..=1_035).contains(&total), "{total}");
+    }
+
+    /// A rate of any whole number of RU/s (a node's share: 7 of 400 RU/s) refills exactly,
+    /// however often the bucket is looked at: no fraction is lost between refills.
+    #[test]
+    fn a_small_share_refills_exactly_when_asked_every_millisecond() {
+        let limiter = Limiter::default();
+        let seven = Throughput::Manual { ru_per_second: 7 };
+        // 10 requests of 0.01 RU offered every millisecond for 10 s: 1,000 RU/s offered.
+        let mut spent = 0;
+        for t in 0..10_000 {
+            for _ in 0..10 {
+                if let Ok(admitted) = limiter.admit(CollectionUid(1), seven, t) {
+                    admitted.charge(t, RequestCharge::from_hundredths(1));
+                    spent += 1;
+                }
+            }
+        }
+        // 70 RU in 10 s, and the 1.4 RU burst held at the start, in hundredths.
+        assert!((7_000..=7_200).contains(&spent), "{spent}");
     }
 }

@@ -75,7 +75,10 @@ impl Engine {
     }
 
     /// Replaces the throughput database `id` shares among its collections, durably; the
-    /// collections drawing on it are held to the new one from their next request.
+    /// collections drawing on it are held to the new one from their next request. A database
+    /// created without one has none to replace (as in Cosmos DB, whether a database shares a
+    /// throughput is decided when it is created): refused, rather than throttle at once every
+    /// collection of it that was unlimited.
     pub fn replace_database_throughput(
         &self,
         id: &DatabaseId,
@@ -83,6 +86,12 @@ impl Engine {
     ) -> Result<(), Error> {
         let _ddl = self.inner.ddl.lock();
         let uid = self.get_database(id)?;
+        if self.database_throughput(id)?.is_none() {
+            return Err(InvalidInput::NoSharedThroughput {
+                database: id.to_string(),
+            }
+            .into());
+        }
         let lsn = self.inner.storage.put_database(id, uid, Some(throughput))?;
         self.catalog_durable(lsn)?;
         self.inner
@@ -260,5 +269,13 @@ mod tests {
             engine.replace_database_throughput(&path("gone", "c").database, SHARED),
             Err(Error::DatabaseNotFound { .. })
         ));
+        assert!(
+            matches!(
+                engine.replace_database_throughput(&plain.database, SHARED),
+                Err(Error::Invalid(InvalidInput::NoSharedThroughput { .. }))
+            ),
+            "a database made without shared throughput has none to replace"
+        );
+        assert_eq!(engine.database_throughput(&plain.database), Ok(None));
     }
 }

@@ -31,6 +31,9 @@ pub enum InvalidInput {
         database: String,
         collection: String,
     },
+    /// A database's shared throughput replaced where it was created without one (field
+    /// `throughput`).
+    NoSharedThroughput { database: String },
     /// A count of feed ranges out of range.
     FeedRangeCount { asked: usize, max: usize },
     /// A feed range that no split of this server made.
@@ -152,6 +155,11 @@ impl fmt::Display for InvalidInput {
                 f,
                 "collection {:?} has no throughput of its own to replace: it draws on database {:?}'s shared throughput; replace the database's (leave collection empty)",
                 Echo(collection),
+                Echo(database)
+            ),
+            InvalidInput::NoSharedThroughput { database } => write!(
+                f,
+                "throughput: database {:?} shares no throughput among its collections (that is chosen when a database is created); replace a collection's own throughput instead (give collection)",
                 Echo(database)
             ),
             InvalidInput::FeedRangeCount { asked, max } => write!(

@@ -109,9 +109,9 @@ fn invalid_reason(invalid: &InvalidInput) -> &'static str {
         }
         InvalidInput::MustLive { .. } => "MUST_LIVE",
         InvalidInput::FeedRetention { .. } => "INVALID_CHANGE_FEED_RETENTION",
-        InvalidInput::Throughput { .. } | InvalidInput::SharedThroughput { .. } => {
-            "INVALID_THROUGHPUT"
-        }
+        InvalidInput::Throughput { .. }
+        | InvalidInput::SharedThroughput { .. }
+        | InvalidInput::NoSharedThroughput { .. } => "INVALID_THROUGHPUT",
         InvalidInput::FeedRangeCount { .. }
         | InvalidInput::FeedRange { .. }
         | InvalidInput::FeedScopeConflict => "INVALID_FEED_RANGE",

@@ -95,8 +95,12 @@ pub(super) fn decode_database(
     let throughput = if rest.is_empty() {
         None
     } else {
+        // Written only with a throughput: anything else after the uid is damage.
         let record: Value = serde_json::from_slice(rest).map_err(|_| corrupt())?;
-        decode_throughput(&record["throughput"]).ok_or_else(corrupt)?
+        match decode_throughput(&record["throughput"]) {
+            Some(Some(throughput)) if record.is_object() => Some(throughput),
+            _ => return Err(corrupt()),
+        }
     };
     Ok((id, Some(uid), throughput))
 }
@@ -149,14 +153,13 @@ fn encode_throughput(throughput: Option<Throughput>) -> Value {
 /// A collection record's throughput: absent (unlimited, and every record written before
 /// throughput existed), or one of the two kinds; `None` if it is neither.
 fn decode_throughput(value: &Value) -> Option<Option<Throughput>> {
-    let ru = |field: &str| value[field].as_u64().and_then(|v| u32::try_from(v).ok());
+    // Held to the rules a request is: a damaged value is not a budget that admits nothing.
+    let ru = |field: &str| value[field].as_u64().map(|v| v as f64);
     match value {
         Value::Null => Some(None),
         _ => match (ru("manual"), ru("autoscaleMax")) {
-            (Some(ru_per_second), None) => Some(Some(Throughput::Manual { ru_per_second })),
-            (None, Some(max_ru_per_second)) => {
-                Some(Some(Throughput::Autoscale { max_ru_per_second }))
-            }
+            (Some(ru), None) => Throughput::manual("throughput", ru).ok().map(Some),
+            (None, Some(max)) => Throughput::autoscale("throughput", max).ok().map(Some),
             _ => None,
         },
     }
@@ -288,7 +291,20 @@ mod tests {
         let (id, uid, throughput) = decode_database(&key, b"").expect("decodes");
         assert_eq!((id.as_str(), uid, throughput), ("app", None, None));
         assert!(decode_database(&key, b"\0\0\0").is_err());
-        assert!(decode_database(&key, b"\0\0\0\0\0\0\0\x09{\"throughput\":{}}").is_err());
+        for damaged in [
+            &br#"{"throughput":{}}"#[..],
+            br#"5"#,
+            br#"{"throughput":null}"#,
+            br#"{"throughput":{"manual":0}}"#,
+            br#"{"throughput":{"manual":450}}"#,
+        ] {
+            let value = [&9u64.to_be_bytes()[..], damaged].concat();
+            assert!(
+                decode_database(&key, &value).is_err(),
+                "{}",
+                String::from_utf8_lossy(damaged)
+            );
+        }
     }
 
     #[test]
