@@ -26,8 +26,8 @@ use mayfly_proto::v1::{
     client::{CollectionsClient, DatabasesClient},
 };
 use mayfly_server::{
-    Config, RunningServer, ServeError, StorageConfig,
-    storage::{DiskOptions, Durability, OpenError},
+    Config, RunningServer, StorageConfig,
+    storage::{DiskOptions, Durability},
 };
 use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -1000,20 +1000,12 @@ fn on_disk(path: &std::path::Path) -> Config {
     }
 }
 
-/// A server started again on `path`. `RunningServer::shutdown` returns before the data
-/// directory's lock is let go (about 150 ms later here), so a start that finds it still
-/// locked is tried again, for at most 5 s.
+/// A server started again on `path`: `RunningServer::shutdown` returns once the data
+/// directory is let go.
 async fn reopen(path: &std::path::Path) -> RunningServer {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match RunningServer::start(on_disk(path)).await {
-            Ok(server) => return server,
-            Err(ServeError::Storage(OpenError::Locked { .. })) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("the server does not start again: {e}"),
-        }
-    }
+    RunningServer::start(on_disk(path))
+        .await
+        .expect("the server starts again at once on the directory it shut down")
 }
 
 /// Throughput is kept in the data directory: a database's, a collection's as created and as

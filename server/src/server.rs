@@ -331,15 +331,35 @@ impl RunningServer {
         }
     }
 
-    /// Stops accepting requests, lets in-flight ones finish, and waits for the server to end.
+    /// Stops accepting requests, lets in-flight ones finish, and waits for the server to end
+    /// and its storage to close: once this returns, a server may be started again on the same
+    /// data directory.
     pub async fn shutdown(mut self) -> Result<(), ServeError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        match (&mut self.task).await {
+        let result = match (&mut self.task).await {
             Ok(result) => result,
             Err(e) => Err(ServeError::Io(io::Error::other(e))),
+        };
+        // Background tasks (the purge, the indexer, a blocking round of either) let the
+        // storage go a moment after they are stopped; the data directory stays locked until
+        // the last of them has.
+        let storage = self.engine.get().ok().map(|e| e.storage_handle());
+        self.engine.take();
+        drop(self.cluster.take());
+        if let Some(storage) = storage {
+            let deadline = tokio::time::Instant::now() + STORAGE_CLOSE_WAIT;
+            while storage.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if storage.strong_count() > 0 {
+                tracing::warn!(
+                    "the storage was still in use {STORAGE_CLOSE_WAIT:?} after the server stopped"
+                );
+            }
         }
+        result
     }
 }
 
@@ -650,6 +670,9 @@ async fn serve_routed(
     }
     Ok(())
 }
+
+/// How long a shutdown waits for the storage to be let go by background work.
+const STORAGE_CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// How often the server checks whether storage can still make writes durable.
 const STORAGE_HEALTH_INTERVAL: Duration = Duration::from_millis(100);

@@ -266,6 +266,12 @@ impl Engine {
         block_on(self.durable_at(lsn, ShardSet::NONE))
     }
 
+    /// A handle on the engine's storage that does not keep it open: it is gone once every
+    /// engine (and task) using the storage has let it go, its data directory unlocked then.
+    pub fn storage_handle(&self) -> std::sync::Weak<dyn Storage> {
+        Arc::downgrade(&self.inner.storage)
+    }
+
     /// The engine's clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock
