@@ -559,6 +559,27 @@ impl Bench {
     }
 
     /// Creates documents 0..count, `concurrency` at a time; `ttl_of(n)` gives each one's ttl.
+    /// Loads `count` documents whose expiry instants fall within `--window-secs` from
+    /// `first_expiry` (Unix ms). Document n targets second (n mod window) of the window. A ttl
+    /// is whole seconds, so expiry = write instant + ttl lands in [target, target + 1 s) at a
+    /// sub-second offset set by when the write happened: over many documents, an even spread
+    /// across the window.
+    async fn load_expiring(
+        self: &Arc<Self>,
+        count: u64,
+        first_expiry: u64,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let window_secs = self.args.window_secs.max(1);
+        self.load(
+            count,
+            Arc::new(move |n| {
+                let target = first_expiry + (n % window_secs) * 1_000;
+                target.saturating_sub(now_ms()).div_ceil(1_000).max(1) as i64
+            }),
+        )
+        .await
+    }
+
     async fn load(
         self: &Arc<Self>,
         count: u64,
@@ -676,18 +697,8 @@ impl Bench {
         let first_expiry = now_ms() + self.args.lead_secs * 1_000;
         let started = Instant::now();
         let load_cpu = self.cpu().start().await;
-        // Document n targets second (n mod window) of the window. A ttl is whole seconds, so
-        // expiry = write instant + ttl lands in [target, target + 1 s) at a sub-second offset set
-        // by when the write happened: over many documents, an even spread across the window.
         let window_secs = self.args.window_secs.max(1);
-        self.load(
-            k,
-            Arc::new(move |n| {
-                let target = first_expiry + (n % window_secs) * 1_000;
-                target.saturating_sub(now_ms()).div_ceil(1_000).max(1) as i64
-            }),
-        )
-        .await?;
+        self.load_expiring(k, first_expiry).await?;
         let load_secs = started.elapsed().as_secs_f64();
         println!(
             "# loaded {k} documents in {load_secs:.1} s ({:.0} writes/s)",

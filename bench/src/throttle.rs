@@ -789,15 +789,7 @@ impl Bench {
         let window_secs = self.args.window_secs.max(1);
         let first_expiry = now_ms() + self.args.lead_secs * 1_000;
         let started = Instant::now();
-        // Document n targets second (n mod window) of the window (see `expiry`).
-        self.load(
-            k,
-            Arc::new(move |n| {
-                let target = first_expiry + (n % window_secs) * 1_000;
-                target.saturating_sub(now_ms()).div_ceil(1_000).max(1) as i64
-            }),
-        )
-        .await?;
+        self.load_expiring(k, first_expiry).await?;
         let load_secs = started.elapsed().as_secs_f64();
         println!(
             "# {}: loaded {k} documents in {load_secs:.1} s ({:.0} writes/s)",

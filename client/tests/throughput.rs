@@ -50,6 +50,24 @@ async fn without_throttle_retries(server: &RunningServer) -> Client {
         .expect("client connects")
 }
 
+/// A server with collection `id` of database `db` provisioned `throughput`: the collection
+/// through a client retrying as by default, and through one that does not retry throttled
+/// requests.
+async fn provisioned(id: &str, throughput: Throughput) -> (RunningServer, Collection, Collection) {
+    let (server, client) = start().await;
+    let db = client.create_database("db").await.expect("db");
+    let collection = db
+        .create_collection(id, "/pk")
+        .throughput(throughput)
+        .await
+        .expect("collection");
+    let raw = without_throttle_retries(&server)
+        .await
+        .database("db")
+        .collection(id);
+    (server, collection, raw)
+}
+
 /// A small write: about 5 RU (4 RU, 1 RU per KB written, 0.1 RU per index term).
 fn small(id: &str, pk: &str, n: usize) -> serde_json::Value {
     json!({"id": id, "pk": pk, "n": n, "pad": "x".repeat(500)})
@@ -204,15 +222,7 @@ fn assert_each_once(ids: Vec<String>, expected: impl IntoIterator<Item = String>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_collection_consumes_its_throughput_under_five_times_the_load() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (server, client) = start().await;
-    let db = client.create_database("db").await.expect("db");
-    let limited = db
-        .create_collection("limited", "/pk")
-        .throughput(Throughput::Manual(1_000))
-        .await
-        .expect("collection");
-    let raw = without_throttle_retries(&server).await;
-    let raw_limited = raw.database("db").collection("limited");
+    let (_server, limited, raw_limited) = provisioned("limited", Throughput::Manual(1_000)).await;
 
     // 10 tasks, a write every 10 ms each: 1,000 writes a second of about 5 RU.
     let (outcomes, elapsed) = flood(
@@ -497,15 +507,7 @@ async fn try_create(c: &Collection, id: &str) -> Result<f64, ErrorDetails> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaced_throughput_applies_to_the_next_request() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (server, client) = start().await;
-    let db = client.create_database("db").await.expect("db");
-    let c = db
-        .create_collection("c", "/pk")
-        .throughput(Throughput::Manual(400))
-        .await
-        .expect("collection");
-    let raw = without_throttle_retries(&server).await;
-    let raw_c = raw.database("db").collection("c");
+    let (_server, c, raw_c) = provisioned("c", Throughput::Manual(400)).await;
 
     // Spent: writes until refused.
     let mut refused = None;

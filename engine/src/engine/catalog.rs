@@ -151,7 +151,7 @@ impl Catalog {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::{
         engine::{CollectionSettings, Engine, EngineConfig, ManualClock, PartitionKeyPath},
@@ -163,7 +163,8 @@ mod tests {
         DatabaseId::parse(kind, s).expect("valid")
     }
 
-    fn disk_engine(dir: &std::path::Path) -> Engine {
+    /// An engine of one shard on a data directory in `dir`, with a manual clock.
+    pub(in crate::engine) fn disk_engine(dir: &std::path::Path) -> Engine {
         let storage = DiskStorage::open(&DiskOptions {
             path: dir.to_path_buf(),
             durability: Durability::Fsync,

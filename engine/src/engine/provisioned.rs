@@ -138,26 +138,9 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::{
-        engine::{CollectionSettings, EngineConfig, ManualClock, PartitionKeyPath},
+        engine::{CollectionSettings, PartitionKeyPath, catalog::tests::disk_engine},
         model::{CollectionId, IdKind},
-        storage::{DiskOptions, DiskStorage, Durability},
     };
-
-    fn disk_engine(dir: &std::path::Path) -> Engine {
-        let storage = DiskStorage::open(&DiskOptions {
-            path: dir.to_path_buf(),
-            durability: Durability::Fsync,
-            shards: Some(1),
-            cache_bytes: 1 << 20,
-            read_cache_bytes: 1 << 20,
-            open_files: None,
-        })
-        .expect("opens");
-        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-        Engine::open(EngineConfig::new(1), Arc::new(storage), clock)
-            .expect("loads")
-            .0
-    }
 
     fn path(database: &str, collection: &str) -> CollectionPath {
         CollectionPath {
