@@ -8,6 +8,8 @@
 
 #[path = "support/embedded.rs"]
 mod embedded;
+#[path = "../../server/tests/support/scrape.rs"]
+mod scrape;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -29,6 +31,7 @@ use mayfly_server::{
     Config, RunningServer, StorageConfig,
     storage::{DiskOptions, Durability},
 };
+use scrape::scrape;
 use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 use tonic::{Code, transport::Channel};
@@ -818,25 +821,6 @@ async fn bad_throughput_is_refused_naming_the_field() {
         client.list_databases().await.expect("list"),
         ["db".to_owned()]
     );
-}
-
-/// GET /metrics over plain HTTP/1.1: the body.
-async fn scrape(addr: SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics endpoint accepts");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: mayfly\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request sent");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response read");
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
 }
 
 /// The value of sample `name{database=..,collection=..}` (labels in any order), if there.

@@ -9,6 +9,10 @@ pub(crate) mod nats;
 pub(crate) mod patch_ops;
 pub(crate) mod pip_tool;
 pub(crate) mod raw;
+mod scrape;
+
+#[allow(unused_imports, reason = "each test file uses part of this")]
+pub(crate) use scrape::scrape;
 
 use std::{
     io::{BufRead, BufReader, Read},
@@ -183,25 +187,6 @@ impl Drop for Mayfly {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// GET /metrics over plain HTTP/1.1.
-pub(crate) async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics endpoint accepts");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: mayfly\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request sent");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response read");
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
 }
 
 pub(crate) fn metric(text: &str, name: &str) -> f64 {
